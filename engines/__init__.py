@@ -1,0 +1,1 @@
+"""TensorRT engine building (padfree.engines)."""

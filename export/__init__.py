@@ -1,0 +1,1 @@
+"""ONNX export and graph rewrite (padfree.export)."""

@@ -1,0 +1,50 @@
+// Shared plumbing of the C ABI: the thread-local last error and argument/CUDA checks that turn
+// into status codes. Only the capi/*.cpp files include this; kernels stay free of it.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <sstream>
+#include <string>
+
+#include "padfree.h"
+
+namespace padfree {
+
+void set_last_error(const std::string& message);
+
+inline cudaStream_t as_cuda_stream(padfree_stream stream) {
+    return static_cast<cudaStream_t>(stream);
+}
+
+// Formats its arguments into one message: fail(PADFREE_ERROR_INVALID_ARGUMENT, "head_dim ", d).
+template <typename... Args>
+padfree_status fail(padfree_status status, const Args&... parts) {
+    std::ostringstream message;
+    (message << ... << parts);
+    set_last_error(message.str());
+    return status;
+}
+
+// After a launch: reports a launch error (bad configuration, no kernel image for this GPU).
+padfree_status check_launch(const char* what);
+
+}  // namespace padfree
+
+// Returns PADFREE_ERROR_INVALID_ARGUMENT with the condition's text when it does not hold.
+#define PADFREE_REQUIRE(cond, ...)                                                        \
+    do {                                                                                  \
+        if (!(cond))                                                                      \
+            return ::padfree::fail(PADFREE_ERROR_INVALID_ARGUMENT, __VA_ARGS__);          \
+    } while (0)
+
+// Wraps a C ABI body so that no C++ exception crosses the boundary.
+#define PADFREE_CAPI_GUARD_BEGIN try {
+#define PADFREE_CAPI_GUARD_END                                                            \
+    }                                                                                     \
+    catch (const std::exception& e) {                                                     \
+        return ::padfree::fail(PADFREE_ERROR_CUDA, "internal error: ", e.what());         \
+    }                                                                                     \
+    catch (...) {                                                                         \
+        return ::padfree::fail(PADFREE_ERROR_CUDA, "internal error");                     \
+    }

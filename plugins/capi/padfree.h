@@ -1,0 +1,138 @@
+/* padfree: the plain C ABI over the padding-free kernels.
+ *
+ * Every tensor is a raw device pointer on packed tokens: rows of all sequences laid end to end,
+ * [total_tokens, ...], with the prefix sum of sequence lengths in cu_seqlens (int32, [batch + 1],
+ * cu_seqlens[0] == 0, cu_seqlens[batch] == total_tokens). All work is enqueued on `stream`; no call
+ * synchronizes the host. Every call returns a status; on failure padfree_last_error() says why
+ * (thread-local). Float tensors of one call share one dtype; statistics and accumulation are fp32.
+ *
+ * Callers: the Python bindings (ctypes), the TensorRT plugins (plugins/trt), and C/C++ users.
+ * No C++ types cross this boundary; the stream is a cudaStream_t passed as void*.
+ */
+#ifndef PADFREE_H
+#define PADFREE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define PADFREE_API __declspec(dllexport)
+#else
+#define PADFREE_API __attribute__((visibility("default")))
+#endif
+
+/* Bumped on any incompatible change of a signature below; the bindings refuse a mismatch. */
+#define PADFREE_ABI_VERSION 1
+
+typedef enum padfree_status {
+    PADFREE_OK = 0,
+    PADFREE_ERROR_INVALID_ARGUMENT = 1, /* a shape, pointer or parameter the kernel cannot take */
+    PADFREE_ERROR_UNSUPPORTED = 2,      /* valid, but not built (head_dim, dtype, flag) */
+    PADFREE_ERROR_CUDA = 3              /* a CUDA launch or API call failed */
+} padfree_status;
+
+typedef enum padfree_dtype {
+    PADFREE_FLOAT32 = 0,
+    PADFREE_FLOAT16 = 1,
+    PADFREE_BFLOAT16 = 2
+} padfree_dtype;
+
+typedef void* padfree_stream; /* cudaStream_t; NULL is the legacy default stream */
+
+PADFREE_API int padfree_abi_version(void);
+PADFREE_API const char* padfree_version(void);
+PADFREE_API const char* padfree_last_error(void);
+PADFREE_API const char* padfree_status_string(padfree_status status);
+
+/* ---- padding: prefix-sum packing (ByteTransformer's remove/rebuild padding) ------------------ */
+
+/* seqlens: [batch] int32 -> cu_seqlens: [batch + 1] int32 (exclusive prefix sum, one block). */
+PADFREE_API padfree_status padfree_cu_seqlens_from_seqlens(const int32_t* seqlens, int32_t batch,
+                                                           int32_t* cu_seqlens, padfree_stream stream);
+
+/* mask: [batch, padded_seqlen] int32, 1 = token, 0 = padding, each row left-aligned (ones, then
+ * zeros) -> cu_seqlens: [batch + 1]. invalid_rows (device int32 scalar, may be NULL) is set to the
+ * number of rows that are not left-aligned or hold values other than 0/1; it is not cleared first. */
+PADFREE_API padfree_status padfree_cu_seqlens_from_mask(const int32_t* mask, int32_t batch,
+                                                        int32_t padded_seqlen, int32_t* cu_seqlens,
+                                                        int32_t* invalid_rows, padfree_stream stream);
+
+/* padded: [batch, padded_seqlen, row_bytes] -> packed: [total_tokens, row_bytes]. Any element type:
+ * rows are moved as bytes (16-byte vectors where row_bytes and pointers allow). */
+PADFREE_API padfree_status padfree_remove_padding(const void* padded, const int32_t* cu_seqlens,
+                                                  int32_t batch, int32_t padded_seqlen,
+                                                  int64_t row_bytes, void* packed,
+                                                  padfree_stream stream);
+
+/* packed: [total_tokens, row_bytes] -> padded: [batch, padded_seqlen, row_bytes], zero bytes in
+ * every row at or past its sequence's length. Requires seqlen <= padded_seqlen for every sequence. */
+PADFREE_API padfree_status padfree_rebuild_padding(const void* packed, const int32_t* cu_seqlens,
+                                                   int32_t batch, int32_t padded_seqlen,
+                                                   int64_t row_bytes, void* padded,
+                                                   padfree_stream stream);
+
+/* ---- fused multi-head attention over variable-length sequences ------------------------------ */
+
+enum { PADFREE_ATTENTION_CAUSAL = 1 }; /* flags: reserved for the decoder half */
+
+/* qkv:      [total_tokens, 3, num_heads, head_dim]  (the QKV projection output: Q | K | V blocks)
+ * qkv_bias: [3, num_heads, head_dim] or NULL, added as Q, K and V are loaded
+ * out:      [total_tokens, num_heads, head_dim]
+ * Every sequence must have 1 <= length <= max_seqlen. softmax_scale is usually 1/sqrt(head_dim). */
+PADFREE_API padfree_status padfree_attention_varlen(const void* qkv, const void* qkv_bias,
+                                                    const int32_t* cu_seqlens, int32_t batch,
+                                                    int32_t max_seqlen, int32_t num_heads,
+                                                    int32_t head_dim, float softmax_scale,
+                                                    uint32_t flags, padfree_dtype dtype, void* out,
+                                                    padfree_stream stream);
+
+/* ---- LayerNorm family ------------------------------------------------------------------------ */
+
+/* x, out: [rows, hidden]; gamma, beta: [hidden]. out = LayerNorm(x) * gamma + beta. out may alias x. */
+PADFREE_API padfree_status padfree_layernorm(const void* x, const void* gamma, const void* beta,
+                                             int64_t rows, int32_t hidden, float eps,
+                                             padfree_dtype dtype, void* out, padfree_stream stream);
+
+/* Skip LayerNorm: out = LayerNorm(x + bias + residual) * gamma + beta.
+ * x, residual, out: [rows, hidden]; bias (may be NULL), gamma, beta: [hidden].
+ * out may alias x or residual. */
+PADFREE_API padfree_status padfree_skip_layernorm(const void* x, const void* residual,
+                                                  const void* bias, const void* gamma,
+                                                  const void* beta, int64_t rows, int32_t hidden,
+                                                  float eps, padfree_dtype dtype, void* out,
+                                                  padfree_stream stream);
+
+/* ---- embeddings ------------------------------------------------------------------------------ */
+
+/* out[t] = LayerNorm(word_emb[input_ids[t]] + position_emb[position_offset + t - cu_seqlens[b]]
+ *                    + type_emb[token_type_ids[t]]) * gamma + beta,   b = the sequence of token t.
+ * input_ids, token_type_ids: [total_tokens] int32 (token_type_ids may be NULL: type 0, and
+ * type_emb may be NULL: no type term). word_emb: [vocab_size, hidden], position_emb:
+ * [max_positions, hidden], type_emb: [type_vocab_size, hidden], gamma, beta: [hidden].
+ * Ids out of range are clamped so memory stays safe; callers validate ids and report them. */
+PADFREE_API padfree_status padfree_embedding_layernorm(
+    const int32_t* input_ids, const int32_t* token_type_ids, const int32_t* cu_seqlens,
+    int32_t batch, int64_t total_tokens, const void* word_emb, int32_t vocab_size,
+    const void* position_emb, int32_t max_positions, int32_t position_offset, const void* type_emb,
+    int32_t type_vocab_size, const void* gamma, const void* beta, int32_t hidden, float eps,
+    padfree_dtype dtype, void* out, padfree_stream stream);
+
+/* ---- activations ----------------------------------------------------------------------------- */
+
+enum { PADFREE_GELU_ERF = 0, PADFREE_GELU_TANH = 1 };
+
+/* out = gelu(x + bias). x, out: [rows, cols]; bias: [cols] or NULL. out may alias x. */
+PADFREE_API padfree_status padfree_bias_gelu(const void* x, const void* bias, int64_t rows,
+                                             int32_t cols, int32_t approximate,
+                                             padfree_dtype dtype, void* out,
+                                             padfree_stream stream);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* PADFREE_H */

@@ -1,0 +1,43 @@
+// Library-wide entries of the C ABI: versions, status strings and the last error.
+#include <string>
+
+#include "capi_util.h"
+
+#ifndef PADFREE_VERSION_STRING
+#define PADFREE_VERSION_STRING "0.0.0"
+#endif
+
+namespace padfree {
+namespace {
+thread_local std::string last_error;
+}
+
+void set_last_error(const std::string& message) { last_error = message; }
+
+padfree_status check_launch(const char* what) {
+    cudaError_t err = cudaGetLastError();
+    if (err == cudaSuccess) return PADFREE_OK;
+    return fail(PADFREE_ERROR_CUDA, what, ": ", cudaGetErrorName(err), ": ", cudaGetErrorString(err));
+}
+
+}  // namespace padfree
+
+extern "C" {
+
+int padfree_abi_version(void) { return PADFREE_ABI_VERSION; }
+
+const char* padfree_version(void) { return PADFREE_VERSION_STRING; }
+
+const char* padfree_last_error(void) { return padfree::last_error.c_str(); }
+
+const char* padfree_status_string(padfree_status status) {
+    switch (status) {
+        case PADFREE_OK: return "ok";
+        case PADFREE_ERROR_INVALID_ARGUMENT: return "invalid argument";
+        case PADFREE_ERROR_UNSUPPORTED: return "unsupported";
+        case PADFREE_ERROR_CUDA: return "CUDA error";
+    }
+    return "unknown status";
+}
+
+}  // extern "C"

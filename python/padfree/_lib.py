@@ -1,0 +1,130 @@
+"""Loads libpadfree_kernels.so and calls its C ABI (plugins/capi/padfree.h) through ctypes.
+
+ctypes rather than a compiled extension: the kernel library is independent of the Python and torch
+versions, so one build serves every interpreter, and a CPU-only install needs no torch headers.
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+from ctypes import c_char_p, c_float, c_int, c_int32, c_int64, c_uint32, c_void_p
+from pathlib import Path
+
+ABI_VERSION = 1  # must match PADFREE_ABI_VERSION in plugins/capi/padfree.h
+
+_p = c_void_p
+_i32p = c_void_p  # device int32 pointers travel as plain addresses
+
+# name -> argtypes (restype is the int status unless listed in _RESTYPES)
+_SIGNATURES: dict[str, list] = {
+    "padfree_abi_version": [],
+    "padfree_version": [],
+    "padfree_last_error": [],
+    "padfree_status_string": [c_int],
+    "padfree_cu_seqlens_from_seqlens": [_i32p, c_int32, _i32p, _p],
+    "padfree_cu_seqlens_from_mask": [_i32p, c_int32, c_int32, _i32p, _i32p, _p],
+    "padfree_remove_padding": [_p, _i32p, c_int32, c_int32, c_int64, _p, _p],
+    "padfree_rebuild_padding": [_p, _i32p, c_int32, c_int32, c_int64, _p, _p],
+    "padfree_attention_varlen": [_p, _p, _i32p, c_int32, c_int32, c_int32, c_int32, c_float,
+                                 c_uint32, c_int, _p, _p],
+    "padfree_layernorm": [_p, _p, _p, c_int64, c_int32, c_float, c_int, _p, _p],
+    "padfree_skip_layernorm": [_p, _p, _p, _p, _p, c_int64, c_int32, c_float, c_int, _p, _p],
+    "padfree_embedding_layernorm": [_i32p, _i32p, _i32p, c_int32, c_int64, _p, c_int32, _p, c_int32,
+                                    c_int32, _p, c_int32, _p, _p, c_int32, c_float, c_int, _p, _p],
+    "padfree_bias_gelu": [_p, _p, c_int64, c_int32, c_int32, c_int, _p, _p],
+}
+_RESTYPES = {
+    "padfree_abi_version": c_int,
+    "padfree_version": c_char_p,
+    "padfree_last_error": c_char_p,
+    "padfree_status_string": c_char_p,
+}
+
+STATUS_INVALID_ARGUMENT = 1
+STATUS_UNSUPPORTED = 2
+STATUS_CUDA = 3
+
+
+class PadfreeError(RuntimeError):
+    """Base class of padfree's errors."""
+
+
+class LibraryNotFoundError(PadfreeError):
+    """The kernel library was not built or not found."""
+
+
+class KernelArgumentError(PadfreeError, ValueError):
+    """The kernel library refused an argument (shape, size, pointer)."""
+
+
+class KernelUnsupportedError(PadfreeError, NotImplementedError):
+    """The kernel library has no kernel for this configuration."""
+
+
+class CudaError(PadfreeError):
+    """A CUDA call inside the kernel library failed."""
+
+
+def library_candidates() -> list[Path]:
+    """Where the kernel library is looked for, first match wins."""
+    here = Path(__file__).resolve().parent
+    found: list[Path] = []
+    if os.environ.get("PADFREE_LIBRARY"):
+        found.append(Path(os.environ["PADFREE_LIBRARY"]))
+    found.append(here / "lib" / "libpadfree_kernels.so")
+    # a source checkout: python/padfree -> repository root, built by CMake or pip into build/
+    root = here.parent.parent
+    found += [Path(p) for p in sorted(glob.glob(str(root / "build" / "**" / "libpadfree_kernels.so"),
+                                                recursive=True))]
+    return found
+
+
+_LIB: ctypes.CDLL | None = None
+
+
+def load() -> ctypes.CDLL:
+    """The loaded kernel library, with every function's signature set. Raises LibraryNotFoundError."""
+    global _LIB
+    if _LIB is not None:
+        return _LIB
+    candidates = library_candidates()
+    path = next((p for p in candidates if p.is_file()), None)
+    if path is None:
+        raise LibraryNotFoundError(
+            "libpadfree_kernels.so was not found; looked in: "
+            + ", ".join(str(p) for p in candidates[:3])
+            + ". Install padfree with `pip install .` or set PADFREE_LIBRARY to the built library.")
+    lib = ctypes.CDLL(str(path))
+    for name, argtypes in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes = argtypes
+        fn.restype = _RESTYPES.get(name, c_int)
+    if lib.padfree_abi_version() != ABI_VERSION:
+        raise LibraryNotFoundError(
+            f"{path} has ABI version {lib.padfree_abi_version()}, these bindings expect {ABI_VERSION};"
+            " rebuild the library from this source tree.")
+    lib._padfree_path = str(path)  # type: ignore[attr-defined]
+    _LIB = lib
+    return lib
+
+
+def available() -> bool:
+    try:
+        load()
+        return True
+    except (LibraryNotFoundError, OSError):
+        return False
+
+
+def call(name: str, *args) -> None:
+    """Call a status-returning ABI function; a non-zero status raises the matching PadfreeError."""
+    lib = load()
+    status = getattr(lib, name)(*args)
+    if status == 0:
+        return
+    message = (lib.padfree_last_error() or b"").decode(errors="replace")
+    error = {STATUS_INVALID_ARGUMENT: KernelArgumentError,
+             STATUS_UNSUPPORTED: KernelUnsupportedError,
+             STATUS_CUDA: CudaError}.get(status, PadfreeError)
+    raise error(f"{name}: {message}")
