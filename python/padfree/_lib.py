@@ -96,10 +96,8 @@ def load() -> ctypes.CDLL:
             + ", ".join(str(p) for p in candidates[:3])
             + ". Install padfree with `pip install .` or set PADFREE_LIBRARY to the built library.")
     lib = ctypes.CDLL(str(path))
-    for name, argtypes in _SIGNATURES.items():
-        fn = getattr(lib, name)
-        fn.argtypes = argtypes
-        fn.restype = _RESTYPES.get(name, c_int)
+    for name in _RESTYPES:
+        _bind(lib, name)
     if lib.padfree_abi_version() != ABI_VERSION:
         raise LibraryNotFoundError(
             f"{path} has ABI version {lib.padfree_abi_version()}, these bindings expect {ABI_VERSION};"
@@ -107,6 +105,19 @@ def load() -> ctypes.CDLL:
     lib._padfree_path = str(path)  # type: ignore[attr-defined]
     _LIB = lib
     return lib
+
+
+def _bind(lib: ctypes.CDLL, name: str):
+    try:
+        fn = getattr(lib, name)
+    except AttributeError:
+        raise LibraryNotFoundError(f"{lib._name} has no symbol {name}: rebuild the kernel library") from None
+    fn.argtypes = _SIGNATURES[name]
+    fn.restype = _RESTYPES.get(name, c_int)
+    return fn
+
+
+_BOUND: dict[str, object] = {}
 
 
 def available() -> bool:
@@ -120,7 +131,10 @@ def available() -> bool:
 def call(name: str, *args) -> None:
     """Call a status-returning ABI function; a non-zero status raises the matching PadfreeError."""
     lib = load()
-    status = getattr(lib, name)(*args)
+    fn = _BOUND.get(name)
+    if fn is None:
+        fn = _BOUND[name] = _bind(lib, name)
+    status = fn(*args)
     if status == 0:
         return
     message = (lib.padfree_last_error() or b"").decode(errors="replace")

@@ -1,0 +1,11 @@
+"""Kernel bindings on torch tensors: one module per kernel family, mirroring plugins/kernels.
+
+All functions take contiguous CUDA tensors, enqueue on torch's current stream, never synchronize,
+and raise InputError (a ValueError) for a bad dtype, device, layout or shape.
+"""
+from ._tensors import InputError  # noqa: F401
+from .padding import cu_seqlens_from_mask, cu_seqlens_from_seqlens, rebuild_padding, remove_padding  # noqa: F401
+from .attention import attention_varlen  # noqa: F401
+from .layernorm import layernorm, skip_layernorm  # noqa: F401
+from .embedding import embedding_layernorm  # noqa: F401
+from .activation import bias_gelu  # noqa: F401
