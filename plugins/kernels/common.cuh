@@ -1,0 +1,170 @@
+// Device helpers shared by the kernel families: dtype traits, 16-byte vectors, reductions and the
+// one runtime dtype dispatch. Header-only and free of the C ABI plumbing (capi_util.h) so that any
+// kernels/*.cu may include it. Keep this API stable: other families build on it.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "padfree.h"
+
+namespace padfree {
+
+constexpr int kWarpSize = 32;
+constexpr int kVectorBytes = 16;  // one LDG.128 / STG.128 per thread: the widest global access
+
+// ---- dtype traits ------------------------------------------------------------------------------
+
+template <typename T>
+struct DTypeTraits;
+
+template <>
+struct DTypeTraits<float> {
+    static constexpr padfree_dtype code = PADFREE_FLOAT32;
+    __host__ __device__ static float to_float(float x) { return x; }
+    __host__ __device__ static float from_float(float x) { return x; }
+};
+
+template <>
+struct DTypeTraits<__half> {
+    static constexpr padfree_dtype code = PADFREE_FLOAT16;
+    __device__ static float to_float(__half x) { return __half2float(x); }
+    __device__ static __half from_float(float x) { return __float2half_rn(x); }
+};
+
+template <>
+struct DTypeTraits<__nv_bfloat16> {
+    static constexpr padfree_dtype code = PADFREE_BFLOAT16;
+    __device__ static float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+    __device__ static __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
+};
+
+template <typename T>
+__device__ __forceinline__ float to_float(T x) {
+    return DTypeTraits<T>::to_float(x);
+}
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x) {
+    return DTypeTraits<T>::from_float(x);
+}
+
+// ---- 16-byte vectors ---------------------------------------------------------------------------
+
+// kVectorBytes of T: 4 floats or 8 halves / bfloat16s.
+template <typename T>
+struct alignas(kVectorBytes) Vec {
+    static constexpr int size = kVectorBytes / static_cast<int>(sizeof(T));
+    T v[size];
+};
+
+template <typename T>
+constexpr int vec_size() {
+    return Vec<T>::size;
+}
+
+// p must be 16-byte aligned. Plain (coherent) load: the data may be written by the same kernel
+// elsewhere (out aliasing x), so the read-only path is not assumed.
+template <typename T>
+__device__ __forceinline__ Vec<T> load_vec(const T* p) {
+    Vec<T> r;
+    *reinterpret_cast<uint4*>(&r) = *reinterpret_cast<const uint4*>(p);
+    return r;
+}
+
+// For parameters no kernel writes (gamma, beta, bias, embedding tables): the read-only cache path.
+template <typename T>
+__device__ __forceinline__ Vec<T> load_vec_ro(const T* p) {
+    Vec<T> r;
+    *reinterpret_cast<uint4*>(&r) = __ldg(reinterpret_cast<const uint4*>(p));
+    return r;
+}
+
+template <typename T>
+__device__ __forceinline__ void store_vec(T* p, const Vec<T>& v) {
+    *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(&v);
+}
+
+template <typename T>
+__device__ __forceinline__ void vec_to_float(const Vec<T>& v, float (&out)[Vec<T>::size]) {
+#pragma unroll
+    for (int i = 0; i < Vec<T>::size; ++i) out[i] = to_float(v.v[i]);
+}
+
+template <typename T>
+__device__ __forceinline__ Vec<T> vec_from_float(const float (&in)[Vec<T>::size]) {
+    Vec<T> r;
+#pragma unroll
+    for (int i = 0; i < Vec<T>::size; ++i) r.v[i] = from_float<T>(in[i]);
+    return r;
+}
+
+__host__ __device__ __forceinline__ bool is_aligned(const void* p, int bytes) {
+    return (reinterpret_cast<uintptr_t>(p) % static_cast<uintptr_t>(bytes)) == 0;
+}
+
+template <typename I>
+__host__ __device__ constexpr I ceil_div(I a, I b) {
+    return (a + b - 1) / b;
+}
+
+// ---- reductions --------------------------------------------------------------------------------
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+
+// Sum over the whole block, returned to every thread. blockDim.x must be a multiple of 32. Safe
+// to call repeatedly: the leading barrier keeps a call from overwriting scratch that the previous
+// call's threads may still be reading.
+__device__ __forceinline__ float block_sum(float v) {
+    __shared__ float scratch[kWarpSize];
+    const int lane = threadIdx.x % kWarpSize;
+    const int warp = threadIdx.x / kWarpSize;
+    const int warps = blockDim.x / kWarpSize;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    return warp_sum(lane < warps ? scratch[lane] : 0.f);
+}
+
+// ---- runtime dtype dispatch --------------------------------------------------------------------
+
+template <typename T>
+struct TypeTag {
+    using type = T;
+};
+
+inline bool is_valid_dtype(int dtype) {
+    return dtype == PADFREE_FLOAT32 || dtype == PADFREE_FLOAT16 || dtype == PADFREE_BFLOAT16;
+}
+
+inline const char* dtype_name(int dtype) {
+    switch (dtype) {
+        case PADFREE_FLOAT32: return "float32";
+        case PADFREE_FLOAT16: return "float16";
+        case PADFREE_BFLOAT16: return "bfloat16";
+    }
+    return "unknown dtype";
+}
+
+// The one place a runtime padfree_dtype becomes a template type:
+//   dispatch_dtype(dtype, [&](auto tag) { using T = typename decltype(tag)::type; launch<T>(...); });
+// Returns false (calling nothing) for an unknown dtype; the C ABI checks dtype before this.
+template <typename F>
+bool dispatch_dtype(padfree_dtype dtype, F&& f) {
+    switch (dtype) {
+        case PADFREE_FLOAT32: f(TypeTag<float>{}); return true;
+        case PADFREE_FLOAT16: f(TypeTag<__half>{}); return true;
+        case PADFREE_BFLOAT16: f(TypeTag<__nv_bfloat16>{}); return true;
+    }
+    return false;
+}
+
+}  // namespace padfree
