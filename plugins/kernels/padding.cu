@@ -1,0 +1,196 @@
+// Prefix-sum packing, as ByteTransformer does it: sequence lengths -> cu_seqlens by a block scan,
+// and padded <-> packed copies. Each sequence's valid rows are contiguous in both layouts, so a
+// copy is one memcpy per sequence, split over blocks in fixed chunks: no per-element division.
+#include "padding.h"
+
+#include "common.cuh"
+
+namespace padfree {
+namespace {
+
+constexpr int kScanThreads = 1024;
+constexpr int kMaskThreads = 128;
+constexpr int kCopyThreads = 256;
+constexpr int kCopyUnitsPerThread = 8;
+constexpr int kCopyChunk = kCopyThreads * kCopyUnitsPerThread;  // units per block and chunk
+constexpr int64_t kMaxGrid = 1 << 20;                           // beyond this, blocks loop
+
+// Inclusive scan over the block (Hillis-Steele within warps, then over warp totals). Returns the
+// block's total in *total; `warp_totals` is 32 ints of shared memory.
+__device__ int block_inclusive_scan(int v, int* warp_totals, int* total) {
+    const int lane = threadIdx.x % kWarpSize;
+    const int warp = threadIdx.x / kWarpSize;
+    const int warps = blockDim.x / kWarpSize;
+#pragma unroll
+    for (int offset = 1; offset < kWarpSize; offset *= 2) {
+        const int n = __shfl_up_sync(0xffffffffu, v, offset);
+        if (lane >= offset) v += n;
+    }
+    if (lane == kWarpSize - 1) warp_totals[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        int t = lane < warps ? warp_totals[lane] : 0;
+#pragma unroll
+        for (int offset = 1; offset < kWarpSize; offset *= 2) {
+            const int n = __shfl_up_sync(0xffffffffu, t, offset);
+            if (lane >= offset) t += n;
+        }
+        warp_totals[lane] = t;
+    }
+    __syncthreads();
+    if (warp > 0) v += warp_totals[warp - 1];
+    *total = warp_totals[warps - 1];
+    __syncthreads();  // the next call rewrites warp_totals
+    return v;
+}
+
+// cu_seqlens[1 + i] = sum of max(lengths[0..i], 0); lengths may alias cu_seqlens + 1 (each thread
+// reads its element before any thread of the chunk writes). One block loops over chunks.
+__global__ void prefix_sum_kernel(const int32_t* lengths, int32_t batch, int32_t* cu_seqlens) {
+    __shared__ int warp_totals[kWarpSize];
+    int carry = 0;
+    for (int32_t base = 0; base < batch; base += kScanThreads) {
+        const int32_t i = base + static_cast<int32_t>(threadIdx.x);
+        // Negative lengths count as 0 so that cu_seqlens never decreases (memory safety downstream).
+        const int v = i < batch ? max(lengths[i], 0) : 0;
+        int total;
+        const int inclusive = block_inclusive_scan(v, warp_totals, &total);
+        if (i < batch) cu_seqlens[i + 1] = carry + inclusive;
+        carry += total;
+    }
+    if (threadIdx.x == 0) cu_seqlens[0] = 0;
+}
+
+// One block per mask row: length = number of ones; the row is valid when it is exactly `length`
+// ones followed by zeros. Lengths go to cu_seqlens[1 + row] for the scan that follows.
+__global__ void mask_row_lengths_kernel(const int32_t* mask, int32_t padded_seqlen, int32_t* lengths,
+                                        int32_t* invalid_rows) {
+    __shared__ int count;
+    const int32_t* m = mask + static_cast<int64_t>(blockIdx.x) * padded_seqlen;
+    if (threadIdx.x == 0) count = 0;
+    __syncthreads();
+    int ones = 0;
+    for (int32_t j = threadIdx.x; j < padded_seqlen; j += blockDim.x) ones += (m[j] == 1);
+    atomicAdd(&count, ones);
+    __syncthreads();
+    const int length = count;
+    int bad = 0;
+    for (int32_t j = threadIdx.x; j < padded_seqlen; j += blockDim.x) bad |= m[j] != (j < length ? 1 : 0);
+    bad = __syncthreads_or(bad);
+    if (threadIdx.x == 0) {
+        lengths[blockIdx.x] = length;
+        if (bad && invalid_rows != nullptr) atomicAdd(invalid_rows, 1);
+    }
+}
+
+struct Chunking {
+    int64_t units_per_row;
+    int64_t chunks_per_sequence;  // over the padded extent, padded_seqlen * units_per_row
+    int64_t blocks;
+};
+
+Chunking chunking(int32_t batch, int32_t padded_seqlen, int64_t row_bytes, int unit_bytes) {
+    Chunking c;
+    c.units_per_row = row_bytes / unit_bytes;
+    c.chunks_per_sequence = ceil_div<int64_t>(static_cast<int64_t>(padded_seqlen) * c.units_per_row, kCopyChunk);
+    c.blocks = static_cast<int64_t>(batch) * c.chunks_per_sequence;
+    return c;
+}
+
+// Block (b, c) copies units [c * kCopyChunk, ...) of sequence b's valid rows.
+template <typename U>
+__global__ void remove_padding_kernel(const U* padded, const int32_t* cu_seqlens, int32_t batch,
+                                      int32_t padded_seqlen, Chunking c, U* packed) {
+    for (int64_t block = blockIdx.x; block < c.blocks; block += gridDim.x) {
+        const int32_t b = static_cast<int32_t>(block / c.chunks_per_sequence);
+        const int64_t begin = (block % c.chunks_per_sequence) * kCopyChunk;
+        const int32_t start = cu_seqlens[b];
+        const int32_t length = min(max(cu_seqlens[b + 1] - start, 0), padded_seqlen);
+        const int64_t end = min(begin + static_cast<int64_t>(kCopyChunk), static_cast<int64_t>(length) * c.units_per_row);
+        const U* src = padded + static_cast<int64_t>(b) * padded_seqlen * c.units_per_row;
+        U* dst = packed + static_cast<int64_t>(start) * c.units_per_row;
+        for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) dst[i] = src[i];
+    }
+}
+
+// Block (b, c) writes units [c * kCopyChunk, ...) of padded sequence b: copied rows, then zeros.
+template <typename U>
+__global__ void rebuild_padding_kernel(const U* packed, const int32_t* cu_seqlens, int32_t batch,
+                                       int32_t padded_seqlen, Chunking c, U* padded) {
+    const int64_t padded_units = static_cast<int64_t>(padded_seqlen) * c.units_per_row;
+    for (int64_t block = blockIdx.x; block < c.blocks; block += gridDim.x) {
+        const int32_t b = static_cast<int32_t>(block / c.chunks_per_sequence);
+        const int64_t begin = (block % c.chunks_per_sequence) * kCopyChunk;
+        const int32_t start = cu_seqlens[b];
+        const int32_t length = min(max(cu_seqlens[b + 1] - start, 0), padded_seqlen);
+        const int64_t valid = static_cast<int64_t>(length) * c.units_per_row;
+        const int64_t end = min(begin + static_cast<int64_t>(kCopyChunk), padded_units);
+        const U* src = packed + static_cast<int64_t>(start) * c.units_per_row;
+        U* dst = padded + static_cast<int64_t>(b) * padded_units;
+        for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) dst[i] = i < valid ? src[i] : U{};
+    }
+}
+
+// The widest unit (16, 8, 4, 2 or 1 bytes) that divides row_bytes and both base addresses: every
+// row then starts aligned, since row offsets are multiples of row_bytes.
+int copy_unit_bytes(const void* a, const void* b, int64_t row_bytes) {
+    for (int unit = kVectorBytes; unit > 1; unit /= 2)
+        if (row_bytes % unit == 0 && is_aligned(a, unit) && is_aligned(b, unit)) return unit;
+    return 1;
+}
+
+template <typename F>
+void dispatch_unit(int unit_bytes, F&& f) {
+    switch (unit_bytes) {
+        case 16: f(TypeTag<uint4>{}); break;
+        case 8: f(TypeTag<uint2>{}); break;
+        case 4: f(TypeTag<uint32_t>{}); break;
+        case 2: f(TypeTag<uint16_t>{}); break;
+        default: f(TypeTag<uint8_t>{}); break;
+    }
+}
+
+unsigned grid_for(int64_t blocks) { return static_cast<unsigned>(blocks < kMaxGrid ? blocks : kMaxGrid); }
+
+}  // namespace
+
+void launch_cu_seqlens_from_seqlens(const int32_t* seqlens, int32_t batch, int32_t* cu_seqlens,
+                                    cudaStream_t stream) {
+    prefix_sum_kernel<<<1, kScanThreads, 0, stream>>>(seqlens, batch, cu_seqlens);
+}
+
+void launch_cu_seqlens_from_mask(const int32_t* mask, int32_t batch, int32_t padded_seqlen,
+                                 int32_t* cu_seqlens, int32_t* invalid_rows, cudaStream_t stream) {
+    if (batch > 0)
+        mask_row_lengths_kernel<<<batch, kMaskThreads, 0, stream>>>(mask, padded_seqlen, cu_seqlens + 1,
+                                                                    invalid_rows);
+    prefix_sum_kernel<<<1, kScanThreads, 0, stream>>>(cu_seqlens + 1, batch, cu_seqlens);
+}
+
+void launch_remove_padding(const void* padded, const int32_t* cu_seqlens, int32_t batch,
+                           int32_t padded_seqlen, int64_t row_bytes, void* packed,
+                           cudaStream_t stream) {
+    const int unit = copy_unit_bytes(padded, packed, row_bytes);
+    const Chunking c = chunking(batch, padded_seqlen, row_bytes, unit);
+    if (c.blocks == 0) return;
+    dispatch_unit(unit, [&](auto tag) {
+        using U = typename decltype(tag)::type;
+        remove_padding_kernel<U><<<grid_for(c.blocks), kCopyThreads, 0, stream>>>(
+            static_cast<const U*>(padded), cu_seqlens, batch, padded_seqlen, c, static_cast<U*>(packed));
+    });
+}
+
+void launch_rebuild_padding(const void* packed, const int32_t* cu_seqlens, int32_t batch,
+                            int32_t padded_seqlen, int64_t row_bytes, void* padded,
+                            cudaStream_t stream) {
+    const int unit = copy_unit_bytes(padded, packed, row_bytes);
+    const Chunking c = chunking(batch, padded_seqlen, row_bytes, unit);
+    if (c.blocks == 0) return;
+    dispatch_unit(unit, [&](auto tag) {
+        using U = typename decltype(tag)::type;
+        rebuild_padding_kernel<U><<<grid_for(c.blocks), kCopyThreads, 0, stream>>>(
+            static_cast<const U*>(packed), cu_seqlens, batch, padded_seqlen, c, static_cast<U*>(padded));
+    });
+}
+
+}  // namespace padfree
