@@ -1,0 +1,191 @@
+"""Turns what a caller hands Runtime.run (a list of token sequences, or a padded batch with its
+attention mask, as lists, numpy arrays or torch tensors) into one packed host batch, and refuses
+input the kernels must never see: an id outside the vocabulary would make the embedding gather read
+out of bounds, a right-padded or holed mask would pack the wrong tokens."""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..ops._tensors import InputError
+from .backend import Limits
+
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+@dataclass
+class HostBatch:
+    """All sequences end to end on the host.
+
+    input_ids: int64 [T]; token_type_ids: int64 [T] or None; lengths: int64 [B] (all >= 1);
+    padded_width: the S that padded outputs get (the input's width for a padded batch, the longest
+    sequence for a list); mask: bool [B, S] of the padded input, None for a list.
+    """
+    input_ids: np.ndarray
+    token_type_ids: np.ndarray | None
+    lengths: np.ndarray
+    padded_width: int
+    mask: np.ndarray | None = None
+
+    @property
+    def cu_seqlens(self) -> np.ndarray:
+        return np.concatenate(([0], np.cumsum(self.lengths))).astype(np.int64)
+
+    def locate(self, token: int) -> tuple[int, int]:
+        """(sequence, position) of a packed token index, for error messages."""
+        seq = int(np.searchsorted(self.cu_seqlens, token, side="right")) - 1
+        return seq, int(token - self.cu_seqlens[seq])
+
+
+def _to_numpy(x: Any, name: str) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        x = x.detach()
+        if x.dtype == torch.bfloat16:  # numpy has no bfloat16; only reached to refuse it below
+            x = x.float()
+        return x.cpu().numpy()
+    if isinstance(x, np.ndarray):
+        return x
+    try:
+        return np.asarray(x)
+    except ValueError as e:  # ragged nested lists
+        raise InputError(f"{name}: cannot be read as an array ({e}); a ragged batch is passed as a list of"
+                         " sequences without attention_mask") from None
+
+
+def _ints(x: Any, name: str) -> np.ndarray:
+    """x as an int64 array; refuses floats and bools rather than rounding or reinterpreting them."""
+    a = _to_numpy(x, name)
+    if a.dtype.kind not in "iu":
+        raise InputError(f"{name}: expected integer token ids, got dtype {a.dtype}")
+    if a.dtype.kind == "u" and a.size and a.max() > _INT64_MAX:
+        raise InputError(f"{name}: id {a.max()} is out of range")
+    return a.astype(np.int64, copy=False)
+
+
+def _is_sequence_list(batch: Any) -> bool:
+    return isinstance(batch, Sequence) and not isinstance(batch, (str, bytes))
+
+
+def from_sequences(batch: Sequence, token_type_ids: Sequence | None) -> HostBatch:
+    if len(batch) == 0:
+        raise InputError("empty batch: pass at least one sequence")
+    if isinstance(batch[0], (int, np.integer)):
+        raise InputError("batch: expected a list of token sequences, got a flat list of ids;"
+                         " for one sequence pass [ids]")
+    seqs = []
+    for i, seq in enumerate(batch):
+        a = _to_numpy(seq, f"sequence {i}")
+        if a.ndim != 1:
+            raise InputError(f"sequence {i}: expected a 1-D sequence of ids, got shape {list(a.shape)}")
+        if a.size == 0:  # before the dtype check: np.asarray([]) is float64
+            raise InputError(f"sequence {i} is empty: every sequence needs at least one token")
+        seqs.append(_ints(a, f"sequence {i}"))
+    lengths = np.array([len(s) for s in seqs], dtype=np.int64)
+    types = None
+    if token_type_ids is not None:
+        if not _is_sequence_list(token_type_ids) or len(token_type_ids) != len(seqs):
+            raise InputError(f"token_type_ids: expected a list of {len(seqs)} sequences, one per input"
+                             " sequence")
+        types = []
+        for i, t in enumerate(token_type_ids):
+            a = _ints(t, f"token_type_ids[{i}]")
+            if a.shape != (lengths[i],):
+                raise InputError(f"token_type_ids[{i}]: expected {lengths[i]} ids like sequence {i},"
+                                 f" got shape {list(a.shape)}")
+            types.append(a)
+        types = np.concatenate(types)
+    return HostBatch(np.concatenate(seqs), types, lengths, int(lengths.max()))
+
+
+def from_padded(input_ids: Any, attention_mask: Any | None, token_type_ids: Any | None) -> HostBatch:
+    ids = _ints(input_ids, "input_ids")
+    if ids.ndim != 2:
+        raise InputError(f"input_ids: a padded batch is [batch, seq], got shape {list(ids.shape)};"
+                         " a list of sequences is passed as a Python list")
+    if ids.shape[0] == 0:
+        raise InputError("empty batch: pass at least one sequence")
+    if ids.shape[1] == 0:
+        raise InputError("input_ids has width 0: every sequence needs at least one token")
+    if attention_mask is None:
+        mask = np.ones(ids.shape, dtype=bool)
+    else:
+        m = _to_numpy(attention_mask, "attention_mask")
+        if m.dtype.kind not in "biu":
+            raise InputError(f"attention_mask: expected an integer or bool mask, got dtype {m.dtype}")
+        if m.shape != ids.shape:
+            raise InputError(f"attention_mask: expected shape {list(ids.shape)} like input_ids,"
+                             f" got {list(m.shape)}")
+        if m.dtype.kind != "b" and ((m != 0) & (m != 1)).any():
+            raise InputError("attention_mask: expected only 0 and 1")
+        mask = m.astype(bool)
+    lengths = mask.sum(axis=1).astype(np.int64)
+    left_aligned = np.arange(ids.shape[1])[None, :] < lengths[:, None]
+    bad = np.flatnonzero((mask != left_aligned).any(axis=1))
+    if bad.size:
+        raise InputError(f"attention_mask row {bad[0]} is not left-aligned (ones then zeros); padfree needs"
+                         " right padding, as tokenizers with padding_side='right' produce")
+    empty = np.flatnonzero(lengths == 0)
+    if empty.size:
+        raise InputError(f"sequence {empty[0]} is empty (its attention_mask row is all zeros)")
+    types = None
+    if token_type_ids is not None:
+        t = _ints(token_type_ids, "token_type_ids")
+        if t.shape != ids.shape:
+            raise InputError(f"token_type_ids: expected shape {list(ids.shape)} like input_ids,"
+                             f" got {list(t.shape)}")
+        types = t[mask]
+    return HostBatch(ids[mask], types, lengths, int(ids.shape[1]), mask)
+
+
+def to_host_batch(batch: Any, attention_mask: Any | None = None,
+                  token_type_ids: Any | None = None) -> HostBatch:
+    """One packed HostBatch from any accepted form; raises InputError for malformed input.
+
+    A Mapping (an HF tokenizer's BatchEncoding) supplies input_ids, attention_mask and token_type_ids.
+    A 2-D numpy array or torch tensor, or any batch given with an attention_mask, is a padded batch
+    (no mask: every position is a token, as in HF). Any other sequence is a list of token sequences.
+    """
+    if isinstance(batch, Mapping):
+        if "input_ids" not in batch:
+            raise InputError(f"batch: a mapping needs 'input_ids', got keys {sorted(batch)}")
+        for key, given in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
+            if given is not None and batch.get(key) is not None:
+                raise InputError(f"{key} given both inside the batch mapping and as an argument")
+        attention_mask = attention_mask if attention_mask is not None else batch.get("attention_mask")
+        token_type_ids = token_type_ids if token_type_ids is not None else batch.get("token_type_ids")
+        batch = batch["input_ids"]
+    if attention_mask is not None or isinstance(batch, (np.ndarray, torch.Tensor)):
+        return from_padded(batch, attention_mask, token_type_ids)
+    if not _is_sequence_list(batch):
+        raise InputError(f"batch: expected a list of token sequences or a padded [batch, seq] array,"
+                         f" got {type(batch).__name__}")
+    return from_sequences(batch, token_type_ids)
+
+
+def validate(batch: HostBatch, limits: Limits) -> None:
+    """Raise InputError where the batch breaks the backend's limits (lengths and id ranges)."""
+    too_long = np.flatnonzero(batch.lengths > min(limits.max_seqlen, limits.max_tokens))
+    if too_long.size:
+        i = too_long[0]
+        raise InputError(f"sequence {i} has {batch.lengths[i]} tokens, more than this model serves"
+                         f" (max_seqlen {limits.max_seqlen}, max_tokens {limits.max_tokens});"
+                         " truncate it")
+    _check_range(batch, batch.input_ids, limits.vocab_size, "token id", "vocab_size")
+    if batch.token_type_ids is not None:
+        if limits.type_vocab_size == 0:
+            raise InputError("token_type_ids given, but this model has no token type embeddings")
+        _check_range(batch, batch.token_type_ids, limits.type_vocab_size, "token type id",
+                     "type_vocab_size")
+
+
+def _check_range(batch: HostBatch, values: np.ndarray, size: int | None, what: str, limit_name: str):
+    bad = (values < 0) if size is None else ((values < 0) | (values >= size))
+    where = np.flatnonzero(bad)
+    if where.size:
+        seq, pos = batch.locate(int(where[0]))
+        bound = "not negative" if size is None else f"in [0, {size}) ({limit_name})"
+        raise InputError(f"{what} {values[where[0]]} at sequence {seq}, position {pos}: expected {bound}")

@@ -1,0 +1,149 @@
+"""padfree.Runtime: one run(batch) over an engine file or the PyTorch path."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+from .._lib import PadfreeError
+from ._inputs import HostBatch, to_host_batch, validate
+from ._outputs import OutputGather, padded_index, shape_outputs, to_host, to_numpy
+from ._plan import Chunk, plan_chunks
+from ._staging import Staging
+from .backend import Limits, device_of, limits_of
+
+OUTPUT_FORMATS = ("torch", "numpy")
+
+
+def open_backend(source: Any, max_tokens: int | None = None, max_batch: int | None = None,
+                 **engine_options: Any) -> Any:
+    """The backend for an engine path, a PadfreeEncoder, or an object that already is a backend."""
+    if isinstance(source, (str, os.PathLike)):
+        try:
+            from padfree.engines import backend as engine_backend
+        except ImportError as e:
+            raise PadfreeError(f"cannot serve engine {os.fspath(source)!r}: the engine backend"
+                               f" (padfree.engines.backend) is not available ({e})") from e
+        return engine_backend.open_engine(source, **engine_options)
+    if hasattr(source, "forward_packed"):
+        from .encoder_backend import EncoderBackend
+        return EncoderBackend(source, max_tokens=max_tokens, max_batch=max_batch)
+    if hasattr(source, "execute_packed"):
+        return source
+    hint = (" (an HF model: convert it with padfree.torch.from_hf first)"
+            if isinstance(source, torch.nn.Module) else "")
+    raise TypeError(f"Runtime serves an engine path, a PadfreeEncoder or a backend; got"
+                    f" {type(source).__name__}{hint}")
+
+
+def _tighten(limits: Limits, max_tokens: int | None, max_batch: int | None) -> Limits:
+    """Apply the caller's chunk limits; an engine cannot be asked for more than it was built for."""
+    for name, want in (("max_tokens", max_tokens), ("max_batch", max_batch)):
+        have = getattr(limits, name)
+        if want is not None and want > have:
+            raise ValueError(f"{name}={want} exceeds what the backend serves ({have})")
+    return Limits(max_tokens=max_tokens or limits.max_tokens, max_batch=max_batch or limits.max_batch,
+                  max_seqlen=limits.max_seqlen, vocab_size=limits.vocab_size,
+                  type_vocab_size=limits.type_vocab_size, dtype=limits.dtype)
+
+
+def _as_stream(stream: Any, device: torch.device) -> torch.cuda.Stream | None:
+    if stream is None:
+        return None
+    if device.type != "cuda":
+        raise ValueError(f"a stream was given, but the backend runs on {device}")
+    if isinstance(stream, int):  # a raw cudaStream_t from another library
+        return torch.cuda.ExternalStream(stream, device=device)
+    if not isinstance(stream, torch.cuda.Stream):
+        raise TypeError(f"stream: expected a torch.cuda.Stream or a raw cudaStream_t int, got"
+                        f" {type(stream).__name__}")
+    if stream.device != device:
+        raise ValueError(f"stream is on {stream.device}, the backend on {device}")
+    return stream
+
+
+class Runtime:
+    """Serves variable-length batches: validates, packs on the host into pinned memory, copies
+    asynchronously on the stream, splits into chunks within the backend's limits (order kept),
+    executes, and returns per-sequence or padded outputs.
+
+    source: an engine path (padfree.engines.backend), a padfree.torch PadfreeEncoder, or any object
+      with the backend protocol (limits, output_names, execute_packed).
+    stream: where the work is enqueued (torch.cuda.Stream or a raw cudaStream_t int); None: torch's
+      current stream at each run(). Torch outputs are ready in that stream's order, unsynchronized.
+    output: "torch" (tensors on the backend's device) or "numpy" (host arrays, stream synchronized).
+    max_tokens, max_batch: chunk limits; for an encoder they default to EncoderBackend's, for an
+      engine to what it was built for (and cannot exceed it).
+    A Runtime runs one batch at a time (its pinned staging buffer is shared): one per thread.
+    """
+
+    def __init__(self, source: Any, stream: Any = None, *, output: str = "torch",
+                 max_tokens: int | None = None, max_batch: int | None = None, **engine_options: Any):
+        if output not in OUTPUT_FORMATS:
+            raise ValueError(f"output must be one of {OUTPUT_FORMATS}, got {output!r}")
+        self.backend = open_backend(source, max_tokens=max_tokens, max_batch=max_batch, **engine_options)
+        self.limits = _tighten(limits_of(self.backend), max_tokens, max_batch)
+        self.output_names = list(self.backend.output_names)
+        self.device = device_of(self.backend)
+        self.stream = _as_stream(stream, self.device)
+        self.output = output
+        self._staging = Staging(self.device)
+
+    def __repr__(self) -> str:
+        return f"Runtime({self.backend!r}, device={self.device}, limits={self.limits})"
+
+    def run(self, batch: Any, attention_mask: Any = None, token_type_ids: Any = None, *,
+            padded: bool = False, output: str | None = None, stream: Any = None) -> dict[str, Any]:
+        """Encode a batch.
+
+        batch: a list of token sequences (lists, 1-D numpy arrays or torch tensors of ints), or a
+          padded [B, S] int array/tensor with attention_mask [B, S] (left-aligned ones, int or bool;
+          None: no padding), or a mapping with those keys (an HF tokenizer's output).
+        token_type_ids: like batch (a list of sequences, or [B, S]); None: all zeros.
+        Returns {name: value} per backend output name: "last_hidden_state" as a list of [len_i, H]
+        (padded=True: [B, S, H], zeros in padding; S = the input's width, or the longest sequence),
+        "pooler_output" as [B, H]. Raises InputError (a ValueError) for malformed input.
+        """
+        output = output or self.output
+        if output not in OUTPUT_FORMATS:
+            raise ValueError(f"output must be one of {OUTPUT_FORMATS}, got {output!r}")
+        host = to_host_batch(batch, attention_mask, token_type_ids)
+        validate(host, self.limits)
+        chunks = plan_chunks(host.lengths, self.limits.max_batch, self.limits.max_tokens)
+        if self.device.type != "cuda":
+            return self._run(host, chunks, padded, output, None)
+        stream = _as_stream(stream, self.device) or self.stream or torch.cuda.current_stream(self.device)
+        with torch.cuda.device(self.device), torch.cuda.stream(stream):
+            return self._run(host, chunks, padded, output, stream)
+
+    def _run(self, host: HostBatch, chunks: list[Chunk], padded: bool, output: str,
+             stream: torch.cuda.Stream | None) -> dict[str, Any]:
+        arrays: list[np.ndarray] = []
+        for c in chunks:
+            arrays.append(host.input_ids[c.token_start:c.token_stop])
+            arrays.append(host.cu_seqlens[c.first:c.stop + 1] - c.token_start)
+            if host.token_type_ids is not None:
+                arrays.append(host.token_type_ids[c.token_start:c.token_stop])
+        index_on_device = padded and output == "torch"
+        if index_on_device:
+            arrays.append(padded_index(host))
+        views = self._staging.upload(arrays, stream)
+
+        per_chunk = 3 if host.token_type_ids is not None else 2
+        gather = OutputGather(self.output_names, host)
+        backend_name = type(self.backend).__name__
+        for i, c in enumerate(chunks):
+            ids, cu, *types = views[i * per_chunk:(i + 1) * per_chunk]
+            result = self.backend.execute_packed(ids, cu, c.max_seqlen, types[0] if types else None, stream)
+            gather.add(c, result, backend_name)
+
+        packed = gather.outputs
+        if output == "numpy":
+            packed = to_host(packed)
+            if stream is not None:
+                stream.synchronize()
+            index = torch.from_numpy(padded_index(host)) if padded else None
+            return to_numpy(shape_outputs(packed, host, padded, index))
+        return shape_outputs(packed, host, padded, views[-1] if index_on_device else None)
