@@ -1,0 +1,75 @@
+// LayerNorm and skip LayerNorm: memory-bound, so each row is read once with 16-byte loads into
+// registers, normalized there (layernorm_row.cuh) and written once.
+#include "layernorm.h"
+
+#include "layernorm_row.cuh"
+
+namespace padfree {
+namespace {
+
+// kSkip: the row is x + bias + residual (bias may be null); otherwise x. out may alias x or
+// residual: every element is read and written by the same thread, reads first.
+template <typename T, int N, bool kBlockRow, bool kSkip>
+__global__ void layernorm_kernel(const T* x, const T* residual, const T* bias, const T* gamma,
+                                 const T* beta, int64_t rows, int hidden, float eps, T* out) {
+    constexpr int V = Vec<T>::size;
+    const int nvec = hidden / V;
+    const int lane = threadIdx.x;
+    const int threads = blockDim.x;
+    for (int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; row < rows;
+         row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
+        const int64_t offset = row * hidden;
+        float v[N][V];
+#pragma unroll
+        for (int i = 0; i < N; ++i) {
+            const int c = lane + i * threads;
+            if (c < nvec) {
+                vec_to_float(load_vec(x + offset + c * V), v[i]);
+                if constexpr (kSkip) {
+                    float r[V];
+                    vec_to_float(load_vec(residual + offset + c * V), r);
+#pragma unroll
+                    for (int j = 0; j < V; ++j) v[i][j] += r[j];
+                    if (bias != nullptr) {
+                        vec_to_float(load_vec_ro(bias + c * V), r);
+#pragma unroll
+                        for (int j = 0; j < V; ++j) v[i][j] += r[j];
+                    }
+                }
+            }
+        }
+        layernorm_store_row<T, N, kBlockRow>(v, lane, threads, nvec, hidden, gamma, beta, eps, out + offset);
+    }
+}
+
+template <bool kSkip>
+void launch(const void* x, const void* residual, const void* bias, const void* gamma, const void* beta,
+            int64_t rows, int32_t hidden, float eps, padfree_dtype dtype, void* out, cudaStream_t stream) {
+    if (rows == 0) return;
+    dispatch_dtype(dtype, [&](auto dtype_tag) {
+        using T = typename decltype(dtype_tag)::type;
+        const RowLaunch shape = row_launch(hidden / vec_size<T>());
+        dispatch_row_launch(shape, [&](auto n, auto block_row) {
+            layernorm_kernel<T, decltype(n)::value, decltype(block_row)::value, kSkip>
+                <<<row_grid(rows, shape), shape.block, 0, stream>>>(
+                    static_cast<const T*>(x), static_cast<const T*>(residual), static_cast<const T*>(bias),
+                    static_cast<const T*>(gamma), static_cast<const T*>(beta), rows, hidden, eps,
+                    static_cast<T*>(out));
+        });
+    });
+}
+
+}  // namespace
+
+void launch_layernorm(const void* x, const void* gamma, const void* beta, int64_t rows, int32_t hidden,
+                      float eps, padfree_dtype dtype, void* out, cudaStream_t stream) {
+    launch<false>(x, nullptr, nullptr, gamma, beta, rows, hidden, eps, dtype, out, stream);
+}
+
+void launch_skip_layernorm(const void* x, const void* residual, const void* bias, const void* gamma,
+                           const void* beta, int64_t rows, int32_t hidden, float eps, padfree_dtype dtype,
+                           void* out, cudaStream_t stream) {
+    launch<true>(x, residual, bias, gamma, beta, rows, hidden, eps, dtype, out, stream);
+}
+
+}  // namespace padfree

@@ -1,0 +1,26 @@
+// LayerNorm and skip LayerNorm on packed rows: launchers over device pointers. Arguments are
+// validated by capi/layernorm_capi.cpp (hidden a multiple of 8 in [8, 8192], 16-byte aligned
+// pointers, a known dtype); these only enqueue on `stream`.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "padfree.h"
+
+namespace padfree {
+
+constexpr int kMaxHidden = 8192;
+constexpr int kHiddenMultiple = 8;  // one 16-byte vector of fp16/bf16
+
+// x, out: [rows, hidden]; gamma, beta: [hidden]. out may alias x.
+void launch_layernorm(const void* x, const void* gamma, const void* beta, int64_t rows, int32_t hidden,
+                      float eps, padfree_dtype dtype, void* out, cudaStream_t stream);
+
+// out = LayerNorm(x + bias + residual) * gamma + beta; bias may be NULL. out may alias x or residual.
+void launch_skip_layernorm(const void* x, const void* residual, const void* bias, const void* gamma,
+                           const void* beta, int64_t rows, int32_t hidden, float eps, padfree_dtype dtype,
+                           void* out, cudaStream_t stream);
+
+}  // namespace padfree

@@ -1,0 +1,104 @@
+// LayerNorm of one row held in registers, shared by kernels/layernorm.cu and kernels/embedding.cu.
+// A row of `hidden` elements is `nvec` 16-byte vectors; thread `lane` of the row's `threads` holds
+// vectors lane, lane + threads, ... (N of them, as floats). Small rows take one warp each (no
+// barriers), large rows one block each. Statistics are fp32 and two-pass over the registers, which
+// avoids the cancellation of E[x^2] - E[x]^2 at no memory cost.
+#pragma once
+
+#include <type_traits>
+
+#include "common.cuh"
+
+namespace padfree {
+
+template <typename T, int N>
+using RowRegisters = float[N][Vec<T>::size];
+
+template <bool kBlockRow>
+__device__ __forceinline__ float row_sum(float v) {
+    if constexpr (kBlockRow) {
+        return block_sum(v);
+    } else {
+        return warp_sum(v);
+    }
+}
+
+// x holds the row (slots past nvec are ignored); writes LayerNorm(x) * gamma + beta to out_row.
+template <typename T, int N, bool kBlockRow>
+__device__ __forceinline__ void layernorm_store_row(RowRegisters<T, N>& x, int lane, int threads, int nvec,
+                                                    int hidden, const T* gamma, const T* beta, float eps,
+                                                    T* out_row) {
+    constexpr int V = Vec<T>::size;
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+        if (lane + i * threads < nvec)
+#pragma unroll
+            for (int j = 0; j < V; ++j) sum += x[i][j];
+    const float mean = row_sum<kBlockRow>(sum) / static_cast<float>(hidden);
+    float squares = 0.f;
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+        if (lane + i * threads < nvec)
+#pragma unroll
+            for (int j = 0; j < V; ++j) {
+                const float d = x[i][j] - mean;
+                squares += d * d;
+            }
+    const float rstd = rsqrtf(row_sum<kBlockRow>(squares) / static_cast<float>(hidden) + eps);
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        const int v = lane + i * threads;
+        if (v < nvec) {
+            float g[V], b[V], y[V];
+            vec_to_float(load_vec_ro(gamma + v * V), g);
+            vec_to_float(load_vec_ro(beta + v * V), b);
+#pragma unroll
+            for (int j = 0; j < V; ++j) y[j] = (x[i][j] - mean) * rstd * g[j] + b[j];
+            store_vec(out_row + v * V, vec_from_float<T>(y));
+        }
+    }
+}
+
+// How rows map onto threads: blockDim = (threads per row, rows per block).
+struct RowLaunch {
+    int vecs_per_thread;  // N
+    bool block_row;
+    dim3 block;
+};
+
+constexpr int kWarpRowsPerBlock = 4;
+constexpr int kBlockRowVecs = 4;
+
+// Up to 4 vectors per lane a warp takes the row (hidden <= 1024 in fp16, 512 in fp32); past that a
+// block of ceil(nvec / 4) threads, rounded to whole warps (at most 512 for hidden 8192 in fp32).
+inline RowLaunch row_launch(int nvec) {
+    if (nvec <= kWarpSize) return {1, false, dim3(kWarpSize, kWarpRowsPerBlock)};
+    if (nvec <= 2 * kWarpSize) return {2, false, dim3(kWarpSize, kWarpRowsPerBlock)};
+    if (nvec <= 4 * kWarpSize) return {4, false, dim3(kWarpSize, kWarpRowsPerBlock)};
+    const int threads = ceil_div(ceil_div(nvec, kBlockRowVecs), kWarpSize) * kWarpSize;
+    return {kBlockRowVecs, true, dim3(threads, 1)};
+}
+
+inline unsigned row_grid(int64_t rows, const RowLaunch& launch) {
+    constexpr int64_t kMaxGrid = 1 << 20;  // beyond this, each block loops over rows
+    const int64_t blocks = ceil_div<int64_t>(rows, launch.block.y);
+    return static_cast<unsigned>(blocks < kMaxGrid ? blocks : kMaxGrid);
+}
+
+// Calls f(std::integral_constant<int, N>, std::bool_constant<block_row>) for the launch's shape:
+// the few instantiations every row-wise family compiles.
+template <typename F>
+void dispatch_row_launch(const RowLaunch& launch, F&& f) {
+    if (launch.block_row) {
+        f(std::integral_constant<int, kBlockRowVecs>{}, std::true_type{});
+    } else if (launch.vecs_per_thread == 1) {
+        f(std::integral_constant<int, 1>{}, std::false_type{});
+    } else if (launch.vecs_per_thread == 2) {
+        f(std::integral_constant<int, 2>{}, std::false_type{});
+    } else {
+        f(std::integral_constant<int, 4>{}, std::false_type{});
+    }
+}
+
+}  // namespace padfree
