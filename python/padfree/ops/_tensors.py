@@ -56,3 +56,67 @@ def ptr(t: torch.Tensor | None) -> int | None:
 def stream_handle(device: torch.device) -> int:
     """The current torch CUDA stream of `device`, as the raw cudaStream_t the ABI takes."""
     return torch.cuda.current_stream(device).cuda_stream
+
+
+# ---- shared by the row-wise kernel bindings (padding, layernorm, embedding, activation) ----------
+
+FLOAT_DTYPES = tuple(DTYPE_CODES)
+MAX_HIDDEN = 8192  # the LayerNorm-family kernels hold a row in registers
+HIDDEN_MULTIPLE = 8  # one 16-byte vector of fp16/bf16
+VECTOR_BYTES = 16
+
+
+def check_width(width: int, name: str = "hidden", max_width: int | None = MAX_HIDDEN) -> None:
+    """Raise InputError unless width is a positive multiple of 8 (and at most max_width)."""
+    if width <= 0 or width % HIDDEN_MULTIPLE:
+        raise InputError(f"{name}: expected a positive multiple of {HIDDEN_MULTIPLE}, got {width}")
+    if max_width is not None and width > max_width:
+        raise InputError(f"{name}: expected at most {max_width}, got {width}")
+
+
+def check_aligned(t: torch.Tensor | None, name: str) -> None:
+    """The kernels load 16-byte vectors: a view starting mid-allocation may not be aligned."""
+    if t is not None and t.data_ptr() % VECTOR_BYTES:
+        raise InputError(f"{name}: expected a 16-byte aligned tensor (a view at an odd offset?); "
+                         "call .clone() to get an aligned copy")
+
+
+def check_float(t: torch.Tensor | None, name: str, *, shape: Sequence[int | None] | None = None,
+                like: torch.Tensor | None = None, optional: bool = False) -> None:
+    """check() for a float tensor a vectorized kernel reads: float32/float16/bfloat16 (like's dtype
+    and device when given), contiguous, 16-byte aligned."""
+    check(t, name, dtype=like.dtype if like is not None else FLOAT_DTYPES, shape=shape,
+          device=like.device if like is not None else None, optional=optional)
+    check_aligned(t, name)
+
+
+def check_eps(eps: float) -> None:
+    if not (0.0 <= eps < float("inf")):
+        raise InputError(f"eps: expected a finite value >= 0, got {eps}")
+
+
+def rows_and_width(x: torch.Tensor, name: str, width_name: str = "hidden",
+                   max_width: int | None = MAX_HIDDEN) -> tuple[int, int]:
+    """A float [..., width] tensor as (rows, width), width checked by check_width."""
+    check_float(x, name)
+    if x.dim() < 1:
+        raise InputError(f"{name}: expected [..., {width_name}], got a scalar")
+    width = x.shape[-1]
+    check_width(width, f"{name}: {width_name} (last dimension)", max_width)
+    return x.numel() // width, width
+
+
+def output(out: torch.Tensor | None, shape: Sequence[int], like: torch.Tensor) -> torch.Tensor:
+    """`out`, checked to be like's dtype and device with `shape`, or a new tensor when None."""
+    if out is None:
+        return torch.empty(tuple(shape), dtype=like.dtype, device=like.device)
+    check_float(out, "out", shape=list(shape), like=like)
+    return out
+
+
+def call_kernel(name: str, device: torch.device, *args) -> None:
+    """Call a C ABI function with `device` current (kernels launch on the caller's current device)."""
+    from .. import _lib
+
+    with torch.cuda.device(device):
+        _lib.call(name, *args)
