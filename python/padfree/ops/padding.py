@@ -134,12 +134,20 @@ def _row_bytes(t: torch.Tensor, leading: int) -> int:
     return math.prod(t.shape[leading:]) * t.element_size()
 
 
-def remove_padding(padded: torch.Tensor, cu_seqlens: torch.Tensor, total_tokens: int) -> torch.Tensor:
+def _same_layout(out: torch.Tensor | None, shape: tuple, like: torch.Tensor) -> torch.Tensor:
+    if out is None:
+        return torch.empty(shape, dtype=like.dtype, device=like.device)
+    check(out, "out", dtype=like.dtype, shape=list(shape), device=like.device)
+    return out
+
+
+def remove_padding(padded: torch.Tensor, cu_seqlens: torch.Tensor, total_tokens: int,
+                   out: torch.Tensor | None = None) -> torch.Tensor:
     """padded: cuda [B, S, ...] any dtype -> packed [total_tokens, ...], rows of each sequence end to end.
 
     cu_seqlens: int32 [B+1] on padded's device; total_tokens must equal cu_seqlens[-1] (as
     `pack_from_mask` returns it): it sizes the output, and the kernel writes cu_seqlens[-1] rows.
-    A sequence longer than S is cut at S.
+    A sequence longer than S is cut at S. out: an optional [total_tokens, ...] destination.
     """
     check(padded, "padded")
     if padded.dim() < 2:
@@ -150,7 +158,7 @@ def remove_padding(padded: torch.Tensor, cu_seqlens: torch.Tensor, total_tokens:
     if total_tokens < 0 or total_tokens > padded.shape[0] * padded.shape[1]:
         raise InputError(f"total_tokens: expected 0..{padded.shape[0] * padded.shape[1]} (batch * padded_seqlen), "
                          f"got {total_tokens}")
-    packed = torch.empty((total_tokens, *padded.shape[2:]), dtype=padded.dtype, device=padded.device)
+    packed = _same_layout(out, (total_tokens, *padded.shape[2:]), padded)
     row_bytes = _row_bytes(padded, 2)
     if row_bytes == 0 or total_tokens == 0:
         return packed
@@ -159,11 +167,12 @@ def remove_padding(padded: torch.Tensor, cu_seqlens: torch.Tensor, total_tokens:
     return packed
 
 
-def rebuild_padding(packed: torch.Tensor, cu_seqlens: torch.Tensor, padded_seqlen: int) -> torch.Tensor:
+def rebuild_padding(packed: torch.Tensor, cu_seqlens: torch.Tensor, padded_seqlen: int,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
     """packed: cuda [T, ...] any dtype -> padded [B, padded_seqlen, ...] with zeros in padded rows.
 
     cu_seqlens: int32 [B+1] on packed's device with cu_seqlens[-1] <= T and every length <=
-    padded_seqlen (rows past padded_seqlen are dropped).
+    padded_seqlen (rows past padded_seqlen are dropped). out: an optional destination.
     """
     check(packed, "packed")
     if packed.dim() < 1:
@@ -171,7 +180,7 @@ def rebuild_padding(packed: torch.Tensor, cu_seqlens: torch.Tensor, padded_seqle
     batch = _check_cu_seqlens(cu_seqlens, packed)
     if padded_seqlen < 0:
         raise InputError(f"padded_seqlen: expected >= 0, got {padded_seqlen}")
-    padded = torch.empty((batch, padded_seqlen, *packed.shape[1:]), dtype=packed.dtype, device=packed.device)
+    padded = _same_layout(out, (batch, padded_seqlen, *packed.shape[1:]), packed)
     row_bytes = _row_bytes(packed, 1)
     if row_bytes == 0 or padded.numel() == 0:
         return padded

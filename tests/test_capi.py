@@ -1,0 +1,194 @@
+"""The C ABI refuses bad arguments with a status and a last-error text, before touching the GPU.
+
+Runs without a GPU (CI): every call below has at least one invalid argument, so no kernel is ever
+launched and the fake device addresses are never dereferenced. Skips where the library is not built.
+"""
+from __future__ import annotations
+
+import ctypes
+import re
+
+import pytest
+
+from padfree import _lib
+
+try:
+    _LIB = _lib.load()
+    _SKIP = None
+except Exception as e:  # noqa: BLE001 - the skip reason
+    _LIB, _SKIP = None, f"kernel library not built/loadable here: {e}"
+
+pytestmark = pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
+
+A = 0x10000  # a 16-byte aligned fake device address (never dereferenced)
+M = A + 4  # misaligned
+F32, F16, BF16 = 0, 1, 2
+INVALID = _lib.STATUS_INVALID_ARGUMENT
+
+
+def raw(name: str, *args) -> tuple[int, str]:
+    """Status and last error of one call, through the same signatures as the bindings."""
+    fn = getattr(_LIB, name)
+    fn.argtypes = _lib._SIGNATURES[name]
+    fn.restype = ctypes.c_int
+    status = fn(*args)
+    return status, (_LIB.padfree_last_error() or b"").decode()
+
+
+def expect_invalid(name: str, args: tuple, *fragments: str) -> None:
+    status, message = raw(name, *args)
+    assert status == INVALID, f"{name}{args}: status {status}, message {message!r}"
+    for fragment in fragments:
+        assert fragment in message, f"{name}: {fragment!r} not in {message!r}"
+    with pytest.raises(_lib.KernelArgumentError, match=re.escape(fragments[0])):
+        _lib.call(name, *args)
+
+
+def test_versions_and_status_strings():
+    assert _LIB.padfree_abi_version() == _lib.ABI_VERSION
+    assert _LIB.padfree_version()
+    assert _LIB.padfree_status_string(0) == b"ok"
+    assert _LIB.padfree_status_string(INVALID) == b"invalid argument"
+    assert _LIB.padfree_status_string(99) == b"unknown status"
+
+
+# ---- padding -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args, fragments", [
+    ((None, 4, A, None), ["seqlens is NULL"]),
+    ((A, 4, None, None), ["cu_seqlens is NULL"]),
+    ((A, -1, A, None), ["batch must be >= 0", "-1"]),
+])
+def test_cu_seqlens_from_seqlens_refuses(args, fragments):
+    expect_invalid("padfree_cu_seqlens_from_seqlens", args, *fragments)
+
+
+@pytest.mark.parametrize("args, fragments", [
+    ((None, 2, 8, A, None, None), ["mask is NULL"]),
+    ((A, 2, 8, None, None, None), ["cu_seqlens is NULL"]),
+    ((A, -3, 8, A, None, None), ["batch must be >= 0"]),
+    ((A, 2, -8, A, None, None), ["padded_seqlen must be >= 0", "-8"]),
+])
+def test_cu_seqlens_from_mask_refuses(args, fragments):
+    expect_invalid("padfree_cu_seqlens_from_mask", args, *fragments)
+
+
+@pytest.mark.parametrize("name, src, dst", [("padfree_remove_padding", "padded", "packed"),
+                                            ("padfree_rebuild_padding", "packed", "padded")])
+@pytest.mark.parametrize("case", ["src_null", "dst_null", "cu_null", "batch", "seqlen", "row_bytes", "overflow"])
+def test_padding_copies_refuse(name, src, dst, case):
+    args = {"src": A, "cu": A, "batch": 2, "seqlen": 8, "row_bytes": 16, "dst": A}
+    fragments = {
+        "src_null": (("src", None), [f"{src} is NULL"]),
+        "dst_null": (("dst", None), [f"{dst} is NULL"]),
+        "cu_null": (("cu", None), ["cu_seqlens is NULL"]),
+        "batch": (("batch", -1), ["batch must be >= 0"]),
+        "seqlen": (("seqlen", -1), ["padded_seqlen must be >= 0"]),
+        "row_bytes": (("row_bytes", 0), ["row_bytes must be >= 1"]),
+        "overflow": (("row_bytes", 2**62), ["overflows int64"]),
+    }[case]
+    (key, value), expected = fragments
+    args[key] = value
+    expect_invalid(name, tuple(args[k] for k in ("src", "cu", "batch", "seqlen", "row_bytes", "dst")) + (None,),
+                   *expected)
+
+
+# ---- layernorm -----------------------------------------------------------------------------------
+
+def _layernorm_args(**over):
+    a = dict(x=A, gamma=A, beta=A, rows=4, hidden=768, eps=1e-5, dtype=F16, out=A)
+    a.update(over)
+    return tuple(a.values()) + (None,)
+
+
+@pytest.mark.parametrize("over, fragments", [
+    (dict(x=None), ["x is NULL"]),
+    (dict(gamma=None), ["gamma is NULL"]),
+    (dict(beta=None), ["beta is NULL"]),
+    (dict(out=None), ["out is NULL"]),
+    (dict(x=M), ["x must be 16-byte aligned"]),
+    (dict(out=M), ["out must be 16-byte aligned"]),
+    (dict(rows=-1), ["rows must be >= 0"]),
+    (dict(hidden=12), ["hidden must be a positive multiple of 8", "12"]),
+    (dict(hidden=0), ["hidden must be a positive multiple of 8"]),
+    (dict(hidden=8200), ["hidden must be <= 8192", "8200"]),
+    (dict(eps=-1.0), ["eps must be finite and >= 0"]),
+    (dict(eps=float("nan")), ["eps must be finite and >= 0"]),
+    (dict(dtype=7), ["dtype must be", "7"]),
+])
+def test_layernorm_refuses(over, fragments):
+    expect_invalid("padfree_layernorm", _layernorm_args(**over), *fragments)
+
+
+def _skip_args(**over):
+    a = dict(x=A, residual=A, bias=None, gamma=A, beta=A, rows=4, hidden=1024, eps=1e-12, dtype=BF16, out=A)
+    a.update(over)
+    return tuple(a.values()) + (None,)
+
+
+@pytest.mark.parametrize("over, fragments", [
+    (dict(residual=None), ["residual is NULL"]),
+    (dict(bias=M), ["bias must be 16-byte aligned"]),
+    (dict(hidden=4), ["hidden must be a positive multiple of 8"]),
+    (dict(hidden=16384), ["hidden must be <= 8192"]),
+    (dict(rows=-5), ["rows must be >= 0"]),
+    (dict(dtype=-1), ["dtype must be"]),
+])
+def test_skip_layernorm_refuses(over, fragments):
+    expect_invalid("padfree_skip_layernorm", _skip_args(**over), *fragments)
+
+
+# ---- embedding -----------------------------------------------------------------------------------
+
+def _embedding_args(**over):
+    a = dict(ids=A, types=None, cu=A, batch=2, total=10, word=A, vocab=100, pos=A, max_pos=64, offset=0,
+             type_emb=None, type_vocab=0, gamma=A, beta=A, hidden=64, eps=1e-12, dtype=F32, out=A)
+    a.update(over)
+    return tuple(a.values()) + (None,)
+
+
+@pytest.mark.parametrize("over, fragments", [
+    (dict(ids=None), ["input_ids is NULL"]),
+    (dict(cu=None), ["cu_seqlens is NULL"]),
+    (dict(word=None), ["word_emb is NULL"]),
+    (dict(pos=M), ["position_emb must be 16-byte aligned"]),
+    (dict(total=-1), ["total_tokens must be >= 0"]),
+    (dict(batch=0), ["batch must be >= 1"]),
+    (dict(vocab=0), ["vocab_size must be >= 1"]),
+    (dict(max_pos=0), ["max_positions must be >= 1"]),
+    (dict(offset=-2), ["position_offset must be >= 0"]),
+    (dict(type_emb=A, type_vocab=0), ["type_vocab_size must be >= 1"]),
+    (dict(hidden=100), ["hidden must be a positive multiple of 8", "100"]),
+    (dict(hidden=9000), ["hidden must be <= 8192"]),
+    (dict(dtype=3), ["dtype must be"]),
+])
+def test_embedding_layernorm_refuses(over, fragments):
+    expect_invalid("padfree_embedding_layernorm", _embedding_args(**over), *fragments)
+
+
+# ---- activation ----------------------------------------------------------------------------------
+
+def _gelu_args(**over):
+    a = dict(x=A, bias=A, rows=4, cols=3072, approximate=0, dtype=F16, out=A)
+    a.update(over)
+    return tuple(a.values()) + (None,)
+
+
+@pytest.mark.parametrize("over, fragments", [
+    (dict(x=None), ["x is NULL"]),
+    (dict(out=None), ["out is NULL"]),
+    (dict(bias=M), ["bias must be 16-byte aligned"]),
+    (dict(rows=-1), ["rows must be >= 0"]),
+    (dict(cols=0), ["cols must be a positive multiple of 8"]),
+    (dict(cols=3070), ["cols must be a positive multiple of 8", "3070"]),
+    (dict(approximate=2), ["approximate must be 0 (erf) or 1 (tanh)"]),
+    (dict(dtype=9), ["dtype must be"]),
+])
+def test_bias_gelu_refuses(over, fragments):
+    expect_invalid("padfree_bias_gelu", _gelu_args(**over), *fragments)
+
+
+def test_last_error_is_replaced_by_the_next_failure():
+    raw("padfree_layernorm", *_layernorm_args(hidden=12))
+    _, message = raw("padfree_bias_gelu", *_gelu_args(approximate=5))
+    assert "approximate" in message and "hidden" not in message
