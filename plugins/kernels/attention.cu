@@ -1,0 +1,105 @@
+// Kernel choice for fused varlen attention: the one place runtime sizes become template arguments.
+// Instantiations: {fp16, bf16} x {64, 128} x {resident, tiled64, tiled128} + fp32 x {64, 128}.
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
+
+#include "attention.h"
+#include "attention_fp32.cuh"
+#include "attention_tc.cuh"
+#include "common.cuh"
+
+namespace padfree {
+namespace {
+
+using attention_detail::TileConfig;
+
+// Up to this length a sequence's whole K/V fits one 128-key tile: one exact softmax, no rescaling.
+constexpr int kResidentMaxSeqlen = 128;
+// Up to this length 64-row query tiles: twice the CTAs of 128-row ones, which fills the GPU at
+// small batches and halves the rows wasted past each sequence's end. Longer sequences take
+// 128-row tiles, which halve the K/V traffic per query.
+constexpr int kTiled64MaxSeqlen = 512;
+
+enum class Path { kResident, kTiled64, kTiled128, kFp32 };
+
+// PADFREE_ATTENTION_PATH=resident|tiled64|tiled128 overrides the choice by max_seqlen, so that a
+// benchmark can time every path on one build ("resident" only where the sequences fit it).
+bool forced_path(int32_t max_seqlen, Path* path) {
+    const char* name = std::getenv("PADFREE_ATTENTION_PATH");
+    if (name == nullptr) return false;
+    if (std::strcmp(name, "resident") == 0 && max_seqlen <= kResidentMaxSeqlen) *path = Path::kResident;
+    else if (std::strcmp(name, "tiled64") == 0) *path = Path::kTiled64;
+    else if (std::strcmp(name, "tiled128") == 0) *path = Path::kTiled128;
+    else return false;
+    return true;
+}
+
+Path choose_path(int32_t max_seqlen, padfree_dtype dtype) {
+    if (dtype == PADFREE_FLOAT32) return Path::kFp32;
+    Path path;
+    if (forced_path(max_seqlen, &path)) return path;
+    if (max_seqlen <= kResidentMaxSeqlen) return Path::kResident;
+    if (max_seqlen <= kTiled64MaxSeqlen) return Path::kTiled64;
+    return Path::kTiled128;
+}
+
+template <typename T, class Cfg>
+cudaError_t launch_tc(const AttentionArgs& args, int32_t batch, int32_t max_seqlen, cudaStream_t stream) {
+    auto kernel = attention_detail::attention_tc_kernel<T, Cfg>;
+    if (Cfg::kSmemBytes > 48 * 1024) {
+        const cudaError_t err =
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+        if (err != cudaSuccess) return err;
+    }
+    const dim3 grid(ceil_div<int32_t>(max_seqlen, Cfg::kBlockM), batch, args.num_heads);
+    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(args);
+    return cudaSuccess;
+}
+
+template <typename T, int HD>
+cudaError_t launch_head_dim(const AttentionArgs& args, int32_t batch, int32_t max_seqlen,
+                            padfree_dtype dtype, cudaStream_t stream) {
+    if constexpr (std::is_same_v<T, float>) {
+        const dim3 grid(ceil_div<int32_t>(max_seqlen, attention_detail::kFp32BlockM), batch, args.num_heads);
+        attention_detail::attention_fp32_kernel<HD><<<grid, attention_detail::kFp32Threads, 0, stream>>>(args);
+        return cudaSuccess;
+    } else {
+        switch (choose_path(max_seqlen, dtype)) {
+            case Path::kResident:
+                return launch_tc<T, TileConfig<HD, 4, kResidentMaxSeqlen, true>>(args, batch, max_seqlen, stream);
+            case Path::kTiled64:
+                return launch_tc<T, TileConfig<HD, 4, 64, false>>(args, batch, max_seqlen, stream);
+            default:
+                return launch_tc<T, TileConfig<HD, 8, 64, false>>(args, batch, max_seqlen, stream);
+        }
+    }
+}
+
+}  // namespace
+
+bool attention_head_dim_supported(int32_t head_dim) { return head_dim == 64 || head_dim == 128; }
+
+const char* attention_path_name(int32_t max_seqlen, int32_t /*head_dim*/, padfree_dtype dtype) {
+    switch (choose_path(max_seqlen, dtype)) {
+        case Path::kResident: return "resident";
+        case Path::kTiled64: return "tiled64";
+        case Path::kTiled128: return "tiled128";
+        case Path::kFp32: return "fp32";
+    }
+    return "unknown";
+}
+
+cudaError_t launch_attention_varlen(AttentionArgs args, int32_t batch, int32_t max_seqlen,
+                                    int32_t head_dim, padfree_dtype dtype, cudaStream_t stream) {
+    args.scale_log2 = args.softmax_scale * 1.4426950408889634f;  // exp(x) = exp2(x * log2 e)
+    cudaError_t result = cudaErrorInvalidValue;
+    dispatch_dtype(dtype, [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        result = head_dim == 64 ? launch_head_dim<T, 64>(args, batch, max_seqlen, dtype, stream)
+                                : launch_head_dim<T, 128>(args, batch, max_seqlen, dtype, stream);
+    });
+    return result;
+}
+
+}  // namespace padfree

@@ -1,0 +1,40 @@
+// Fused multi-head attention over variable-length sequences: the launcher the C ABI calls.
+// Arguments are validated by capi/attention_capi.cpp; this only picks a kernel and enqueues it.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "padfree.h"
+
+namespace padfree {
+
+// qkv:        [total_tokens, 3, num_heads, head_dim]  (Q | K | V blocks of each token's row)
+// qkv_bias:   [3, num_heads, head_dim] or null
+// cu_seqlens: [batch + 1] int32; out: [total_tokens, num_heads, head_dim]
+struct AttentionArgs {
+    const void* qkv;
+    const void* qkv_bias;
+    const int32_t* cu_seqlens;
+    void* out;
+    int32_t num_heads;
+    float softmax_scale;
+    float scale_log2;  // softmax_scale * log2(e), filled in by the launcher (exp2 softmax)
+    bool causal;
+};
+
+// The head sizes kernels are built for (64 and 128).
+bool attention_head_dim_supported(int32_t head_dim);
+
+// Which kernel the launcher picks for these sizes: "resident" (whole K/V of a sequence in shared
+// memory, one exact softmax), "tiled64" / "tiled128" (online softmax over 64-key tiles, 64- or
+// 128-row query tiles), or "fp32" (the CUDA-core path). For notes and benchmarks.
+const char* attention_path_name(int32_t max_seqlen, int32_t head_dim, padfree_dtype dtype);
+
+// batch >= 1, max_seqlen >= 1, head_dim supported, dtype valid. Returns the error of configuring
+// the kernel (shared-memory size) if any; launch errors are left for cudaGetLastError.
+cudaError_t launch_attention_varlen(AttentionArgs args, int32_t batch, int32_t max_seqlen,
+                                    int32_t head_dim, padfree_dtype dtype, cudaStream_t stream);
+
+}  // namespace padfree

@@ -1,0 +1,313 @@
+// Tensor-core attention for fp16 / bf16 (FlashAttention-2's forward, on packed varlen tokens).
+//
+// One CTA = one query tile of one head of one sequence; each warp owns 16 query rows. Per K/V
+// tile: S = Q.K^T with mma.sync m16n8k16 into fp32 registers, online softmax in the exp2 domain
+// (softmax_scale * log2 e folded into one FMA), then P (rounded to 16 bits, still in registers as
+// the A operand) times V. K/V tiles arrive by cp.async, double-buffered, straight from the strided
+// QKV rows. With SINGLE_TILE the whole sequence's K/V sits in shared memory and the softmax is
+// exact in one pass, with no rescaling.
+//
+// The QKV bias costs nothing on K and V: q.(k + b_k) = q.k + q.b_k shifts every score of a query
+// row by the same constant, which softmax ignores; and since each row of P sums to one,
+// P.(V + 1 b_v^T) = P.V + b_v, added once in the epilogue. Only Q's bias is added, on its fragments.
+#pragma once
+
+#include <cmath>
+
+#include "attention.h"
+#include "attention_ptx.cuh"
+#include "common.cuh"
+
+namespace padfree {
+namespace attention_detail {
+
+template <int HEAD_DIM, int WARPS, int BLOCK_N, bool SINGLE_TILE>
+struct TileConfig {
+    static constexpr int kHeadDim = HEAD_DIM;
+    static constexpr int kWarps = WARPS;
+    static constexpr int kThreads = WARPS * 32;
+    static constexpr int kBlockM = WARPS * 16;
+    static constexpr int kBlockN = BLOCK_N;
+    static constexpr bool kSingleTile = SINGLE_TILE;
+    static constexpr int kStages = SINGLE_TILE ? 1 : 2;
+    static constexpr int kSmemBytes = (kBlockM + 2 * kStages * kBlockN) * HEAD_DIM * 2;
+    static_assert(HEAD_DIM % 16 == 0 && BLOCK_N % 16 == 0, "mma tiles are 16 wide");
+};
+
+// Element offset of (row, col) in a [rows][HEAD_DIM] 16-bit tile whose 16-byte chunks are XOR-
+// swizzled by row: the 8 rows one ldmatrix phase reads land in 8 distinct bank groups.
+template <int HEAD_DIM>
+__device__ __forceinline__ int swizzle(int row, int col) {
+    return row * HEAD_DIM + ((((col >> 3) ^ (row & 7)) << 3) | (col & 7));
+}
+
+// rows_load rows of a tile (a multiple of 16, so every ldmatrix reads written memory): the first
+// rows_valid copied from global rows `stride` elements apart, the rest zero-filled.
+template <int HEAD_DIM, int THREADS, typename T>
+__device__ __forceinline__ void load_tile_async(T* tile, const T* src, int64_t stride, int rows_valid,
+                                                int rows_load) {
+    constexpr int kChunks = HEAD_DIM / 8;
+    for (int i = threadIdx.x; i < rows_load * kChunks; i += THREADS) {
+        const int row = i / kChunks;
+        const int chunk = i % kChunks;
+        const bool valid = row < rows_valid;
+        const T* from = valid ? src + row * stride + chunk * 8 : src;
+        cp_async_16(tile + swizzle<HEAD_DIM>(row, chunk * 8), from, valid);
+    }
+}
+
+__device__ __forceinline__ int round_up_16(int x) { return (x + 15) & ~15; }
+
+__device__ __forceinline__ float quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// Grid: (query tiles of the longest sequence, batch, heads).
+template <typename T, class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads) attention_tc_kernel(AttentionArgs args) {
+    using Op = MmaOp<T>;
+    constexpr int HD = Cfg::kHeadDim;
+    constexpr int BM = Cfg::kBlockM;
+    constexpr int BN = Cfg::kBlockN;
+    constexpr int KC = HD / 16;  // 16-wide k chunks of Q.K^T
+    constexpr int NB = BN / 8;   // 8-key column blocks of S
+    constexpr int DB = HD / 8;   // 8-wide column blocks of O
+
+    const int batch_index = blockIdx.y;
+    const int head = blockIdx.z;
+    const int start = args.cu_seqlens[batch_index];
+    const int len = args.cu_seqlens[batch_index + 1] - start;
+    const int q0 = blockIdx.x * BM;
+    if (q0 >= len) return;  // tiles past this sequence's end (and empty sequences) do no work
+
+    extern __shared__ __align__(16) unsigned char smem[];
+    T* sQ = reinterpret_cast<T*>(smem);
+    T* sK = sQ + BM * HD;
+    T* sV = sK + Cfg::kStages * BN * HD;
+
+    const int warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    const int g = lane / 4;  // accumulator row within the warp's 16 (and g + 8)
+    const int t = lane % 4;  // accumulator column pair
+
+    const int nh = args.num_heads;
+    const int64_t stride = 3LL * nh * HD;
+    const T* seq = static_cast<const T*>(args.qkv) + static_cast<int64_t>(start) * stride;
+    const T* gK = seq + static_cast<int64_t>(nh + head) * HD;
+    const T* gV = seq + static_cast<int64_t>(2 * nh + head) * HD;
+    const T* bias = static_cast<const T*>(args.qkv_bias);
+
+    const int q_rows = min(BM, len - q0);
+    // Warps whose 16 rows all lie past the sequence's end only help load K/V.
+    const bool active = warp * 16 < q_rows;
+    // Causal: no key past this tile's last query matters to any row of it.
+    const int keys_end = args.causal ? min(len, q0 + BM) : len;
+    const int n_tiles = Cfg::kSingleTile ? 1 : ceil_div(keys_end, BN);
+
+    load_tile_async<HD, Cfg::kThreads>(sQ, seq + static_cast<int64_t>(q0) * stride + head * HD, stride,
+                                       q_rows, round_up_16(q_rows));
+    cp_async_commit();
+    {
+        const int valid = min(BN, keys_end);
+        load_tile_async<HD, Cfg::kThreads>(sK, gK, stride, valid, round_up_16(valid));
+        cp_async_commit();
+        load_tile_async<HD, Cfg::kThreads>(sV, gV, stride, valid, round_up_16(valid));
+        cp_async_commit();
+    }
+    cp_async_wait<2>();
+    __syncthreads();
+
+    uint32_t qf[KC][4];
+    if (active) {
+#pragma unroll
+        for (int kk = 0; kk < KC; ++kk) {
+            ldmatrix_x4(qf[kk], sQ + swizzle<HD>(warp * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
+            if (bias != nullptr) {
+                const T* bq = bias + head * HD + kk * 16 + 2 * t;
+                const float2 b0 = Op::unpack(*reinterpret_cast<const uint32_t*>(bq));
+                const float2 b1 = Op::unpack(*reinterpret_cast<const uint32_t*>(bq + 8));
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    const float2 q = Op::unpack(qf[kk][r]);
+                    const float2 b = r < 2 ? b0 : b1;  // regs 0,1: columns 2t; regs 2,3: 8 + 2t
+                    qf[kk][r] = Op::pack(q.x + b.x, q.y + b.y);
+                }
+            }
+        }
+    }
+
+    const float sl2 = args.scale_log2;
+    const int row0 = q0 + warp * 16 + g;  // this thread's query rows: row0 and row0 + 8
+    float o[DB][4];
+#pragma unroll
+    for (int db = 0; db < DB; ++db) o[db][0] = o[db][1] = o[db][2] = o[db][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY;  // running row maxima, in raw score units
+    float l0 = 0.f, l1 = 0.f;              // this thread's share of the row sums
+
+    for (int j = 0; j < n_tiles; ++j) {
+        const int kbase = j * BN;
+        const int valid = min(BN, keys_end - kbase);
+        const int n16 = ceil_div(valid, 16);  // 16-key groups holding any key of this tile
+        const T* tK = sK + (j % Cfg::kStages) * BN * HD;
+        const T* tV = sV + (j % Cfg::kStages) * BN * HD;
+
+        cp_async_wait<1>();  // K_j has landed; V_j may still be in flight
+        __syncthreads();
+        if (j + 1 < n_tiles) {  // every warp is past tile j-1, so its K buffer is free
+            const int next = min(BN, keys_end - kbase - BN);
+            load_tile_async<HD, Cfg::kThreads>(sK + ((j + 1) % Cfg::kStages) * BN * HD,
+                                               gK + static_cast<int64_t>(kbase + BN) * stride, stride,
+                                               next, round_up_16(next));
+            cp_async_commit();
+        }
+
+        float s[NB][4];
+        if (active) {
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.f;
+#pragma unroll
+            for (int p = 0; p < NB / 2; ++p) {
+                if (p < n16) {
+#pragma unroll
+                    for (int kk = 0; kk < KC; ++kk) {
+                        uint32_t kb[4];
+                        ldmatrix_x4(kb, tK + swizzle<HD>(p * 16 + (lane & 7) + ((lane >> 4) << 3),
+                                                         kk * 16 + ((lane >> 3) & 1) * 8));
+                        Op::run(s[2 * p], qf[kk], kb[0], kb[1]);
+                        Op::run(s[2 * p + 1], qf[kk], kb[2], kb[3]);
+                    }
+                }
+            }
+            // Mask keys past the end (zero-filled rows and 16-groups never computed) and, for
+            // causal attention, keys after the query.
+            const bool needs_mask = valid < BN || (args.causal && kbase + BN - 1 > q0 + warp * 16);
+            if (needs_mask) {
+#pragma unroll
+                for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int key = kbase + nb * 8 + 2 * t + (e & 1);
+                        const int row = row0 + (e >= 2 ? 8 : 0);
+                        if (key >= keys_end || (args.causal && key > row)) s[nb][e] = -INFINITY;
+                    }
+                }
+            }
+
+            float mx0 = m0, mx1 = m1;
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb) {
+                mx0 = fmaxf(mx0, fmaxf(s[nb][0], s[nb][1]));
+                mx1 = fmaxf(mx1, fmaxf(s[nb][2], s[nb][3]));
+            }
+            // Finite: key 0 of tile 0 is unmasked for every row, so each row has a finite score.
+            mx0 = quad_max(mx0);
+            mx1 = quad_max(mx1);
+            const float ms0 = mx0 * sl2;
+            const float ms1 = mx1 * sl2;
+            if (!Cfg::kSingleTile) {
+                const float alpha0 = exp2f(m0 * sl2 - ms0);  // 0 on the first tile (m = -inf)
+                const float alpha1 = exp2f(m1 * sl2 - ms1);
+                l0 *= alpha0;
+                l1 *= alpha1;
+#pragma unroll
+                for (int db = 0; db < DB; ++db) {
+                    o[db][0] *= alpha0;
+                    o[db][1] *= alpha0;
+                    o[db][2] *= alpha1;
+                    o[db][3] *= alpha1;
+                }
+            }
+            m0 = mx0;
+            m1 = mx1;
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb) {
+                if (nb / 2 < n16) {
+                    s[nb][0] = exp2f(fmaf(s[nb][0], sl2, -ms0));
+                    s[nb][1] = exp2f(fmaf(s[nb][1], sl2, -ms0));
+                    s[nb][2] = exp2f(fmaf(s[nb][2], sl2, -ms1));
+                    s[nb][3] = exp2f(fmaf(s[nb][3], sl2, -ms1));
+                    l0 += s[nb][0] + s[nb][1];
+                    l1 += s[nb][2] + s[nb][3];
+                }
+            }
+        }
+
+        if (j + 1 < n_tiles) {
+            cp_async_wait<1>();  // V_j has landed; K_{j+1} may still be in flight
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+        if (j + 1 < n_tiles) {  // every warp is past P.V of tile j-1
+            const int next = min(BN, keys_end - kbase - BN);
+            load_tile_async<HD, Cfg::kThreads>(sV + ((j + 1) % Cfg::kStages) * BN * HD,
+                                               gV + static_cast<int64_t>(kbase + BN) * stride, stride,
+                                               next, round_up_16(next));
+            cp_async_commit();
+        }
+
+        if (active) {
+#pragma unroll
+            for (int p = 0; p < NB / 2; ++p) {
+                if (p < n16) {
+                    // The S accumulators of key blocks 2p, 2p+1 are exactly the A fragment of
+                    // keys 16p..16p+15: P never leaves registers.
+                    const uint32_t pa[4] = {Op::pack(s[2 * p][0], s[2 * p][1]),
+                                            Op::pack(s[2 * p][2], s[2 * p][3]),
+                                            Op::pack(s[2 * p + 1][0], s[2 * p + 1][1]),
+                                            Op::pack(s[2 * p + 1][2], s[2 * p + 1][3])};
+#pragma unroll
+                    for (int dp = 0; dp < DB / 2; ++dp) {
+                        uint32_t vb[4];
+                        ldmatrix_x4_trans(vb, tV + swizzle<HD>(p * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                                               dp * 16 + (lane >> 4) * 8));
+                        Op::run(o[2 * dp], pa, vb[0], vb[1]);
+                        Op::run(o[2 * dp + 1], pa, vb[2], vb[3]);
+                    }
+                }
+            }
+        }
+    }
+
+    if (!active) return;
+    const float inv0 = 1.f / quad_sum(l0);
+    const float inv1 = 1.f / quad_sum(l1);
+    // Stage the warp's 16 output rows in its own (already consumed) Q rows, then write 16-byte
+    // vectors: each output row is one contiguous head_dim span of [T, num_heads, head_dim].
+    T* stage = sQ;
+    const int srow = warp * 16 + g;
+#pragma unroll
+    for (int db = 0; db < DB; ++db) {
+        const int d = db * 8 + 2 * t;
+        float2 bv = make_float2(0.f, 0.f);
+        if (bias != nullptr)
+            bv = Op::unpack(*reinterpret_cast<const uint32_t*>(bias + (2 * nh + head) * HD + d));
+        *reinterpret_cast<uint32_t*>(stage + swizzle<HD>(srow, d)) =
+            Op::pack(fmaf(o[db][0], inv0, bv.x), fmaf(o[db][1], inv0, bv.y));
+        *reinterpret_cast<uint32_t*>(stage + swizzle<HD>(srow + 8, d)) =
+            Op::pack(fmaf(o[db][2], inv1, bv.x), fmaf(o[db][3], inv1, bv.y));
+    }
+    __syncwarp();
+    constexpr int kChunks = HD / 8;
+    T* out = static_cast<T*>(args.out);
+    const int64_t out_stride = static_cast<int64_t>(nh) * HD;
+#pragma unroll
+    for (int i = lane; i < 16 * kChunks; i += 32) {
+        const int r = i / kChunks;
+        const int chunk = i % kChunks;
+        const int row = q0 + warp * 16 + r;
+        if (row < len) {
+            *reinterpret_cast<uint4*>(out + (start + row) * out_stride + head * HD + chunk * 8) =
+                *reinterpret_cast<const uint4*>(stage + swizzle<HD>(warp * 16 + r, chunk * 8));
+        }
+    }
+}
+
+}  // namespace attention_detail
+}  // namespace padfree

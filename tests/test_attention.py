@@ -1,0 +1,217 @@
+"""padfree.ops.attention_varlen against a float64 per-sequence softmax(Q K^T * scale) V."""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from padfree._lib import KernelUnsupportedError
+from padfree.ops import InputError, attention_varlen
+
+# ||out - ref|| / ||ref|| per sequence; fp32 runs on CUDA cores (no TF32 anywhere).
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 3e-3, torch.bfloat16: 1e-2}
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+BUCKET_ROWS = 5  # rows past cu_seqlens[-1], as CUDA-graph bucketing leaves them
+
+
+def reference(qkv, bias, lengths, num_heads, scale, causal=False):
+    """float64, one sequence at a time: [T, 3*H] -> [T, H]."""
+    x = qkv.double()
+    if bias is not None:
+        x = x + bias.double()
+    head_dim = x.shape[1] // (3 * num_heads)
+    outs, start = [], 0
+    for n in lengths:
+        q, k, v = x[start:start + n].view(n, 3, num_heads, head_dim).permute(1, 2, 0, 3)
+        scores = q @ k.transpose(1, 2) * scale
+        if causal:
+            scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool, device=x.device).triu(1), -math.inf)
+        outs.append((scores.softmax(-1) @ v).permute(1, 0, 2).reshape(n, num_heads * head_dim))
+        start += n
+    return torch.cat(outs) if outs else x.new_zeros(0, num_heads * head_dim)
+
+
+def make_lengths(rng, batch, max_seqlen, zeros=0):
+    """Uniform in [1, max], with 1 and max always present when batch allows, and `zeros` empty
+    sequences at random places (never reaching the kernel from users, but from bucketing)."""
+    lengths = [rng.randint(1, max_seqlen) for _ in range(batch)]
+    lengths[rng.randrange(batch)] = max_seqlen
+    if batch > 1:
+        lengths[(lengths.index(max_seqlen) + 1) % batch] = 1
+    for _ in range(zeros):
+        lengths.insert(rng.randrange(len(lengths) + 1), 0)
+    return lengths
+
+
+def run_case(seed, dtype, head_dim, num_heads, lengths, max_seqlen, *, bias=True, causal=False, scale=None):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    total = sum(lengths)
+    width = 3 * num_heads * head_dim
+    # N(0, 1) entries give scores of std ~1 after the 1/sqrt(d) scale: a softmax that is neither
+    # uniform nor one-hot, so both the max tracking and the weighting are exercised.
+    qkv = torch.randn(total + BUCKET_ROWS, width, device="cuda", generator=gen).to(dtype)
+    qkv_bias = (0.5 * torch.randn(width, device="cuda", generator=gen)).to(dtype) if bias else None
+    cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32).cuda()
+    out = torch.full((total + BUCKET_ROWS, num_heads * head_dim), math.nan, dtype=dtype, device="cuda")
+    result = attention_varlen(qkv, cu, max_seqlen, num_heads, qkv_bias, softmax_scale=scale, out=out,
+                              causal=causal)
+    assert result is out
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else scale
+    ref = reference(qkv[:total], qkv_bias, lengths, num_heads, scale, causal)
+    assert torch.isnan(out[total:]).all(), "rows past cu_seqlens[batch] were written"
+    got = out[:total].double()
+    assert not torch.isnan(got).any(), "some rows of a sequence were not written"
+    start = 0
+    for i, n in enumerate(lengths):
+        if n:
+            diff = (got[start:start + n] - ref[start:start + n]).norm() / ref[start:start + n].norm()
+            assert diff <= TOLERANCE[dtype], f"sequence {i} (length {n}): relative error {diff:.3g}"
+        start += n
+    return out
+
+
+# (batch, max_seqlen): edge lengths and both sides of each kernel switch (128: resident -> 64-row
+# tiles, 512: 64-row -> 128-row tiles), batches from 1 to 128.
+SHAPES = [(1, 1), (5, 7), (3, 64), (128, 128), (16, 129), (7, 512), (4, 513), (2, 1100)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("batch,max_seqlen", SHAPES)
+def test_matches_reference(seed, dtype, head_dim, batch, max_seqlen):
+    rng = random.Random(seed)
+    lengths = make_lengths(rng, batch, max_seqlen)
+    run_case(seed, dtype, head_dim, 3 if head_dim == 64 else 2, lengths, max_seqlen)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_long_sequence(seed, dtype):
+    run_case(seed, dtype, 64, 2, [4096, 3001], 4096)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("max_seqlen", [100, 300, 700])
+def test_zero_length_sequences_and_no_bias(seed, dtype, max_seqlen):
+    rng = random.Random(seed)
+    lengths = make_lengths(rng, 6, max_seqlen, zeros=3) + [0, 0]  # bucket padding repeats the end
+    run_case(seed, dtype, 64, 4, lengths, max_seqlen, bias=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("max_seqlen", [1, 37, 128, 200, 1000])
+def test_causal(seed, dtype, head_dim, max_seqlen):
+    rng = random.Random(seed)
+    run_case(seed, dtype, head_dim, 2, make_lengths(rng, 4, max_seqlen), max_seqlen, causal=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_softmax_scale(seed, dtype):
+    rng = random.Random(seed)
+    run_case(seed, dtype, 64, 2, make_lengths(rng, 3, 300), 300, scale=0.37)
+
+
+@pytest.mark.gpu
+def test_max_seqlen_larger_than_longest(seed):
+    # A graph bucket's max_seqlen may exceed every actual length: only more tiles exit early.
+    run_case(seed, torch.float16, 64, 2, [5, 60], 1024)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("max_seqlen", [128, 400, 2000])
+def test_deterministic(seed, max_seqlen):
+    # Same inputs, bitwise the same result: a missing barrier would show up as a moving error.
+    rng = random.Random(seed)
+    lengths = make_lengths(rng, 8, max_seqlen)
+    first = run_case(seed, torch.bfloat16, 128, 4, lengths, max_seqlen)
+    second = run_case(seed, torch.bfloat16, 128, 4, lengths, max_seqlen)
+    torch.testing.assert_close(first, second, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.gpu
+def test_allocates_out_on_current_stream(seed):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    qkv = torch.randn(10, 3 * 2 * 64, device="cuda", generator=gen, dtype=torch.float16)
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32, device="cuda")
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        out = attention_varlen(qkv, cu, 6, 2)
+    stream.synchronize()
+    ref = reference(qkv, None, [4, 6], 2, 1 / 8)
+    assert out.shape == (10, 128) and out.dtype == torch.float16
+    assert (out.double() - ref).norm() / ref.norm() <= TOLERANCE[torch.float16]
+
+
+def _valid_args(device="cuda", dtype=torch.float16, num_heads=2, head_dim=64):
+    qkv = torch.randn(6, 3 * num_heads * head_dim, device=device).to(dtype)
+    cu = torch.tensor([0, 2, 6], dtype=torch.int32, device=device)
+    return qkv, cu
+
+
+def test_cpu_tensors_are_refused():
+    qkv, cu = _valid_args(device="cpu")
+    with pytest.raises(InputError, match="CUDA"):
+        attention_varlen(qkv, cu, 4, 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["int_dtype", "width", "cu_dtype", "cu_shape", "cu_empty", "bias_shape",
+                                  "bias_dtype", "out_shape", "out_dtype", "out_aliases", "strided",
+                                  "max_seqlen", "num_heads", "scale", "dim3"])
+def test_bad_inputs_raise_input_error(case):
+    qkv, cu = _valid_args()
+    kwargs = dict(qkv=qkv, cu_seqlens=cu, max_seqlen=4, num_heads=2)
+    if case == "int_dtype":
+        kwargs["qkv"] = qkv.to(torch.int32)
+    elif case == "width":
+        kwargs["qkv"] = qkv[:, :-8].contiguous()  # 376 is not 3 * 2 * head_dim
+    elif case == "cu_dtype":
+        kwargs["cu_seqlens"] = cu.long()
+    elif case == "cu_shape":
+        kwargs["cu_seqlens"] = cu.view(1, 3)
+    elif case == "cu_empty":
+        kwargs["cu_seqlens"] = cu[:1]
+    elif case == "bias_shape":
+        kwargs["qkv_bias"] = torch.zeros(64, device="cuda", dtype=qkv.dtype)
+    elif case == "bias_dtype":
+        kwargs["qkv_bias"] = torch.zeros(qkv.shape[1], device="cuda", dtype=torch.float32)
+    elif case == "out_shape":
+        kwargs["out"] = torch.empty(6, 64, device="cuda", dtype=qkv.dtype)
+    elif case == "out_dtype":
+        kwargs["out"] = torch.empty(6, 128, device="cuda", dtype=torch.bfloat16)
+    elif case == "out_aliases":
+        kwargs["out"] = qkv.view(-1)[: 6 * 128].view(6, 128)
+    elif case == "strided":
+        kwargs["qkv"] = torch.randn(6, 2 * qkv.shape[1], device="cuda", dtype=qkv.dtype)[:, ::2]
+    elif case == "max_seqlen":
+        kwargs["max_seqlen"] = 0
+    elif case == "num_heads":
+        kwargs["num_heads"] = 0
+    elif case == "scale":
+        kwargs["softmax_scale"] = math.inf
+    elif case == "dim3":
+        kwargs["qkv"] = qkv.view(6, 3, 128)
+    with pytest.raises(InputError):
+        attention_varlen(**kwargs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("head_dim", [32, 96, 256])
+def test_unsupported_head_dim(head_dim):
+    qkv, cu = _valid_args(head_dim=head_dim)
+    with pytest.raises(KernelUnsupportedError, match="head_dim"):
+        attention_varlen(qkv, cu, 4, 2)
+
+
+@pytest.mark.gpu
+def test_cu_seqlens_on_another_device_is_refused():
+    qkv, cu = _valid_args()
+    with pytest.raises(InputError):
+        attention_varlen(qkv, cu.cpu(), 4, 2)
