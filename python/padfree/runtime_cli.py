@@ -1,0 +1,159 @@
+"""`padfree run SOURCE`: encode one batch with padfree's Runtime and print the output shapes.
+
+SOURCE is an engine file (served by padfree.engines), a Hugging Face model directory or a built-in
+tiny model name (both through the PyTorch path, padfree.torch). The batch comes from a JSON file
+(--input) or is drawn at random (--random B,S).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger("padfree.run")
+
+DTYPES = ("fp32", "fp16", "bf16")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("run", help="encode a batch with the padfree runtime",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("source", help="engine file, HF model directory, or built-in tiny model name")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--input", type=Path, metavar="FILE.json",
+                      help='a list of token-id lists, or {"input_ids": ..., "attention_mask": ...,'
+                           ' "token_type_ids": ...} (padded when attention_mask is given)')
+    what.add_argument("--random", metavar="B,S", type=_batch_shape,
+                      help="B random sequences, lengths uniform in [ceil(0.2*S), S]")
+    p.add_argument("--seed", type=int, default=0, help="seed of --random (default 0)")
+    p.add_argument("--padded", action="store_true", help="padded [B, S, H] outputs (zeros in padding)")
+    p.add_argument("-o", "--output", type=Path, metavar="OUT.npz",
+                   help="write the outputs (per-sequence form: packed [T, H] plus cu_seqlens)")
+    p.add_argument("--dtype", choices=DTYPES, default="fp16", help="PyTorch path precision (default fp16)")
+    p.add_argument("--device", default="cuda", help="PyTorch path device (default cuda)")
+    p.add_argument("--max-batch", type=int, help="split batches into chunks of at most this many sequences")
+    p.add_argument("--max-tokens", type=int, help="split batches into chunks of at most this many tokens")
+    p.set_defaults(func=main)
+
+
+def _batch_shape(text: str) -> tuple[int, int]:
+    try:
+        b, s = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected B,S (two integers), got {text!r}") from None
+    if b < 1 or s < 1:
+        raise argparse.ArgumentTypeError(f"B and S must be positive, got {text!r}")
+    return b, s
+
+
+def load_hf_model(source: str) -> Any:
+    """An HF model from a local directory, or a built-in tiny random-weight model (padfree.export)."""
+    path = Path(source)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise SystemExit(f"padfree run: {source} is a directory without config.json: not an HF model")
+        from transformers import AutoModel
+        return AutoModel.from_pretrained(path)
+    try:
+        from padfree.export import builtin_model
+    except ImportError as e:
+        raise SystemExit(f"padfree run: {source!r} is neither a file nor a directory, and built-in models"
+                         f" are not available ({e})") from None
+    return builtin_model(source)
+
+
+def open_runtime(args: argparse.Namespace):
+    import torch
+
+    from padfree.runtime import Runtime
+
+    limits = {"max_batch": args.max_batch, "max_tokens": args.max_tokens}
+    if Path(args.source).is_file():
+        log.info("serving engine %s", args.source)
+        return Runtime(args.source, **limits)
+    from padfree.torch import from_hf
+    model = load_hf_model(args.source)
+    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
+    log.info("serving %s through the PyTorch path (%s on %s)", type(model).__name__, args.dtype, args.device)
+    return Runtime(from_hf(model, dtype=dtype, device=args.device), **limits)
+
+
+def read_batch(path: Path) -> dict[str, Any]:
+    """Runtime.run's keyword arguments from a JSON batch file."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise SystemExit(f"padfree run: cannot read {path}: {e}") from None
+    if isinstance(data, list):
+        return {"batch": data}
+    if isinstance(data, dict) and "input_ids" in data:
+        unknown = set(data) - {"input_ids", "attention_mask", "token_type_ids"}
+        if unknown:
+            raise SystemExit(f"padfree run: {path}: unknown keys {sorted(unknown)}")
+        padded = data.get("attention_mask") is not None
+        conv = np.asarray if padded else (lambda x: x)
+        return {"batch": conv(data["input_ids"]),
+                "attention_mask": conv(data["attention_mask"]) if padded else None,
+                "token_type_ids": None if data.get("token_type_ids") is None else conv(data["token_type_ids"])}
+    raise SystemExit(f"padfree run: {path}: expected a list of token-id lists or an object with input_ids")
+
+
+def random_batch(batch: int, max_len: int, vocab_size: int | None, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(max(1, -(-max_len // 5)), max_len + 1, size=batch)
+    high = vocab_size or 1000
+    return [rng.integers(0, high, size=n, dtype=np.int64) for n in lengths]
+
+
+def main(args: argparse.Namespace) -> int:
+    from padfree.ops._tensors import InputError
+
+    runtime = open_runtime(args)
+    if args.input is not None:
+        run_args = read_batch(args.input)
+    else:
+        b, s = args.random
+        s = min(s, runtime.limits.max_seqlen)
+        run_args = {"batch": random_batch(b, s, runtime.limits.vocab_size, args.seed)}
+    start = time.perf_counter()
+    try:
+        out = runtime.run(**run_args, padded=args.padded, output="numpy")
+    except InputError as e:
+        raise SystemExit(f"padfree run: bad input: {e}") from None
+    elapsed = time.perf_counter() - start
+    print(describe(out, elapsed))
+    if args.output is not None:
+        save(out, args.output)
+        print(f"wrote {args.output}")
+    return 0
+
+
+def describe(out: dict[str, Any], seconds: float) -> str:
+    lines = []
+    for name, value in out.items():
+        if isinstance(value, list):
+            lengths = [len(v) for v in value]
+            tail = list(value[0].shape[1:])
+            lines.append(f"{name}: {len(value)} sequences of [len, {', '.join(map(str, tail))}]"
+                         f" {value[0].dtype}, lengths {lengths}")
+        else:
+            lines.append(f"{name}: {list(value.shape)} {value.dtype}")
+    lines.append(f"run: {seconds * 1e3:.2f} ms (first call: includes warm-up)")
+    return "\n".join(lines)
+
+
+def save(out: dict[str, Any], path: Path) -> None:
+    arrays = {}
+    for name, value in out.items():
+        if isinstance(value, list):
+            arrays[name] = np.concatenate(value)
+            arrays["cu_seqlens"] = np.concatenate(([0], np.cumsum([len(v) for v in value]))).astype(np.int32)
+        else:
+            arrays[name] = value
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, **arrays)

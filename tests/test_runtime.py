@@ -1,0 +1,693 @@
+"""padfree.runtime (Runtime, EncoderBackend), padfree.polygraphy_runners and `padfree run`.
+
+CPU tests drive the Runtime's host logic (validation, packing, splitting, unpacking) through
+ToyBackend, a backend test double whose per-token function has an answer computed independently
+here from the unpacked sequences. GPU tests serve a tiny random BertModel through the PyTorch path
+and compare with HF eager (float64 on the CPU) and with ONNX Runtime through polygraphy.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+import torch
+
+from padfree.ops._tensors import InputError
+from padfree.runtime import EncoderBackend, Limits, Runtime
+from padfree.runtime._plan import plan_chunks
+from padfree.runtime._staging import ALIGN_ELEMENTS
+
+VOCAB, TYPES, MAX_SEQLEN, HIDDEN = 100, 3, 24, 5
+
+
+# ---------------------------------------------------------------------------------------------
+# The backend test double and its independent reference
+# ---------------------------------------------------------------------------------------------
+
+def token_value(ids, positions, types, hidden=HIDDEN):
+    """out[t, h] of ToyBackend: exact in float32 for these ranges."""
+    ids, positions, types = (np.asarray(x, dtype=np.float64)[..., None] for x in (ids, positions, types))
+    return ids + 128.0 * positions + 16384.0 * types + 0.25 * np.arange(hidden)
+
+
+def expected_sequence(ids, types=None):
+    ids = np.asarray(ids)
+    types = np.zeros_like(ids) if types is None else np.asarray(types)
+    return token_value(ids, np.arange(len(ids)), types)
+
+
+def expected_pooler(ids):
+    ids = np.asarray(ids, dtype=np.float64)
+    return ids.sum() + len(ids) * np.arange(HIDDEN)
+
+
+class ToyBackend:
+    """The backend protocol on the CPU. It checks every call against the contract, records the
+    chunk sizes, and returns its outputs in one static NaN-poisoned buffer that the next call
+    overwrites, as a CUDA-graph replay does: the Runtime must copy them out."""
+
+    output_names = ["last_hidden_state", "pooler_output"]
+    device = "cpu"
+
+    def __init__(self, max_tokens=64, max_batch=8, max_seqlen=MAX_SEQLEN, type_vocab_size=TYPES,
+                 position_bug=0):
+        self.limits = Limits(max_tokens=max_tokens, max_batch=max_batch, max_seqlen=max_seqlen,
+                             vocab_size=VOCAB, type_vocab_size=type_vocab_size, dtype=torch.float32)
+        self.calls: list[tuple[int, int]] = []
+        self._tokens = torch.empty(max_tokens, HIDDEN)
+        self._pooled = torch.empty(max_batch, HIDDEN)
+        self.position_bug = position_bug  # a wrong backend, to show the comparisons can fail
+
+    def execute_packed(self, input_ids, cu_seqlens, max_seqlen, token_type_ids, stream):
+        assert stream is None
+        for t in (input_ids, cu_seqlens) + ((token_type_ids,) if token_type_ids is not None else ()):
+            assert t.dtype == torch.int32 and t.dim() == 1 and t.is_contiguous()
+        T, B = input_ids.numel(), cu_seqlens.numel() - 1
+        lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+        assert 1 <= B <= self.limits.max_batch and 1 <= T <= self.limits.max_tokens
+        assert cu_seqlens[0] == 0 and cu_seqlens[-1] == T and min(lengths) >= 1
+        assert max_seqlen == max(lengths) <= self.limits.max_seqlen
+        if token_type_ids is not None:
+            assert token_type_ids.numel() == T
+        self.calls.append((B, T))
+        positions = np.concatenate([np.arange(n) for n in lengths]) + self.position_bug
+        types = np.zeros(T) if token_type_ids is None else token_type_ids.numpy()
+        self._tokens.fill_(float("nan"))
+        self._pooled.fill_(float("nan"))
+        self._tokens[:T] = torch.from_numpy(token_value(input_ids.numpy(), positions, types))
+        for b in range(B):
+            self._pooled[b] = torch.from_numpy(expected_pooler(input_ids[cu_seqlens[b]:cu_seqlens[b + 1]].numpy()))
+        return {"last_hidden_state": self._tokens[:T], "pooler_output": self._pooled[:B]}
+
+
+def random_sequences(rng, batch, max_len=MAX_SEQLEN, with_edges=True, type_vocab=TYPES):
+    lengths = rng.integers(1, max_len + 1, size=batch)
+    if with_edges and batch >= 2:
+        lengths[rng.choice(batch, 2, replace=False)] = [1, max_len]
+    return ([rng.integers(0, VOCAB, size=n) for n in lengths],
+            [rng.integers(0, type_vocab, size=n) for n in lengths])
+
+
+def pad(seqs, width=None, fill=0):
+    width = width or max(len(s) for s in seqs)
+    ids = np.full((len(seqs), width), fill, dtype=np.int64)
+    mask = np.zeros((len(seqs), width), dtype=np.int64)
+    for i, s in enumerate(seqs):
+        ids[i, :len(s)] = s
+        mask[i, :len(s)] = 1
+    return ids, mask
+
+
+def as_numpy(x):
+    return x.numpy() if isinstance(x, torch.Tensor) else x
+
+
+def check_per_sequence(out, seqs, types=None):
+    hidden = out["last_hidden_state"]
+    assert len(hidden) == len(seqs)
+    for i, s in enumerate(seqs):
+        want = expected_sequence(s, None if types is None else types[i])
+        np.testing.assert_array_equal(as_numpy(hidden[i]), want.astype(np.float32))
+    pooled = as_numpy(out["pooler_output"])
+    np.testing.assert_array_equal(pooled, np.stack([expected_pooler(s) for s in seqs]).astype(np.float32))
+
+
+def check_padded(out, seqs, width, types=None):
+    hidden = as_numpy(out["last_hidden_state"])
+    assert hidden.shape == (len(seqs), width, HIDDEN)
+    for i, s in enumerate(seqs):
+        want = expected_sequence(s, None if types is None else types[i])
+        np.testing.assert_array_equal(hidden[i, :len(s)], want.astype(np.float32))
+        assert (hidden[i, len(s):] == 0).all(), f"padding rows of sequence {i} are not zero"
+    np.testing.assert_array_equal(as_numpy(out["pooler_output"]),
+                                  np.stack([expected_pooler(s) for s in seqs]).astype(np.float32))
+
+
+# ---------------------------------------------------------------------------------------------
+# Input forms and output forms
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("output", ["torch", "numpy"])
+@pytest.mark.parametrize("with_types", [False, True])
+def test_list_of_sequences(seed, output, with_types):
+    rng = np.random.default_rng(seed)
+    seqs, types = random_sequences(rng, 7)
+    # every accepted element form in one batch: Python list, numpy int32, torch int64, numpy uint16
+    forms = [list(map(int, seqs[0])), seqs[1].astype(np.int32), torch.from_numpy(seqs[2]),
+             seqs[3].astype(np.uint16)] + seqs[4:]
+    rt = Runtime(ToyBackend(), output=output)
+    out = rt.run(forms, token_type_ids=types if with_types else None)
+    check_per_sequence(out, seqs, types if with_types else None)
+    kind = torch.Tensor if output == "torch" else np.ndarray
+    assert all(isinstance(x, kind) for x in out["last_hidden_state"])
+
+
+@pytest.mark.parametrize("array", [np.asarray, torch.from_numpy])
+@pytest.mark.parametrize("mask_dtype", [np.int64, np.int32, bool])
+def test_padded_batch(seed, array, mask_dtype):
+    rng = np.random.default_rng(seed)
+    seqs, types = random_sequences(rng, 6)
+    width = MAX_SEQLEN + 3  # wider than the longest sequence: outputs keep the input's width
+    ids, mask = pad(seqs, width, fill=rng.integers(0, VOCAB))  # padding ids are ignored, whatever they are
+    type_ids, _ = pad(types, width)
+    rt = Runtime(ToyBackend())
+    args = (array(ids), array(mask.astype(mask_dtype)))
+    check_padded(rt.run(*args, token_type_ids=array(type_ids), padded=True), seqs, width, types)
+    check_padded(rt.run(*args, token_type_ids=array(type_ids), padded=True, output="numpy"), seqs, width, types)
+    check_per_sequence(rt.run(*args, token_type_ids=array(type_ids)), seqs, types)
+
+
+def test_list_input_padded_output_and_hf_mapping(seed):
+    rng = np.random.default_rng(seed)
+    seqs, types = random_sequences(rng, 5)
+    rt = Runtime(ToyBackend())
+    check_padded(rt.run(seqs, padded=True), seqs, max(len(s) for s in seqs))
+    ids, mask = pad(seqs)
+    type_ids, _ = pad(types)
+    encoding = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask),
+                "token_type_ids": torch.from_numpy(type_ids)}  # what an HF tokenizer returns
+    check_per_sequence(rt.run(encoding), seqs, types)
+
+
+def test_padded_batch_without_mask_is_all_tokens(seed):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(0, VOCAB, size=(3, 9))
+    check_per_sequence(Runtime(ToyBackend()).run(ids), list(ids))
+
+
+# ---------------------------------------------------------------------------------------------
+# Splitting into chunks
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("max_batch,max_tokens", [(3, 64), (8, 30), (2, 24), (1, 24)])
+def test_split_batches_keep_order(seed, max_batch, max_tokens):
+    rng = np.random.default_rng(seed)
+    seqs, types = random_sequences(rng, 17)
+    backend = ToyBackend(max_tokens=max_tokens, max_batch=max_batch)
+    out = Runtime(backend).run(seqs, token_type_ids=types)
+    check_per_sequence(out, seqs, types)
+    assert len(backend.calls) > 1
+    assert sum(b for b, _ in backend.calls) == len(seqs)
+    assert sum(t for _, t in backend.calls) == sum(len(s) for s in seqs)
+
+
+def test_runtime_limits_tighten_and_cannot_exceed_backend(seed):
+    rng = np.random.default_rng(seed)
+    seqs, _ = random_sequences(rng, 9)
+    backend = ToyBackend()
+    check_padded(Runtime(backend, max_batch=2).run(seqs, padded=True), seqs, MAX_SEQLEN)
+    assert max(b for b, _ in backend.calls) <= 2
+    with pytest.raises(ValueError, match="max_batch=9 exceeds"):
+        Runtime(ToyBackend(max_batch=8), max_batch=9)
+
+
+def test_plan_chunks_is_greedy_contiguous_and_within_limits(seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(200):
+        max_tokens = int(rng.integers(1, 50))
+        max_batch = int(rng.integers(1, 10))
+        lengths = rng.integers(1, max_tokens + 1, size=int(rng.integers(1, 40)))
+        chunks = plan_chunks(lengths, max_batch, max_tokens)
+        cu = np.concatenate(([0], np.cumsum(lengths)))
+        assert chunks[0].first == 0 and chunks[-1].stop == len(lengths)
+        for a, b in zip(chunks, chunks[1:]):
+            assert a.stop == b.first and a.token_stop == b.token_start
+            # greedy: the chunk closed only because the next sequence did not fit
+            assert a.batch == max_batch or a.tokens + lengths[b.first] > max_tokens
+        for c in chunks:
+            assert 1 <= c.batch <= max_batch and c.tokens <= max_tokens
+            assert (c.token_start, c.token_stop) == (cu[c.first], cu[c.stop])
+            assert c.max_seqlen == lengths[c.first:c.stop].max()
+
+
+# ---------------------------------------------------------------------------------------------
+# Staging buffer reuse, and outputs the caller keeps
+# ---------------------------------------------------------------------------------------------
+
+def test_staging_grows_geometrically_and_outputs_survive_later_runs(seed):
+    rng = np.random.default_rng(seed)
+    rt = Runtime(ToyBackend(max_tokens=400, max_batch=32))
+    batches = [random_sequences(rng, n)[0] for n in (2, 20, 3, 30)]
+    outputs, capacities = [], []
+    for seqs in batches:
+        outputs.append(rt.run(seqs))
+        capacities.append(rt._staging.capacity)
+    assert capacities[0] % ALIGN_ELEMENTS == 0
+    assert capacities == sorted(capacities)            # never shrinks
+    assert capacities[2] == capacities[1]               # a smaller batch reuses the buffer
+    for seqs, out in zip(batches, outputs):             # earlier results were not overwritten
+        check_per_sequence(out, seqs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input: clear InputError, before anything reaches the backend
+# ---------------------------------------------------------------------------------------------
+
+def _bad_inputs():
+    ok = [[1, 2, 3], [4, 5]]
+    ids, mask = pad(ok)
+    holed = mask.copy()
+    holed[0] = [1, 0, 1]
+    right_padded_wrong = mask.copy()
+    right_padded_wrong[1] = [0, 1, 1]
+    two = mask.copy()
+    two[0, 0] = 2
+    return [
+        ("empty list", ([],), {}, "empty batch"),
+        ("empty sequence", ([[1, 2], []],), {}, "sequence 1 is empty"),
+        ("empty torch sequence", ([torch.tensor([1]), torch.tensor([], dtype=torch.int64)],), {},
+         "sequence 1 is empty"),
+        ("too long", ([[1] * (MAX_SEQLEN + 1)],), {}, f"sequence 0 has {MAX_SEQLEN + 1} tokens"),
+        ("id too large", ([[1, 2], [3, VOCAB]],), {}, f"token id {VOCAB} at sequence 1, position 1"),
+        ("negative id", ([[1, -1]],), {}, "token id -1 at sequence 0, position 1"),
+        ("huge uint64", ([np.array([2**63 + 5], dtype=np.uint64)],), {}, "out of range"),
+        ("float ids", ([[1.0, 2.0]],), {}, "integer token ids"),
+        ("bool ids", ([np.array([True, False])],), {}, "integer token ids"),
+        ("float tensor ids", (torch.rand(2, 3),), {}, "integer token ids"),
+        ("flat list", ([1, 2, 3],), {}, "flat list of ids"),
+        ("2-D sequence", ([np.ones((2, 2), dtype=np.int64)],), {}, "1-D sequence"),
+        ("string", ("hello",), {}, "expected a list of token sequences"),
+        ("3-D padded", (np.ones((1, 2, 3), dtype=np.int64),), {}, r"\[batch, seq\]"),
+        ("zero width", (np.ones((2, 0), dtype=np.int64),), {}, "width 0"),
+        ("zero rows", (np.ones((0, 4), dtype=np.int64),), {}, "empty batch"),
+        ("holed mask", (ids, holed), {}, "row 0 is not left-aligned"),
+        ("left padding", (ids, right_padded_wrong), {}, "row 1 is not left-aligned"),
+        ("all-zero row", (ids, mask * np.array([[1], [0]])), {}, "sequence 1 is empty"),
+        ("mask of 2", (ids, two), {}, "only 0 and 1"),
+        ("float mask", (ids, mask.astype(np.float32)), {}, "integer or bool mask"),
+        ("mask shape", (ids, mask[:, :2]), {}, "attention_mask: expected shape"),
+        ("ragged with mask", ([[1, 2], [3]], [[1, 1], [1]]), {}, "ragged"),
+        ("types shape", (ids, mask), {"token_type_ids": np.zeros((2, 2), dtype=np.int64)},
+         "token_type_ids: expected shape"),
+        ("types count", (ok,), {"token_type_ids": [[0, 0, 0]]}, "list of 2 sequences"),
+        ("types length", (ok,), {"token_type_ids": [[0, 0, 0], [0]]}, r"token_type_ids\[1\]: expected 2 ids"),
+        ("type too large", (ok,), {"token_type_ids": [[0, 0, 0], [0, TYPES]]},
+         f"token type id {TYPES} at sequence 1, position 1"),
+        ("mapping twice", ({"input_ids": ids, "attention_mask": mask}, mask), {}, "given both"),
+        ("mapping without ids", ({"ids": ids},), {}, "needs 'input_ids'"),
+    ]
+
+
+@pytest.mark.parametrize("label,args,kwargs,message", _bad_inputs(), ids=[c[0] for c in _bad_inputs()])
+def test_bad_input_raises_input_error(label, args, kwargs, message):
+    backend = ToyBackend()
+    with pytest.raises(InputError, match=message):
+        Runtime(backend).run(*args, **kwargs)
+    assert backend.calls == []
+
+
+def test_token_types_refused_for_a_model_without_them():
+    with pytest.raises(InputError, match="no token type embeddings"):
+        Runtime(ToyBackend(type_vocab_size=0)).run([[1, 2]], token_type_ids=[[0, 0]])
+
+
+def test_sequence_longer_than_max_tokens_is_refused():
+    with pytest.raises(InputError, match="max_tokens 10"):
+        Runtime(ToyBackend(max_tokens=10)).run([[1] * 11])
+
+
+# ---------------------------------------------------------------------------------------------
+# Backend contract, sources, options
+# ---------------------------------------------------------------------------------------------
+
+class _MissingOutput(ToyBackend):
+    def execute_packed(self, *args):
+        return {"last_hidden_state": super().execute_packed(*args)["last_hidden_state"]}
+
+
+class _WrongRows(ToyBackend):
+    def execute_packed(self, *args):
+        out = super().execute_packed(*args)
+        return {**out, "last_hidden_state": out["last_hidden_state"][:-1]}
+
+
+@pytest.mark.parametrize("backend,message", [(_MissingOutput, "returned no 'pooler_output'"),
+                                             (_WrongRows, "expected 3 rows")])
+def test_backend_breaking_the_contract_is_reported(backend, message):
+    with pytest.raises(RuntimeError, match=message):
+        Runtime(backend()).run([[1, 2, 3]])
+
+
+def test_sources_and_options_are_checked():
+    with pytest.raises(TypeError, match="convert it with padfree.torch.from_hf"):
+        Runtime(torch.nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="got int"):
+        Runtime(3)
+    with pytest.raises(ValueError, match="backend runs on cpu"):
+        Runtime(ToyBackend(), stream=123)
+    with pytest.raises(ValueError, match="output must be one of"):
+        Runtime(ToyBackend(), output="list")
+    with pytest.raises(ValueError, match="output must be one of"):
+        Runtime(ToyBackend()).run([[1]], output="jax")
+    with pytest.raises(TypeError, match="limits.max_seqlen"):
+        Runtime(type("B", (), {"limits": {"max_tokens": 4, "max_batch": 2}, "output_names": [],
+                               "device": "cpu", "execute_packed": None})())
+
+
+class _FakeConfig:
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+class _FakeEncoder(torch.nn.Module):
+    """A PadfreeEncoder stand-in on the CPU: forward_packed is ToyBackend's function."""
+
+    def __init__(self, config, pooler=True):
+        super().__init__()
+        self.config = config
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.pooler = torch.nn.Identity() if pooler else None
+        self._toy = ToyBackend(max_tokens=4096, max_batch=512, max_seqlen=4096)
+
+    def forward_packed(self, input_ids, cu_seqlens, max_seqlen, token_type_ids=None):
+        return self._toy.execute_packed(input_ids, cu_seqlens, max_seqlen, token_type_ids, None)
+
+
+@pytest.mark.parametrize("model_type,pad,max_pos,type_vocab,max_seqlen",
+                         [("bert", 0, 40, 2, 40), ("roberta", 1, 42, 1, 40), ("distilbert", 0, 40, None, 40)])
+def test_encoder_backend_limits_from_config(seed, model_type, pad, max_pos, type_vocab, max_seqlen):
+    config = _FakeConfig(model_type=model_type, pad_token_id=pad, max_position_embeddings=max_pos,
+                         vocab_size=VOCAB, **({} if type_vocab is None else {"type_vocab_size": type_vocab}))
+    encoder = _FakeEncoder(config, pooler=model_type != "distilbert")
+    rt = Runtime(encoder, max_batch=3)
+    assert isinstance(rt.backend, EncoderBackend)
+    assert rt.limits.max_seqlen == max_seqlen and rt.limits.max_batch == 3
+    assert rt.limits.type_vocab_size == (type_vocab or 0) and rt.limits.dtype == torch.float32
+    assert rt.output_names == (["last_hidden_state"] if model_type == "distilbert"
+                               else ["last_hidden_state", "pooler_output"])
+    rng = np.random.default_rng(seed)
+    seqs = [rng.integers(0, VOCAB, size=n) for n in (1, max_seqlen, 7, 3, 5)]
+    out = rt.run(seqs, padded=True)
+    for i, s in enumerate(seqs):
+        np.testing.assert_array_equal(out["last_hidden_state"][i, :len(s)].numpy(), expected_sequence(s))
+    with pytest.raises(InputError, match=f"more than this model serves \\(max_seqlen {max_seqlen}"):
+        rt.run([[1] * (max_seqlen + 1)])
+
+
+# ---------------------------------------------------------------------------------------------
+# Polygraphy runners (CPU, with the test double)
+# ---------------------------------------------------------------------------------------------
+
+def padded_feeds(rng, iterations=3, batch=4, with_types=True, type_vocab=TYPES):
+    feeds = []
+    for _ in range(iterations):
+        seqs, types = random_sequences(rng, batch, type_vocab=type_vocab)
+        ids, mask = pad(seqs, MAX_SEQLEN)
+        feed = OrderedDict(input_ids=ids, attention_mask=mask)
+        if with_types:
+            feed["token_type_ids"] = pad(types, MAX_SEQLEN)[0]
+        feeds.append(feed)
+    return feeds
+
+
+def _reference_runner(garbage_in_padding: bool):
+    """A polygraphy runner computing ToyBackend's function on padded arrays in numpy, independently
+    of the Runtime; optionally with nonzero values in padding, as ONNX exports of HF models have."""
+    from polygraphy.backend.base import BaseRunner
+    from polygraphy.common import TensorMetadata
+
+    class Reference(BaseRunner):
+        def get_input_metadata_impl(self):
+            meta = TensorMetadata()
+            for name in ("input_ids", "attention_mask", "token_type_ids"):
+                meta.add(name, np.int64, shape=("batch", "sequence"))
+            return meta
+
+        def infer_impl(self, feed):
+            ids, mask, types = feed["input_ids"], feed["attention_mask"], feed["token_type_ids"]
+            positions = np.broadcast_to(np.arange(ids.shape[1]), ids.shape)
+            hidden = token_value(ids, positions, types).astype(np.float32)
+            if not garbage_in_padding:
+                hidden *= mask[..., None]
+            pooled = (ids * mask).sum(1, keepdims=True) + mask.sum(1, keepdims=True) * np.arange(HIDDEN)
+            self.inference_time = 0.0
+            return OrderedDict(last_hidden_state=hidden, pooler_output=pooled.astype(np.float32))
+
+    return Reference(name="reference")
+
+
+@pytest.mark.parametrize("garbage_in_padding", [False, True])
+def test_runtime_runner_in_comparator(seed, garbage_in_padding):
+    from polygraphy.comparator import Comparator, SimpleCompareFunc
+
+    from padfree.polygraphy_runners import RuntimeRunner, mask_padding
+
+    feeds = padded_feeds(np.random.default_rng(seed))
+    compare = SimpleCompareFunc(atol=0, rtol=0)
+
+    def compare_with(backend):
+        runners = [RuntimeRunner(lambda: Runtime(backend, max_batch=3)), _reference_runner(garbage_in_padding)]
+        results = Comparator.run(runners, data_loader=feeds)
+        if garbage_in_padding:
+            mask_padding(results, feeds)
+        return bool(Comparator.compare_accuracy(results, compare_func=compare))
+
+    assert compare_with(ToyBackend())
+    assert not compare_with(ToyBackend(position_bug=1))
+
+
+def test_runtime_runner_metadata_names_and_errors():
+    from padfree.polygraphy_runners import RuntimeRunner
+
+    with RuntimeRunner(Runtime(ToyBackend(type_vocab_size=0))) as runner:
+        assert list(runner.get_input_metadata(use_numpy_dtypes=False)) == ["input_ids", "attention_mask"]
+    with RuntimeRunner(Runtime(ToyBackend()), output_names={"last_hidden_state": "hidden"},
+                       input_names=["input_ids", "attention_mask"]) as runner:
+        assert list(runner.get_input_metadata(use_numpy_dtypes=False)) == ["input_ids", "attention_mask"]
+        ids, mask = pad([[5, 6, 7], [8]])
+        out = runner.infer({"input_ids": ids, "attention_mask": mask})
+        assert list(out) == ["hidden", "pooler_output"] and out["hidden"].shape == (2, 3, HIDDEN)
+        assert runner.last_inference_time() > 0
+    with pytest.raises(ValueError, match="input_names"):
+        with RuntimeRunner(Runtime(ToyBackend()), input_names=["ids"]):
+            pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Polygraphy with a real ONNX model on the CPU: RuntimeRunner over an HF-eager backend double vs
+# ONNX Runtime on the model's ONNX export (checks feeds, input/output names, dtypes, padding)
+# ---------------------------------------------------------------------------------------------
+
+def tiny_bert(seed, **overrides):
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(seed)
+    config = dict(vocab_size=VOCAB, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                  intermediate_size=256, max_position_embeddings=64, type_vocab_size=2)
+    config.update(overrides)
+    return BertModel(BertConfig(**config, attn_implementation="eager")).eval()
+
+
+def export_onnx(model, path):
+    """The plain export: padfree.export's where it exists, else torch's default exporter."""
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    dims = {"batch": torch.export.Dim("batch"), "sequence": torch.export.Dim("sequence", min=2)}
+    example = tuple(torch.ones(2, 8, dtype=torch.int64) for _ in names)
+    torch.onnx.export(model, example, str(path), input_names=names,
+                      output_names=["last_hidden_state", "pooler_output"],
+                      dynamic_shapes={n: {0: dims["batch"], 1: dims["sequence"]} for n in names}, dynamo=True)
+    return path
+
+
+class HfEagerBackend:
+    """The backend protocol over HF eager on the CPU: unpacks to a padded batch and runs the model."""
+
+    device = "cpu"
+    output_names = ["last_hidden_state", "pooler_output"]
+
+    def __init__(self, model, max_batch=3):
+        self.model = model
+        c = model.config
+        self.limits = Limits(max_tokens=4096, max_batch=max_batch, max_seqlen=c.max_position_embeddings,
+                             vocab_size=c.vocab_size, type_vocab_size=c.type_vocab_size)
+
+    @torch.no_grad()
+    def execute_packed(self, input_ids, cu_seqlens, max_seqlen, token_type_ids, stream):
+        lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+        mask = torch.arange(max_seqlen)[None, :] < torch.tensor(lengths)[:, None]
+        ids = torch.zeros(mask.shape, dtype=torch.int64)
+        ids[mask] = input_ids.long()
+        types = torch.zeros_like(ids)
+        if token_type_ids is not None:
+            types[mask] = token_type_ids.long()
+        out = self.model(input_ids=ids, attention_mask=mask.long(), token_type_ids=types)
+        return {"last_hidden_state": out.last_hidden_state[mask], "pooler_output": out.pooler_output}
+
+
+def test_runtime_runner_vs_onnxruntime_on_cpu(seed, tmp_path):
+    from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
+    from polygraphy.comparator import Comparator, SimpleCompareFunc
+
+    from padfree.polygraphy_runners import RuntimeRunner, mask_padding
+
+    model = tiny_bert(seed)
+    path = export_onnx(model, tmp_path / "model.onnx")
+    feeds = padded_feeds(np.random.default_rng(seed), batch=5, type_vocab=2)
+    runners = [RuntimeRunner(Runtime(HfEagerBackend(model))), OnnxrtRunner(SessionFromOnnx(str(path)))]
+    results = Comparator.run(runners, data_loader=feeds)
+    mask_padding(results, feeds)
+    assert bool(Comparator.compare_accuracy(results, compare_func=SimpleCompareFunc(atol=1e-4, rtol=1e-4)))
+
+
+# ---------------------------------------------------------------------------------------------
+# `padfree run` (CPU: the runtime is the test double)
+# ---------------------------------------------------------------------------------------------
+
+def _cli(monkeypatch, argv, backend):
+    from padfree import runtime_cli
+
+    monkeypatch.setattr(runtime_cli, "open_runtime", lambda args: Runtime(backend))
+    parser = argparse.ArgumentParser()
+    runtime_cli.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["run", *argv])
+    return args.func(args)
+
+
+def test_cli_json_list_writes_outputs(seed, tmp_path, monkeypatch, capsys):
+    seqs, _ = random_sequences(np.random.default_rng(seed), 4)
+    (tmp_path / "batch.json").write_text(json.dumps([s.tolist() for s in seqs]))
+    assert _cli(monkeypatch, ["engine", "--input", str(tmp_path / "batch.json"), "-o",
+                              str(tmp_path / "out.npz")], ToyBackend()) == 0
+    printed = capsys.readouterr().out
+    assert f"lengths {[len(s) for s in seqs]}" in printed and "pooler_output: [4, 5]" in printed
+    saved = np.load(tmp_path / "out.npz")
+    np.testing.assert_array_equal(saved["cu_seqlens"], np.cumsum([0] + [len(s) for s in seqs]))
+    np.testing.assert_array_equal(saved["last_hidden_state"],
+                                  np.concatenate([expected_sequence(s) for s in seqs]).astype(np.float32))
+
+
+def test_cli_json_padded_and_random(seed, tmp_path, monkeypatch, capsys):
+    seqs, types = random_sequences(np.random.default_rng(seed), 3)
+    ids, mask = pad(seqs)
+    (tmp_path / "batch.json").write_text(json.dumps({"input_ids": ids.tolist(), "attention_mask": mask.tolist(),
+                                                     "token_type_ids": pad(types)[0].tolist()}))
+    _cli(monkeypatch, ["x", "--input", str(tmp_path / "batch.json"), "--padded", "-o", str(tmp_path / "p.npz")],
+         ToyBackend())
+    check_padded(dict(np.load(tmp_path / "p.npz")), seqs, ids.shape[1], types)
+    backend = ToyBackend(max_batch=2)
+    _cli(monkeypatch, ["x", "--random", f"5,{MAX_SEQLEN}", "--seed", str(seed % 1000), "--padded"], backend)
+    printed = capsys.readouterr().out
+    assert "last_hidden_state: [5, " in printed and "pooler_output: [5, 5]" in printed
+    assert len(backend.calls) == 3  # 5 sequences of at most 24 tokens, 2 per chunk
+
+
+def test_cli_reports_bad_input(tmp_path, monkeypatch):
+    (tmp_path / "bad.json").write_text(json.dumps([[1, 2], [VOCAB]]))
+    with pytest.raises(SystemExit, match="bad input: token id 100 at sequence 1"):
+        _cli(monkeypatch, ["x", "--input", str(tmp_path / "bad.json")], ToyBackend())
+    (tmp_path / "odd.json").write_text(json.dumps({"ids": []}))
+    with pytest.raises(SystemExit, match="expected a list of token-id lists"):
+        _cli(monkeypatch, ["x", "--input", str(tmp_path / "odd.json")], ToyBackend())
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: the PyTorch path
+# ---------------------------------------------------------------------------------------------
+
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2}
+
+
+def _hf_reference(model, seqs, types):
+    """HF eager in float64 on the CPU, per sequence (no padding: rows are exact references)."""
+    model = model.to("cpu").double()
+    outs = []
+    with torch.no_grad():
+        for s, t in zip(seqs, types):
+            o = model(input_ids=torch.as_tensor(s)[None], token_type_ids=torch.as_tensor(t)[None])
+            outs.append((o.last_hidden_state[0], o.pooler_output[0]))
+    return outs
+
+
+def _rel(a, b):
+    a, b = torch.as_tensor(a).double().cpu(), torch.as_tensor(b).double().cpu()
+    return ((a - b).norm() / b.norm()).item()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gpu_runtime_vs_hf_eager(seed, dtype):
+    import copy
+
+    from padfree.torch import from_hf
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    model = tiny_bert(seed)
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 65, size=13)
+    lengths[:2] = [1, 64]
+    seqs = [rng.integers(0, VOCAB, size=n) for n in lengths]
+    types = [rng.integers(0, 2, size=n) for n in lengths]
+    reference = _hf_reference(copy.deepcopy(model), seqs, types)
+    tol = TOLERANCE[dtype]
+
+    # max_batch 4 / max_tokens 150: the 13 sequences need several chunks
+    rt = Runtime(from_hf(model, dtype=dtype, device="cuda"), max_batch=4, max_tokens=150)
+    out = rt.run(seqs, token_type_ids=types)
+    for i, (hidden, pooled) in enumerate(reference):
+        assert out["last_hidden_state"][i].is_cuda and out["last_hidden_state"][i].dtype == dtype
+        assert _rel(out["last_hidden_state"][i], hidden) < tol, f"sequence {i} (length {lengths[i]})"
+        assert _rel(out["pooler_output"][i], pooled) < tol
+    # padded in and out, numpy out; extra padding columns beyond the longest sequence
+    ids, mask = pad(seqs, 70, fill=rng.integers(0, VOCAB))
+    type_ids = pad(types, 70)[0]
+    padded = rt.run(torch.from_numpy(ids), torch.from_numpy(mask), torch.from_numpy(type_ids), padded=True,
+                    output="numpy")
+    hidden = padded["last_hidden_state"]
+    assert hidden.shape == (13, 70, 128) and not np.isnan(hidden).any()
+    for i, (ref_hidden, ref_pooled) in enumerate(reference):
+        assert _rel(hidden[i, :lengths[i]], ref_hidden) < tol
+        assert (hidden[i, lengths[i]:] == 0).all()
+        assert _rel(padded["pooler_output"][i], ref_pooled) < tol
+
+
+@pytest.mark.gpu
+def test_gpu_runtime_honours_the_callers_stream(seed):
+    from padfree.torch import from_hf
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = tiny_bert(seed)
+    rng = np.random.default_rng(seed)
+    seqs = [rng.integers(0, VOCAB, size=n) for n in rng.integers(1, 65, size=9)]
+    encoder = from_hf(model, dtype=torch.float32, device="cuda")
+    stream = torch.cuda.Stream()
+    rt = Runtime(encoder, stream=stream, max_batch=4)
+    seen = []
+    execute = rt.backend.execute_packed
+
+    def spy(*args):
+        seen.append((args[-1], torch.cuda.current_stream()))
+        return execute(*args)
+
+    rt.backend.execute_packed = spy
+    expected = Runtime(encoder).run(seqs)["last_hidden_state"]
+    torch.cuda.synchronize()
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time queued ahead of the run on the stream
+    out = rt.run(seqs)
+    assert not stream.query(), "run() waited for the stream: it should only enqueue"
+    stream.synchronize()
+    assert seen and all(s == stream and cur == stream for s, cur in seen)
+    for got, want in zip(out["last_hidden_state"], expected):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_gpu_torch_runner_vs_onnxruntime(seed, tmp_path):
+    from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
+    from polygraphy.comparator import Comparator, SimpleCompareFunc
+
+    from padfree.polygraphy_runners import TorchRunner, mask_padding
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = tiny_bert(seed)
+    path = export_onnx(model, tmp_path / "model.onnx")
+    feeds = padded_feeds(np.random.default_rng(seed), batch=6, type_vocab=2)
+    runners = [TorchRunner(model, from_hf_options={"dtype": torch.float32, "device": "cuda"}, max_batch=4),
+               OnnxrtRunner(SessionFromOnnx(str(path)))]
+    results = Comparator.run(runners, data_loader=feeds)
+    mask_padding(results, feeds)
+    assert bool(Comparator.compare_accuracy(results, compare_func=SimpleCompareFunc(atol=1e-4, rtol=1e-3)))
