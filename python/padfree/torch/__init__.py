@@ -1,0 +1,42 @@
+"""padfree.torch: Hugging Face encoders (BERT, RoBERTa, DistilBERT and models of their architecture)
+run padding-free on padfree's kernels, with the GEMMs through torch (cuBLASLt) and the whole forward
+replayed from CUDA graphs per size bucket.
+
+    encoder = padfree.torch.from_hf(model, dtype=torch.float16, device="cuda")
+    out = encoder(input_ids, attention_mask)          # as HF: out.last_hidden_state, out.pooler_output
+    out = encoder([[101, 7592, 102], [101, 102]])     # a list of token sequences
+    out = encoder.forward_packed(ids, cu_seqlens, max_seqlen)   # packed, for padfree.runtime
+"""
+from __future__ import annotations
+
+import torch
+
+from ..ops._tensors import InputError
+from .buckets import Bucket
+from .encoder import PadfreeEncoder
+from .weights import EncoderWeights, UnsupportedModelError, extract
+
+__all__ = ["from_hf", "PadfreeEncoder", "EncoderWeights", "Bucket", "InputError", "UnsupportedModelError"]
+
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def from_hf(model: torch.nn.Module, dtype: torch.dtype = torch.float16, device: str | torch.device = "cuda",
+            *, use_graphs: bool = True, max_graphs: int = 8) -> PadfreeEncoder:
+    """A PadfreeEncoder with a copy of `model`'s weights in `dtype` on `device` (a CUDA device).
+
+    model: BertModel, RobertaModel, DistilBertModel or one of the same architecture (a task model
+      gives its base model). use_graphs=False runs eagerly (for debugging); max_graphs bounds the
+      captured graphs kept (least recently used evicted).
+    Raises UnsupportedModelError for an architecture or configuration it cannot run.
+    """
+    if dtype not in _DTYPES:
+        raise InputError(f"dtype: expected one of {', '.join(map(str, _DTYPES))}, got {dtype}")
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise InputError(f"device: padfree's kernels run on CUDA devices, got {device}")
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    weights = extract(model, dtype, device)
+    base = getattr(model, "base_model", model)
+    return PadfreeEncoder(weights, base.config, use_graphs=use_graphs, max_graphs=max_graphs)

@@ -1,0 +1,271 @@
+"""PadfreeEncoder: a BERT-family encoder run on packed tokens with padfree's kernels.
+
+Per layer, on x [T, H]:  qkv = x @ Wqkv^T (no bias: the attention kernel adds it on load)
+-> ctx = attention_varlen(qkv) -> skip_layernorm(ctx @ Wo^T + bo + x) -> up = act(h @ Wi^T + bi)
+(cuBLASLt epilogue, see ffn.py) -> skip_layernorm(up @ Wd^T + bd + h). GEMMs are torch's (cuBLASLt);
+no layer synchronizes the host. With graphs on, the whole packed forward is captured once per bucket
+(buckets.py) and replayed; all captures share one memory pool, so the intermediates of every bucket
+live in the memory of the largest one.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .. import ops as _default_ops
+from ..ops._tensors import InputError
+from ..runtime.backend import Limits
+from .buckets import LRU, Bucket, bucket_for
+from .ffn import FfnUp, epilogue_matches
+from .inputs import PackedInputs, pack_device, pack_host
+from .weights import EncoderWeights
+
+_INT32_MAX = 2**31 - 1
+
+
+@dataclass
+class _Graph:
+    """One captured forward and the static buffers it reads and writes."""
+    bucket: Bucket
+    graph: torch.cuda.CUDAGraph
+    input_ids: torch.Tensor               # int32 [tokens]
+    token_type_ids: torch.Tensor | None   # int32 [tokens]
+    cu_seqlens: torch.Tensor              # int32 [batch + 1]
+    hidden: torch.Tensor                  # [tokens, H]: the output
+    pooled: torch.Tensor | None           # [batch, H]
+    replays: int = 0
+
+
+class PadfreeEncoder:
+    """A HF encoder's forward on packed tokens. Build it with padfree.torch.from_hf.
+
+    Calls:
+      encoder(input_ids, attention_mask=None, token_type_ids=None) -> HF-style output
+          input_ids [B, S] (right-padded, with its attention mask) or a list of token sequences;
+          last_hidden_state [B, S, H] with exact zeros in padded rows, pooler_output [B, H] where
+          the model has a pooler.
+      encoder.forward_packed(input_ids [T], cu_seqlens [B + 1], max_seqlen, token_type_ids [T])
+          -> {"last_hidden_state": [T, H], "pooler_output": [B, H]} (DESIGN.md).
+    One encoder serves one stream at a time (graphs replay into shared static buffers).
+    """
+
+    def __init__(self, weights: EncoderWeights, config: Any = None, *, use_graphs: bool = True,
+                 max_graphs: int = 8, use_epilogue: bool | None = None, ops=None):
+        """weights: from padfree.torch.weights.extract. config: the HF config, kept for callers
+        (padfree.runtime reads it). use_epilogue: None probes whether the cuBLASLt epilogue computes
+        the model's activation to the dtype's precision. ops: the kernel bindings (padfree.ops)."""
+        self.weights = weights
+        self.config = config
+        self._ops = ops or _default_ops
+        self.device = weights.word_embeddings.device
+        self.dtype = weights.word_embeddings.dtype
+        self.use_graphs = use_graphs and self.device.type == "cuda"
+        self.softmax_scale = 1.0 / math.sqrt(weights.head_dim)
+        if use_epilogue is None:
+            use_epilogue = epilogue_matches(weights.activation, self.dtype, self.device,
+                                            weights.hidden_size, weights.intermediate_size)
+        self.ffn_up = FfnUp(weights.activation, use_epilogue, self._ops)
+        self.limits = Limits(max_tokens=_INT32_MAX, max_batch=_INT32_MAX, max_seqlen=weights.max_seqlen,
+                             vocab_size=weights.vocab_size, type_vocab_size=weights.type_vocab_size,
+                             dtype=self.dtype)
+        self.has_pooler = weights.pooler_weight is not None
+        self.output_names = ["last_hidden_state"] + (["pooler_output"] if self.has_pooler else [])
+        self._graphs: LRU[Bucket, _Graph] = LRU(max_graphs)
+        self._pool = None
+        self._capture_stream = None
+
+    # ---- the packed forward ------------------------------------------------------------------
+
+    def _run(self, input_ids, token_type_ids, cu_seqlens, max_seqlen: int, hidden: torch.Tensor,
+             pooled: torch.Tensor | None) -> None:
+        """The whole forward on packed rows, into `hidden` [rows, H] and `pooled` [B, H].
+
+        Intermediates are allocated here, so that under capture they come from the shared pool.
+        """
+        w, ops = self.weights, self._ops
+        ops.embedding_layernorm(input_ids, cu_seqlens, w.word_embeddings, w.position_embeddings,
+                                w.emb_ln_weight, w.emb_ln_bias, eps=w.emb_ln_eps,
+                                token_type_ids=token_type_ids, token_type_embeddings=w.token_type_embeddings,
+                                position_offset=w.position_offset, out=hidden)
+        rows, h = hidden.shape
+        new = dict(dtype=self.dtype, device=self.device)
+        qkv = torch.empty(rows, 3 * h, **new)
+        ctx, proj, mid = (torch.empty(rows, h, **new) for _ in range(3))
+        up = torch.empty(rows, w.intermediate_size, **new)
+        for lw in w.layers:
+            torch.mm(hidden, lw.qkv_weight.t(), out=qkv)
+            ops.attention_varlen(qkv, cu_seqlens, max_seqlen, w.num_heads, qkv_bias=lw.qkv_bias,
+                                 softmax_scale=self.softmax_scale, out=ctx)
+            torch.mm(ctx, lw.out_weight.t(), out=proj)
+            ops.skip_layernorm(proj, hidden, lw.attn_ln_weight, lw.attn_ln_bias, bias=lw.out_bias,
+                               eps=lw.attn_ln_eps, out=mid)
+            self.ffn_up(mid, lw.up_weight, lw.up_bias, out=up)
+            torch.mm(up, lw.down_weight.t(), out=proj)
+            ops.skip_layernorm(proj, mid, lw.ffn_ln_weight, lw.ffn_ln_bias, bias=lw.down_bias,
+                               eps=lw.ffn_ln_eps, out=hidden)
+        if pooled is not None:
+            # each sequence's first token; bucket padding's empty sequences start at `rows` at most
+            first = hidden.index_select(0, cu_seqlens[:-1].clamp(max=rows - 1))
+            torch.addmm(w.pooler_bias, first, w.pooler_weight.t(), out=pooled).tanh_()
+
+    def forward_packed(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+                       token_type_ids: torch.Tensor | None = None, *, copy: bool = True
+                       ) -> dict[str, torch.Tensor]:
+        """The encoder on packed tokens (DESIGN.md "PyTorch path <-> runtime").
+
+        input_ids, token_type_ids: int32 [T] on the encoder's device; cu_seqlens: int32 [B + 1];
+        max_seqlen: the longest sequence (host int). Returns "last_hidden_state" [T, H] and, where the
+        model has a pooler, "pooler_output" [B, H]. Not synchronizing, so ids and lengths are not
+        range-checked here (the kernels clamp ids to stay memory-safe): validate first, as
+        padfree.runtime and the HF-style call do. copy=False returns views of a graph's static
+        outputs, overwritten by the next call that uses the same bucket.
+        """
+        self._check_packed(input_ids, cu_seqlens, max_seqlen, token_type_ids)
+        with self._device_guard():
+            if self.use_graphs:
+                hidden, pooled = self._replay(input_ids, cu_seqlens, max_seqlen, token_type_ids)
+                if copy:
+                    hidden = hidden.clone()
+                    pooled = None if pooled is None else pooled.clone()
+            else:
+                hidden = torch.empty(input_ids.shape[0], self.weights.hidden_size, dtype=self.dtype,
+                                     device=self.device)
+                pooled = None
+                if self.has_pooler:
+                    pooled = torch.empty(cu_seqlens.shape[0] - 1, self.weights.hidden_size,
+                                         dtype=self.dtype, device=self.device)
+                self._run(input_ids, token_type_ids, cu_seqlens, max_seqlen, hidden, pooled)
+        out = {"last_hidden_state": hidden}
+        if pooled is not None:
+            out["pooler_output"] = pooled
+        return out
+
+    def _check_packed(self, input_ids, cu_seqlens, max_seqlen, token_type_ids) -> None:
+        self._check_index(input_ids, "input_ids", None)
+        if input_ids.shape[0] < 1:
+            raise InputError("input_ids: expected at least one token, got an empty tensor")
+        self._check_index(cu_seqlens, "cu_seqlens", None)
+        if cu_seqlens.shape[0] < 2:
+            raise InputError(f"cu_seqlens: expected [batch + 1] with batch >= 1, got {cu_seqlens.shape[0]} entries")
+        if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) \
+                or not 1 <= max_seqlen <= self.weights.max_seqlen:
+            raise InputError(f"max_seqlen: expected an int in [1, {self.weights.max_seqlen}] (the model's"
+                             f" position table), got {max_seqlen!r}")
+        if token_type_ids is not None:
+            if self.weights.token_type_embeddings is None:
+                raise InputError("token_type_ids given, but this model has no token type embeddings")
+            self._check_index(token_type_ids, "token_type_ids", input_ids.shape[0])
+
+    def _check_index(self, t, name: str, length: int | None) -> None:
+        """int32 [length] contiguous on the encoder's device (checked by equality, not is_cuda, so
+        that the CPU tests with reference ops run the same code)."""
+        if not isinstance(t, torch.Tensor):
+            raise InputError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.device != self.device:
+            raise InputError(f"{name}: expected a tensor on {self.device}, got one on {t.device}")
+        if t.dtype != torch.int32:
+            raise InputError(f"{name}: expected dtype torch.int32, got {t.dtype}")
+        if t.dim() != 1 or (length is not None and t.shape[0] != length):
+            want = "[*]" if length is None else f"[{length}]"
+            raise InputError(f"{name}: expected shape {want}, got {list(t.shape)}")
+        if not t.is_contiguous():
+            raise InputError(f"{name}: expected a contiguous tensor; call .contiguous()")
+
+    # ---- CUDA graphs ---------------------------------------------------------------------------
+
+    def _replay(self, input_ids, cu_seqlens, max_seqlen, token_type_ids):
+        tokens, batch = input_ids.shape[0], cu_seqlens.shape[0] - 1
+        bucket = bucket_for(tokens, batch, max_seqlen, self.weights.max_seqlen, token_type_ids is not None)
+        g = self._graphs.get(bucket)
+        if g is None:
+            g = self._capture(bucket)
+            self._graphs.put(bucket, g)  # an evicted graph frees its buffers once unreferenced
+        # rows past `tokens` keep stale ids: rows of no sequence, never read by a real token
+        g.input_ids[:tokens].copy_(input_ids)
+        if token_type_ids is not None:
+            g.token_type_ids[:tokens].copy_(token_type_ids)
+        g.cu_seqlens[:batch + 1].copy_(cu_seqlens)
+        if bucket.batch > batch:  # empty sequences after the last: repeats of cu_seqlens[batch]
+            g.cu_seqlens[batch + 1:].copy_(cu_seqlens[batch:].expand(bucket.batch - batch))
+        g.graph.replay()
+        g.replays += 1
+        return g.hidden[:tokens], None if g.pooled is None else g.pooled[:batch]
+
+    def _capture(self, bucket: Bucket) -> _Graph:
+        h = self.weights.hidden_size
+        new_int = dict(dtype=torch.int32, device=self.device)
+        new = dict(dtype=self.dtype, device=self.device)
+        # static inputs and outputs live outside the pool: they must survive other captures
+        g = _Graph(bucket=bucket, graph=torch.cuda.CUDAGraph(),
+                   input_ids=torch.zeros(bucket.tokens, **new_int),
+                   token_type_ids=torch.zeros(bucket.tokens, **new_int) if bucket.token_types else None,
+                   cu_seqlens=torch.zeros(bucket.batch + 1, **new_int),
+                   hidden=torch.empty(bucket.tokens, h, **new),
+                   pooled=torch.empty(bucket.batch, h, **new) if self.has_pooler else None)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+            self._capture_stream = torch.cuda.Stream(self.device)
+        args = (g.input_ids, g.token_type_ids, g.cu_seqlens, bucket.max_seqlen, g.hidden, g.pooled)
+        # warm-up outside capture (library handles, workspaces); all sequences are empty here
+        self._capture_stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self._capture_stream):
+            self._run(*args)
+        torch.cuda.current_stream(self.device).wait_stream(self._capture_stream)
+        with torch.cuda.graph(g.graph, pool=self._pool, stream=self._capture_stream):
+            self._run(*args)
+        return g
+
+    @property
+    def graph_buckets(self) -> list[Bucket]:
+        """The buckets with a captured graph, least recently used first."""
+        return self._graphs.keys()
+
+    def clear_graphs(self) -> None:
+        self._graphs.clear()
+
+    def _device_guard(self):
+        if self.device.type == "cuda" and torch.cuda.current_device() != self.device.index:
+            return torch.cuda.device(self.device)
+        return contextlib.nullcontext()
+
+    # ---- the HF-style call -----------------------------------------------------------------------
+
+    def pack(self, input_ids, attention_mask=None, token_type_ids=None) -> PackedInputs:
+        """Validate and pack HF-style inputs (see __call__) into device tensors for forward_packed."""
+        if isinstance(input_ids, torch.Tensor) and input_ids.device.type != "cpu":
+            return pack_device(input_ids, attention_mask, token_type_ids, self.limits, self.device,
+                               self._ops)
+        for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
+            if isinstance(t, torch.Tensor) and t.device.type != "cpu":
+                raise InputError(f"{name} is on {t.device} but input_ids on the CPU; pass them on one device")
+        return pack_host(input_ids, attention_mask, token_type_ids, self.limits, self.device)
+
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None):
+        """HF-style forward. input_ids: [B, S] int tensor (on the CPU or the encoder's device) with
+        attention_mask [B, S] (right padding: ones then zeros), or a list of token sequences
+        (token_type_ids then a list too). Returns a transformers BaseModelOutputWithPooling (or
+        BaseModelOutput for models without a pooler): last_hidden_state [B, S, H] with zeros in padded
+        rows (S = the input's width, or the longest sequence of a list)."""
+        packed = self.pack(input_ids, attention_mask, token_type_ids)
+        out = self.forward_packed(packed.input_ids, packed.cu_seqlens, packed.max_seqlen,
+                                  packed.token_type_ids, copy=False)
+        with self._device_guard():
+            last = self._ops.rebuild_padding(out["last_hidden_state"], packed.cu_seqlens, packed.padded_width)
+            pooled = out.get("pooler_output")
+            pooled = None if pooled is None else pooled.clone()
+        from transformers.modeling_outputs import BaseModelOutput, BaseModelOutputWithPooling
+        if self.has_pooler:
+            return BaseModelOutputWithPooling(last_hidden_state=last, pooler_output=pooled)
+        return BaseModelOutput(last_hidden_state=last)
+
+    forward = __call__
+
+    def __repr__(self) -> str:
+        w = self.weights
+        return (f"PadfreeEncoder({w.architecture}, layers={len(w.layers)}, hidden={w.hidden_size}, "
+                f"heads={w.num_heads}, {self.dtype}, {self.device}, graphs={'on' if self.use_graphs else 'off'}, "
+                f"{self.ffn_up})")

@@ -1,0 +1,214 @@
+"""Weight extraction: a Hugging Face encoder -> EncoderWeights, the one layout the encoder runs.
+
+Architectures are recognised by module structure, not class name, so that models of the same
+architecture (ELECTRA with embedding_size == hidden_size, XLM-RoBERTa, CamemBERT, ...) load too:
+- BERT-like:       embeddings.{word,position,token_type}_embeddings + encoder.layer[i].attention.self.query ...
+- RoBERTa-like:    BERT-like whose embeddings number positions from padding_idx + 1
+                   (they define create_position_ids_from_input_ids)
+- DistilBERT-like: embeddings.{word,position}_embeddings + transformer.layer[i].attention.q_lin ...
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .._lib import PadfreeError
+
+# HF hidden_act -> the activation the FFN computes: "erf" / "tanh" GELU (the cuBLASLt epilogue and
+# padfree.ops.bias_gelu both do these), or "relu" (the epilogue's other activation).
+ACTIVATIONS = {
+    "gelu": "erf", "gelu_python": "erf",
+    "gelu_new": "tanh", "gelu_fast": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_python_tanh": "tanh",
+    "relu": "relu",
+}
+
+
+class UnsupportedModelError(PadfreeError, ValueError):
+    """The model's architecture or configuration has no padding-free path in padfree.torch."""
+
+
+@dataclass
+class LayerWeights:
+    """One encoder layer. Linear weights stay [out, in] as HF stores them; the encoder multiplies by
+    their transpose view, which cuBLASLt takes without a copy."""
+    qkv_weight: torch.Tensor        # [3H, H]: Q | K | V rows, merged once here
+    qkv_bias: torch.Tensor          # [3H]: added by the attention kernel as it loads Q, K, V
+    out_weight: torch.Tensor        # [H, H]
+    out_bias: torch.Tensor          # [H]: folded into the first skip LayerNorm
+    attn_ln_weight: torch.Tensor
+    attn_ln_bias: torch.Tensor
+    attn_ln_eps: float
+    up_weight: torch.Tensor         # [I, H]
+    up_bias: torch.Tensor           # [I]
+    down_weight: torch.Tensor       # [H, I]
+    down_bias: torch.Tensor         # [H]: folded into the second skip LayerNorm
+    ffn_ln_weight: torch.Tensor
+    ffn_ln_bias: torch.Tensor
+    ffn_ln_eps: float
+
+
+@dataclass
+class EncoderWeights:
+    """Everything the padding-free encoder needs, on one device in one dtype."""
+    architecture: str               # "bert", "roberta" or "distilbert" (the weight layout it came from)
+    hidden_size: int
+    num_heads: int
+    activation: str                 # a value of ACTIVATIONS
+    word_embeddings: torch.Tensor   # [vocab, H]
+    position_embeddings: torch.Tensor  # [positions, H]
+    token_type_embeddings: torch.Tensor | None  # [types, H]; None: the model has no token types
+    emb_ln_weight: torch.Tensor
+    emb_ln_bias: torch.Tensor
+    emb_ln_eps: float
+    position_offset: int            # position of a sequence's first token (RoBERTa: padding_idx + 1)
+    layers: list[LayerWeights] = field(default_factory=list)
+    pooler_weight: torch.Tensor | None = None  # [H, H]; None: the model has no pooler
+    pooler_bias: torch.Tensor | None = None
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def vocab_size(self) -> int:
+        return self.word_embeddings.shape[0]
+
+    @property
+    def type_vocab_size(self) -> int:
+        return 0 if self.token_type_embeddings is None else self.token_type_embeddings.shape[0]
+
+    @property
+    def max_seqlen(self) -> int:
+        """The longest sequence the position table covers."""
+        return self.position_embeddings.shape[0] - self.position_offset
+
+    @property
+    def intermediate_size(self) -> int:
+        return self.layers[0].up_weight.shape[0]
+
+
+def extract(model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> EncoderWeights:
+    """Copy a HF encoder's weights into EncoderWeights (the model itself is left untouched).
+
+    Task models (BertForSequenceClassification, ...) give their base model: the heads are not run.
+    Raises UnsupportedModelError naming what does not fit.
+    """
+    base = getattr(model, "base_model", model)
+    config = getattr(base, "config", None)
+    if config is None:
+        raise UnsupportedModelError(f"{type(model).__name__} is not a Hugging Face model (no config)")
+    if getattr(config, "is_decoder", False) or getattr(config, "add_cross_attention", False):
+        raise UnsupportedModelError("decoder / cross-attention configurations are not supported: "
+                                    "padfree.torch runs bidirectional encoders")
+    position_type = getattr(config, "position_embedding_type", "absolute")
+    if position_type != "absolute":
+        raise UnsupportedModelError(f"position_embedding_type={position_type!r} is not supported; "
+                                    "only absolute position embeddings are")
+    if hasattr(base, "embeddings_project"):
+        raise UnsupportedModelError("embeddings projected to the hidden size (ELECTRA with "
+                                    "embedding_size != hidden_size) are not supported")
+
+    def take(t: torch.Tensor) -> torch.Tensor:
+        return t.detach().to(device=device, dtype=dtype).contiguous()
+
+    if hasattr(base, "encoder") and hasattr(base, "embeddings"):
+        weights = _bert_like(base, config, take)
+    elif hasattr(base, "transformer") and hasattr(base, "embeddings"):
+        weights = _distilbert_like(base, config, take)
+    else:
+        raise UnsupportedModelError(
+            f"{type(base).__name__}: expected a BERT-, RoBERTa- or DistilBERT-like model "
+            "(embeddings + encoder.layer or transformer.layer)")
+    _check_shapes(weights)
+    return weights
+
+
+def _activation(name) -> str:
+    if not isinstance(name, str) or name not in ACTIVATIONS:
+        raise UnsupportedModelError(f"hidden activation {name!r} is not supported; "
+                                    f"supported: {', '.join(sorted(ACTIVATIONS))}")
+    return ACTIVATIONS[name]
+
+
+def _merge_qkv(q: torch.nn.Linear, k: torch.nn.Linear, v: torch.nn.Linear, take):
+    if q.bias is None or k.bias is None or v.bias is None:
+        raise UnsupportedModelError("Q/K/V projections without bias are not supported")
+    return (take(torch.cat([q.weight, k.weight, v.weight], dim=0)),
+            take(torch.cat([q.bias, k.bias, v.bias], dim=0)))
+
+
+def _bert_like(base, config, take) -> EncoderWeights:
+    emb = base.embeddings
+    roberta = hasattr(emb, "create_position_ids_from_input_ids")
+    offset = emb.padding_idx + 1 if roberta else 0
+    token_types = getattr(emb, "token_type_embeddings", None)
+    layers = []
+    for layer in base.encoder.layer:
+        att = layer.attention
+        qkv_w, qkv_b = _merge_qkv(att.self.query, att.self.key, att.self.value, take)
+        layers.append(LayerWeights(
+            qkv_weight=qkv_w, qkv_bias=qkv_b,
+            out_weight=take(att.output.dense.weight), out_bias=take(att.output.dense.bias),
+            attn_ln_weight=take(att.output.LayerNorm.weight), attn_ln_bias=take(att.output.LayerNorm.bias),
+            attn_ln_eps=float(att.output.LayerNorm.eps),
+            up_weight=take(layer.intermediate.dense.weight), up_bias=take(layer.intermediate.dense.bias),
+            down_weight=take(layer.output.dense.weight), down_bias=take(layer.output.dense.bias),
+            ffn_ln_weight=take(layer.output.LayerNorm.weight), ffn_ln_bias=take(layer.output.LayerNorm.bias),
+            ffn_ln_eps=float(layer.output.LayerNorm.eps)))
+    pooler = getattr(base, "pooler", None)
+    return EncoderWeights(
+        architecture="roberta" if roberta else "bert",
+        hidden_size=config.hidden_size, num_heads=config.num_attention_heads,
+        activation=_activation(config.hidden_act),
+        word_embeddings=take(emb.word_embeddings.weight),
+        position_embeddings=take(emb.position_embeddings.weight),
+        token_type_embeddings=None if token_types is None else take(token_types.weight),
+        emb_ln_weight=take(emb.LayerNorm.weight), emb_ln_bias=take(emb.LayerNorm.bias),
+        emb_ln_eps=float(emb.LayerNorm.eps), position_offset=offset, layers=layers,
+        pooler_weight=None if pooler is None else take(pooler.dense.weight),
+        pooler_bias=None if pooler is None else take(pooler.dense.bias))
+
+
+def _distilbert_like(base, config, take) -> EncoderWeights:
+    emb = base.embeddings
+    layers = []
+    for layer in base.transformer.layer:
+        att = layer.attention
+        qkv_w, qkv_b = _merge_qkv(att.q_lin, att.k_lin, att.v_lin, take)
+        layers.append(LayerWeights(
+            qkv_weight=qkv_w, qkv_bias=qkv_b,
+            out_weight=take(att.out_lin.weight), out_bias=take(att.out_lin.bias),
+            attn_ln_weight=take(layer.sa_layer_norm.weight), attn_ln_bias=take(layer.sa_layer_norm.bias),
+            attn_ln_eps=float(layer.sa_layer_norm.eps),
+            up_weight=take(layer.ffn.lin1.weight), up_bias=take(layer.ffn.lin1.bias),
+            down_weight=take(layer.ffn.lin2.weight), down_bias=take(layer.ffn.lin2.bias),
+            ffn_ln_weight=take(layer.output_layer_norm.weight),
+            ffn_ln_bias=take(layer.output_layer_norm.bias),
+            ffn_ln_eps=float(layer.output_layer_norm.eps)))
+    return EncoderWeights(
+        architecture="distilbert", hidden_size=config.dim, num_heads=config.n_heads,
+        activation=_activation(config.activation),
+        word_embeddings=take(emb.word_embeddings.weight),
+        position_embeddings=take(emb.position_embeddings.weight),
+        token_type_embeddings=None,
+        emb_ln_weight=take(emb.LayerNorm.weight), emb_ln_bias=take(emb.LayerNorm.bias),
+        emb_ln_eps=float(emb.LayerNorm.eps), position_offset=0, layers=layers)
+
+
+def _check_shapes(w: EncoderWeights) -> None:
+    h = w.hidden_size
+    if not w.layers:
+        raise UnsupportedModelError("the model has no encoder layers")
+    if h % w.num_heads:
+        raise UnsupportedModelError(f"hidden size {h} is not a multiple of num_heads {w.num_heads}")
+    if h % 8:
+        raise UnsupportedModelError(f"hidden size {h} is not a multiple of 8, which the LayerNorm "
+                                    "kernels need")
+    if w.max_seqlen < 1:
+        raise UnsupportedModelError(f"the position table ({w.position_embeddings.shape[0]} rows) "
+                                    f"leaves no room after the position offset {w.position_offset}")
+    for i, lw in enumerate(w.layers):
+        if lw.qkv_weight.shape != (3 * h, h) or lw.out_weight.shape != (h, h) \
+                or lw.down_weight.shape[0] != h or lw.up_weight.shape[1] != h:
+            raise UnsupportedModelError(f"layer {i}: projection shapes do not match hidden size {h}")

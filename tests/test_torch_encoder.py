@@ -1,0 +1,479 @@
+"""padfree.torch: HF encoders on padfree's kernels, against HF eager.
+
+CPU tests check the encoder's own logic (weight extraction and merging, the order of operations,
+bias folding, RoBERTa positions, packing, bucketing, input validation) by running it with plain-torch
+reference ops in float64 against HF eager. GPU tests run the real kernels, eager and through CUDA
+graphs, against HF eager in fp32 (TF32 off) and fp16.
+"""
+from __future__ import annotations
+
+import math
+import types
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+transformers = pytest.importorskip("transformers")
+
+from padfree.ops import InputError  # noqa: E402
+from padfree.torch import PadfreeEncoder, UnsupportedModelError, from_hf  # noqa: E402
+from padfree.torch.buckets import LRU, bucket_for, round_batch, round_seqlen, round_tokens  # noqa: E402
+from padfree.torch.weights import extract  # noqa: E402
+
+ARCHS = ["bert", "roberta", "distilbert"]
+
+
+# ---- models and batches ------------------------------------------------------------------------
+
+def make_model(arch: str, hidden: int = 128, heads: int = 2, layers: int = 2, positions: int = 64,
+               act: str = "gelu", seed: int = 0) -> torch.nn.Module:
+    """A small HF encoder with random weights everywhere (LayerNorm affine included), HF eager attention."""
+    common = dict(vocab_size=97, max_position_embeddings=positions, attn_implementation="eager")
+    if arch == "bert":
+        config = transformers.BertConfig(hidden_size=hidden, num_attention_heads=heads, num_hidden_layers=layers,
+                                         intermediate_size=4 * hidden, hidden_act=act, type_vocab_size=3, **common)
+        cls = transformers.BertModel
+    elif arch == "roberta":
+        common["max_position_embeddings"] = positions + 2  # positions start at pad_token_id + 1 = 2
+        config = transformers.RobertaConfig(hidden_size=hidden, num_attention_heads=heads,
+                                            num_hidden_layers=layers, intermediate_size=4 * hidden,
+                                            hidden_act=act, type_vocab_size=2, pad_token_id=1, **common)
+        cls = transformers.RobertaModel
+    else:
+        config = transformers.DistilBertConfig(dim=hidden, n_heads=heads, n_layers=layers, hidden_dim=4 * hidden,
+                                               activation=act, pad_token_id=0, **common)
+        cls = transformers.DistilBertModel
+    torch.manual_seed(seed)
+    model = cls(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "LayerNorm" in name or "layer_norm" in name:
+                p.copy_((1.0 + 0.2 * torch.randn_like(p)) if name.endswith("weight") else 0.2 * torch.randn_like(p))
+            else:
+                p.normal_(0.0, 0.08)
+    return model
+
+
+def pad_id(model) -> int:
+    return model.config.pad_token_id or 0
+
+
+def random_batch(model, batch: int, width: int, rng: np.random.Generator, *, lengths=None, types: bool = False):
+    """Right-padded int64 ids [B, S], mask, token types; padded positions hold the pad id.
+
+    RoBERTa numbers positions by counting non-pad ids, so tokens never draw the pad id.
+    """
+    if lengths is None:
+        lengths = rng.integers(1, width + 1, size=batch)
+        lengths[0], lengths[-1] = 1, width  # the edge lengths, every time
+    vocab = model.config.vocab_size
+    pad = pad_id(model)
+    ids = rng.integers(0, vocab - 1, size=(batch, width))
+    ids[ids >= pad] += 1  # skip the pad id
+    mask = np.arange(width)[None, :] < np.asarray(lengths)[:, None]
+    ids[~mask] = pad
+    type_ids = None
+    if types:
+        type_ids = rng.integers(0, model.config.type_vocab_size, size=(batch, width)) * mask
+    return (torch.from_numpy(ids), torch.from_numpy(mask.astype(np.int64)),
+            None if type_ids is None else torch.from_numpy(type_ids))
+
+
+def hf_reference(model, ids, mask, type_ids, device, dtype=torch.float64):
+    """HF eager on a copy of the model in `dtype` (float64 on the CPU, float32 on the GPU)."""
+    ref = model.to(device=device, dtype=dtype)
+    kwargs = {} if type_ids is None else {"token_type_ids": type_ids.to(device)}
+    with torch.no_grad():
+        out = ref(input_ids=ids.to(device), attention_mask=mask.to(device), **kwargs)
+    pooled = getattr(out, "pooler_output", None)
+    return out.last_hidden_state, pooled
+
+
+def rel_err(got: torch.Tensor, ref: torch.Tensor) -> float:
+    got, ref = got.double().cpu(), ref.double().cpu()
+    assert torch.isfinite(got).all()
+    return float((got - ref).norm() / ref.norm())
+
+
+def check_padded_output(out, ref_hidden, ref_pooled, mask, tol):
+    valid = mask.bool().cpu()
+    hidden = out.last_hidden_state.cpu()
+    assert hidden.shape == ref_hidden.shape
+    assert (hidden[~valid] == 0).all(), "padded rows must be exact zeros"
+    assert rel_err(hidden[valid], ref_hidden.cpu()[valid]) < tol
+    if ref_pooled is None:
+        assert getattr(out, "pooler_output", None) is None
+    else:
+        assert rel_err(out.pooler_output, ref_pooled) < tol
+
+
+# ---- reference ops: the kernels' contracts in plain torch (CPU tests) ---------------------------
+
+def _segments(cu):
+    cu = cu.tolist()
+    return [(a, b) for a, b in zip(cu[:-1], cu[1:])]
+
+
+def _ref_embedding(ids, cu, word, pos, gamma, beta, eps=1e-12, token_type_ids=None, token_type_embeddings=None,
+                   position_offset=0, out=None):
+    positions = torch.cat([torch.arange(b - a) for a, b in _segments(cu)]) + position_offset
+    x = word[ids.long()] + pos[positions]
+    if token_type_embeddings is not None:
+        x = x + token_type_embeddings[0 if token_type_ids is None else token_type_ids.long()]
+    out[:len(ids)] = F.layer_norm(x, (x.shape[-1],), gamma, beta, eps)
+    return out
+
+
+def _ref_attention(qkv, cu, max_seqlen, num_heads, qkv_bias=None, softmax_scale=None, out=None):
+    hidden = qkv.shape[1] // 3
+    qkv = qkv + qkv_bias
+    for a, b in _segments(cu):
+        assert b - a <= max_seqlen
+        q, k, v = (qkv[a:b, i * hidden:(i + 1) * hidden].reshape(b - a, num_heads, -1).transpose(0, 1)
+                   for i in range(3))
+        p = torch.softmax(q @ k.transpose(1, 2) * softmax_scale, dim=-1)
+        out[a:b] = (p @ v).transpose(0, 1).reshape(b - a, hidden)
+    return out
+
+
+def _ref_skip_layernorm(x, residual, gamma, beta, bias=None, eps=1e-12, out=None):
+    out.copy_(F.layer_norm(x + bias + residual, (x.shape[-1],), gamma, beta, eps))
+    return out
+
+
+def _ref_bias_gelu(x, bias=None, approximate="none", out=None):
+    out.copy_(F.gelu(x + bias, approximate=approximate))
+    return out
+
+
+def _ref_cu_seqlens_from_seqlens(seqlens):
+    return F.pad(seqlens.cumsum(0), (1, 0)).to(torch.int32)
+
+
+def _ref_remove_padding(padded, cu, total_tokens, out=None):
+    return torch.cat([padded[i, :b - a] for i, (a, b) in enumerate(_segments(cu))])
+
+
+def _ref_rebuild_padding(packed, cu, padded_seqlen, out=None):
+    padded = packed.new_zeros(len(cu) - 1, padded_seqlen, *packed.shape[1:])
+    for i, (a, b) in enumerate(_segments(cu)):
+        padded[i, :b - a] = packed[a:b]
+    return padded
+
+
+REFERENCE_OPS = types.SimpleNamespace(
+    embedding_layernorm=_ref_embedding, attention_varlen=_ref_attention, skip_layernorm=_ref_skip_layernorm,
+    bias_gelu=_ref_bias_gelu, cu_seqlens_from_seqlens=_ref_cu_seqlens_from_seqlens,
+    remove_padding=_ref_remove_padding, rebuild_padding=_ref_rebuild_padding)
+
+
+def cpu_encoder(model, use_epilogue=None) -> PadfreeEncoder:
+    weights = extract(model, torch.float64, torch.device("cpu"))
+    return PadfreeEncoder(weights, model.config, ops=REFERENCE_OPS, use_epilogue=use_epilogue)
+
+
+# ---- CPU: the encoder's composition with reference ops ------------------------------------------
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("act", ["gelu", "gelu_new", "relu"])
+def test_composition_matches_hf_on_cpu(arch, act, seed):
+    rng = np.random.default_rng(seed)
+    model = make_model(arch, hidden=64, heads=2, act=act, seed=seed)
+    encoder = cpu_encoder(model)
+    ids, mask, type_ids = random_batch(model, 5, 64, rng, types=arch == "bert")
+    out = encoder(ids, mask, type_ids)
+    ref_hidden, ref_pooled = hf_reference(model, ids, mask, type_ids, "cpu")
+    check_padded_output(out, ref_hidden, ref_pooled, mask, 1e-10)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_list_form_matches_padded_form_on_cpu(arch, seed):
+    rng = np.random.default_rng(seed)
+    model = make_model(arch, hidden=64, heads=2, seed=seed)
+    encoder = cpu_encoder(model)
+    ids, mask, _ = random_batch(model, 4, 64, rng)
+    sequences = [row[row_mask.bool()].tolist() for row, row_mask in zip(ids, mask)]
+    listed = encoder(sequences)
+    ref_hidden, ref_pooled = hf_reference(model, ids, mask, None, "cpu")
+    width = int(mask.sum(1).max())
+    check_padded_output(listed, ref_hidden[:, :width], ref_pooled, mask[:, :width], 1e-10)
+
+
+def test_probe_picks_kernel_gelu_where_epilogue_differs():
+    # on the CPU, _addmm_activation(use_gelu=True) computes the erf form
+    from padfree.torch.ffn import epilogue_matches
+    cpu = torch.device("cpu")
+    assert epilogue_matches("erf", torch.float64, cpu, 16, 64)
+    assert not epilogue_matches("tanh", torch.float64, cpu, 16, 64)
+    assert epilogue_matches("relu", torch.float64, cpu, 16, 64)
+
+
+# ---- CPU: weight extraction -----------------------------------------------------------------------
+
+def test_extract_bert_merges_qkv_and_keeps_layout():
+    model = make_model("bert", hidden=64, heads=4, layers=3)
+    w = extract(model, torch.float32, torch.device("cpu"))
+    att = model.encoder.layer[1].attention.self
+    assert (w.architecture, w.num_heads, w.head_dim, len(w.layers)) == ("bert", 4, 16, 3)
+    assert torch.equal(w.layers[1].qkv_weight, torch.cat([att.query.weight, att.key.weight, att.value.weight]))
+    assert torch.equal(w.layers[1].qkv_bias, torch.cat([att.query.bias, att.key.bias, att.value.bias]))
+    assert w.position_offset == 0 and w.max_seqlen == 64
+    assert w.type_vocab_size == 3 and w.pooler_weight is not None
+    assert w.activation == "erf"
+
+
+def test_extract_roberta_positions_and_distilbert_without_types_or_pooler():
+    roberta = extract(make_model("roberta", hidden=64), torch.float16, torch.device("cpu"))
+    assert roberta.architecture == "roberta"
+    assert roberta.position_offset == 2 and roberta.max_seqlen == 64
+    assert roberta.word_embeddings.dtype == torch.float16
+    distil = extract(make_model("distilbert", hidden=64), torch.float32, torch.device("cpu"))
+    assert distil.architecture == "distilbert"
+    assert distil.token_type_embeddings is None and distil.pooler_weight is None and distil.type_vocab_size == 0
+
+
+def test_extract_task_model_uses_base_model():
+    config = make_model("bert", hidden=64).config
+    task = transformers.BertForSequenceClassification(config).eval()
+    w = extract(task, torch.float32, torch.device("cpu"))
+    assert torch.equal(w.word_embeddings, task.bert.embeddings.word_embeddings.weight)
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(hidden_act="quick_gelu"), "activation"),
+    (dict(is_decoder=True), "decoder"),
+    (dict(position_embedding_type="relative_key"), "position_embedding_type"),
+])
+def test_extract_refuses_unsupported_configs(change, message):
+    model = make_model("bert", hidden=64)
+    for key, value in change.items():
+        setattr(model.config, key, value)
+    with pytest.raises(UnsupportedModelError, match=message):
+        extract(model, torch.float32, torch.device("cpu"))
+
+
+def test_extract_refuses_other_architectures():
+    with pytest.raises(UnsupportedModelError):
+        extract(torch.nn.Linear(4, 4), torch.float32, torch.device("cpu"))
+
+
+def test_from_hf_refuses_cpu_and_bad_dtype():
+    model = make_model("bert", hidden=64)
+    with pytest.raises(InputError, match="CUDA"):
+        from_hf(model, device="cpu")
+    with pytest.raises(InputError, match="dtype"):
+        from_hf(model, dtype=torch.int8)
+
+
+# ---- CPU: bucketing ---------------------------------------------------------------------------------
+
+def test_round_tokens_grid_bounds_waste():
+    previous = 0
+    for t in list(range(1, 5000)) + [2**14 - 1, 2**14, 2**14 + 1, 19661, 10**6]:
+        r = round_tokens(t)
+        assert r >= t and r % 64 == 0 and r >= previous
+        if t > 1024:
+            assert (r - t) / t <= 1 / 16
+        previous = r
+    assert round_tokens(1) == 64 and round_tokens(64) == 64 and round_tokens(65) == 128
+
+
+def test_round_batch_and_seqlen():
+    assert [round_batch(b) for b in (1, 2, 3, 5, 16, 17, 128)] == [1, 2, 4, 8, 16, 32, 128]
+    assert round_seqlen(1, 512) == 16 and round_seqlen(100, 512) == 128 and round_seqlen(300, 512) == 512
+    assert round_seqlen(300, 400) == 400  # capped at the model's maximum, still >= max_seqlen
+    with pytest.raises(ValueError):
+        round_seqlen(513, 512)
+    b = bucket_for(1000, 3, 100, 512, False)
+    assert (b.tokens, b.batch, b.max_seqlen, b.token_types) == (1024, 4, 128, False)
+
+
+def test_lru_evicts_least_recently_used():
+    lru = LRU(2)
+    assert lru.put("a", 1) == [] and lru.put("b", 2) == []
+    assert lru.get("a") == 1            # "b" is now the oldest
+    assert lru.put("c", 3) == [2]
+    assert lru.keys() == ["a", "c"] and lru.get("b") is None
+
+
+# ---- CPU: input validation (the same checks guard the GPU path) -------------------------------------
+
+@pytest.fixture(scope="module")
+def cpu_bert():
+    return cpu_encoder(make_model("bert", hidden=64, positions=32))
+
+
+def test_bad_inputs_raise_input_error(cpu_bert):
+    ids = torch.randint(1, 90, (2, 8))
+    ones = torch.ones(2, 8, dtype=torch.int64)
+    holed = ones.clone()
+    holed[1, 3] = 0
+    with pytest.raises(InputError, match="left-aligned"):
+        cpu_bert(ids, holed)
+    empty = ones.clone()
+    empty[0] = 0
+    with pytest.raises(InputError, match="empty"):
+        cpu_bert(ids, empty)
+    with pytest.raises(InputError, match="more than"):
+        cpu_bert(torch.randint(1, 90, (1, 33)))
+    out_of_vocab = ids.clone()
+    out_of_vocab[1, 2] = 97
+    with pytest.raises(InputError, match="vocab"):
+        cpu_bert(out_of_vocab, ones)
+    with pytest.raises(InputError, match="type"):
+        cpu_bert(ids, ones, torch.full((2, 8), 3))
+    with pytest.raises(InputError, match="dtype"):
+        cpu_bert(ids.float(), ones)
+    with pytest.raises(InputError, match="empty"):
+        cpu_bert([[5, 6], []])
+
+
+def test_forward_packed_checks(cpu_bert):
+    ids = torch.tensor([5, 6, 7], dtype=torch.int32)
+    cu = torch.tensor([0, 1, 3], dtype=torch.int32)
+    with pytest.raises(InputError, match="int32"):
+        cpu_bert.forward_packed(ids.long(), cu, 2)
+    with pytest.raises(InputError, match="max_seqlen"):
+        cpu_bert.forward_packed(ids, cu, 33)
+    with pytest.raises(InputError, match="cu_seqlens"):
+        cpu_bert.forward_packed(ids, cu[:1], 2)
+    with pytest.raises(InputError, match=r"token_type_ids: expected shape \[3\]"):
+        cpu_bert.forward_packed(ids, cu, 2, token_type_ids=cu[:2])
+    out = cpu_bert.forward_packed(ids, cu, 2)
+    assert out["last_hidden_state"].shape == (3, 64) and out["pooler_output"].shape == (2, 64)
+
+
+# ---- GPU: the real kernels -----------------------------------------------------------------------------
+
+@pytest.fixture
+def no_tf32():
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def poison_allocator(megabytes: int = 256) -> None:
+    """Fill the caching allocator's free blocks with NaN, so that a buffer the encoder allocates but
+    fails to write shows up as NaN rather than as zeros or stale values."""
+    block = torch.empty(megabytes * 2**20 // 4, dtype=torch.float32, device="cuda")
+    block.fill_(float("nan"))
+    del block
+
+
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_encoder_matches_hf_eager(arch, dtype, graphs, head_dim, seed, no_tf32):
+    rng = np.random.default_rng(seed)
+    model = make_model(arch, hidden=2 * head_dim, heads=2, positions=128, seed=seed)
+    encoder = from_hf(model, dtype=dtype, use_graphs=graphs)
+    ids, mask, type_ids = random_batch(model, 7, 128, rng, types=arch == "bert")
+    poison_allocator()
+    out = encoder(ids.cuda(), mask.cuda(), None if type_ids is None else type_ids.cuda())
+    ref_hidden, ref_pooled = hf_reference(model, ids, mask, type_ids, "cuda", torch.float32)
+    check_padded_output(out, ref_hidden, ref_pooled, mask, TOLERANCE[dtype])
+    # the list form and host inputs go through the same packed forward
+    sequences = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
+    type_lists = None if type_ids is None else [row[m.bool()].tolist() for row, m in zip(type_ids, mask)]
+    listed = encoder(sequences, token_type_ids=type_lists)
+    assert torch.equal(listed.last_hidden_state, out.last_hidden_state)
+    assert graphs == bool(encoder.graph_buckets)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ["bert", "distilbert"])
+def test_forward_packed_matches_padded_call(arch, seed):
+    rng = np.random.default_rng(seed)
+    model = make_model(arch, hidden=128, heads=2, positions=128, seed=seed)
+    encoder = from_hf(model, dtype=torch.float16)
+    ids, mask, _ = random_batch(model, 5, 96, rng)
+    lengths = mask.sum(1)
+    cu = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32).cuda()
+    packed_ids = ids[mask.bool()].to(torch.int32).cuda()
+    out = encoder.forward_packed(packed_ids, cu, int(lengths.max()))
+    padded = encoder(ids.cuda(), mask.cuda())
+    torch.testing.assert_close(out["last_hidden_state"], padded.last_hidden_state[mask.bool().cuda()],
+                               rtol=0, atol=0)
+    again = encoder.forward_packed(packed_ids.flip(0), cu, int(lengths.max()))  # same bucket, other data
+    assert not torch.equal(again["last_hidden_state"], out["last_hidden_state"])
+    assert torch.equal(out["last_hidden_state"], padded.last_hidden_state[mask.bool().cuda()]), \
+        "copy=True outputs must not alias the graph's static buffers"
+
+
+@pytest.mark.gpu
+def test_bucket_reuse_with_different_batches(seed, no_tf32):
+    """Batches of other sizes that fall into one bucket replay one graph and stay correct."""
+    rng = np.random.default_rng(seed)
+    model = make_model("roberta", hidden=128, heads=2, positions=128, seed=seed)
+    encoder = from_hf(model, dtype=torch.float32)
+    eager = from_hf(model, dtype=torch.float32, use_graphs=False)
+    for batch, lengths in ((3, [100, 128, 90]), (4, [80, 60, 70, 100]), (2, [128, 128]), (4, [1, 2, 3, 110])):
+        ids, mask, _ = random_batch(model, batch, 128, rng, lengths=lengths)
+        out = encoder(ids.cuda(), mask.cuda())
+        ref = eager(ids.cuda(), mask.cuda())
+        torch.testing.assert_close(out.last_hidden_state, ref.last_hidden_state, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out.pooler_output, ref.pooler_output, rtol=1e-5, atol=1e-5)
+        ref_hidden, ref_pooled = hf_reference(model, ids, mask, None, "cuda", torch.float32)
+        check_padded_output(out, ref_hidden, ref_pooled, mask, 1e-4)
+    assert len(encoder.graph_buckets) == 1, encoder.graph_buckets
+    assert encoder._graphs.get(encoder.graph_buckets[0]).replays == 4
+
+
+@pytest.mark.gpu
+def test_graph_lru_evicts(seed):
+    model = make_model("bert", hidden=128, heads=2, positions=128, seed=seed)
+    encoder = from_hf(model, dtype=torch.float16, max_graphs=2)
+    for total in (10, 100, 200, 10):
+        encoder(torch.randint(2, 90, (1, min(total, 128)), device="cuda"))
+    assert len(encoder.graph_buckets) == 2
+
+
+@pytest.mark.gpu
+def test_bad_inputs_on_gpu_raise_input_error(seed):
+    model = make_model("bert", hidden=128, heads=2, positions=64, seed=seed)
+    encoder = from_hf(model, dtype=torch.float16)
+    ids = torch.randint(1, 90, (2, 8), device="cuda")
+    ones = torch.ones(2, 8, dtype=torch.int64, device="cuda")
+    holed = ones.clone()
+    holed[0, 2] = 0
+    with pytest.raises(InputError, match="row 0 is not left-aligned"):
+        encoder(ids, holed)
+    empty = ones.clone()
+    empty[1] = 0
+    with pytest.raises(InputError, match="sequence 1 is empty"):
+        encoder(ids, empty)
+    with pytest.raises(InputError, match="more than"):
+        encoder(torch.randint(1, 90, (1, 65), device="cuda"))
+    bad = ids.clone()
+    bad[1, 5] = -1
+    with pytest.raises(InputError, match="sequence 1, position 5"):
+        encoder(bad, ones)
+    with pytest.raises(InputError, match="dtype"):
+        encoder(ids.float(), ones)
+    with pytest.raises(InputError, match="device"):
+        encoder.forward_packed(ids[0].int().cpu(), torch.tensor([0, 8], dtype=torch.int32), 8)
+    with pytest.raises(InputError, match="token type"):
+        from_hf(make_model("distilbert", hidden=128, positions=64), dtype=torch.float16)(
+            ids, ones, torch.zeros_like(ids))
+    # a padded position may hold any id: only tokens are embedded and checked
+    tail = ids.clone()
+    tail[0, 7] = 10**6
+    half = ones.clone()
+    half[0, 7] = 0
+    assert torch.isfinite(encoder(tail, half).last_hidden_state).all()
+
+
+@pytest.mark.gpu
+def test_fp32_uses_exact_gelu_and_fp16_the_epilogue():
+    model = make_model("bert", hidden=128, heads=2, positions=64)
+    assert not from_hf(model, dtype=torch.float32).ffn_up.use_epilogue
+    assert from_hf(model, dtype=torch.float16).ffn_up.use_epilogue
+    assert math.isclose(from_hf(model, dtype=torch.float16).softmax_scale, 1 / 8)
