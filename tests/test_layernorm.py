@@ -1,0 +1,177 @@
+"""LayerNorm and skip LayerNorm kernels against a float64 PyTorch reference."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from padfree import ops
+from padfree.ops import InputError
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+HIDDENS = [8, 768, 1024, 4096, 8192]
+GUARD_ROWS = 2  # poisoned rows after the output: the kernel must not write past its rows
+
+
+def total_tokens(gen: torch.Generator, batch: int, max_seqlen: int) -> int:
+    """Tokens of a packed batch with lengths in [1, max_seqlen], including 1 and max_seqlen."""
+    lengths = torch.randint(1, max_seqlen + 1, (batch,), generator=gen)
+    lengths[-1] = max_seqlen
+    if batch > 1:
+        lengths[0] = 1
+    return int(lengths.sum())
+
+
+def reference(v: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: float) -> torch.Tensor:
+    v = v.double()
+    mean = v.mean(-1, keepdim=True)
+    var = ((v - mean) ** 2).mean(-1, keepdim=True)
+    return (v - mean) / torch.sqrt(var + eps) * gamma.double() + beta.double()
+
+
+def random_inputs(gen, rows, hidden, dtype, n=1):
+    """n activations [rows, hidden] (off-centre, so the mean matters) and gamma, beta, bias [hidden]."""
+    xs = [(torch.randn(rows, hidden, generator=gen) * 2 + 0.5).to(dtype).cuda() for _ in range(n)]
+    gamma = (1 + 0.1 * torch.randn(hidden, generator=gen)).to(dtype).cuda()
+    beta = (0.1 * torch.randn(hidden, generator=gen)).to(dtype).cuda()
+    bias = (0.5 * torch.randn(hidden, generator=gen)).to(dtype).cuda()
+    return xs, gamma, beta, bias
+
+
+def poisoned_out(rows, hidden, dtype):
+    buffer = torch.full((rows + GUARD_ROWS, hidden), float("nan"), dtype=dtype, device="cuda")
+    return buffer, buffer[:rows]
+
+
+def assert_matches(out, ref, dtype, buffer):
+    torch.cuda.synchronize()
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol)
+    assert torch.isnan(buffer[out.shape[0]:]).all(), "kernel wrote past its rows"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden", HIDDENS)
+@pytest.mark.parametrize("batch, max_seqlen", [(1, 1), (1, 128), (7, 33), (128, 64)])
+def test_layernorm(seed, dtype, hidden, batch, max_seqlen):
+    gen = torch.Generator().manual_seed(seed)
+    rows = total_tokens(gen, batch, max_seqlen)
+    (x,), gamma, beta, _ = random_inputs(gen, rows, hidden, dtype)
+    eps = 1e-5
+    buffer, out = poisoned_out(rows, hidden, dtype)
+    result = ops.layernorm(x, gamma, beta, eps=eps, out=out)
+    assert result is out
+    assert_matches(out, reference(x, gamma, beta, eps), dtype, buffer)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden", HIDDENS)
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("batch, max_seqlen", [(1, 1), (13, 100), (128, 32)])
+def test_skip_layernorm(seed, dtype, hidden, with_bias, batch, max_seqlen):
+    gen = torch.Generator().manual_seed(seed)
+    rows = total_tokens(gen, batch, max_seqlen)
+    (x, residual), gamma, beta, bias = random_inputs(gen, rows, hidden, dtype, n=2)
+    bias = bias if with_bias else None
+    eps = 1e-12
+    buffer, out = poisoned_out(rows, hidden, dtype)
+    ops.skip_layernorm(x, residual, gamma, beta, bias=bias, eps=eps, out=out)
+    summed = x.double() + residual.double() + (bias.double() if with_bias else 0)
+    assert_matches(out, reference(summed, gamma, beta, eps), dtype, buffer)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden", [768, 4096])
+def test_in_place(seed, dtype, hidden):
+    """out may alias x (layernorm) or x / residual (skip): same result as a separate output."""
+    gen = torch.Generator().manual_seed(seed)
+    (x, residual), gamma, beta, bias = random_inputs(gen, 300, hidden, dtype, n=2)
+    expected_ln = ops.layernorm(x, gamma, beta)
+    expected_skip = ops.skip_layernorm(x, residual, gamma, beta, bias=bias)
+    a = x.clone()
+    ops.layernorm(a, gamma, beta, out=a)
+    x1, r1 = x.clone(), residual.clone()
+    ops.skip_layernorm(x1, r1, gamma, beta, bias=bias, out=x1)
+    x2, r2 = x.clone(), residual.clone()
+    ops.skip_layernorm(x2, r2, gamma, beta, bias=bias, out=r2)
+    torch.cuda.synchronize()
+    assert torch.equal(a, expected_ln)
+    assert torch.equal(x1, expected_skip) and torch.equal(r1, residual)
+    assert torch.equal(r2, expected_skip) and torch.equal(x2, x)
+
+
+@pytest.mark.gpu
+def test_large_mean_is_stable(seed):
+    """Two-pass statistics: rows with mean 100 and spread 1 keep fp32 accuracy; E[x^2] - E[x]^2 in fp32
+    would lose about 1e-3 of the variance to cancellation (1e4 * 2^-23 per term)."""
+    gen = torch.Generator().manual_seed(seed)
+    x = (100 + torch.randn(64, 1024, generator=gen, dtype=torch.float64)).float().cuda()
+    gamma = torch.ones(1024, device="cuda")
+    beta = torch.zeros(1024, device="cuda")
+    out = ops.layernorm(x, gamma, beta, eps=1e-12)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out.double(), reference(x, gamma, beta, 1e-12), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+def test_zero_rows():
+    x = torch.empty(0, 768, device="cuda", dtype=torch.float16)
+    w = torch.ones(768, device="cuda", dtype=torch.float16)
+    assert ops.layernorm(x, w, w).shape == (0, 768)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case, message", [
+    ("hidden_not_multiple", "multiple of 8"),
+    ("hidden_too_large", "at most 8192"),
+    ("gamma_dtype", "gamma: expected dtype"),
+    ("gamma_shape", "gamma: expected shape"),
+    ("int_x", "x: expected dtype"),
+    ("non_contiguous", "contiguous"),
+    ("misaligned", "16-byte aligned"),
+    ("residual_shape", "residual: expected shape"),
+    ("eps", "eps"),
+    ("out_dtype", "out: expected dtype"),
+])
+def test_bad_input(case, message):
+    h = 768
+    x = torch.randn(4, h, device="cuda", dtype=torch.float16)
+    w = torch.ones(h, device="cuda", dtype=torch.float16)
+    kwargs = {}
+    if case == "hidden_not_multiple":
+        x, w = torch.randn(4, 12, device="cuda", dtype=torch.float16), torch.ones(12, device="cuda", dtype=torch.float16)
+    elif case == "hidden_too_large":
+        x = torch.randn(2, 8200, device="cuda", dtype=torch.float16)
+        w = torch.ones(8200, device="cuda", dtype=torch.float16)
+    elif case == "gamma_dtype":
+        kwargs["gamma"] = w.float()
+    elif case == "gamma_shape":
+        kwargs["gamma"] = torch.ones(h + 8, device="cuda", dtype=torch.float16)
+    elif case == "int_x":
+        x = torch.ones(4, h, device="cuda", dtype=torch.int32)
+    elif case == "non_contiguous":
+        x = torch.randn(h, 4, device="cuda", dtype=torch.float16).t()
+    elif case == "misaligned":
+        x = torch.randn(4 * h + 1, device="cuda", dtype=torch.float16)[1:].view(4, h)
+    elif case == "eps":
+        kwargs["eps"] = -1.0
+    elif case == "out_dtype":
+        kwargs["out"] = torch.empty(4, h, device="cuda", dtype=torch.float32)
+    gamma = kwargs.pop("gamma", w)
+    with pytest.raises(InputError, match=message):
+        if case == "residual_shape":
+            ops.skip_layernorm(x, x[:2], gamma, w)
+        else:
+            ops.layernorm(x, gamma, w, **kwargs)
+
+
+def test_cpu_tensor_is_refused():
+    """Runs without a GPU: the device check comes before any library call."""
+    x = torch.randn(4, 768)
+    with pytest.raises(InputError, match="CUDA tensor"):
+        ops.layernorm(x, torch.ones(768), torch.zeros(768))
+    with pytest.raises(InputError, match="CUDA tensor"):
+        ops.skip_layernorm(x, x, torch.ones(768), torch.zeros(768))
