@@ -7,3 +7,12 @@ padfree.runtime (serving variable-length batches), padfree.cli (the `padfree` co
 __version__ = "0.1.0"
 
 from ._lib import PadfreeError, LibraryNotFoundError  # noqa: E402,F401
+
+
+def __getattr__(name: str):
+    # padfree.Runtime, imported on first use so that `import padfree` (and `padfree --help`) stays
+    # free of torch
+    if name == "Runtime":
+        from .runtime import Runtime
+        return Runtime
+    raise AttributeError(f"module 'padfree' has no attribute {name!r}")
