@@ -1,0 +1,283 @@
+"""`padfree bench`: BERT-base (random weights, fp16) padding-free vs Hugging Face and torch.compile.
+
+Columns per shape (batch x max_seqlen, lengths uniform in [0.2*max, max], torch.Generator seed 0):
+  hf_eager, hf_sdpa     HF BertModel, attn_implementation eager / sdpa, on the padded batch
+  compile               torch.compile(mode="reduce-overhead") of the sdpa model, padded batch
+  padfree               the HF-style call on the padded device batch (validation, packing, the graph
+                        replay, padded output): what replaces the HF call
+  padfree_packed        forward_packed on already packed inputs (what padfree.runtime calls)
+  floor                 the 12 layers' four projection GEMMs on the valid tokens only, one CUDA graph
+Timing: CUDA events around each call after a warm-up, median of --reps. The padfree call
+synchronizes once inside (the token count must reach the host), and that wait is in its time.
+The profile (--profile) is a torch.profiler trace of one eager forward_packed, kernel time by name.
+
+The script bench/bert.py runs this with its defaults; results go to bench/results/bert-<gpu>.json.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import statistics
+import sys
+
+SHAPES = ((1, 128), (16, 256), (64, 512), (128, 128))
+# (shape) -> the issue's "done" targets: padfree <= 1.5x floor and >= 2x faster than compile, or a latency
+FLOOR_RATIO_TARGET, COMPILE_SPEEDUP_TARGET, SMALL_LATENCY_TARGET_MS = 1.5, 2.0, 0.4
+STRETCH_FLOOR_RATIO = 1.25
+KERNEL_GROUPS = (("attention", ("attention", "attn", "fmha")), ("layernorm", ("layernorm", "layer_norm")),
+                 ("embedding", ("embedding",)), ("gelu", ("gelu",)),
+                 ("gemm", ("gemm", "nvjet", "xmma", "cutlass", "sm90_", "sm80_", "cublas")))
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("bench", help="benchmark BERT-base: padfree vs HF eager/sdpa and torch.compile",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--shapes", default=",".join(f"{b}x{s}" for b, s in SHAPES),
+                   help="comma-separated BATCHxMAX shapes (default: the issue's four)")
+    p.add_argument("--out", default=None, help="result JSON (default bench/results/bert-<gpu>.json)")
+    p.add_argument("--reps", type=int, default=50, help="timed calls per column (median reported)")
+    p.add_argument("--warmup", type=int, default=10, help="untimed calls first")
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile column (slow to build)")
+    p.add_argument("--no-hf", action="store_true", help="skip the HF eager and sdpa columns")
+    p.add_argument("--profile", action="store_true", help="kernel time by name of one padfree forward per shape")
+    p.add_argument("--layers", type=int, default=12, help="encoder layers (default 12: BERT-base)")
+
+
+def _shape(text: str) -> tuple[int, int]:
+    batch, max_seqlen = text.lower().split("x")
+    return int(batch), int(max_seqlen)
+
+
+def lengths_for(batch: int, max_seqlen: int) -> list[int]:
+    """Uniform in [0.2*max, max], seed 0 (the issue's recipe, as bench/attention.py draws it)."""
+    import torch
+    gen = torch.Generator().manual_seed(0)
+    return torch.randint(max(1, int(0.2 * max_seqlen)), max_seqlen + 1, (batch,), generator=gen).tolist()
+
+
+def gpu_slug(name: str) -> str:
+    known = re.search(r"(gh200|h100|h200|h20|b200|a100|a10g|l40s|l40|l4|t4)", name.lower())
+    return known.group(1) if known else re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def time_ms(fn, reps: int, warmup: int) -> float:
+    """Median ms of fn() between CUDA events on the current stream."""
+    import torch
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def floor_graph(weights, tokens: int, reps: int):
+    """The four projection GEMMs of every layer on `tokens` rows, captured once; returns (ms, flops)."""
+    import torch
+    h, inter = weights.hidden_size, weights.intermediate_size
+    gen = torch.Generator(device=weights.word_embeddings.device).manual_seed(1)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen, device=weights.word_embeddings.device,
+                           dtype=weights.word_embeddings.dtype)
+    x, ctx, mid, up = rand(tokens, h), rand(tokens, h), rand(tokens, h), rand(tokens, inter)
+    qkv, proj, up_out, down = (torch.empty(tokens, n, dtype=x.dtype, device=x.device) for n in (3 * h, h, inter, h))
+
+    def gemms():
+        for lw in weights.layers:
+            torch.mm(x, lw.qkv_weight.t(), out=qkv)
+            torch.mm(ctx, lw.out_weight.t(), out=proj)
+            torch.mm(mid, lw.up_weight.t(), out=up_out)
+            torch.mm(up, lw.down_weight.t(), out=down)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        gemms()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gemms()
+    flops = 2.0 * tokens * h * (3 * h + h + 2 * inter) * len(weights.layers)
+    return time_ms(graph.replay, reps, 5), flops
+
+
+def kernel_profile(encoder, packed) -> list[dict]:
+    """Device time per kernel name over one eager forward (graphs replay the same kernels)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    use_graphs, encoder.use_graphs = encoder.use_graphs, False
+    try:
+        encoder.forward_packed(packed.input_ids, packed.cu_seqlens, packed.max_seqlen)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            encoder.forward_packed(packed.input_ids, packed.cu_seqlens, packed.max_seqlen)
+            torch.cuda.synchronize()
+    finally:
+        encoder.use_graphs = use_graphs
+    by_name: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            by_name.setdefault(event.name, []).append(event.time_range.elapsed_us() / 1e3)
+    rows = [{"kernel": name, "group": _group(name), "calls": len(t), "ms": sum(t)} for name, t in by_name.items()]
+    return sorted(rows, key=lambda r: -r["ms"])
+
+
+def _group(name: str) -> str:
+    lowered = name.lower()
+    for group, keys in KERNEL_GROUPS:
+        if any(k in lowered for k in keys):
+            return group
+    return "other"
+
+
+def build_models(layers: int, with_hf: bool):
+    """BERT-base with random weights (seed 0) in fp16 on the GPU: HF eager and sdpa copies, padfree."""
+    import torch
+    import transformers
+    import padfree.torch as pt
+    config = transformers.BertConfig(num_hidden_layers=layers)  # defaults are BERT-base
+    torch.manual_seed(0)
+    source = transformers.BertModel(config).eval()
+    models = {}
+    if with_hf:
+        for impl in ("eager", "sdpa"):
+            model = transformers.BertModel(transformers.BertConfig(num_hidden_layers=layers,
+                                                                   attn_implementation=impl))
+            model.load_state_dict(source.state_dict())
+            models[impl] = model.to(device="cuda", dtype=torch.float16).eval()
+    encoder = pt.from_hf(source, dtype=torch.float16, device="cuda")
+    return models, encoder
+
+
+def bench_shape(batch: int, max_seqlen: int, models: dict, encoder, args, compiled) -> dict:
+    import torch
+    lengths = lengths_for(batch, max_seqlen)
+    tokens = sum(lengths)
+    gen = torch.Generator().manual_seed(2)
+    ids = torch.randint(1000, encoder.weights.vocab_size, (batch, max_seqlen), generator=gen)
+    mask = (torch.arange(max_seqlen)[None, :] < torch.tensor(lengths)[:, None]).long()
+    ids, mask = (ids * mask).cuda(), mask.cuda()
+    row = {"batch": batch, "max_seqlen": max_seqlen, "total_tokens": tokens, "longest": max(lengths),
+           "padding_fraction": 1 - tokens / (batch * max_seqlen), "ms": {}}
+    ms = row["ms"]
+    with torch.inference_mode():
+        for impl, model in models.items():
+            ms[f"hf_{impl}"] = time_ms(lambda: model(input_ids=ids, attention_mask=mask), args.reps, args.warmup)
+        if compiled is not None:
+            ms["compile"] = time_ms(lambda: compiled(input_ids=ids, attention_mask=mask), args.reps,
+                                    max(args.warmup, 5))
+        ms["padfree"] = time_ms(lambda: encoder(ids, mask), args.reps, args.warmup)
+        packed = encoder.pack(ids, mask)
+        ms["padfree_packed"] = time_ms(
+            lambda: encoder.forward_packed(packed.input_ids, packed.cu_seqlens, packed.max_seqlen),
+            args.reps, args.warmup)
+        ms["floor"], flops = floor_graph(encoder.weights, tokens, args.reps)
+        row["floor_tflops"] = flops / (ms["floor"] * 1e-3) / 1e12
+        if "hf_sdpa" in models:
+            ref = models["sdpa"](input_ids=ids, attention_mask=mask).last_hidden_state.float()
+            ours = encoder(ids, mask).last_hidden_state.float()
+            valid = mask.bool()
+            row["rel_err_vs_hf_sdpa"] = float((ours[valid] - ref[valid]).norm() / ref[valid].norm())
+        row["bucket"] = encoder.graph_buckets[-1]._asdict()
+        if args.profile:
+            row["profile"] = kernel_profile(encoder, packed)
+    ratios = row["ratios"] = {"padfree_over_floor": ms["padfree"] / ms["floor"],
+                              "packed_over_floor": ms["padfree_packed"] / ms["floor"]}
+    if "compile" in ms:
+        ratios["compile_over_padfree"] = ms["compile"] / ms["padfree"]
+    return row
+
+
+def _targets(row: dict) -> str:
+    if (row["batch"], row["max_seqlen"]) == (1, 128):
+        return "ok" if row["ms"]["padfree"] <= SMALL_LATENCY_TARGET_MS else "MISS"
+    r = row["ratios"]
+    ok = r["padfree_over_floor"] <= FLOOR_RATIO_TARGET and r.get("compile_over_padfree", 0) >= COMPILE_SPEEDUP_TARGET
+    return "ok" if ok else ("MISS" if "compile_over_padfree" in r else "n/a")
+
+
+def print_profile(row: dict) -> None:
+    groups: dict[str, float] = {}
+    for k in row["profile"]:
+        groups[k["group"]] = groups.get(k["group"], 0.0) + k["ms"]
+    total = sum(groups.values())
+    print(f"-- {row['batch']}x{row['max_seqlen']}: kernel time of one eager forward {total:.3f} ms: " +
+          ", ".join(f"{g} {t:.3f} ({t / total:.0%})" for g, t in sorted(groups.items(), key=lambda x: -x[1])))
+    for k in row["profile"][:8]:
+        print(f"   {k['ms']:8.3f} ms {k['calls']:4d}x  {k['kernel'][:100]}")
+
+
+def print_table(rows: list[dict]) -> None:
+    cols = ["hf_eager", "hf_sdpa", "compile", "padfree", "padfree_packed", "floor"]
+    print(f"{'shape':>8} {'tokens':>6} " + " ".join(f"{c:>9}" for c in ["eager", "sdpa", "compile", "padfree",
+                                                                     "packed", "floor"])
+          + f" {'pf/floor':>8} {'cmp/pf':>7} target")
+    for r in rows:
+        cells = " ".join(f"{r['ms'][c]:9.3f}" if c in r["ms"] else f"{'-':>9}" for c in cols)
+        cmp = r["ratios"].get("compile_over_padfree")
+        print(f"{r['batch']:>4}x{r['max_seqlen']:<3} {r['total_tokens']:6d} {cells} "
+              f"{r['ratios']['padfree_over_floor']:8.2f} {'-' if cmp is None else f'{cmp:7.2f}':>7} {_targets(r)}")
+    print("median ms; pf/floor = padfree / floor (target <= 1.5, stretch 1.25), cmp/pf = compile / padfree "
+          "(target >= 2); 1x128 target: padfree <= 0.4 ms")
+
+
+def run(args) -> int:
+    import torch
+    if not torch.cuda.is_available():
+        print("padfree bench: no CUDA device here; the benchmark runs on a GPU machine", file=sys.stderr)
+        return 1
+    import transformers
+    shapes = [_shape(s) for s in args.shapes.split(",") if s]
+    models, encoder = build_models(args.layers, not args.no_hf)
+    compiled = None
+    if not args.no_compile:
+        sdpa = models.get("sdpa") or build_models(args.layers, True)[0]["sdpa"]
+        compiled = torch.compile(sdpa, mode="reduce-overhead", dynamic=False)
+    rows = []
+    for batch, max_seqlen in shapes:
+        row = bench_shape(batch, max_seqlen, models, encoder, args, compiled)
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "profile"}), flush=True)
+    name = torch.cuda.get_device_name()
+    result = {"benchmark": "BERT-base encoder, fp16, random weights", "device": name,
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "torch": torch.__version__, "transformers": transformers.__version__, "cuda": torch.version.cuda,
+              "layers": args.layers, "encoder": repr(encoder),
+              "lengths": "uniform in [0.2*max, max], torch.Generator seed 0",
+              "timing": f"CUDA events per call, median of {args.reps} after {args.warmup} warm-up calls",
+              "rows": rows}
+    out = args.out or os.path.join("bench", "results", f"bert-{gpu_slug(name)}.json")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(result, f, indent=1)
+    print(f"wrote {out}; {name}, torch {torch.__version__}")
+    for row in rows:
+        if "profile" in row:
+            print_profile(row)
+    print_table(rows)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="padfree bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
