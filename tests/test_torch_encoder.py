@@ -415,7 +415,8 @@ def test_bucket_reuse_with_different_batches(seed, no_tf32):
     model = make_model("roberta", hidden=128, heads=2, positions=128, seed=seed)
     encoder = from_hf(model, dtype=torch.float32)
     eager = from_hf(model, dtype=torch.float32, use_graphs=False)
-    for batch, lengths in ((3, [100, 128, 90]), (4, [80, 60, 70, 100]), (2, [128, 128]), (4, [1, 2, 3, 110])):
+    # all four: 257..320 tokens, 3..4 sequences, longest <= 128 -> one bucket
+    for batch, lengths in ((3, [100, 128, 90]), (4, [80, 60, 70, 100]), (3, [128, 128, 10]), (4, [1, 100, 128, 90])):
         ids, mask, _ = random_batch(model, batch, 128, rng, lengths=lengths)
         out = encoder(ids.cuda(), mask.cuda())
         ref = eager(ids.cuda(), mask.cuda())
@@ -431,9 +432,9 @@ def test_bucket_reuse_with_different_batches(seed, no_tf32):
 def test_graph_lru_evicts(seed):
     model = make_model("bert", hidden=128, heads=2, positions=128, seed=seed)
     encoder = from_hf(model, dtype=torch.float16, max_graphs=2)
-    for total in (10, 100, 200, 10):
-        encoder(torch.randint(2, 90, (1, min(total, 128)), device="cuda"))
-    assert len(encoder.graph_buckets) == 2
+    for width in (10, 40, 100, 10):  # buckets of 16, 64, 128 positions, then the first again
+        encoder(torch.randint(2, 90, (1, width), device="cuda"))
+    assert [b.max_seqlen for b in encoder.graph_buckets] == [128, 16]
 
 
 @pytest.mark.gpu

@@ -174,7 +174,7 @@ def bench_shape(batch: int, max_seqlen: int, models: dict, encoder, args, compil
     row = {"batch": batch, "max_seqlen": max_seqlen, "total_tokens": tokens, "longest": max(lengths),
            "padding_fraction": 1 - tokens / (batch * max_seqlen), "ms": {}}
     ms = row["ms"]
-    with torch.inference_mode():
+    with torch.no_grad():
         for impl, model in models.items():
             ms[f"hf_{impl}"] = time_ms(lambda: model(input_ids=ids, attention_mask=mask), args.reps, args.warmup)
         if compiled is not None:

@@ -166,7 +166,7 @@ class PadfreeEncoder:
         if not isinstance(t, torch.Tensor):
             raise InputError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
         if t.device != self.device:
-            raise InputError(f"{name}: expected a tensor on {self.device}, got one on {t.device}")
+            raise InputError(f"{name}: expected a tensor on device {self.device}, got one on {t.device}")
         if t.dtype != torch.int32:
             raise InputError(f"{name}: expected dtype torch.int32, got {t.dtype}")
         if t.dim() != 1 or (length is not None and t.shape[0] != length):
