@@ -1,0 +1,106 @@
+#include "emb_layernorm_plugin.h"
+
+using namespace nvinfer1;
+
+namespace padfree {
+namespace trt {
+
+const Schema& EmbLayerNormPlugin::schema() {
+    static const Schema s{"PadfreeEmbLayerNorm",
+                          {{"epsilon", PluginFieldType::kFLOAT32},
+                           {"position_offset", PluginFieldType::kINT32},
+                           {"has_token_type", PluginFieldType::kINT32}}};
+    return s;
+}
+
+bool EmbLayerNormPlugin::validate(const std::vector<Scalar>& values, std::string& error) {
+    if (!check_epsilon(values[kEpsilon].f, error)) return false;
+    if (values[kPositionOffset].i < 0) {
+        error = concat("position_offset = ", values[kPositionOffset].i, ": expected >= 0");
+        return false;
+    }
+    if (values[kHasTokenType].i != 0 && values[kHasTokenType].i != 1) {
+        error = concat("has_token_type = ", values[kHasTokenType].i, ": expected 0 or 1");
+        return false;
+    }
+    return true;
+}
+
+// plugins.json order: input_ids, [token_type_ids], cu_seqlens, word, position, [type], gamma, beta.
+int32_t EmbLayerNormPlugin::input_index(Role role) const {
+    static constexpr int32_t with_type[] = {0, 1, 2, 3, 4, 5, 6, 7};
+    static constexpr int32_t without_type[] = {0, -1, 1, 2, 3, -1, 4, 5};
+    return (has_token_type() ? with_type : without_type)[role];
+}
+
+int32_t EmbLayerNormPlugin::expected_inputs() const { return has_token_type() ? 8 : 6; }
+
+IoKind EmbLayerNormPlugin::io_kind(int32_t pos) const {
+    const bool ids = pos == input_index(kInputIds) || pos == input_index(kCuSeqlens) ||
+                     (has_token_type() && pos == input_index(kTokenTypeIds));
+    return ids ? IoKind::kInt32 : IoKind::kActivation;
+}
+
+bool EmbLayerNormPlugin::output_shapes(const DimsExprs* inputs, DimsExprs* outputs, IExprBuilder&,
+                                       std::string& error) const {
+    const DimsExprs& ids = inputs[input_index(kInputIds)];
+    const DimsExprs& word = inputs[input_index(kWordEmb)];
+    const DimsExprs& position = inputs[input_index(kPositionEmb)];
+    const IDimensionExpr* hidden = word.d[1];
+    if (!check_rank(ids, 1, "input_ids", error) || !check_rank(inputs[input_index(kCuSeqlens)], 1, "cu_seqlens", error) ||
+        !check_rank(word, 2, "word_embeddings", error) || !check_rank(position, 2, "position_embeddings", error) ||
+        !check_same(position.d[1], hidden, "position_embeddings width", error) ||
+        !check_vector(inputs[input_index(kGamma)], hidden, "gamma", error) ||
+        !check_vector(inputs[input_index(kBeta)], hidden, "beta", error))
+        return false;
+    if (has_token_type()) {
+        const DimsExprs& types = inputs[input_index(kTypeEmb)];
+        if (!check_rank(inputs[input_index(kTokenTypeIds)], 1, "token_type_ids", error) ||
+            !check_rank(types, 2, "token_type_embeddings", error) ||
+            !check_same(types.d[1], hidden, "token_type_embeddings width", error))
+            return false;
+    }
+    outputs[0].nbDims = 2;
+    outputs[0].d[0] = ids.d[0];
+    outputs[0].d[1] = hidden;
+    return true;
+}
+
+padfree_status EmbLayerNormPlugin::run(const PluginTensorDesc* in, const PluginTensorDesc*,
+                                       const void* const* inputs, void* const* outputs, cudaStream_t stream,
+                                       std::string& error) const {
+    const PluginTensorDesc& ids = in[input_index(kInputIds)];
+    const PluginTensorDesc& word = in[input_index(kWordEmb)];
+    const PluginTensorDesc& position = in[input_index(kPositionEmb)];
+    int32_t batch = 0, vocab = 0, hidden = 0, positions = 0, types = 0;
+    if (!check_rank(ids, 1, "input_ids", error) || !check_rank(in[input_index(kCuSeqlens)], 1, "cu_seqlens", error) ||
+        !to_i32(in[input_index(kCuSeqlens)].dims.d[0] - 1, "batch (cu_seqlens length - 1)", batch, error) ||
+        !check_rank(word, 2, "word_embeddings", error) || !to_i32(word.dims.d[0], "vocab_size", vocab, error) ||
+        !to_i32(word.dims.d[1], "hidden", hidden, error) || !check_rank(position, 2, "position_embeddings", error) ||
+        !to_i32(position.dims.d[0], "max_positions", positions, error) ||
+        !check_same(position.dims.d[1], hidden, "position_embeddings width", error) ||
+        !check_vector(in[input_index(kGamma)], hidden, "gamma", error) ||
+        !check_vector(in[input_index(kBeta)], hidden, "beta", error))
+        return PADFREE_ERROR_INVALID_ARGUMENT;
+    const void* type_ids = nullptr;
+    const void* type_emb = nullptr;
+    if (has_token_type()) {
+        const PluginTensorDesc& type_desc = in[input_index(kTypeEmb)];
+        if (!check_vector(in[input_index(kTokenTypeIds)], ids.dims.d[0], "token_type_ids", error) ||
+            !check_rank(type_desc, 2, "token_type_embeddings", error) ||
+            !to_i32(type_desc.dims.d[0], "type_vocab_size", types, error) ||
+            !check_same(type_desc.dims.d[1], hidden, "token_type_embeddings width", error))
+            return PADFREE_ERROR_INVALID_ARGUMENT;
+        type_ids = inputs[input_index(kTokenTypeIds)];
+        type_emb = inputs[input_index(kTypeEmb)];
+    }
+    return padfree_embedding_layernorm(
+        static_cast<const int32_t*>(inputs[input_index(kInputIds)]), static_cast<const int32_t*>(type_ids),
+        static_cast<const int32_t*>(inputs[input_index(kCuSeqlens)]), batch, ids.dims.d[0], inputs[input_index(kWordEmb)],
+        vocab, inputs[input_index(kPositionEmb)], positions, field_i32(kPositionOffset), type_emb, types,
+        inputs[input_index(kGamma)], inputs[input_index(kBeta)], hidden, field_f32(kEpsilon),
+        to_padfree_dtype(word.type), outputs[0], stream);
+}
+
+}  // namespace trt
+}  // namespace padfree

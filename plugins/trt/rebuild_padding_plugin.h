@@ -1,0 +1,30 @@
+// PadfreeRebuildPadding: packed rows [T, ...] -> padded rows [B, S, ...] with zeros in padded
+// positions (padfree_rebuild_padding); the attention mask only gives B and S.
+#pragma once
+
+#include "plugin_base.h"
+
+namespace padfree {
+namespace trt {
+
+class RebuildPaddingPlugin final : public Plugin<RebuildPaddingPlugin> {
+public:
+    enum Input { kPacked, kCuSeqlens, kMask, kNumInputs };
+
+    explicit RebuildPaddingPlugin(std::vector<Scalar> values) : Plugin(schema(), std::move(values)) {}
+    static const Schema& schema();
+    static bool validate(const std::vector<Scalar>& values, std::string& error);
+    int32_t getNbOutputs() const noexcept override { return 1; }
+
+protected:
+    int32_t expected_inputs() const override { return kNumInputs; }
+    IoKind io_kind(int32_t pos) const override;
+    bool output_shapes(const nvinfer1::DimsExprs* inputs, nvinfer1::DimsExprs* outputs,
+                       nvinfer1::IExprBuilder& builder, std::string& error) const override;
+    padfree_status run(const nvinfer1::PluginTensorDesc* in, const nvinfer1::PluginTensorDesc* out,
+                       const void* const* inputs, void* const* outputs, cudaStream_t stream,
+                       std::string& error) const override;
+};
+
+}  // namespace trt
+}  // namespace padfree

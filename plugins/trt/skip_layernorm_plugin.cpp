@@ -1,0 +1,47 @@
+#include "skip_layernorm_plugin.h"
+
+using namespace nvinfer1;
+
+namespace padfree {
+namespace trt {
+
+const Schema& SkipLayerNormPlugin::schema() {
+    static const Schema s{"PadfreeSkipLayerNorm", {{"epsilon", PluginFieldType::kFLOAT32}}};
+    return s;
+}
+
+bool SkipLayerNormPlugin::validate(const std::vector<Scalar>& values, std::string& error) {
+    return check_epsilon(values[kEpsilon].f, error);
+}
+
+bool SkipLayerNormPlugin::output_shapes(const DimsExprs* inputs, DimsExprs* outputs, IExprBuilder&,
+                                        std::string& error) const {
+    const DimsExprs& x = inputs[kX];
+    const DimsExprs& residual = inputs[kResidual];
+    if (!check_rank(x, 2, "x", error) || !check_rank(residual, 2, "residual", error) ||
+        !check_same(residual.d[0], x.d[0], "residual rows", error) ||
+        !check_same(residual.d[1], x.d[1], "residual width", error) ||
+        !check_vector(inputs[kBias], x.d[1], "bias", error) || !check_vector(inputs[kGamma], x.d[1], "gamma", error) ||
+        !check_vector(inputs[kBeta], x.d[1], "beta", error))
+        return false;
+    outputs[0] = x;
+    return true;
+}
+
+padfree_status SkipLayerNormPlugin::run(const PluginTensorDesc* in, const PluginTensorDesc*,
+                                        const void* const* inputs, void* const* outputs, cudaStream_t stream,
+                                        std::string& error) const {
+    const Dims& x = in[kX].dims;
+    int32_t hidden = 0;
+    if (!check_rank(in[kX], 2, "x", error) || !check_rank(in[kResidual], 2, "residual", error) ||
+        !check_same(in[kResidual].dims.d[0], x.d[0], "residual rows", error) ||
+        !to_i32(x.d[1], "hidden", hidden, error) || !check_same(in[kResidual].dims.d[1], hidden, "residual width", error) ||
+        !check_vector(in[kBias], hidden, "bias", error) || !check_vector(in[kGamma], hidden, "gamma", error) ||
+        !check_vector(in[kBeta], hidden, "beta", error))
+        return PADFREE_ERROR_INVALID_ARGUMENT;
+    return padfree_skip_layernorm(inputs[kX], inputs[kResidual], inputs[kBias], inputs[kGamma], inputs[kBeta], x.d[0],
+                                  hidden, field_f32(kEpsilon), to_padfree_dtype(in[kX].type), outputs[0], stream);
+}
+
+}  // namespace trt
+}  // namespace padfree

@@ -1,0 +1,326 @@
+// On a GPU: each plugin's enqueue against the kernel library's own C ABI call on the same random
+// data (the same kernels, so results must match bit for bit: this checks the plugin's plumbing of
+// pointers, shapes and dtypes), and the padding plugins against a host reference. Outputs are
+// poisoned (0xFF bytes: NaN for floats) before every run.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <memory>
+#include <random>
+
+#include "harness.h"
+#include "padfree.h"
+
+using namespace nvinfer1;
+
+namespace padfree {
+namespace harness {
+
+std::string gpu_skip_reason() {
+    int count = 0;
+    const cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess) return str("no CUDA device (", cudaGetErrorString(err), ")");
+    if (count == 0) return "no CUDA device";
+    return "";
+}
+
+namespace {
+
+#define CUDA_OK(call)                                                                     \
+    do {                                                                                  \
+        cudaError_t e_ = (call);                                                          \
+        EXPECT(e_ == cudaSuccess, #call, ": ", cudaGetErrorString(e_));                   \
+    } while (0)
+
+int64_t bytes_of(DataType type) {
+    switch (type) {
+        case DataType::kHALF: case DataType::kBF16: return 2;
+        default: return 4;
+    }
+}
+
+struct Tensor {
+    std::vector<int64_t> dims;
+    DataType type;
+    void* ptr = nullptr;
+    Tensor(std::vector<int64_t> d, DataType t) : dims(std::move(d)), type(t) {
+        CUDA_OK(cudaMalloc(&ptr, std::max<int64_t>(bytes(), 1)));
+        poison();
+    }
+    ~Tensor() { cudaFree(ptr); }
+    Tensor(const Tensor&) = delete;
+    int64_t count() const {
+        int64_t n = 1;
+        for (int64_t d : dims) n *= d;
+        return n;
+    }
+    int64_t bytes() const { return count() * bytes_of(type); }
+    void poison() { CUDA_OK(cudaMemset(ptr, 0xFF, std::max<int64_t>(bytes(), 1))); }
+    void upload(const std::vector<uint8_t>& host) {
+        EXPECT(static_cast<int64_t>(host.size()) == bytes(), "upload size");
+        CUDA_OK(cudaMemcpy(ptr, host.data(), host.size(), cudaMemcpyHostToDevice));
+    }
+    std::vector<uint8_t> download() const {
+        std::vector<uint8_t> host(bytes());
+        CUDA_OK(cudaMemcpy(host.data(), ptr, host.size(), cudaMemcpyDeviceToHost));
+        return host;
+    }
+    PluginTensorDesc desc() const {
+        PluginTensorDesc d{};
+        d.dims.nbDims = static_cast<int32_t>(dims.size());
+        for (size_t k = 0; k < dims.size(); ++k) d.dims.d[k] = dims[k];
+        d.type = type;
+        d.format = TensorFormat::kLINEAR;
+        d.scale = -1.0f;
+        return d;
+    }
+};
+
+std::mt19937& rng() {
+    static std::mt19937 gen([] {
+        const char* env = std::getenv("PADFREE_SEED");
+        const unsigned seed = env ? static_cast<unsigned>(std::strtoul(env, nullptr, 10)) : std::random_device{}();
+        std::cout << "PADFREE_SEED=" << seed << std::endl;
+        return seed;
+    }());
+    return gen;
+}
+
+std::vector<uint8_t> random_floats(int64_t n, DataType type, float lo = -1.0f, float hi = 1.0f) {
+    std::uniform_real_distribution<float> dist(lo, hi);
+    std::vector<uint8_t> out(n * bytes_of(type));
+    for (int64_t k = 0; k < n; ++k) {
+        const float v = dist(rng());
+        if (type == DataType::kHALF) {
+            const __half h = __float2half(v);
+            std::memcpy(&out[k * 2], &h, 2);
+        } else if (type == DataType::kBF16) {
+            const __nv_bfloat16 b = __float2bfloat16(v);
+            std::memcpy(&out[k * 2], &b, 2);
+        } else {
+            std::memcpy(&out[k * 4], &v, 4);
+        }
+    }
+    return out;
+}
+
+std::vector<uint8_t> int_bytes(const std::vector<int32_t>& values) {
+    std::vector<uint8_t> out(values.size() * 4);
+    std::memcpy(out.data(), values.data(), out.size());
+    return out;
+}
+
+std::vector<uint8_t> random_ints(int64_t n, int32_t hi) {
+    std::uniform_int_distribution<int32_t> dist(0, hi - 1);
+    std::vector<int32_t> values(n);
+    for (auto& v : values) v = dist(rng());
+    return int_bytes(values);
+}
+
+// Sequence lengths with both edge lengths (1 and S) present.
+struct Batch {
+    int32_t batch = 3, padded = 20;
+    std::vector<int32_t> lengths, cu;
+    int32_t total = 0;
+    Batch() {
+        std::uniform_int_distribution<int32_t> dist(1, padded);
+        lengths = {1, padded, dist(rng())};
+        cu = {0};
+        for (int32_t n : lengths) cu.push_back(cu.back() + n);
+        total = cu.back();
+    }
+};
+
+void enqueue(IPluginV3* plugin, const std::vector<const Tensor*>& ins, const std::vector<const Tensor*>& outs) {
+    std::unique_ptr<IPluginV3> attached(
+        static_cast<IPluginV3OneRuntime*>(plugin->getCapabilityInterface(PluginCapabilityType::kRUNTIME))
+            ->attachToContext(nullptr));
+    auto* runtime = static_cast<IPluginV3OneRuntime*>(attached->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+    std::vector<PluginTensorDesc> in_desc, out_desc;
+    std::vector<const void*> in_ptr;
+    std::vector<void*> out_ptr;
+    for (const Tensor* t : ins) in_desc.push_back(t->desc()), in_ptr.push_back(t->ptr);
+    for (const Tensor* t : outs) out_desc.push_back(t->desc()), out_ptr.push_back(t->ptr);
+    EXPECT(runtime->onShapeChange(in_desc.data(), static_cast<int32_t>(ins.size()), out_desc.data(),
+                                  static_cast<int32_t>(outs.size())) == 0, padfree_trt_last_error());
+    EXPECT(runtime->enqueue(in_desc.data(), out_desc.data(), in_ptr.data(), out_ptr.data(), nullptr, nullptr) == 0,
+           "enqueue: ", padfree_trt_last_error());
+    CUDA_OK(cudaDeviceSynchronize());
+}
+
+void expect_abi(padfree_status status) {
+    EXPECT(status == PADFREE_OK, "C ABI: ", padfree_last_error());
+    CUDA_OK(cudaDeviceSynchronize());
+}
+
+const Case& case_named(const std::string& label) {
+    for (const Case& c : cases())
+        if (c.label == label) return c;
+    throw Failure("no case " + label);
+}
+
+std::unique_ptr<IPluginV3> make(const std::string& label, std::vector<FieldValue> fields = {}) {
+    const Case& c = case_named(label);
+    std::unique_ptr<IPluginV3> p(create(c, fields.empty() ? c.fields : fields));
+    EXPECT(p, padfree_trt_last_error());
+    return p;
+}
+
+void same_bytes(const Tensor& a, const Tensor& b, const std::string& what) {
+    EXPECT(a.download() == b.download(), what, ": plugin and C ABI outputs differ");
+}
+
+padfree_dtype abi_dtype(DataType t) {
+    return t == DataType::kHALF ? PADFREE_FLOAT16 : t == DataType::kBF16 ? PADFREE_BFLOAT16 : PADFREE_FLOAT32;
+}
+
+const DataType kTypes[] = {DataType::kFLOAT, DataType::kHALF, DataType::kBF16};
+
+void require_gpu() {
+    const std::string reason = gpu_skip_reason();
+    if (!reason.empty()) throw Failure("SKIP:" + reason);
+}
+
+Register layernorm_gpu("gpu_layernorm_family_vs_c_abi", [] {
+    require_gpu();
+    const int64_t T = 37, H = 768;
+    for (DataType t : kTypes) {
+        const padfree_dtype dt = abi_dtype(t);
+        Tensor x({T, H}, t), res({T, H}, t), bias({H}, t), gamma({H}, t), beta({H}, t);
+        for (Tensor* p : {&x, &res, &bias, &gamma, &beta}) p->upload(random_floats(p->count(), t));
+        Tensor out({T, H}, t), ref({T, H}, t);
+        enqueue(make("layernorm", {float_field("epsilon", 1e-5f)}).get(), {&x, &gamma, &beta}, {&out});
+        expect_abi(padfree_layernorm(x.ptr, gamma.ptr, beta.ptr, T, H, 1e-5f, dt, ref.ptr, nullptr));
+        same_bytes(out, ref, "PadfreeLayerNorm");
+        out.poison(), ref.poison();
+        enqueue(make("skip_layernorm").get(), {&x, &res, &bias, &gamma, &beta}, {&out});
+        expect_abi(padfree_skip_layernorm(x.ptr, res.ptr, bias.ptr, gamma.ptr, beta.ptr, T, H, 1e-12f, dt, ref.ptr, nullptr));
+        same_bytes(out, ref, "PadfreeSkipLayerNorm");
+        Tensor up({T, 4 * H}, t), up_bias({4 * H}, t), gelu({T, 4 * H}, t), gelu_ref({T, 4 * H}, t);
+        up.upload(random_floats(up.count(), t, -3.0f, 3.0f));
+        up_bias.upload(random_floats(up_bias.count(), t));
+        for (int32_t approximate : {0, 1}) {
+            gelu.poison(), gelu_ref.poison();
+            enqueue(make("bias_gelu", {int_field("approximate", approximate)}).get(), {&up, &up_bias}, {&gelu});
+            expect_abi(padfree_bias_gelu(up.ptr, up_bias.ptr, T, 4 * H, approximate, dt, gelu_ref.ptr, nullptr));
+            same_bytes(gelu, gelu_ref, str("PadfreeBiasGelu approximate=", approximate));
+        }
+    }
+});
+
+Register attention_gpu("gpu_attention_vs_c_abi", [] {
+    require_gpu();
+    for (int32_t head_dim : {64, 128}) {
+        for (DataType t : {DataType::kHALF, DataType::kBF16, DataType::kFLOAT}) {
+            const padfree_dtype dt = abi_dtype(t);
+            Batch b;
+            const int32_t heads = 4, width = heads * head_dim;
+            const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+            Tensor qkv({b.total, 3 * width}, t), bias({3 * width}, t), cu({b.batch + 1}, DataType::kINT32);
+            Tensor max_seqlen({b.padded}, DataType::kINT32);  // a shape input: only its length is read
+            qkv.upload(random_floats(qkv.count(), t));
+            bias.upload(random_floats(bias.count(), t));
+            cu.upload(int_bytes(b.cu));
+            Tensor out({b.total, width}, t), ref({b.total, width}, t);
+            auto plugin = make("attention", {int_field("num_heads", heads), int_field("head_dim", head_dim),
+                                             float_field("softmax_scale", scale)});
+            enqueue(plugin.get(), {&qkv, &bias, &cu, &max_seqlen}, {&out});
+            expect_abi(padfree_attention_varlen(qkv.ptr, bias.ptr, static_cast<const int32_t*>(cu.ptr), b.batch,
+                                                b.padded, heads, head_dim, scale, 0, dt, ref.ptr, nullptr));
+            same_bytes(out, ref, str("PadfreeAttention head_dim=", head_dim, " dtype ", static_cast<int>(t)));
+        }
+    }
+});
+
+Register embedding_gpu("gpu_emb_layernorm_vs_c_abi", [] {
+    require_gpu();
+    for (DataType t : kTypes) {
+        const padfree_dtype dt = abi_dtype(t);
+        Batch b;
+        const int32_t H = 256, vocab = 1000, positions = 64, types = 2;
+        Tensor ids({b.total}, DataType::kINT32), type_ids({b.total}, DataType::kINT32), cu({b.batch + 1}, DataType::kINT32);
+        Tensor word({vocab, H}, t), pos({positions, H}, t), type_emb({types, H}, t), gamma({H}, t), beta({H}, t);
+        ids.upload(random_ints(b.total, vocab));
+        type_ids.upload(random_ints(b.total, types));
+        cu.upload(int_bytes(b.cu));
+        for (Tensor* p : {&word, &pos, &type_emb, &gamma, &beta}) p->upload(random_floats(p->count(), t));
+        Tensor out({b.total, H}, t), ref({b.total, H}, t);
+        enqueue(make("emb_layernorm_with_type").get(), {&ids, &type_ids, &cu, &word, &pos, &type_emb, &gamma, &beta}, {&out});
+        expect_abi(padfree_embedding_layernorm(static_cast<const int32_t*>(ids.ptr), static_cast<const int32_t*>(type_ids.ptr),
+                                               static_cast<const int32_t*>(cu.ptr), b.batch, b.total, word.ptr, vocab,
+                                               pos.ptr, positions, 0, type_emb.ptr, types, gamma.ptr, beta.ptr, H,
+                                               1e-12f, dt, ref.ptr, nullptr));
+        same_bytes(out, ref, "PadfreeEmbLayerNorm with token types");
+        out.poison(), ref.poison();
+        // RoBERTa-style: no token types, positions offset by padding_idx + 1.
+        enqueue(make("emb_layernorm_without_type").get(), {&ids, &cu, &word, &pos, &gamma, &beta}, {&out});
+        expect_abi(padfree_embedding_layernorm(static_cast<const int32_t*>(ids.ptr), nullptr,
+                                               static_cast<const int32_t*>(cu.ptr), b.batch, b.total, word.ptr, vocab,
+                                               pos.ptr, positions, 2, nullptr, 0, gamma.ptr, beta.ptr, H, 1e-5f, dt,
+                                               ref.ptr, nullptr));
+        same_bytes(out, ref, "PadfreeEmbLayerNorm without token types");
+    }
+});
+
+// Host reference: packed row t of sequence b is padded row (b, t - cu[b]).
+Register padding_gpu("gpu_remove_and_rebuild_padding_vs_host", [] {
+    require_gpu();
+    for (DataType t : {DataType::kHALF, DataType::kFLOAT, DataType::kINT32}) {
+        Batch b;
+        const int64_t H = t == DataType::kINT32 ? 1 : 96;  // ids ([B, S] -> [T]) and hidden rows
+        const int64_t row = H * bytes_of(t);
+        std::vector<int64_t> padded_dims = {b.batch, b.padded};
+        std::vector<int64_t> packed_dims = {b.total};
+        if (t != DataType::kINT32) padded_dims.push_back(H), packed_dims.push_back(H);
+        Tensor padded(padded_dims, t), mask({b.batch, b.padded}, DataType::kINT32);
+        const std::vector<uint8_t> padded_host = random_floats(padded.count(), DataType::kFLOAT);  // any bytes
+        std::vector<uint8_t> padded_bytes(padded_host.begin(), padded_host.begin() + padded.bytes());
+        padded.upload(padded_bytes);
+        std::vector<int32_t> mask_host(b.batch * b.padded, 0);
+        for (int32_t s = 0; s < b.batch; ++s)
+            for (int32_t k = 0; k < b.lengths[s]; ++k) mask_host[s * b.padded + k] = 1;
+        mask.upload(int_bytes(mask_host));
+
+        // Remove: the packed output is as large as TensorRT allocates for the size tensor's upper bound.
+        std::vector<int64_t> upper_dims = packed_dims;
+        upper_dims[0] = int64_t{b.batch} * b.padded;
+        Tensor packed(upper_dims, t), cu({b.batch + 1}, DataType::kINT32), total({}, DataType::kINT32);
+        enqueue(make("remove_padding_rows").get(), {&padded, &mask}, {&packed, &cu, &total});
+        EXPECT(cu.download() == int_bytes(b.cu), "cu_seqlens from the mask");
+        EXPECT(total.download() == int_bytes({b.total}), "total_tokens size tensor");
+        const std::vector<uint8_t> packed_host = packed.download();
+        for (int32_t s = 0; s < b.batch; ++s)
+            for (int32_t k = 0; k < b.lengths[s]; ++k)
+                EXPECT(std::memcmp(&packed_host[(b.cu[s] + k) * row], &padded_bytes[(int64_t{s} * b.padded + k) * row],
+                                   row) == 0, "packed row of sequence ", s, " token ", k);
+        for (int64_t r = b.total * row; r < packed.bytes(); ++r)
+            EXPECT(packed_host[r] == 0xFF, "rows past total_tokens untouched");
+
+        // Rebuild from an exactly-sized packed tensor: zeros in padding.
+        Tensor exact(packed_dims, t);
+        exact.upload(std::vector<uint8_t>(packed_host.begin(), packed_host.begin() + exact.bytes()));
+        Tensor rebuilt(padded_dims, t);
+        enqueue(make("rebuild_padding").get(), {&exact, &cu, &mask}, {&rebuilt});
+        const std::vector<uint8_t> rebuilt_host = rebuilt.download();
+        for (int32_t s = 0; s < b.batch; ++s)
+            for (int32_t k = 0; k < b.padded; ++k) {
+                const uint8_t* got = &rebuilt_host[(int64_t{s} * b.padded + k) * row];
+                if (k < b.lengths[s]) {
+                    EXPECT(std::memcmp(got, &padded_bytes[(int64_t{s} * b.padded + k) * row], row) == 0,
+                           "rebuilt row ", s, ",", k);
+                } else {
+                    for (int64_t j = 0; j < row; ++j) EXPECT(got[j] == 0, "zero padding at ", s, ",", k);
+                }
+            }
+    }
+});
+
+}  // namespace
+}  // namespace harness
+}  // namespace padfree

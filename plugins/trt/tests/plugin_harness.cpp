@@ -1,0 +1,564 @@
+// Calls every padfree plugin's IPluginV3 methods directly, as TensorRT would while building and
+// running an engine: creators and fields, output types and shapes, format combinations,
+// serialization round trips, refusal of corrupt bytes, error reporting, and (gpu_checks.cpp) enqueue
+// against the C ABI. Prints PASS/FAIL/SKIP lines; exits non-zero on any failure.
+//   padfree_trt_harness           run every test
+//   padfree_trt_harness --list    print the creators (name version namespace fields), for the spec check
+#include <cmath>
+#include <cstring>
+#include <iostream>
+
+#include "expr_double.h"
+#include "harness.h"
+
+using namespace nvinfer1;
+
+namespace padfree {
+namespace harness {
+
+std::vector<Test>& tests() {
+    static std::vector<Test> all;
+    return all;
+}
+
+FieldValue int_field(const std::string& name, int32_t value) {
+    FieldValue v{name, PluginFieldType::kINT32, {}};
+    v.i = value;
+    return v;
+}
+
+FieldValue float_field(const std::string& name, float value) {
+    FieldValue v{name, PluginFieldType::kFLOAT32, {}};
+    v.f = value;
+    return v;
+}
+
+const std::vector<Case>& cases() {
+    // T = 37 packed tokens, B = 3 sequences (cu_seqlens of 4), S = 20, H = 64: T, B and S are runtime
+    // dimensions, weights are constants, as in an exported encoder.
+    const std::vector<bool> dyn1{true}, dyn2{true, false}, const1{false}, const2{false, false};
+    static const std::vector<Case> all = {
+        {"emb_layernorm_with_type", "PadfreeEmbLayerNorm",
+         {float_field("epsilon", 1e-12f), int_field("position_offset", 0), int_field("has_token_type", 1)},
+         "iiifffff" "f", 8,
+         {{37}, {37}, {4}, {100, 64}, {64, 64}, {2, 64}, {64}, {64}},
+         {dyn1, dyn1, dyn1, const2, const2, const2, const1, const1},
+         {{37, 64}},
+         {{4, 1, 65}, {5, 1, 63}, {6, 0, 65}, {7, 0, 63}},
+         {float_field("epsilon", 0.0f), int_field("position_offset", -1), int_field("has_token_type", 2)}},
+        {"emb_layernorm_without_type", "PadfreeEmbLayerNorm",
+         {float_field("epsilon", 1e-5f), int_field("position_offset", 2), int_field("has_token_type", 0)},
+         "iiffff" "f", 6,
+         {{37}, {4}, {100, 64}, {66, 64}, {64}, {64}},
+         {dyn1, dyn1, const2, const2, const1, const1},
+         {{37, 64}},
+         {{3, 1, 32}, {4, 0, 32}},
+         {float_field("epsilon", NAN)}},
+        {"attention", "PadfreeAttention",
+         {int_field("num_heads", 2), int_field("head_dim", 32), float_field("softmax_scale", 0.1767767f)},
+         "ffim" "f", 4,
+         {{37, 192}, {192}, {4}, {20}},
+         {dyn2, const1, dyn1, dyn1},
+         {{37, 64}},
+         {{0, 1, 191}, {1, 0, 96}},
+         {int_field("num_heads", 0), int_field("head_dim", -64), float_field("softmax_scale", -1.0f),
+          float_field("softmax_scale", INFINITY)}},
+        {"skip_layernorm", "PadfreeSkipLayerNorm",
+         {float_field("epsilon", 1e-12f)},
+         "fffff" "f", 5,
+         {{37, 64}, {37, 64}, {64}, {64}, {64}},
+         {dyn2, dyn2, const1, const1, const1},
+         {{37, 64}},
+         {{1, 1, 32}, {2, 0, 63}, {3, 0, 65}, {4, 0, 1}},
+         {float_field("epsilon", -1e-5f)}},
+        {"layernorm", "PadfreeLayerNorm",
+         {float_field("epsilon", 1e-5f)},
+         "fff" "f", 3,
+         {{37, 64}, {64}, {64}},
+         {dyn2, const1, const1},
+         {{37, 64}},
+         {{1, 0, 63}, {2, 0, 128}},
+         {float_field("epsilon", 2.0f)}},
+        {"bias_gelu", "PadfreeBiasGelu",
+         {int_field("approximate", 1)},
+         "ff" "f", 2,
+         {{37, 128}, {128}},
+         {dyn2, const1},
+         {{37, 128}},
+         {{1, 0, 64}},
+         {int_field("approximate", 2), int_field("approximate", -1)}},
+        {"remove_padding_rows", "PadfreeRemovePadding", {},
+         "ai" "sii", 2,
+         {{3, 20, 64}, {3, 20}},
+         {{true, true, false}, {true, true}},
+         {{37, 64}, {4}, {}},
+         {{1, 1, 21}, {1, 0, 2}},
+         {}},
+        {"remove_padding_ids", "PadfreeRemovePadding", {},
+         "ai" "sii", 2,
+         {{3, 20}, {3, 20}},
+         {{true, true}, {true, true}},
+         {{37}, {4}, {}},
+         {{1, 1, 19}},
+         {}},
+        {"rebuild_padding", "PadfreeRebuildPadding", {},
+         "aii" "s", 3,
+         {{37, 64}, {4}, {3, 20}},
+         {dyn2, dyn1, {true, true}},
+         {{3, 20, 64}},
+         {{1, 0, 3}},
+         {}},
+    };
+    return all;
+}
+
+IPluginCreatorV3One* find_creator(const std::string& name) {
+    int32_t count = 0;
+    IPluginCreatorInterface* const* creators = getCreators(count);
+    for (int32_t k = 0; k < count; ++k) {
+        auto* creator = static_cast<IPluginCreatorV3One*>(creators[k]);
+        if (name == creator->getPluginName()) return creator;
+    }
+    throw Failure("no creator named " + name);
+}
+
+IPluginV3* create(const Case& c, const std::vector<FieldValue>& fields) {
+    std::vector<PluginField> storage;
+    for (const FieldValue& v : fields) storage.emplace_back(v.name.c_str(), &v.i, v.type, 1);
+    PluginFieldCollection fc{static_cast<int32_t>(storage.size()), storage.data()};
+    return find_creator(c.plugin)->createPlugin("layer", &fc, TensorRTPhase::kBUILD);
+}
+
+IPluginV3* create_runtime(const std::string& plugin, const void* blob, int32_t bytes) {
+    PluginField field("padfree_state", blob, PluginFieldType::kUNKNOWN, bytes);
+    PluginFieldCollection fc{1, &field};
+    return find_creator(plugin)->createPlugin("layer", &fc, TensorRTPhase::kRUNTIME);
+}
+
+IPluginV3OneBuild* build_of(IPluginV3* p) {
+    return static_cast<IPluginV3OneBuild*>(p->getCapabilityInterface(PluginCapabilityType::kBUILD));
+}
+
+IPluginV3OneRuntime* runtime_of(IPluginV3* p) {
+    return static_cast<IPluginV3OneRuntime*>(p->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+}
+
+std::vector<uint8_t> serialize(IPluginV3* p) {
+    const PluginFieldCollection* fc = runtime_of(p)->getFieldsToSerialize();
+    EXPECT(fc != nullptr && fc->nbFields == 1 && fc->fields[0].type == PluginFieldType::kUNKNOWN,
+           "one kUNKNOWN state field");
+    const auto* bytes = static_cast<const uint8_t*>(fc->fields[0].data);
+    return std::vector<uint8_t>(bytes, bytes + fc->fields[0].length);
+}
+
+std::vector<DataType> io_types(const Case& c, DataType activation) {
+    std::vector<DataType> types;
+    for (char kind : c.kinds) {
+        switch (kind) {
+            case 'i': case 'm': types.push_back(DataType::kINT32); break;
+            case 's': types.push_back(types.at(0)); break;
+            default: types.push_back(activation); break;
+        }
+    }
+    return types;
+}
+
+namespace {
+
+using Plugin = std::unique_ptr<IPluginV3>;
+
+std::vector<DimsExprs> input_exprs(ExprBuilder& builder, const Case& c) {
+    std::vector<DimsExprs> inputs;
+    for (size_t k = 0; k < c.input_dims.size(); ++k) inputs.push_back(builder.dims(c.input_dims[k], c.dynamic[k]));
+    return inputs;
+}
+
+// Output shapes for the case's sample, or throws with the plugin's message.
+std::vector<std::vector<int64_t>> output_shapes(IPluginV3* p, const Case& c, ExprBuilder& builder,
+                                                const std::vector<DimsExprs>& inputs, bool expect_ok = true) {
+    const int32_t nb_out = build_of(p)->getNbOutputs();
+    std::vector<DimsExprs> outputs(nb_out);
+    const int32_t rc = build_of(p)->getOutputShapes(inputs.data(), c.nb_inputs, nullptr, 0, outputs.data(), nb_out,
+                                                    builder);
+    if (!expect_ok) {
+        EXPECT(rc != 0, c.label, ": inconsistent shapes were accepted");
+        return {};
+    }
+    EXPECT(rc == 0, c.label, ": getOutputShapes failed: ", padfree_trt_last_error());
+    std::vector<std::vector<int64_t>> values;
+    for (const DimsExprs& d : outputs) values.push_back(ExprBuilder::values(d));
+    return values;
+}
+
+std::vector<DynamicPluginTensorDesc> descs(const Case& c, const std::vector<DataType>& types) {
+    std::vector<DynamicPluginTensorDesc> io(types.size());
+    for (size_t k = 0; k < types.size(); ++k) {
+        io[k].desc.type = types[k];
+        io[k].desc.format = TensorFormat::kLINEAR;
+        const auto& dims = k < c.input_dims.size() ? c.input_dims[k] : c.output_dims[k - c.input_dims.size()];
+        io[k].desc.dims.nbDims = static_cast<int32_t>(dims.size());
+        for (size_t d = 0; d < dims.size(); ++d) io[k].desc.dims.d[d] = dims[d];
+    }
+    return io;
+}
+
+void for_each_case(const std::function<void(const Case&)>& body) {
+    for (const Case& c : cases()) body(c);
+}
+
+const DataType kActivationTypes[] = {DataType::kFLOAT, DataType::kHALF, DataType::kBF16};
+
+// ---- creators and registration ----------------------------------------------------------------
+bool g_registered_at_load = false;
+size_t g_registered_count = 0;
+std::vector<std::string> g_registered_namespaces;
+
+Register creators_test("creators_match_cases", [] {
+    int32_t count = 0;
+    IPluginCreatorInterface* const* creators = getCreators(count);
+    EXPECT(count == 7, "7 creators, got ", count);
+    for_each_case([](const Case& c) {
+        IPluginCreatorV3One* creator = find_creator(c.plugin);
+        EXPECT(std::string(creator->getPluginVersion()) == "1", c.plugin);
+        EXPECT(std::string(creator->getPluginNamespace()) == "padfree", c.plugin);
+        const PluginFieldCollection* names = creator->getFieldNames();
+        EXPECT(names->nbFields == static_cast<int32_t>(c.fields.size()), c.plugin, " field count");
+        for (int32_t k = 0; k < names->nbFields; ++k)
+            EXPECT(c.fields[k].name == names->fields[k].name && c.fields[k].type == names->fields[k].type,
+                   c.plugin, " field ", k);
+    });
+    (void)creators;
+});
+
+Register static_registration_test("static_registration_then_getCreators", [] {
+    // main() recorded what the load-time registrar did before anything called getCreators().
+    EXPECT(g_registered_at_load, "the registrar found the exported getPluginRegistry()");
+    EXPECT(g_registered_count == 7, "7 creators registered at load, got ", g_registered_count);
+    for (const std::string& ns : g_registered_namespaces) EXPECT(ns == "padfree", "namespace ", ns);
+    // getCreators() (what loadLibrary calls) withdraws them so that loadLibrary can register them.
+    EXPECT(Registry::instance().creators.empty(), "static registrations withdrawn by getCreators()");
+    EXPECT(padfree_trt_statically_registered() == 0, "registrar state cleared");
+});
+
+// ---- types, formats, shapes ---------------------------------------------------------------------
+Register types_test("output_types_per_dtype", [] {
+    for_each_case([](const Case& c) {
+        Plugin p(create(c, c.fields));
+        EXPECT(p, c.label, ": ", padfree_trt_last_error());
+        const int32_t nb_out = build_of(p.get())->getNbOutputs();
+        EXPECT(nb_out == static_cast<int32_t>(c.kinds.size()) - c.nb_inputs, c.label, " outputs");
+        for (DataType activation : kActivationTypes) {
+            const std::vector<DataType> types = io_types(c, activation);
+            std::vector<DataType> out(nb_out, DataType::kINT8);
+            EXPECT(build_of(p.get())->getOutputDataTypes(out.data(), nb_out, types.data(), c.nb_inputs) == 0,
+                   c.label, ": ", padfree_trt_last_error());
+            for (int32_t k = 0; k < nb_out; ++k) EXPECT(out[k] == types[c.nb_inputs + k], c.label, " output ", k);
+        }
+        // Wrong input counts are refused with a message, not read past.
+        const std::vector<DataType> types = io_types(c, DataType::kHALF);
+        std::vector<DataType> out(nb_out);
+        EXPECT(build_of(p.get())->getOutputDataTypes(out.data(), nb_out, types.data(), c.nb_inputs - 1) != 0,
+               c.label, " one input short");
+        // A float input of another dtype than the first one is refused (strongly typed networks).
+        size_t first = c.kinds.find('f');
+        size_t second = c.kinds.find('f', first + 1);
+        if (second != std::string::npos && second < static_cast<size_t>(c.nb_inputs)) {
+            std::vector<DataType> mixed = types;
+            mixed[second] = DataType::kFLOAT;
+            EXPECT(build_of(p.get())->getOutputDataTypes(out.data(), nb_out, mixed.data(), c.nb_inputs) != 0,
+                   c.label, " mixed float dtypes");
+            EXPECT(std::strstr(padfree_trt_last_error(), "share one dtype") != nullptr, padfree_trt_last_error());
+        }
+        size_t int_pos = c.kinds.find('i');
+        if (int_pos < static_cast<size_t>(c.nb_inputs)) {
+            std::vector<DataType> wrong = types;
+            wrong[int_pos] = DataType::kINT64;
+            EXPECT(build_of(p.get())->getOutputDataTypes(out.data(), nb_out, wrong.data(), c.nb_inputs) != 0,
+                   c.label, " int64 ids");
+        }
+    });
+});
+
+Register formats_test("supports_format_combination", [] {
+    for_each_case([](const Case& c) {
+        Plugin p(create(c, c.fields));
+        const int32_t nb_out = build_of(p.get())->getNbOutputs();
+        for (DataType activation : kActivationTypes) {
+            std::vector<DynamicPluginTensorDesc> io = descs(c, io_types(c, activation));
+            for (int32_t pos = 0; pos < c.nb_inputs + nb_out; ++pos)
+                EXPECT(build_of(p.get())->supportsFormatCombination(pos, io.data(), c.nb_inputs, nb_out), c.label,
+                       " position ", pos);
+        }
+        std::vector<DynamicPluginTensorDesc> io = descs(c, io_types(c, DataType::kHALF));
+        for (int32_t pos = 0; pos < c.nb_inputs + nb_out; ++pos) {
+            std::vector<DynamicPluginTensorDesc> bad = io;
+            bad[pos].desc.format = TensorFormat::kCHW32;
+            EXPECT(!build_of(p.get())->supportsFormatCombination(pos, bad.data(), c.nb_inputs, nb_out), c.label,
+                   " non-linear format at ", pos);
+            const char kind = c.kinds[pos];
+            bad = io;
+            bad[pos].desc.type = kind == 'i' ? DataType::kFLOAT : (kind == 'm' ? DataType::kINT4 : DataType::kINT8);
+            if (kind == 'a' || (kind == 's' && pos == 0)) bad[pos].desc.type = DataType::kINT4;  // sub-byte rows
+            if (kind == 'f') bad[pos].desc.type = DataType::kINT32;
+            EXPECT(!build_of(p.get())->supportsFormatCombination(pos, bad.data(), c.nb_inputs, nb_out), c.label,
+                   " wrong type at ", pos);
+        }
+        // The activation type is set by the first float position; a later one must follow it.
+        size_t first = c.kinds.find('f');
+        size_t later = c.kinds.find('f', first + 1);
+        if (later != std::string::npos) {
+            std::vector<DynamicPluginTensorDesc> bad = io;
+            bad[later].desc.type = DataType::kBF16;
+            EXPECT(!build_of(p.get())->supportsFormatCombination(static_cast<int32_t>(later), bad.data(),
+                                                                 c.nb_inputs, nb_out),
+                   c.label, " mixed float types at ", later);
+        }
+    });
+});
+
+Register shapes_test("output_shapes", [] {
+    for_each_case([](const Case& c) {
+        Plugin p(create(c, c.fields));
+        ExprBuilder builder;
+        builder.size_tensor_value = 37;
+        auto inputs = input_exprs(builder, c);
+        auto shapes = output_shapes(p.get(), c, builder, inputs);
+        EXPECT(shapes == c.output_dims, c.label, ": unexpected output shapes");
+        if (c.plugin == "PadfreeRemovePadding") {
+            EXPECT(builder.declared.size() == 1, "one size tensor declared");
+            const SizeTensorDecl& d = builder.declared[0];
+            EXPECT(d.output_index == 2 && d.upper == 60 && d.opt == 30, "size tensor: output ", d.output_index,
+                   " opt ", d.opt, " upper ", d.upper);
+        }
+        // Mismatched weights are constants, so they are refused while building; the padding plugins'
+        // mismatches are between runtime dims, which only enqueue can see (recorder test).
+        if (c.plugin.find("Padding") != std::string::npos) return;
+        for (const auto& bad : c.bad_dims) {
+            ExprBuilder b2;
+            std::vector<std::vector<int64_t>> dims = c.input_dims;
+            dims[bad[0]][bad[1]] = bad[2];
+            std::vector<DimsExprs> in;
+            for (size_t k = 0; k < dims.size(); ++k) in.push_back(b2.dims(dims[k], c.dynamic[k]));
+            output_shapes(p.get(), c, b2, in, /*expect_ok=*/false);
+        }
+    });
+});
+
+// ---- fields and serialization -----------------------------------------------------------------
+Register fields_test("build_fields_refused", [] {
+    for_each_case([](const Case& c) {
+        for (size_t k = 0; k < c.fields.size(); ++k) {
+            std::vector<FieldValue> missing = c.fields;
+            missing.erase(missing.begin() + k);
+            EXPECT(!Plugin(create(c, missing)), c.label, " without ", c.fields[k].name);
+            std::vector<FieldValue> retyped = c.fields;
+            retyped[k].type = retyped[k].type == PluginFieldType::kINT32 ? PluginFieldType::kFLOAT32
+                                                                          : PluginFieldType::kINT32;
+            EXPECT(!Plugin(create(c, retyped)), c.label, " with ", c.fields[k].name, " of the wrong type");
+            std::vector<FieldValue> twice = c.fields;
+            twice.push_back(c.fields[k]);
+            EXPECT(!Plugin(create(c, twice)), c.label, " with ", c.fields[k].name, " twice");
+        }
+        std::vector<FieldValue> unknown = c.fields;
+        unknown.push_back(int_field("not_a_field", 1));
+        EXPECT(!Plugin(create(c, unknown)), c.label, " with an unknown field");
+        EXPECT(std::strstr(padfree_trt_last_error(), "not_a_field") != nullptr, padfree_trt_last_error());
+        // What the ONNX parser may pass through besides the fields is accepted.
+        std::vector<FieldValue> with_parser_attrs = c.fields;
+        with_parser_attrs.push_back(int_field("plugin_version", 1));
+        EXPECT(Plugin(create(c, with_parser_attrs)), c.label, ": ", padfree_trt_last_error());
+        for (const FieldValue& bad : c.bad_fields) {
+            std::vector<FieldValue> fields = c.fields;
+            for (FieldValue& f : fields)
+                if (f.name == bad.name) f = bad;
+            EXPECT(!Plugin(create(c, fields)), c.label, " accepted an invalid ", bad.name);
+        }
+    });
+});
+
+Register roundtrip_test("serialization_round_trip", [] {
+    for_each_case([](const Case& c) {
+        Plugin p(create(c, c.fields));
+        const std::vector<uint8_t> blob = serialize(p.get());
+        Plugin q(create_runtime(c.plugin, blob.data(), static_cast<int32_t>(blob.size())));
+        EXPECT(q, c.label, ": ", padfree_trt_last_error());
+        EXPECT(serialize(q.get()) == blob, c.label, " re-serialized differently");
+        Plugin cloned(p->clone());
+        EXPECT(cloned && serialize(cloned.get()) == blob, c.label, " clone");
+        ExprBuilder b1, b2;
+        b1.size_tensor_value = b2.size_tensor_value = 37;
+        auto in1 = input_exprs(b1, c);
+        auto in2 = input_exprs(b2, c);
+        EXPECT(output_shapes(p.get(), c, b1, in1) == output_shapes(q.get(), c, b2, in2), c.label,
+               " deserialized plugin shapes");
+    });
+});
+
+Register corrupt_test("corrupt_state_refused", [] {
+    for_each_case([](const Case& c) {
+        Plugin p(create(c, c.fields));
+        const std::vector<uint8_t> blob = serialize(p.get());
+        for (size_t n = 0; n < blob.size(); ++n) {
+            // Truncated copies live in exactly-sized buffers so that any over-read is an ASan/valgrind hit.
+            std::vector<uint8_t> cut(blob.begin(), blob.begin() + n);
+            EXPECT(!Plugin(create_runtime(c.plugin, n ? cut.data() : nullptr, static_cast<int32_t>(n))), c.label,
+                   " accepted ", n, " of ", blob.size(), " bytes");
+        }
+        std::vector<uint8_t> longer = blob;
+        longer.push_back(0);
+        EXPECT(!Plugin(create_runtime(c.plugin, longer.data(), static_cast<int32_t>(longer.size()))), c.label,
+               " trailing byte");
+        EXPECT(std::strstr(padfree_trt_last_error(), "trailing") != nullptr, padfree_trt_last_error());
+        // Every single-byte corruption is either refused or, where it only changed a value, yields a
+        // plugin whose fields pass validation (re-serialization reproduces the corrupted bytes).
+        for (size_t k = 0; k < blob.size(); ++k) {
+            std::vector<uint8_t> flipped = blob;
+            flipped[k] ^= 0xFF;
+            Plugin q(create_runtime(c.plugin, flipped.data(), static_cast<int32_t>(flipped.size())));
+            if (!q) continue;
+            const size_t header = blob.size() - 8 * c.fields.size();  // then per field: u32 type, 4 value bytes
+            EXPECT(k >= header && (k - header) % 8 >= 4, c.label, " corruption outside the field values at byte ",
+                   k, " accepted");
+            EXPECT(serialize(q.get()) == flipped, c.label, " byte ", k, " accepted but re-serialized differently");
+        }
+        std::vector<uint8_t> versioned = blob;
+        versioned[4] += 1;  // format version (after the 4-byte magic)
+        EXPECT(!Plugin(create_runtime(c.plugin, versioned.data(), static_cast<int32_t>(versioned.size()))), c.label);
+        EXPECT(std::strstr(padfree_trt_last_error(), "format version") != nullptr, padfree_trt_last_error());
+        // Another plugin's state is refused by name.
+        const std::string other = c.plugin == "PadfreeLayerNorm" ? "PadfreeBiasGelu" : "PadfreeLayerNorm";
+        EXPECT(!Plugin(create_runtime(other, blob.data(), static_cast<int32_t>(blob.size()))), c.label, " as ", other);
+        // Build-style named fields at run time are refused (TensorRT hands back what we serialized).
+        std::vector<PluginField> storage;
+        for (const FieldValue& v : c.fields) storage.emplace_back(v.name.c_str(), &v.i, v.type, 1);
+        PluginFieldCollection fc{static_cast<int32_t>(storage.size()), storage.data()};
+        EXPECT(!Plugin(find_creator(c.plugin)->createPlugin("layer", &fc, TensorRTPhase::kRUNTIME)), c.label);
+        PluginField negative("padfree_state", blob.data(), PluginFieldType::kUNKNOWN, -5);
+        PluginFieldCollection neg{1, &negative};
+        EXPECT(!Plugin(find_creator(c.plugin)->createPlugin("layer", &neg, TensorRTPhase::kRUNTIME)), c.label);
+    });
+});
+
+// ---- error reporting at run time (no device needed: the checks refuse before any kernel) ------------
+Register recorder_test("enqueue_errors_reach_the_error_recorder", [] {
+    for_each_case([](const Case& c) {
+        Plugin p(create(c, c.fields));
+        for (const auto& bad : c.bad_dims) {
+            ErrorRecorder recorder;
+            ResourceContext context(&recorder);
+            Plugin attached(runtime_of(p.get())->attachToContext(&context));
+            EXPECT(attached, c.label, " attachToContext");
+            std::vector<DynamicPluginTensorDesc> io = descs(c, io_types(c, DataType::kHALF));
+            io[bad[0]].desc.dims.d[bad[1]] = bad[2];
+            std::vector<PluginTensorDesc> in, out;
+            for (int32_t k = 0; k < static_cast<int32_t>(io.size()); ++k)
+                (k < c.nb_inputs ? in : out).push_back(io[k].desc);
+            std::vector<const void*> inputs(in.size(), nullptr);
+            std::vector<void*> outputs(out.size(), nullptr);
+            const int32_t rc = runtime_of(attached.get())
+                                   ->enqueue(in.data(), out.data(), inputs.data(), outputs.data(), nullptr, nullptr);
+            EXPECT(rc != 0, c.label, " enqueue accepted input ", bad[0], " dim ", bad[1], " = ", bad[2]);
+            EXPECT(recorder.errors.size() == 1, c.label, " recorder saw ", recorder.errors.size(), " errors");
+            // Refused by the plugin's own check (naming the bad extent), not by the C ABI's pointer checks.
+            EXPECT(recorder.errors[0].second.find(c.plugin) == 0 &&
+                       recorder.errors[0].second.find(str("got ", bad[2], ",")) != std::string::npos,
+                   recorder.errors[0].second);
+        }
+    });
+});
+
+}  // namespace
+
+// Stands in for the logger TensorRT hands over through setLoggerFinder() in loadLibrary: the
+// creators' refusals land here (checked below) instead of on stderr.
+class CapturingLogger : public ILogger {
+public:
+    void log(Severity severity, const char* msg) noexcept override {
+        if (severity == Severity::kERROR) errors.emplace_back(msg);
+    }
+    std::vector<std::string> errors;
+};
+
+class LoggerFinder : public ILoggerFinder {
+public:
+    ILogger* findLogger() override { return &logger; }
+    CapturingLogger logger;
+};
+
+LoggerFinder& logger_finder() {
+    static LoggerFinder finder;
+    return finder;
+}
+
+Register logger_test("creator_errors_reach_the_logger", [] {
+    const Case& c = cases().front();
+    const size_t before = logger_finder().logger.errors.size();
+    std::vector<FieldValue> fields = c.fields;
+    fields.push_back(int_field("bogus", 0));
+    EXPECT(!std::unique_ptr<IPluginV3>(create(c, fields)), "unknown field refused");
+    EXPECT(logger_finder().logger.errors.size() == before + 1, "one error logged");
+    const std::string& msg = logger_finder().logger.errors.back();
+    EXPECT(msg.find(c.plugin) == 0 && msg.find("bogus") != std::string::npos, msg);
+});
+
+int run_all() {
+    int failed = 0;
+    for (const Test& t : tests()) {
+        try {
+            t.body();
+            std::cout << "PASS " << t.name << std::endl;
+        } catch (const Failure& e) {
+            if (std::strncmp(e.what(), "SKIP:", 5) == 0) {
+                std::cout << "SKIP " << t.name << ": " << (e.what() + 5) << std::endl;
+                continue;
+            }
+            std::cout << "FAIL " << t.name << ": " << e.what() << std::endl;
+            ++failed;
+        } catch (const std::exception& e) {
+            std::cout << "FAIL " << t.name << ": exception: " << e.what() << std::endl;
+            ++failed;
+        }
+    }
+    std::cout << (failed ? "FAILED " : "OK ") << failed << " of " << tests().size() << " tests failed" << std::endl;
+    return failed ? 1 : 0;
+}
+
+void list_creators() {
+    int32_t count = 0;
+    IPluginCreatorInterface* const* creators = getCreators(count);
+    for (int32_t k = 0; k < count; ++k) {
+        auto* creator = static_cast<IPluginCreatorV3One*>(creators[k]);
+        std::cout << creator->getPluginName() << " " << creator->getPluginVersion() << " "
+                  << creator->getPluginNamespace();
+        const PluginFieldCollection* fields = creator->getFieldNames();
+        for (int32_t f = 0; f < fields->nbFields; ++f)
+            std::cout << " " << fields->fields[f].name << ":"
+                      << (fields->fields[f].type == PluginFieldType::kINT32 ? "int32" : "float32");
+        std::cout << "\n";
+    }
+    for (const Case& c : cases()) {
+        Plugin p(create(c, c.fields));
+        std::cout << "io " << c.label << " " << c.plugin << " " << c.nb_inputs << " "
+                  << build_of(p.get())->getNbOutputs() << "\n";
+    }
+}
+
+}  // namespace harness
+}  // namespace padfree
+
+int main(int argc, char** argv) {
+    using namespace padfree::harness;
+    // Before anything calls getCreators(): what the load-time registrar did.
+    g_registered_at_load = padfree_trt_statically_registered() == 1;
+    g_registered_count = Registry::instance().creators.size();
+    g_registered_namespaces = Registry::instance().namespaces;
+    if (argc > 1 && std::string(argv[1]) == "--list") {
+        list_creators();
+        return 0;
+    }
+    setLoggerFinder(&logger_finder());
+    const int rc = run_all();
+    std::cout << logger_finder().logger.errors.size() << " refusals logged, e.g.: "
+              << (logger_finder().logger.errors.empty() ? "" : logger_finder().logger.errors.back()) << std::endl;
+    return rc;
+}
