@@ -1,0 +1,58 @@
+"""LayerNorm(residual + (MatMul(...) + bias)) -> PadfreeSkipLayerNorm(x, residual, bias, gamma, beta).
+
+The dense layer's bias Add is folded into the node's bias input when nothing else reads the sum;
+otherwise the node gets a zero bias and the Add stays.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from ..context import DIM_T, Context, PassReport, log
+from ..graph import const_value, describe, producer, producer_op, split_const
+from ._layernorm import match_layernorm
+
+NAME = "skip_layernorm"
+
+
+def _biased(t: gs.Tensor) -> tuple[gs.Tensor, gs.Tensor] | None:
+    """t = Add(MatMul(...), constant bias [H]) read only by the residual Add: (MatMul output, bias)."""
+    add = producer_op(t, "Add")
+    if add is None or len(t.outputs) != 1:
+        return None
+    found = split_const(add)
+    if found is None or found[1].ndim != 1 or producer_op(found[0], "MatMul") is None:
+        return None
+    bias = next(x for x in add.inputs if x is not found[0])
+    return found[0], bias
+
+
+def run(graph: gs.Graph, ctx: Context) -> gs.Graph:
+    report = PassReport(NAME)
+    ctx.reports.append(report)
+    for node in [n for n in graph.nodes if n.op == "LayerNormalization"]:
+        where = f"LayerNormalization '{node.name}'"
+        add = producer_op(node.inputs[0], "Add")
+        if add is None or len(node.inputs[0].outputs) != 1 or any(const_value(x) is not None for x in add.inputs):
+            report.miss(f"{where}: input comes from {describe(producer(node.inputs[0]))}, "
+                        "expected a residual Add of two activations")
+            continue
+        ln = match_layernorm(ctx, node)
+        if isinstance(ln, str):
+            report.miss(ln)
+            continue
+        a, b = add.inputs
+        folded = _biased(a) or _biased(b)
+        if folded is not None:
+            x, bias = folded
+            residual = b if _biased(a) else a
+        else:
+            x, residual = (b, a) if producer_op(b, "MatMul") is not None else (a, b)
+            bias = ctx.const("skip_bias", np.zeros(const_value(ln.gamma).shape, const_value(ln.gamma).dtype))
+        out = node.outputs[0]
+        node.outputs.clear()
+        out.shape = [DIM_T, const_value(ln.gamma).shape[0]]
+        ctx.plugin("PadfreeSkipLayerNorm", [x, residual, bias, ln.gamma, ln.beta], [out], {"epsilon": ln.epsilon})
+        report.add("PadfreeSkipLayerNorm")
+        log.debug("skip_layernorm: fused %s (bias %s)", node.name, "folded" if folded else "zero")
+    return graph.cleanup()

@@ -1,0 +1,182 @@
+"""ONNX Runtime references of the plugin ops: each plugin node expanded into standard ONNX ops.
+
+Used only on a copy of a rewritten model, to run it on the CPU (`padfree check`); the model
+TensorRT parses keeps its plugin nodes. Each expansion computes the op's definition in the spec
+directly on packed rows, independently of how the original graph computed it: token -> sequence
+ids from cu_seqlens (a comparison with the sequence ends), positions t - cu_seqlens[seq], and
+attention over all T tokens with a block-diagonal mask (same sequence id), in float32.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from . import spec as spec_mod
+
+OPSET = 18
+
+
+class _Builder:
+    """Emits nodes for one plugin node; names are unique per node."""
+
+    def __init__(self, node: onnx.NodeProto, index: int):
+        self.prefix = f"padfree_ref/{index}/{node.op_type}"
+        self.nodes: list[onnx.NodeProto] = []
+        self.n = 0
+        self.attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+    def op(self, op_type: str, *inputs: str, outputs: int = 1, out: list[str] | None = None, **attrs) -> str | list[str]:
+        names = out or [f"{self.prefix}/{op_type}_{self.n}_{i}" for i in range(outputs)]
+        self.n += 1
+        self.nodes.append(helper.make_node(op_type, list(inputs), names, name=f"{self.prefix}/{self.n}", **attrs))
+        return names[0] if len(names) == 1 else names
+
+    def const(self, value, dtype=np.int64) -> str:
+        name = f"{self.prefix}/const_{self.n}"
+        self.n += 1
+        self.nodes.append(helper.make_node("Constant", [], [name], name=name,
+                                           value=numpy_helper.from_array(np.asarray(value, dtype), name)))
+        return name
+
+    def token_coords(self, cu: str, total: str | None = None) -> tuple[str, str, str]:
+        """For T packed rows: (sequence id [T], position in sequence [T], row index [T]) as int64.
+
+        seq(t) = number of sequence ends cu[1:] that are <= t; pos(t) = t - cu[seq(t)].
+        """
+        cu64 = self.op("Cast", cu, to=TensorProto.INT64)
+        if total is None:
+            total = self.op("Gather", cu64, self.const(-1), axis=0)
+        rows = self.op("Range", self.const(0), total, self.const(1))
+        ends = self.op("Slice", cu64, self.const([1]), self.const([2**62]))
+        after = self.op("GreaterOrEqual", self.op("Unsqueeze", rows, self.const([1])),
+                        self.op("Unsqueeze", ends, self.const([0])))
+        seq = self.op("ReduceSum", self.op("Cast", after, to=TensorProto.INT64), self.const([1]), keepdims=0)
+        pos = self.op("Sub", rows, self.op("Gather", cu64, seq, axis=0))
+        return seq, pos, rows
+
+    def rows_total(self, x: str) -> str:
+        return self.op("Gather", self.op("Shape", x), self.const(0), axis=0)
+
+    def layernorm(self, x: str, gamma: str, beta: str, out: str) -> None:
+        self.op("LayerNormalization", x, gamma, beta, out=[out], axis=-1, epsilon=float(self.attrs["epsilon"]))
+
+
+def _emb_layernorm(b: _Builder, i: list[str], o: list[str]) -> None:
+    has_type = int(b.attrs["has_token_type"])
+    ids, types = i[0], (i[1] if has_type else None)
+    cu, word, pos_table = i[1 + has_type:4 + has_type]
+    type_table = i[4 + has_type] if has_type else None
+    gamma, beta = i[-2], i[-1]
+    _, pos, _ = b.token_coords(cu, b.rows_total(ids))
+    pos = b.op("Add", pos, b.const(int(b.attrs["position_offset"])))
+    x = b.op("Add", b.op("Gather", word, ids, axis=0), b.op("Gather", pos_table, pos, axis=0))
+    if has_type:
+        x = b.op("Add", x, b.op("Gather", type_table, types, axis=0))
+    b.layernorm(x, gamma, beta, o[0])
+
+
+def _attention(b: _Builder, i: list[str], o: list[str]) -> None:
+    qkv, bias, cu = i[0], i[1], i[2]
+    heads, head_dim = int(b.attrs["num_heads"]), int(b.attrs["head_dim"])
+    x = b.op("Reshape", b.op("Add", qkv, bias), b.const([0, 3, heads, head_dim]))  # [T, 3, N, D]
+    q, k, v = (b.op("Transpose", b.op("Gather", x, b.const(j), axis=1), perm=[1, 0, 2]) for j in range(3))
+    scores = b.op("Mul", b.op("MatMul", q, b.op("Transpose", k, perm=[0, 2, 1])),
+                  b.const(float(b.attrs["softmax_scale"]), np.float32))  # [N, T, T]
+    seq, _, _ = b.token_coords(cu, b.rows_total(qkv))
+    same = b.op("Equal", b.op("Unsqueeze", seq, b.const([1])), b.op("Unsqueeze", seq, b.const([0])))
+    masked = b.op("Where", same, scores, b.const(-np.inf, np.float32))
+    ctx = b.op("MatMul", b.op("Softmax", masked, axis=-1), v)  # [N, T, D]
+    b.op("Reshape", b.op("Transpose", ctx, perm=[1, 0, 2]), b.const([0, heads * head_dim]), out=[o[0]])
+
+
+def _skip_layernorm(b: _Builder, i: list[str], o: list[str]) -> None:
+    b.layernorm(b.op("Add", b.op("Add", i[0], i[2]), i[1]), i[3], i[4], o[0])
+
+
+def _layernorm(b: _Builder, i: list[str], o: list[str]) -> None:
+    b.layernorm(i[0], i[1], i[2], o[0])
+
+
+def _bias_gelu(b: _Builder, i: list[str], o: list[str]) -> None:
+    x = b.op("Add", i[0], i[1])
+    half_x = b.op("Mul", x, b.const(0.5, np.float32))
+    if int(b.attrs["approximate"]):
+        cube = b.op("Mul", b.op("Mul", x, x), x)
+        inner = b.op("Mul", b.op("Add", x, b.op("Mul", cube, b.const(0.044715, np.float32))),
+                     b.const(math.sqrt(2 / math.pi), np.float32))
+        core = b.op("Tanh", inner)
+    else:
+        core = b.op("Erf", b.op("Mul", x, b.const(1 / math.sqrt(2), np.float32)))
+    b.op("Mul", half_x, b.op("Add", core, b.const(1.0, np.float32)), out=[o[0]])
+
+
+def _coords_2d(b: _Builder, seq: str, pos: str) -> str:
+    """[T, 2] indices (sequence, position) for GatherND / ScatterND on [B, S, ...]."""
+    return b.op("Concat", b.op("Unsqueeze", seq, b.const([1])), b.op("Unsqueeze", pos, b.const([1])), axis=1)
+
+
+def _remove_padding(b: _Builder, i: list[str], o: list[str]) -> None:
+    padded, mask = i
+    lengths = b.op("ReduceSum", b.op("Cast", mask, to=TensorProto.INT64), b.const([1]), keepdims=0)
+    cu = b.op("Concat", b.const([0]), b.op("CumSum", lengths, b.const(0)), axis=0)
+    seq, pos, _ = b.token_coords(cu)
+    b.op("GatherND", padded, _coords_2d(b, seq, pos), out=[o[0]])
+    if len(o) > 1 and o[1]:
+        b.op("Cast", cu, out=[o[1]], to=TensorProto.INT32)
+
+
+def _rebuild_padding(b: _Builder, i: list[str], o: list[str]) -> None:
+    packed, cu, mask = i
+    seq, pos, _ = b.token_coords(cu, b.rows_total(packed))
+    shape = b.op("Concat", b.op("Shape", mask), b.op("Slice", b.op("Shape", packed), b.const([1]), b.const([2**62])),
+                 axis=0)
+    zeros = b.op("CastLike", b.op("ConstantOfShape", shape), packed)
+    b.op("ScatterND", zeros, _coords_2d(b, seq, pos), packed, out=[o[0]])
+
+
+EXPANSIONS: dict[str, Callable[[_Builder, list[str], list[str]], None]] = {
+    "PadfreeEmbLayerNorm": _emb_layernorm,
+    "PadfreeAttention": _attention,
+    "PadfreeSkipLayerNorm": _skip_layernorm,
+    "PadfreeLayerNorm": _layernorm,
+    "PadfreeBiasGelu": _bias_gelu,
+    "PadfreeRemovePadding": _remove_padding,
+    "PadfreeRebuildPadding": _rebuild_padding,
+}
+
+
+def with_references(model: onnx.ModelProto, spec: spec_mod.Spec | None = None) -> onnx.ModelProto:
+    """A copy of `model` in which every plugin node is replaced by its standard-ONNX reference."""
+    spec = spec or spec_mod.load()
+    missing = set(spec.plugins) - set(EXPANSIONS)
+    if missing:
+        raise NotImplementedError(f"no ONNX Runtime reference for plugin(s) {sorted(missing)}")
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    nodes = []
+    for index, node in enumerate(model.graph.node):
+        if node.domain != spec.namespace:
+            nodes.append(node)
+            continue
+        if node.op_type not in spec.plugins:
+            raise ValueError(f"node '{node.name}': {node.op_type} is not in the plugin spec")
+        spec.plugins[node.op_type].check_fields(
+            {a.name: helper.get_attribute_value(a) for a in node.attribute
+             if a.name not in ("plugin_version", "plugin_namespace")})
+        builder = _Builder(node, index)
+        EXPANSIONS[node.op_type](builder, list(node.input), list(node.output))
+        nodes.extend(builder.nodes)
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    del out.graph.value_info[:]
+    keep = [o for o in out.opset_import if o.domain != spec.namespace]
+    del out.opset_import[:]
+    out.opset_import.extend(keep)
+    for o in out.opset_import:
+        if o.domain in ("", "ai.onnx") and o.version < OPSET:
+            o.version = OPSET
+    return out

@@ -1,0 +1,77 @@
+"""rewrite(onnx_model) -> (model with padfree plugin nodes, report): the pass pipeline + finishing."""
+from __future__ import annotations
+
+import logging
+
+import onnx
+import onnx_graphsurgeon as gs
+
+from . import shapes
+from . import spec as spec_mod
+from .context import Context
+from .errors import ExportError, PartialFusionError
+from .passes import PIPELINE
+from .report import RewriteReport
+
+log = logging.getLogger("padfree.export")
+MIN_OPSET = 17  # LayerNormalization
+
+
+def rewrite(model: onnx.ModelProto, io: str = "packed", allow_partial: bool = False,
+            spec: spec_mod.Spec | None = None) -> tuple[onnx.ModelProto, RewriteReport]:
+    """Replace the encoder's subgraphs of an exported HF encoder with padfree plugin nodes.
+
+    io="packed": inputs input_ids [T], token_type_ids [T] (where the model has them), cu_seqlens
+    [B+1], max_seqlen [S] (only its length is read), all int32; outputs last_hidden_state [T, H]
+    and pooler_output [B, H]. io="padded": inputs input_ids, attention_mask, token_type_ids [B, S]
+    int32; padded outputs (zeros in padded rows).
+    Raises PartialFusionError naming what did not match, unless allow_partial.
+    """
+    spec = spec or spec_mod.load()
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if opset < MIN_OPSET:
+        raise ExportError(f"opset {opset} is below {MIN_OPSET}: export with --opset {MIN_OPSET} or newer")
+    graph = gs.import_onnx(model)
+    nodes_before = len(graph.nodes)
+    ctx = Context(graph, io, spec)
+    for step in PIPELINE:
+        graph = step.run(graph, ctx)
+    report = RewriteReport.from_passes(io, ctx.reports, nodes_before, len(graph.nodes))
+    log.info("%s", report.summary())
+    if report.unmatched and not allow_partial:
+        raise PartialFusionError(report)
+    if not report.fused:
+        raise ExportError("nothing in this model matched a padfree pattern: " + "; ".join(report.unmatched))
+    return _finish(graph, ctx, model), report
+
+
+def _finish(graph: gs.Graph, ctx: Context, original: onnx.ModelProto) -> onnx.ModelProto:
+    """Export, with fresh shape inference through the plugins, metadata and onnx.checker."""
+    ends = {id(t) for t in graph.inputs} | {id(t) for t in graph.outputs}
+    for t in graph.tensors().values():
+        if isinstance(t, gs.Variable) and id(t) not in ends:
+            t.shape, t.dtype = None, None  # stale: shapes are inferred again below
+    for t in graph.outputs:
+        t.shape = None
+    model = gs.export_onnx(graph, do_type_check=False)
+    del model.graph.value_info[:]
+    domains = {o.domain for o in model.opset_import}
+    if ctx.spec.namespace not in domains:
+        model.opset_import.append(onnx.helper.make_opsetid(ctx.spec.namespace, int(ctx.spec.version)))
+    model.ir_version = original.ir_version
+    model.producer_name, model.producer_version = "padfree", _version()
+    meta = {p.key: p.value for p in original.metadata_props}
+    meta.update({"padfree.io": ctx.io, "padfree.spec_version": ctx.spec.version})
+    onnx.helper.set_model_props(model, meta)
+    try:
+        model = shapes.infer(model, ctx.spec.namespace)
+        onnx.checker.check_model(model, full_check=True)
+    except (ValueError, onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
+        raise ExportError(f"the rewritten model does not check: {e}") from e
+    return model
+
+
+def _version() -> str:
+    import padfree
+    return padfree.__version__
+

@@ -1,0 +1,92 @@
+"""The plugin spec (plugins/spec/plugins.json) as Python objects: the one loader everyone imports.
+
+The exporter builds plugin nodes from it, the ONNX Runtime references check node fields against it,
+and the TensorRT plugins (C++) follow the same names. Node convention (TensorRT ONNX parser's
+plugin fallback): op_type = plugin name, domain = namespace, attributes `plugin_version`,
+`plugin_namespace` and the plugin's fields.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SPEC_PATH = Path(__file__).resolve().parent.parent / "plugins" / "spec" / "plugins.json"
+
+_FIELD_TYPES = {"int32": int, "float32": float}
+
+
+@dataclass(frozen=True)
+class Port:
+    name: str
+    dtype: str  # "float" (the activation dtype), "int32", "any", "same as <input>"
+    shape: tuple[str, ...]
+    when: str | None = None  # "field == value": the port exists only then
+
+    def present(self, fields: dict[str, Any]) -> bool:
+        if self.when is None:
+            return True
+        key, value = (s.strip() for s in self.when.split("=="))
+        return int(fields[key]) == int(value)
+
+
+@dataclass(frozen=True)
+class Plugin:
+    name: str
+    doc: str
+    inputs: tuple[Port, ...]
+    outputs: tuple[Port, ...]
+    fields: dict[str, str] = field(default_factory=dict)  # field name -> "int32" | "float32"
+
+    def input_names(self, fields: dict[str, Any]) -> list[str]:
+        return [p.name for p in self.inputs if p.present(fields)]
+
+    def check_fields(self, fields: dict[str, Any]) -> dict[str, Any]:
+        """Fields converted to their spec types; raises ValueError naming a missing or unknown one."""
+        missing = sorted(set(self.fields) - set(fields))
+        extra = sorted(set(fields) - set(self.fields))
+        if missing or extra:
+            raise ValueError(f"{self.name}: fields missing {missing}, unknown {extra} "
+                             f"(the spec has {sorted(self.fields)})")
+        out = {}
+        for key, kind in self.fields.items():
+            value = fields[key]
+            if isinstance(value, np.generic):
+                value = value.item()
+            out[key] = _FIELD_TYPES[kind](value)
+        return out
+
+
+@dataclass(frozen=True)
+class Spec:
+    namespace: str
+    version: str
+    plugins: dict[str, Plugin]
+
+    def __getitem__(self, name: str) -> Plugin:
+        return self.plugins[name]
+
+    def node_attributes(self, name: str, fields: dict[str, Any]) -> dict[str, Any]:
+        """The attributes a plugin node carries: plugin_version, plugin_namespace and its fields."""
+        attrs = {"plugin_version": self.version, "plugin_namespace": self.namespace}
+        attrs.update(self.plugins[name].check_fields(fields))
+        return attrs
+
+
+def _port(d: dict) -> Port:
+    return Port(d["name"], d["dtype"], tuple(d["shape"]), d.get("when"))
+
+
+@lru_cache(maxsize=None)
+def load(path: str | Path = SPEC_PATH) -> Spec:
+    raw = json.loads(Path(path).read_text())
+    plugins = {
+        name: Plugin(name, p.get("doc", ""), tuple(map(_port, p["inputs"])), tuple(map(_port, p["outputs"])),
+                     {k: v["type"] for k, v in p.get("fields", {}).items()})
+        for name, p in raw["plugins"].items()
+    }
+    return Spec(raw["namespace"], str(raw["version"]), plugins)
