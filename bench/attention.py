@@ -168,11 +168,14 @@ def bench_shape(name, batch, max_seqlen, num_heads, head_dim, ceilings, varlen, 
     row["floor_ms"] = max(bytes_moved / ceilings["copy_bytes_per_s"], flops / ceilings["fp16_gemm_flop_per_s"]) * 1e3
     row["floor_bound"] = "memory" if bytes_moved / ceilings["copy_bytes_per_s"] > flops / ceilings["fp16_gemm_flop_per_s"] else "compute"
     if with_paths:
-        for path in ("resident", "tiled64", "tiled128"):
-            if path == "resident" and max_len > 128:
+        for path in ("resident", "resident256", "tiled64", "tiled128", "tiled128w8"):
+            if (path == "resident" and max_len > 128) or (path == "resident256" and max_len > 256):
                 continue
             os.environ["PADFREE_ATTENTION_PATH"] = path
             try:
+                outs[0].fill_(math.nan)
+                padfree_plain(0)
+                row[f"diff_{path}"] = ((outs[0].float() - ref.float()).norm() / ref.float().norm()).item()
                 row[f"path_{path}_ms"] = time_graph(padfree_plain, sets)
             finally:
                 del os.environ["PADFREE_ATTENTION_PATH"]
@@ -181,20 +184,40 @@ def bench_shape(name, batch, max_seqlen, num_heads, head_dim, ceilings, varlen, 
     return row, layout
 
 
+def run_once(shapes) -> int:
+    for name, batch, max_seqlen, num_heads, head_dim in shapes:
+        lengths = lengths_for(batch, max_seqlen)
+        qkv = torch.randn(sum(lengths), 3 * num_heads * head_dim, device="cuda", dtype=torch.float16)
+        cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32).cuda()
+        for path in ("resident", "resident256", "tiled64", "tiled128", "tiled128w8"):
+            if (path == "resident" and max(lengths) > 128) or (path == "resident256" and max(lengths) > 256):
+                continue
+            os.environ["PADFREE_ATTENTION_PATH"] = path
+            attention_varlen(qkv, cu, max(lengths), num_heads)
+        os.environ.pop("PADFREE_ATTENTION_PATH", None)
+        torch.cuda.synchronize()
+        print(f"{name}: one call per path done")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench/results/attention-h100.json")
     parser.add_argument("--paths", action="store_true", help="also time each kernel path forced")
     parser.add_argument("--shapes", default="", help="comma-separated substrings of shape names to run")
+    parser.add_argument("--once", action="store_true",
+                        help="no timing: one call per shape and path (PADFREE_ATTENTION_PATH), for ncu")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA device: the benchmark runs on the device machine")
         return 1
+    wanted = [s for s in args.shapes.split(",") if s]
+    if args.once:
+        return run_once([s for s in SHAPES if not wanted or any(w in s[0] for w in wanted)])
     varlen = varlen_callable()
     ceilings = measure_ceilings()
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, varlen_attn{varlen[2]}")
     print(f"copy {ceilings['copy_bytes_per_s'] / 1e12:.2f} TB/s, fp16 GEMM {ceilings['fp16_gemm_flop_per_s'] / 1e12:.0f} TFLOP/s")
-    wanted = [s for s in args.shapes.split(",") if s]
     rows, layout = [], None
     for shape in SHAPES:
         if wanted and not any(w in shape[0] for w in wanted):
