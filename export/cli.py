@@ -1,0 +1,57 @@
+"""`padfree export SOURCE -o OUT`: plain ONNX export + rewrite onto padfree plugin nodes."""
+from __future__ import annotations
+
+import argparse
+import logging
+import warnings
+
+from .models import BUILTIN
+
+log = logging.getLogger("padfree.export")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "export", help="export an HF encoder to ONNX and rewrite it onto padfree plugin nodes",
+        description="Writes OUT/model.onnx (plain export, dynamic batch and sequence axes), "
+                    "OUT/model.padfree.onnx (rewritten) and OUT/report.json (what was fused).")
+    p.add_argument("source", help=f"a local Hugging Face model directory, or one of: {', '.join(BUILTIN)}")
+    p.add_argument("-o", "--output", required=True, help="output folder")
+    p.add_argument("--io", choices=("packed", "padded"), default="packed",
+                   help="packed: input_ids[T], cu_seqlens[B+1], max_seqlen[S] (default); "
+                        "padded: input_ids[B,S] + attention_mask[B,S] with padding plugins at the edges")
+    p.add_argument("--opset", type=int, default=None, help="ONNX opset (>= 17; default 18)")
+    p.add_argument("--allow-partial", action="store_true",
+                   help="keep what did not fuse on padded rows instead of refusing the model")
+    p.add_argument("--attn-implementation", choices=("sdpa", "eager"), default=None,
+                   help="HF attention implementation to export (default: the model's)")
+    p.add_argument("--verbose", action="store_true", help="show each match")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from .errors import ExportError
+    from .pipeline import export
+
+    _quiet_exporter(args.verbose)
+    try:
+        result = export(args.source, args.output, io=args.io, opset=args.opset, allow_partial=args.allow_partial,
+                        attn_implementation=args.attn_implementation)
+    except ExportError as e:
+        log.error("%s", e)
+        return 1
+    print(result.report.format())
+    print(f"wrote {result.model_path}, {result.padfree_path}, {result.report_path}")
+    return 0
+
+
+def _quiet_exporter(verbose: bool) -> None:
+    """torch's exporter logs every optimizer step; keep padfree's progress readable."""
+    if verbose:
+        logging.getLogger("padfree").setLevel(logging.DEBUG)
+        return
+    for name in ("onnx_ir", "onnxscript", "torch.onnx", "torch._export", "torch.export",
+                 "torch.onnx._internal.exporter._registration"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", module=r"torch\..*")
+    warnings.filterwarnings("ignore", category=FutureWarning)

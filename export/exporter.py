@@ -1,0 +1,77 @@
+"""A Hugging Face encoder -> model.onnx: torch's dynamo exporter, dynamic batch and sequence axes.
+
+Pinned rather than defaulted: dynamo=True (torch.export + onnxscript), its graph optimizer on,
+float32, an explicit opset, and outputs named last_hidden_state (+ pooler_output) in that order.
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+
+import onnx
+
+from .errors import ExportError
+
+log = logging.getLogger("padfree.export")
+DEFAULT_OPSET = 18
+# Example batch: 2 x 8 with a padded row; sizes > 1 so torch.export keeps both axes symbolic.
+_EXAMPLE_LENGTHS = (8, 5)
+
+
+def has_token_types(model) -> bool:
+    return "token_type_ids" in inspect.signature(model.forward).parameters and \
+        getattr(model.config, "type_vocab_size", 0) > 0
+
+
+def metadata(model, source: str) -> dict[str, str]:
+    """Facts about the model that `padfree check` uses to draw realistic inputs."""
+    c = model.config
+    facts = {"padfree.source": source, "padfree.model_type": c.model_type,
+             "padfree.vocab_size": c.vocab_size, "padfree.pad_token_id": c.pad_token_id,
+             "padfree.max_position_embeddings": c.max_position_embeddings,
+             "padfree.type_vocab_size": getattr(c, "type_vocab_size", 0) if has_token_types(model) else 0}
+    return {k: str(v) for k, v in facts.items() if v is not None}
+
+
+def export_onnx(model, source: str = "", opset: int = DEFAULT_OPSET) -> onnx.ModelProto:
+    """Export an HF encoder (BertModel, RobertaModel, DistilBertModel, or alike) in float32."""
+    import torch
+
+    if opset < 17:
+        raise ExportError(f"opset {opset} is too old: padfree needs LayerNormalization (opset >= 17)")
+    model = model.float().eval()
+    types = has_token_types(model)
+    has_pooler = getattr(model, "pooler", None) is not None
+
+    class Encoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask, token_type_ids=None):
+            kw = {"token_type_ids": token_type_ids} if types else {}
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, return_dict=True, **kw)
+            return (out.last_hidden_state, out.pooler_output) if has_pooler else (out.last_hidden_state,)
+
+    lengths = torch.tensor(_EXAMPLE_LENGTHS)
+    batch, seqlen = len(_EXAMPLE_LENGTHS), int(lengths.max())
+    mask = (torch.arange(seqlen)[None, :] < lengths[:, None]).long()
+    ids = torch.randint(3, model.config.vocab_size, (batch, seqlen)) * mask
+    kwargs = {"input_ids": ids, "attention_mask": mask}
+    if types:
+        kwargs["token_type_ids"] = torch.zeros_like(ids)
+    batch_dim, seq_dim = torch.export.Dim("batch"), torch.export.Dim("seqlen")
+    dims = {name: {0: batch_dim, 1: seq_dim} for name in kwargs}
+    outputs = ["last_hidden_state"] + (["pooler_output"] if has_pooler else [])
+    log.info("exporting %s with torch %s (dynamo exporter, opset %d)", source or type(model).__name__,
+             torch.__version__, opset)
+    try:
+        program = torch.onnx.export(Encoder().eval(), (), kwargs=kwargs, dynamo=True, dynamic_shapes=dims,
+                                    input_names=list(kwargs), output_names=outputs, opset_version=opset,
+                                    optimize=True, external_data=False, verbose=False)
+    except Exception as e:  # noqa: BLE001 - torch raises many kinds; one clear message
+        raise ExportError(f"torch.onnx.export failed for {source or type(model).__name__}: {e}") from e
+    proto = program.model_proto
+    onnx.helper.set_model_props(proto, {**{p.key: p.value for p in proto.metadata_props},
+                                        **metadata(model, source)})
+    return proto

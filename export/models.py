@@ -1,0 +1,76 @@
+"""Models to export: a local Hugging Face directory, or a built-in small random-weight encoder.
+
+Built-ins are made from configs with a fixed seed (no hub access needed). Every parameter is drawn
+at random, biases and LayerNorm scales included: HF's own init sets biases to 0 and scales to 1,
+which would let a rewrite that drops or swaps a bias pass its check unnoticed.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .errors import ExportError
+
+# name -> (transformers config class, model class, config fields)
+_SMALL = dict(vocab_size=512, max_position_embeddings=128)
+BUILTIN: dict[str, tuple[str, str, dict]] = {
+    "tiny-bert": ("BertConfig", "BertModel",
+                  dict(_SMALL, hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256)),
+    "tiny-bert-hd128": ("BertConfig", "BertModel",
+                        dict(_SMALL, hidden_size=256, num_hidden_layers=2, num_attention_heads=2,
+                             intermediate_size=512)),
+    "tiny-roberta": ("RobertaConfig", "RobertaModel",
+                     dict(vocab_size=512, max_position_embeddings=130, type_vocab_size=1, pad_token_id=1,
+                          hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256)),
+    "tiny-distilbert": ("DistilBertConfig", "DistilBertModel",
+                        dict(_SMALL, dim=128, n_layers=2, n_heads=2, hidden_dim=256)),
+}
+SEED = 0
+
+
+def randomize(model, seed: int = SEED):
+    """Draw every parameter: matrices ~ N(0, 1/fan_in) (unit-scale activations, peaked attention),
+    embeddings ~ N(0, 1), biases ~ N(0, 0.1), LayerNorm scales ~ 1 + N(0, 0.1)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen, dtype=p.dtype)
+            if "LayerNorm" in name or "layer_norm" in name or name.endswith("norm.weight"):
+                p.copy_((1.0 if name.endswith("weight") else 0.0) + 0.1 * noise)
+            elif p.dim() == 1:
+                p.copy_(0.1 * noise)
+            elif "embeddings" in name:
+                p.copy_(noise)
+            else:
+                p.copy_(noise / p.shape[-1] ** 0.5)
+    return model
+
+
+def build(config_cls: str, model_cls: str, seed: int = SEED, attn_implementation: str | None = None, **fields):
+    """A random-weight HF encoder from a config class name and its fields, in eval mode."""
+    import torch
+    import transformers
+
+    config = getattr(transformers, config_cls)(**fields)
+    if attn_implementation:
+        config._attn_implementation = attn_implementation
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_cls)(config)
+    return randomize(model, seed).eval()
+
+
+def load(source: str, attn_implementation: str | None = None):
+    """(model, description) for a built-in name or a local HF model directory."""
+    if source in BUILTIN:
+        config_cls, model_cls, fields = BUILTIN[source]
+        return build(config_cls, model_cls, attn_implementation=attn_implementation, **fields), f"built-in {source}"
+    path = Path(source)
+    if not (path / "config.json").is_file():
+        raise ExportError(f"{source!r} is neither a built-in model ({', '.join(BUILTIN)}) "
+                          "nor a local Hugging Face model directory with a config.json")
+    import transformers
+
+    kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    model = transformers.AutoModel.from_pretrained(path, **kwargs)
+    return model.eval(), f"{model.config.model_type} from {path}"
