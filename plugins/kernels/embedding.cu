@@ -32,7 +32,8 @@ __device__ __forceinline__ int32_t sequence_of(const int32_t* cu_seqlens, int32_
 }
 
 template <typename T, int N, bool kBlockRow>
-__global__ void embedding_layernorm_kernel(const int32_t* input_ids, const int32_t* token_type_ids,
+__global__ void __launch_bounds__(kRowMaxThreads<kBlockRow>, kRowMinBlocks<kBlockRow>)
+embedding_layernorm_kernel(const int32_t* input_ids, const int32_t* token_type_ids,
                                            const int32_t* cu_seqlens, int32_t batch, int64_t total_tokens,
                                            EmbeddingTables tables, const T* gamma, const T* beta, int hidden,
                                            float eps, T* out) {

@@ -10,7 +10,8 @@ namespace {
 // kSkip: the row is x + bias + residual (bias may be null); otherwise x. out may alias x or
 // residual: every element is read and written by the same thread, reads first.
 template <typename T, int N, bool kBlockRow, bool kSkip>
-__global__ void layernorm_kernel(const T* x, const T* residual, const T* bias, const T* gamma,
+__global__ void __launch_bounds__(kRowMaxThreads<kBlockRow>, kRowMinBlocks<kBlockRow>)
+layernorm_kernel(const T* x, const T* residual, const T* bias, const T* gamma,
                                  const T* beta, int64_t rows, int hidden, float eps, T* out) {
     constexpr int V = Vec<T>::size;
     const int nvec = hidden / V;
