@@ -1,0 +1,179 @@
+"""ONNX -> engine: parse (with the padfree plugin library loaded), optimization profiles over
+total tokens / batch / longest sequence, precision per backend (trt_api), timing cache, progress,
+then the engine file and its JSON sidecar (padfree.engines.sidecar)."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import padfree
+
+from . import model_info, plugin_library, profiles, sidecar, trt_api
+from .errors import BuildError, EngineError
+from .progress import monitor_class
+
+log = logging.getLogger("padfree.build")
+DEFAULT_MAX_SEQLEN = 512
+_WORKER_ENV = "PADFREE_ENGINES_BUILD_WORKER"
+
+
+@dataclass
+class BuildOptions:
+    onnx: str
+    output: str
+    precision: str = "fp16"
+    max_tokens: int = 4096
+    max_batch: int = 64
+    max_seqlen: int | None = None  # default: min(max_tokens, the model's position table, 512 if unknown)
+    profiles: list[str] = field(default_factory=list)  # extra "TOKENSxBATCH[xSEQLEN]" profiles
+    timing_cache: str | None = None
+    plugin_library: str | None = None
+    backend: str | None = None  # "tensorrt" | "tensorrt_rtx" | None: whichever is installed
+    progress: bool = True
+    verbose: bool = False
+
+
+def build(options: BuildOptions) -> dict[str, Any]:
+    """Build options.onnx into options.output and write its sidecar; returns the sidecar's contents."""
+    onnx_path = Path(options.onnx)
+    if not onnx_path.is_file():
+        raise BuildError(f"{onnx_path} does not exist")
+    info = model_info.read(onnx_path)
+    api = trt_api.load(options.backend)
+    strongly_typed, flags, precision_mode = api.plan_precision(options.precision, info.float_dtype)
+    all_profiles = _profiles(options, info)
+    library = plugin_library.find(options.plugin_library) if info.plugins else None
+
+    link = api.needs_parser_link() if library is not None else None
+    if link is not None and not os.environ.get(_WORKER_ENV):
+        return _build_in_worker(options, link)
+
+    start = time.perf_counter()
+    log.info("building %s with %s %s: %s; profiles %s", onnx_path.name, api.name, api.version, precision_mode,
+             ", ".join(f"{p.max_tokens}x{p.max_batch}x{p.max_seqlen}" for p in all_profiles))
+    logger = api.logger(options.verbose)
+    if library is not None:
+        plugin_library.load_into(api.trt, library)
+    builder = api.trt.Builder(logger)
+    network = api.create_network(builder, strongly_typed)
+    parser = api.trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(str(onnx_path)):
+        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+        raise BuildError(f"{api.name} could not parse {onnx_path}: {errors}")
+
+    config = builder.create_builder_config()
+    api.configure(config, flags, options.precision)
+    profile_records = []
+    for p in all_profiles:
+        trt_profile = builder.create_optimization_profile()
+        shapes = profiles.shapes(info, p)
+        for name, s in shapes.items():
+            trt_profile.set_shape(name, s["min"], s["opt"], s["max"])
+        config.add_optimization_profile(trt_profile)
+        profile_records.append({**p.to_dict(), "shapes": shapes})
+    cache = _load_timing_cache(config, options.timing_cache)
+    progress_class = monitor_class(api.trt) if options.progress else None
+    if progress_class is not None:
+        config.progress_monitor = progress_class()
+
+    plan = builder.build_serialized_network(network, config)
+    if plan is None:
+        raise BuildError(f"{api.name} failed to build {onnx_path} (its messages are above; rerun with -v for more)")
+    blob = bytes(plan)
+    if cache is not None:
+        Path(options.timing_cache).write_bytes(bytes(config.get_timing_cache().serialize()))
+    out = Path(options.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(blob)
+    metadata = {
+        "format": sidecar.FORMAT,
+        "format_version": sidecar.FORMAT_VERSION,
+        "padfree_version": padfree.__version__,
+        "backend": {"name": api.name, "version": api.version},
+        "model": {"onnx": str(onnx_path.resolve()), "sha256": plugin_library.sha256(onnx_path),
+                  **{k: v for k, v in info.to_dict().items() if k not in ("inputs", "outputs", "plugins")}},
+        "precision": options.precision,
+        "precision_mode": precision_mode,
+        "profiles": profile_records,
+        "inputs": [asdict(t) for t in info.inputs],
+        "outputs": [asdict(t) for t in info.outputs],
+        "plugins": info.plugins,
+        "plugin_library": None if library is None else {"path": str(library), "sha256": plugin_library.sha256(library)},
+        "timing_cache": options.timing_cache,
+        "engine": {"bytes": len(blob), "sha256": sidecar.digest(blob)},
+        "build_seconds": round(time.perf_counter() - start, 2),
+    }
+    sidecar.write(out, metadata)
+    log.info("wrote %s (%.1f MB) and %s in %.1f s", out, len(blob) / 1e6, sidecar.path_for(out).name,
+             metadata["build_seconds"])
+    return metadata
+
+
+def _profiles(options: BuildOptions, info: model_info.ModelInfo) -> list[profiles.Profile]:
+    limit = info.max_positions
+    max_seqlen = options.max_seqlen or min(options.max_tokens, limit or DEFAULT_MAX_SEQLEN)
+    if limit is not None and max_seqlen > limit:
+        raise BuildError(f"max_seqlen {max_seqlen} exceeds the model's position table ({limit} positions)")
+    try:
+        main = profiles.make(options.max_tokens, options.max_batch, max_seqlen)
+        extra = [profiles.parse(text, max_seqlen) for text in options.profiles]
+    except ValueError as e:
+        raise BuildError(str(e)) from e
+    for p in extra:
+        if not (p.max_tokens <= main.max_tokens and p.max_batch <= main.max_batch and p.max_seqlen <= main.max_seqlen):
+            raise BuildError(f"profile {p.max_tokens}x{p.max_batch}x{p.max_seqlen} exceeds --max-tokens"
+                             f" {main.max_tokens} / --max-batch {main.max_batch} / --max-seqlen {main.max_seqlen}")
+    # Smallest first: the backend takes the first profile a batch fits.
+    return sorted(set(extra) | {main}, key=lambda p: (p.max_tokens, p.max_batch, p.max_seqlen))
+
+
+def _load_timing_cache(config, path: str | None):
+    if path is None:
+        return None
+    data = Path(path).read_bytes() if Path(path).is_file() else b""
+    cache = config.create_timing_cache(data)
+    if cache is None or not config.set_timing_cache(cache, ignore_mismatch=False):
+        raise BuildError(f"timing cache {path} was refused (made by another TensorRT or device?); delete it")
+    return cache
+
+
+def _build_in_worker(options: BuildOptions, versioned: Path) -> dict[str, Any]:
+    """Builds in a child process whose LD_LIBRARY_PATH has libtensorrt_rtx.so -> `versioned` (see
+    trt_api): the dynamic loader reads LD_LIBRARY_PATH only at process start."""
+    with tempfile.TemporaryDirectory(prefix="padfree-trt-") as tmp:
+        (Path(tmp) / "libtensorrt_rtx.so").symlink_to(versioned)
+        error_file = Path(tmp) / "error.json"
+        env = dict(os.environ, **{_WORKER_ENV: str(error_file)})
+        env["LD_LIBRARY_PATH"] = tmp + (os.pathsep + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
+        log.debug("TensorRT-RTX's parser needs libtensorrt_rtx.so: building in a child process")
+        done = subprocess.run([sys.executable, "-m", "padfree.engines.build", json.dumps(asdict(options))], env=env)
+        if error_file.is_file():
+            kind, message = json.loads(error_file.read_text())
+            from . import errors
+            raise getattr(errors, kind, BuildError)(message)
+        if done.returncode != 0:
+            raise BuildError(f"the engine build process failed (exit status {done.returncode}); see its messages above")
+    return sidecar.read(options.output)
+
+
+def _worker_main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    options = BuildOptions(**json.loads(argv[0]))
+    try:
+        build(options)
+    except EngineError as e:
+        Path(os.environ[_WORKER_ENV]).write_text(json.dumps([type(e).__name__, str(e)]))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_worker_main(sys.argv[1:]))

@@ -1,0 +1,82 @@
+"""What the builder and the runtime need to know about an ONNX encoder: its I/O form, float dtype,
+inputs and outputs, the plugin nodes it uses, and (where the exporter recorded them, as
+metadata_props "padfree.*") vocabulary sizes and the longest position the model allows."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import onnx
+
+from .errors import BuildError
+
+PLUGIN_NAMESPACE = "padfree"
+_FLOAT_DTYPES = {onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.FLOAT16: "fp16", onnx.TensorProto.BFLOAT16: "bf16"}
+_ROBERTA_LIKE = ("roberta", "xlm-roberta", "camembert")  # positions start at pad_token_id + 1
+
+
+@dataclass
+class Tensor:
+    name: str
+    dtype: str  # numpy-style name: "int32", "int64", "float32", ...
+    shape: list  # ints and symbolic names
+
+
+@dataclass
+class ModelInfo:
+    io: str  # "packed" (input_ids[T], cu_seqlens, max_seqlen) or "padded" (input_ids[B, S], ...)
+    float_dtype: str  # "fp32" | "fp16" | "bf16"
+    inputs: list[Tensor]
+    outputs: list[Tensor]
+    plugins: list[str] = field(default_factory=list)  # padfree plugin op types in the graph
+    vocab_size: int | None = None
+    type_vocab_size: int | None = None  # 0: the model takes no token types
+    max_positions: int | None = None  # longest sequence the position table allows
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _tensor(value_info) -> Tensor:
+    t = value_info.type.tensor_type
+    dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in t.shape.dim]
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name if t.elem_type else "unknown"
+    return Tensor(value_info.name, dtype, dims)
+
+
+def read(path: str | Path) -> ModelInfo:
+    """Reads the graph structure only (external weights are not loaded)."""
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as e:  # noqa: BLE001 - protobuf raises several types
+        raise BuildError(f"{path} is not a readable ONNX model: {e}") from e
+    graph = model.graph
+    initializer_names = {i.name for i in graph.initializer}
+    inputs = [_tensor(i) for i in graph.input if i.name not in initializer_names]
+    outputs = [_tensor(o) for o in graph.output]
+    float_types = {o.type.tensor_type.elem_type for o in graph.output} & set(_FLOAT_DTYPES)
+    if len(float_types) != 1:
+        raise BuildError(f"{path}: expected float outputs of one dtype (float32, float16 or bfloat16)")
+    plugins = sorted({n.op_type for n in graph.node if n.domain == PLUGIN_NAMESPACE or n.op_type.startswith("Padfree")})
+    names = {t.name for t in inputs}
+    info = ModelInfo(io="packed" if "cu_seqlens" in names else "padded",
+                     float_dtype=_FLOAT_DTYPES[float_types.pop()], inputs=inputs, outputs=outputs, plugins=plugins)
+    meta = {p.key: p.value for p in model.metadata_props}
+
+    def meta_int(key: str) -> int | None:
+        try:
+            return int(meta[key])
+        except (KeyError, ValueError):
+            return None
+
+    info.vocab_size = meta_int("padfree.vocab_size")
+    info.type_vocab_size = meta_int("padfree.type_vocab_size")
+    positions = meta_int("padfree.max_position_embeddings")
+    if positions is not None and meta.get("padfree.model_type", "") in _ROBERTA_LIKE:
+        positions -= (meta_int("padfree.pad_token_id") or 0) + 1
+    if positions is None:
+        # No exporter metadata (a model exported by other means): HF's position table keeps its name.
+        tables = [i for i in graph.initializer if "position_embeddings" in i.name and len(i.dims) == 2]
+        positions = int(tables[0].dims[0]) if len(tables) == 1 else None
+    info.max_positions = positions
+    return info

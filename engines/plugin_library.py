@@ -1,0 +1,69 @@
+"""Where libpadfree_trt.so (the TensorRT plugins, plugins/trt) is found, and loading it into a
+TensorRT plugin registry through IPluginRegistry.loadLibrary (its getCreators entry point)."""
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+from pathlib import Path
+
+from .errors import PluginLibraryError
+
+LIBRARY_NAME = "libpadfree_trt.so"
+ENV_VAR = "PADFREE_TRT_LIBRARY"
+
+
+def candidates() -> list[Path]:
+    """First match wins: $PADFREE_TRT_LIBRARY, the installed package's lib/, a source checkout's build/."""
+    found: list[Path] = []
+    if os.environ.get(ENV_VAR):
+        found.append(Path(os.environ[ENV_VAR]))
+    import padfree
+    package = Path(padfree.__file__).resolve().parent
+    found.append(package / "lib" / LIBRARY_NAME)
+    root = package.parent.parent  # python/padfree -> repository root in a checkout
+    found += [Path(p) for p in sorted(glob.glob(str(root / "build" / "**" / LIBRARY_NAME), recursive=True))]
+    return found
+
+
+def find(explicit: str | os.PathLike | None = None, required: bool = True) -> Path | None:
+    """The plugin library to use: `explicit` if given (it must exist), else the first candidate."""
+    if explicit is not None:
+        path = Path(explicit)
+        if not path.is_file():
+            raise PluginLibraryError(f"plugin library {path} does not exist")
+        return path.resolve()
+    for path in candidates():
+        if path.is_file():
+            return path.resolve()
+    if required:
+        raise PluginLibraryError(
+            f"{LIBRARY_NAME} was not found (looked in: {', '.join(str(p) for p in candidates()[:3])}). Build it"
+            f" with TensorRT headers (cmake -DTensorRT_ROOT=...), then pass --plugin-library or set {ENV_VAR}.")
+    return None
+
+
+def sha256(path: str | os.PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+_LOADED: dict[tuple[int, str], object] = {}
+
+
+def load_into(trt, path: Path) -> None:
+    """Register the library's creators in `trt`'s global plugin registry (once per process)."""
+    key = (id(trt), str(path))
+    if key in _LOADED:
+        return
+    registry = trt.get_plugin_registry()
+    try:
+        handle = registry.load_library(str(path))
+    except Exception as e:  # noqa: BLE001 - the bindings raise various types
+        raise PluginLibraryError(f"{trt.__name__} could not load {path}: {e}") from e
+    if handle is None:
+        raise PluginLibraryError(f"{trt.__name__} refused {path} (already registered, or not a plugin library)")
+    _LOADED[key] = handle
