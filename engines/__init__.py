@@ -1,1 +1,6 @@
-"""TensorRT engine building (padfree.engines)."""
+"""TensorRT engine building and serving (padfree.engines).
+
+build: ONNX -> engine + JSON sidecar (`padfree build`); backend: the Runtime backend over an engine;
+check: engine vs ONNX Runtime through polygraphy (`padfree check --engine`); trt_api: the adapter over
+`tensorrt` and TensorRT-RTX. Importing this package needs neither.
+"""

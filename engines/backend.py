@@ -1,0 +1,180 @@
+"""The Runtime backend over an engine file (DESIGN.md "Runtime backends"): loads the engine after
+its sidecar checks out, then executes packed batches with torch device memory.
+
+    backend = open_engine("model.engine")   # refuses unknown format, version mismatch, corrupt
+    out = backend.execute_packed(input_ids, cu_seqlens, max_seqlen, token_type_ids, stream)
+
+Packed engines (model.padfree.onnx --io packed) take the packed tensors as they are. Padded engines
+(--io padded, or a plain model.onnx) are adapted here: padding is rebuilt on the way in (ids and an
+attention mask [B, S]) and removed from per-token outputs on the way out, with padfree's kernels.
+One execution context per optimization profile, created on first use; the smallest profile that
+fits a batch runs it.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import plugin_library, sidecar, trt_api
+from .errors import CorruptEngineError, EngineError, PluginLibraryError
+from .profiles import Profile
+
+log = logging.getLogger("padfree.engines")
+
+_TORCH_DTYPES = {"int32": torch.int32, "int64": torch.int64, "float32": torch.float32, "float16": torch.float16,
+                 "bfloat16": torch.bfloat16, "bool": torch.bool}
+
+_TRT_TO_TORCH = {"FLOAT": torch.float32, "HALF": torch.float16, "BF16": torch.bfloat16, "INT32": torch.int32,
+                 "INT64": torch.int64, "BOOL": torch.bool}
+
+
+def open_engine(path: str | os.PathLike, plugin_library_path: str | os.PathLike | None = None,
+                backend: str | None = None, device: Any = None, **ignored: Any) -> "EngineBackend":
+    """The backend for `path` (Runtime's entry for engine files)."""
+    return EngineBackend(path, plugin_library_path=plugin_library_path, backend=backend, device=device)
+
+
+class EngineBackend:
+    """limits, output_names, device and execute_packed over one engine file."""
+
+    def __init__(self, path: str | os.PathLike, plugin_library_path: str | os.PathLike | None = None,
+                 backend: str | None = None, device: Any = None):
+        self.path = Path(path)
+        self.metadata = sidecar.read(self.path)
+        self.api = trt_api.load(backend or self.metadata["backend"]["name"])
+        sidecar.check_backend(self.metadata, self.api.name, self.api.version, self.path)
+        blob = sidecar.read_engine_bytes(self.path, self.metadata)
+        if self.metadata.get("plugins"):
+            self._load_plugins(plugin_library_path)
+        if not torch.cuda.is_available():
+            raise EngineError(f"{self.path}: the engine and its sidecar check out, but running it needs a CUDA device"
+                              " and torch sees none")
+        self.device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+        self.io = self.metadata["model"]["io"]
+        self.profiles = [Profile(p["max_tokens"], p["max_batch"], p["max_seqlen"]) for p in self.metadata["profiles"]]
+        self.limits = self._limits()
+        self.output_names = [t["name"] for t in self.metadata["outputs"]]
+        self._input_dtypes = {t["name"]: _TORCH_DTYPES[t["dtype"]] for t in self.metadata["inputs"]}
+        self._logger = self.api.logger()
+        self._runtime = self.api.trt.Runtime(self._logger)
+        with torch.cuda.device(self.device):
+            self.engine = self._runtime.deserialize_cuda_engine(blob)
+        if self.engine is None:
+            raise CorruptEngineError(f"{self.path}: {self.api.name} could not deserialize the engine (its messages"
+                                     " are above: a missing plugin, an unsupported GPU, or no CUDA device)")
+        self._contexts: dict[int, Any] = {}
+
+    def __repr__(self) -> str:
+        return f"EngineBackend({str(self.path)!r}, {self.api.name} {self.api.version}, io={self.io})"
+
+    def _load_plugins(self, explicit: str | os.PathLike | None) -> None:
+        recorded = (self.metadata.get("plugin_library") or {}).get("path")
+        try:
+            library = plugin_library.find(explicit if explicit is not None else
+                                          (recorded if recorded and Path(recorded).is_file() else None))
+        except PluginLibraryError as e:
+            raise PluginLibraryError(f"{self.path} uses padfree plugins ({', '.join(self.metadata['plugins'])}): {e}") from e
+        plugin_library.load_into(self.api.trt, library)
+
+    def _limits(self):
+        from padfree.runtime.backend import Limits
+        model = self.metadata["model"]
+        largest = self.profiles[-1]
+        max_tokens = largest.max_tokens
+        if self.io == "padded":  # a padded engine's batch is [B, S]: it never holds more than B * S tokens
+            max_tokens = min(max_tokens, largest.max_batch * largest.max_seqlen)
+        precision = self.metadata["precision"]
+        return Limits(max_tokens=max_tokens, max_batch=largest.max_batch, max_seqlen=largest.max_seqlen,
+                      vocab_size=model.get("vocab_size"), type_vocab_size=model.get("type_vocab_size"),
+                      dtype={"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision])
+
+    def _profile_for(self, tokens: int, batch: int, seqlen: int) -> int:
+        for index, profile in enumerate(self.profiles):
+            fits = profile.fits(tokens, batch, seqlen) if self.io == "packed" else (
+                batch <= profile.max_batch and seqlen <= profile.max_seqlen)
+            if fits:
+                return index
+        raise EngineError(f"a batch of {batch} sequences, {tokens} tokens, longest {seqlen} exceeds every profile of"
+                          f" {self.path} (largest: {self.profiles[-1]})")
+
+    def _context(self, index: int, stream: torch.cuda.Stream):
+        context = self._contexts.get(index)
+        if context is None:
+            context = self.engine.create_execution_context()
+            if context is None:
+                raise EngineError(f"{self.path}: could not create an execution context (out of device memory?)")
+            context.set_optimization_profile_async(index, stream.cuda_stream)
+            self._contexts[index] = context
+        return context
+
+    def execute_packed(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+                       token_type_ids: torch.Tensor | None, stream: torch.cuda.Stream | None) -> dict[str, torch.Tensor]:
+        """input_ids, token_type_ids: int32 cuda [T]; cu_seqlens: int32 cuda [B+1] -> {"last_hidden_state":
+        [T, H], "pooler_output": [B, H] where the model has one}, enqueued on `stream`, not synchronized."""
+        stream = stream or torch.cuda.current_stream(self.device)
+        tokens, batch = int(input_ids.shape[0]), int(cu_seqlens.shape[0]) - 1
+        index = self._profile_for(tokens, batch, int(max_seqlen))
+        with torch.cuda.device(self.device), torch.cuda.stream(stream):
+            if self.io == "packed":
+                feeds = self._packed_feeds(input_ids, cu_seqlens, max_seqlen, token_type_ids)
+            else:
+                feeds = self._padded_feeds(input_ids, cu_seqlens, max_seqlen, token_type_ids)
+            outputs = self._run(index, feeds, stream)
+            if self.io == "padded":
+                outputs = self._unpad(outputs, cu_seqlens, tokens, batch)
+        return outputs
+
+    def _typed(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        want = self._input_dtypes[name]
+        return tensor if tensor.dtype == want else tensor.to(want)
+
+    def _packed_feeds(self, ids, cu_seqlens, max_seqlen, token_type_ids) -> dict[str, torch.Tensor]:
+        feeds = {"input_ids": ids, "cu_seqlens": cu_seqlens,
+                 # a shape input: only its length (the longest sequence) is read by the attention plugin
+                 "max_seqlen": torch.empty(int(max_seqlen), dtype=self._input_dtypes["max_seqlen"], device=self.device)}
+        if "token_type_ids" in self._input_dtypes:
+            feeds["token_type_ids"] = token_type_ids if token_type_ids is not None else torch.zeros_like(ids)
+        return {name: self._typed(name, t) for name, t in feeds.items()}
+
+    def _padded_feeds(self, ids, cu_seqlens, max_seqlen, token_type_ids) -> dict[str, torch.Tensor]:
+        from padfree.ops import padding
+        lengths = cu_seqlens[1:] - cu_seqlens[:-1]
+        positions = torch.arange(int(max_seqlen), device=self.device, dtype=torch.int32)
+        feeds = {"input_ids": padding.rebuild_padding(ids, cu_seqlens, int(max_seqlen)),
+                 "attention_mask": (positions[None, :] < lengths[:, None]).to(torch.int32)}
+        if "token_type_ids" in self._input_dtypes:
+            types = token_type_ids if token_type_ids is not None else torch.zeros_like(ids)
+            feeds["token_type_ids"] = padding.rebuild_padding(types, cu_seqlens, int(max_seqlen))
+        return {name: self._typed(name, t) for name, t in feeds.items() if name in self._input_dtypes}
+
+    def _run(self, index: int, feeds: dict[str, torch.Tensor], stream: torch.cuda.Stream) -> dict[str, torch.Tensor]:
+        context = self._context(index, stream)
+        for name, tensor in feeds.items():
+            tensor = tensor.contiguous()
+            feeds[name] = tensor  # kept alive until enqueued
+            if not context.set_input_shape(name, tuple(tensor.shape)):
+                raise EngineError(f"{self.path}: input {name} of shape {tuple(tensor.shape)} is outside profile {index}")
+            context.set_tensor_address(name, tensor.data_ptr())
+        outputs = {}
+        for name in self.output_names:
+            shape = tuple(context.get_tensor_shape(name))
+            if any(d < 0 for d in shape):
+                raise EngineError(f"{self.path}: output {name} has an unresolved shape {shape}")
+            dtype = _TRT_TO_TORCH[self.engine.get_tensor_dtype(name).name]
+            outputs[name] = torch.empty(shape, dtype=dtype, device=self.device)
+            context.set_tensor_address(name, outputs[name].data_ptr())
+        if not context.execute_async_v3(stream.cuda_stream):
+            raise EngineError(f"{self.path}: execution failed (messages above)")
+        return outputs
+
+    def _unpad(self, outputs: dict[str, torch.Tensor], cu_seqlens: torch.Tensor, tokens: int, batch: int):
+        from padfree.ops import padding
+        out = {}
+        for name, value in outputs.items():
+            per_token = value.dim() >= 3 and value.shape[0] == batch
+            out[name] = padding.remove_padding(value.contiguous(), cu_seqlens, tokens) if per_token else value
+        return out

@@ -1,0 +1,227 @@
+"""TensorRT plugins (plugins/trt): the C++ harness that calls their IPluginV3 methods directly (and,
+on a GPU, compares enqueue with the C ABI), the creators against plugins/spec/plugins.json, loading
+libpadfree_trt.so into TensorRT-RTX's registry, and engines built on the CPU from plugin graphs.
+
+The harness and library exist only where the plugins were built with TensorRT headers
+(cmake -DTensorRT_ROOT=...); set PADFREE_TRT_HARNESS / PADFREE_TRT_LIBRARY to point at them.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEC = json.loads((ROOT / "plugins" / "spec" / "plugins.json").read_text())
+# PadfreeRemovePadding's T is data-dependent: the plugin adds a 0-D int32 size tensor output
+# (IExprBuilder::declareSizeTensor), and TensorRT's ONNX parser requires the node to list it.
+SIZE_TENSOR_OUTPUT = {"PadfreeRemovePadding": "total_tokens"}
+
+
+def _find(env: str, pattern: str) -> Path | None:
+    if os.environ.get(env):
+        return Path(os.environ[env])
+    hits = sorted(glob.glob(str(ROOT / "build" / "**" / pattern), recursive=True))
+    return Path(hits[0]) if hits else None
+
+
+HARNESS = _find("PADFREE_TRT_HARNESS", "padfree_trt_harness")
+needs_harness = pytest.mark.skipif(HARNESS is None or not HARNESS.is_file(),
+                                   reason="the plugin harness was not built (needs TensorRT headers:"
+                                          " cmake -DTensorRT_ROOT=...; or set PADFREE_TRT_HARNESS)")
+
+
+def _library() -> Path | None:
+    from padfree.engines import plugin_library
+    try:
+        return plugin_library.find(required=False)
+    except Exception:  # noqa: BLE001 - an explicit path that does not exist
+        return None
+
+
+def _rtx():
+    from padfree.engines import trt_api
+    try:
+        api = trt_api.load()
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"no TensorRT Python bindings: {e}")
+    return api
+
+
+def _outputs(name: str) -> list[str]:
+    names = [o["name"] for o in SPEC["plugins"][name]["outputs"]]
+    extra = SIZE_TENSOR_OUTPUT.get(name)
+    return names + [extra] if extra and extra not in names else names
+
+
+# ---- the C++ harness -----------------------------------------------------------------------------
+@needs_harness
+def test_harness(seed):
+    env = dict(os.environ, PADFREE_SEED=str(seed))
+    done = subprocess.run([str(HARNESS)], capture_output=True, text=True, timeout=600, env=env)
+    print(done.stdout[-4000:], done.stderr[-2000:])
+    lines = done.stdout.splitlines()
+    failures = [line for line in lines if line.startswith("FAIL")]
+    assert not failures and done.returncode == 0, "\n".join(failures) or done.stderr[-2000:]
+    assert sum(line.startswith("PASS") for line in lines) >= 10
+    skipped = [line for line in lines if line.startswith("SKIP")]
+    try:
+        import torch
+        gpu = torch.cuda.is_available()
+    except ImportError:
+        gpu = False
+    if gpu:  # enqueue against the C ABI must have run here
+        assert not skipped, skipped
+
+
+@needs_harness
+def test_creators_follow_the_spec():
+    listing = subprocess.run([str(HARNESS), "--list"], capture_output=True, text=True, timeout=60, check=True).stdout
+    creators, io = {}, {}
+    for line in listing.splitlines():
+        words = line.split()
+        if words[0] == "io":
+            io[words[1]] = (words[2], int(words[3]), int(words[4]))
+        else:
+            creators[words[0]] = (words[1], words[2], dict(w.split(":") for w in words[3:]))
+    assert set(creators) == set(SPEC["plugins"])
+    for name, plugin in SPEC["plugins"].items():
+        version, namespace, fields = creators[name]
+        assert (version, namespace) == (SPEC["version"], SPEC["namespace"])
+        assert fields == {k: v["type"] for k, v in plugin.get("fields", {}).items()}, name
+    # Input/output counts of every harness case against the spec (inputs with `when` counted per case).
+    for label, (name, nb_in, nb_out) in io.items():
+        plugin = SPEC["plugins"][name]
+        has_type = "without_type" not in label
+        inputs = [p for p in plugin["inputs"] if "when" not in p or has_type]
+        assert nb_in == len(inputs), label
+        assert nb_out == len(_outputs(name)), label
+
+
+# ---- TensorRT-RTX on the CPU ----------------------------------------------------------------------
+def _plugin_node(name: str, inputs: list[str], outputs: list[str], **fields):
+    from onnx import helper
+    spec = SPEC["plugins"][name]
+    assert set(fields) == set(spec.get("fields", {})), name
+    return helper.make_node(name, inputs, outputs, domain=SPEC["namespace"], plugin_version=SPEC["version"],
+                            plugin_namespace=SPEC["namespace"], **fields)
+
+
+def _ports(name: str, has_token_type: bool = True) -> list[str]:
+    return [p["name"] for p in SPEC["plugins"][name]["inputs"] if "when" not in p or has_token_type]
+
+
+def packed_plugin_graph(path: Path, hidden=64, heads=2, vocab=100, positions=64):
+    """A one-layer packed encoder made of padfree plugin nodes (plus one MatMul), per plugins.json."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+
+    def weight(name, *shape):
+        return numpy_helper.from_array((0.1 * rng.standard_normal(shape)).astype(np.float32), name)
+
+    emb_inputs = dict(zip(_ports("PadfreeEmbLayerNorm"),
+                          ["input_ids", "token_type_ids", "cu_seqlens", "word", "position", "type", "gamma", "beta"]))
+    nodes = [
+        _plugin_node("PadfreeEmbLayerNorm", list(emb_inputs.values()), ["emb"], epsilon=1e-12, position_offset=0,
+                     has_token_type=1),
+        helper.make_node("MatMul", ["emb", "w_qkv"], ["qkv"]),
+        _plugin_node("PadfreeAttention", ["qkv", "b_qkv", "cu_seqlens", "max_seqlen"], ["context"], num_heads=heads,
+                     head_dim=hidden // heads, softmax_scale=float((hidden // heads) ** -0.5)),
+        _plugin_node("PadfreeSkipLayerNorm", ["context", "emb", "bias", "gamma", "beta"], ["attn_out"], epsilon=1e-12),
+        helper.make_node("MatMul", ["attn_out", "w_up"], ["up"]),
+        _plugin_node("PadfreeBiasGelu", ["up", "b_up"], ["act"], approximate=0),
+        helper.make_node("MatMul", ["act", "w_down"], ["down"]),
+        _plugin_node("PadfreeLayerNorm", ["down", "gamma", "beta"], ["last_hidden_state"], epsilon=1e-12),
+    ]
+    inits = [weight("word", vocab, hidden), weight("position", positions, hidden), weight("type", 2, hidden),
+             weight("gamma", hidden), weight("beta", hidden), weight("bias", hidden), weight("w_qkv", hidden, 3 * hidden),
+             weight("b_qkv", 3 * hidden), weight("w_up", hidden, 4 * hidden), weight("b_up", 4 * hidden),
+             weight("w_down", 4 * hidden, hidden)]
+    inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT32, ["T"]),
+              helper.make_tensor_value_info("token_type_ids", TensorProto.INT32, ["T"]),
+              helper.make_tensor_value_info("cu_seqlens", TensorProto.INT32, ["B+1"]),
+              helper.make_tensor_value_info("max_seqlen", TensorProto.INT32, ["S"])]
+    outputs = [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["T", hidden])]
+    model = helper.make_model(helper.make_graph(nodes, "packed", inputs, outputs, inits),
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(SPEC["namespace"], 1)])
+    onnx.save(model, str(path))
+    return path
+
+
+def padded_plugin_graph(path: Path, hidden=64, vocab=100, positions=64, remove_outputs=None):
+    """input_ids / attention_mask [B, S] -> remove padding -> embeddings -> rebuild padding."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(1)
+    inits = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+             for name, shape in (("word", (vocab, hidden)), ("position", (positions, hidden)), ("gamma", (hidden,)),
+                                 ("beta", (hidden,)))]
+    remove_outputs = remove_outputs or ["ids", "cu_seqlens", "total_tokens"][: len(_outputs("PadfreeRemovePadding"))]
+    nodes = [
+        _plugin_node("PadfreeRemovePadding", ["input_ids", "attention_mask"], remove_outputs),
+        _plugin_node("PadfreeEmbLayerNorm", ["ids", "cu_seqlens", "word", "position", "gamma", "beta"], ["hidden"],
+                     epsilon=1e-12, position_offset=0, has_token_type=0),
+        _plugin_node("PadfreeRebuildPadding", ["hidden", "cu_seqlens", "attention_mask"], ["last_hidden_state"]),
+    ]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.INT32, ["B", "S"]) for n in ("input_ids", "attention_mask")]
+    outputs = [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["B", "S", hidden])]
+    model = helper.make_model(helper.make_graph(nodes, "padded", inputs, outputs, inits),
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(SPEC["namespace"], 1)])
+    onnx.save(model, str(path))
+    return path
+
+
+needs_library = pytest.mark.skipif(_library() is None, reason="libpadfree_trt.so was not built (needs TensorRT"
+                                   " headers: cmake -DTensorRT_ROOT=...; or set PADFREE_TRT_LIBRARY)")
+
+
+@needs_library
+def test_library_registers_in_tensorrt():
+    api = _rtx()
+    from padfree.engines import plugin_library
+    plugin_library.load_into(api.trt, _library())
+    registry = api.trt.get_plugin_registry()
+    for name, plugin in SPEC["plugins"].items():
+        creator = registry.get_creator(name, SPEC["version"], SPEC["namespace"])
+        assert creator is not None, name
+        assert [f.name for f in creator.field_names] == list(plugin.get("fields", {})), name
+
+
+@needs_library
+@pytest.mark.parametrize("form", ["packed", "padded"])
+def test_engine_from_plugin_graph(tmp_path, form):
+    """Parses and builds on the CPU (TensorRT-RTX compiles ahead of time; running needs a GPU)."""
+    api = _rtx()
+    from padfree.engines import sidecar
+    from padfree.engines.build import BuildOptions, build
+    make = packed_plugin_graph if form == "packed" else padded_plugin_graph
+    onnx_path = make(tmp_path / f"{form}.onnx")
+    engine = tmp_path / f"{form}.engine"
+    metadata = build(BuildOptions(str(onnx_path), str(engine), precision="fp32", max_tokens=256, max_batch=8,
+                                  max_seqlen=64, profiles=["64x4"], progress=False))
+    assert engine.stat().st_size == metadata["engine"]["bytes"] > 0
+    assert sidecar.read(engine) == metadata
+    assert metadata["backend"]["name"] == api.name and metadata["model"]["io"] == form
+    expected = {"PadfreeEmbLayerNorm"} | ({"PadfreeAttention", "PadfreeSkipLayerNorm", "PadfreeBiasGelu",
+                                           "PadfreeLayerNorm"} if form == "packed" else
+                                          {"PadfreeRemovePadding", "PadfreeRebuildPadding"})
+    assert set(metadata["plugins"]) == expected
+    assert metadata["plugin_library"]["path"] == str(_library())
+
+
+@needs_library
+def test_remove_padding_node_without_size_tensor_is_refused(tmp_path):
+    """TensorRT's parser needs every plugin output on the node: the size tensor cannot be left out."""
+    _rtx()
+    from padfree.engines.build import BuildOptions, build
+    from padfree.engines.errors import BuildError
+    onnx_path = padded_plugin_graph(tmp_path / "two_outputs.onnx", remove_outputs=["ids", "cu_seqlens"])
+    with pytest.raises(BuildError, match="more output tensors"):
+        build(BuildOptions(str(onnx_path), str(tmp_path / "x.engine"), precision="fp32", max_tokens=64, max_batch=4,
+                           max_seqlen=16, progress=False))
