@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The integration run on the device machine, in one call: build (kernel library, and the TensorRT
+# plugins when headers are carried in .deps/tensorrt), every GPU test, the kernel tests under
+# compute-sanitizer, and the benchmarks. Logs and result JSON go to $OUT (or out/ elsewhere).
+#   bash scripts/device_check.sh [tests|sanitize|bench|all]...      (default: all)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-out}"; logs="$out/logs"; mkdir -p "$logs"
+if [ -d .deps/tensorrt/include ]; then
+  export PADFREE_BUILD_TRT_PLUGINS=ON PADFREE_CMAKE_ARGS="-DTensorRT_ROOT=$PWD/.deps/tensorrt ${PADFREE_CMAKE_ARGS:-}"
+fi
+source scripts/device_env.sh || { echo "build failed"; exit 1; }
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$logs/device.txt"
+python3 -c 'import torch; print("torch", torch.__version__)' | tee -a "$logs/device.txt"
+
+summary=()
+step() {  # step NAME COMMAND...: runs it, tees its log, records its exit status and time
+  local name=$1; shift
+  local start=$SECONDS
+  "$@" 2>&1 | tee "$logs/$name.log"
+  local rc=${PIPESTATUS[0]}
+  summary+=("$(printf '%-10s rc=%-3s %4ss  %s' "$name" "$rc" $((SECONDS - start)) "$(tail -n 1 "$logs/$name.log")")")
+}
+
+# Kernel tests only under the sanitizers: the encoder tests add cuBLAS and torch's own kernels,
+# which the tools would also have to walk, without testing padfree's memory accesses any better.
+kernel_tests=(tests/test_padding.py tests/test_layernorm.py tests/test_embedding.py
+              tests/test_activation.py tests/test_attention.py)
+sanitize() {
+  local tool=$1; shift
+  compute-sanitizer --tool "$tool" --error-exitcode 1 --target-processes all \
+    python3 -m pytest -q -x -m gpu -p no:cacheprovider "$@"
+}
+
+modes=("${@:-all}")
+for mode in "${modes[@]}"; do
+  case "$mode" in
+    tests|all)
+      step gpu-tests python3 -m pytest -q -ra -m gpu tests
+      [ -x build/device/plugins/trt/padfree_trt_harness ] && step trt-harness python3 -m pytest -q tests/test_trt_plugins.py ;;&
+    sanitize|all)
+      step memcheck sanitize memcheck "${kernel_tests[@]}"
+      # racecheck walks every shared-memory access: the kernels that share tiles, one dtype.
+      step racecheck sanitize racecheck tests/test_attention.py tests/test_layernorm.py -k "float16" ;;&
+    bench|all)
+      step bench-kernels python3 bench/kernels.py
+      step bench-attn python3 bench/attention.py
+      step bench-bert python3 bench/bert.py
+      cp bench/results/*.json "$out/" ;;
+    tests|sanitize) ;;
+    *) echo "unknown mode $mode (tests|sanitize|bench|all)"; exit 2 ;;
+  esac
+done
+# The device tool brings back few files: the logs travel as one archive.
+tar -czf "$out/logs.tar.gz" -C "$out" logs && rm -r "$logs"
+echo "== summary"
+printf '%s\n' "${summary[@]}"
