@@ -168,8 +168,10 @@ def compare(rewritten: onnx.ModelProto, reference: onnx.ModelProto, batch: int =
     An element passes when its absolute error is <= atol or its relative error <= rtol (polygraphy's
     elementwise rule); padded outputs of the padded form must also be exactly 0 in padded rows.
     """
-    from polygraphy.comparator import Comparator, CompareFunc
+    from polygraphy import comparator as pc
     from polygraphy.logger import G_LOGGER
+
+    simple = getattr(pc, "SimpleCompareFunc", None) or pc.CompareFunc.simple  # renamed in polygraphy 0.53
 
     facts = model_facts(rewritten)
     if max_seqlen > facts.max_seqlen:
@@ -180,9 +182,9 @@ def compare(rewritten: onnx.ModelProto, reference: onnx.ModelProto, batch: int =
     Runner = _runner_classes()
     runners = [Runner(reference, "reference", "reference"), Runner(with_references(rewritten), facts.io, "padfree")]
     with G_LOGGER.verbosity(G_LOGGER.INFO if verbose else G_LOGGER.ERROR):
-        results = Comparator.run(runners, data_loader=[data.feed])
-        accuracy = Comparator.compare_accuracy(
-            results, compare_func=CompareFunc.simple(rtol=rtol, atol=atol, check_error_stat="elemwise"))
+        results = pc.Comparator.run(runners, data_loader=[data.feed])
+        accuracy = pc.Comparator.compare_accuracy(
+            results, compare_func=simple(rtol=rtol, atol=atol, check_error_stat="elemwise"))
     (pair_results,) = accuracy[0].values()
     per_output = pair_results[0]
     out = []

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import warnings
 
 import onnx
 
@@ -66,9 +67,13 @@ def export_onnx(model, source: str = "", opset: int = DEFAULT_OPSET) -> onnx.Mod
     log.info("exporting %s with torch %s (dynamo exporter, opset %d)", source or type(model).__name__,
              torch.__version__, opset)
     try:
-        program = torch.onnx.export(Encoder().eval(), (), kwargs=kwargs, dynamo=True, dynamic_shapes=dims,
-                                    input_names=list(kwargs), output_names=outputs, opset_version=opset,
-                                    optimize=True, external_data=False, verbose=False)
+        with warnings.catch_warnings():
+            # torch warns about axis renaming and its own deprecations on every export
+            warnings.simplefilter("ignore", UserWarning)
+            warnings.simplefilter("ignore", FutureWarning)
+            program = torch.onnx.export(Encoder().eval(), (), kwargs=kwargs, dynamo=True, dynamic_shapes=dims,
+                                        input_names=list(kwargs), output_names=outputs, opset_version=opset,
+                                        optimize=True, external_data=False, verbose=False)
     except Exception as e:  # noqa: BLE001 - torch raises many kinds; one clear message
         raise ExportError(f"torch.onnx.export failed for {source or type(model).__name__}: {e}") from e
     proto = program.model_proto
