@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from . import plugin_library, sidecar, trt_api
-from .errors import CorruptEngineError, EngineError, PluginLibraryError
+from .errors import BackendUnavailableError, CorruptEngineError, EngineError, PluginLibraryError
 from .profiles import Profile
 
 log = logging.getLogger("padfree.engines")
@@ -45,7 +45,7 @@ class EngineBackend:
                  backend: str | None = None, device: Any = None):
         self.path = Path(path)
         self.metadata = sidecar.read(self.path)
-        self.api = trt_api.load(backend or self.metadata["backend"]["name"])
+        self.api = self._api(backend)
         sidecar.check_backend(self.metadata, self.api.name, self.api.version, self.path)
         blob = sidecar.read_engine_bytes(self.path, self.metadata)
         if self.metadata.get("plugins"):
@@ -70,6 +70,15 @@ class EngineBackend:
 
     def __repr__(self) -> str:
         return f"EngineBackend({str(self.path)!r}, {self.api.name} {self.api.version}, io={self.io})"
+
+    def _api(self, backend: str | None) -> trt_api.Api:
+        """The TensorRT the engine was built with if installed, else whichever is (refused just after)."""
+        if backend is not None:
+            return trt_api.load(backend)
+        try:
+            return trt_api.load(self.metadata["backend"].get("name"))
+        except (BackendUnavailableError, ValueError):
+            return trt_api.load()
 
     def _load_plugins(self, explicit: str | os.PathLike | None) -> None:
         recorded = (self.metadata.get("plugin_library") or {}).get("path")

@@ -79,7 +79,12 @@ def build(options: BuildOptions) -> dict[str, Any]:
             trt_profile.set_shape(name, s["min"], s["opt"], s["max"])
         config.add_optimization_profile(trt_profile)
         profile_records.append({**p.to_dict(), "shapes": shapes})
-    cache = _load_timing_cache(config, options.timing_cache)
+    timing_cache = options.timing_cache
+    if timing_cache is not None and not api.has_timing_cache:
+        log.warning("%s %s ignores timing caches (a no-op there): --timing-cache %s is not used", api.name,
+                    api.version, timing_cache)
+        timing_cache = None
+    cache = _load_timing_cache(config, timing_cache)
     progress_class = monitor_class(api.trt) if options.progress else None
     if progress_class is not None:
         config.progress_monitor = progress_class()
@@ -89,7 +94,7 @@ def build(options: BuildOptions) -> dict[str, Any]:
         raise BuildError(f"{api.name} failed to build {onnx_path} (its messages are above; rerun with -v for more)")
     blob = bytes(plan)
     if cache is not None:
-        Path(options.timing_cache).write_bytes(bytes(config.get_timing_cache().serialize()))
+        Path(timing_cache).write_bytes(bytes(config.get_timing_cache().serialize()))
     out = Path(options.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(blob)
@@ -107,7 +112,7 @@ def build(options: BuildOptions) -> dict[str, Any]:
         "outputs": [asdict(t) for t in info.outputs],
         "plugins": info.plugins,
         "plugin_library": None if library is None else {"path": str(library), "sha256": plugin_library.sha256(library)},
-        "timing_cache": options.timing_cache,
+        "timing_cache": timing_cache,
         "engine": {"bytes": len(blob), "sha256": sidecar.digest(blob)},
         "build_seconds": round(time.perf_counter() - start, 2),
     }

@@ -49,19 +49,27 @@ def random_feeds(input_names: list[str], dtype: np.dtype, iterations: int, batch
 def compare(runner, reference_path: str, feeds: list[OrderedDict], atol: float, rtol: float) -> list[OutputError]:
     """Run `runner` (a polygraphy runner returning padded outputs) and ONNX Runtime on `feeds`."""
     from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
-    from polygraphy.comparator import Comparator, CompareFunc
+    from polygraphy.comparator import Comparator
+    try:
+        from polygraphy.comparator import SimpleCompareFunc
+    except ImportError:  # polygraphy < 0.50
+        from polygraphy.comparator import CompareFunc
+        SimpleCompareFunc = CompareFunc.simple
 
     from padfree.polygraphy_runners import mask_padding
 
     reference = OnnxrtRunner(SessionFromOnnx(reference_path, providers=["CPUExecutionProvider"]), name="onnxruntime")
     results = Comparator.run([runner, reference], data_loader=feeds)
     mask_padding(results, feeds)
-    accuracy = Comparator.compare_accuracy(results, compare_func=CompareFunc.simple(atol=atol, rtol=rtol))
+    accuracy = Comparator.compare_accuracy(results, compare_func=SimpleCompareFunc(atol=atol, rtol=rtol))
+    # One AccuracyResult (runner pair -> iterations -> output -> result) or, in newer polygraphy, a list of them.
+    pairs = [accuracy] if hasattr(accuracy, "values") else list(accuracy)
     passed_by_output: dict[str, bool] = {}
-    for per_iteration in accuracy.values():
-        for iteration in per_iteration:
-            for name, ok in iteration.items():
-                passed_by_output[name] = passed_by_output.get(name, True) and bool(ok)
+    for pair in pairs:
+        for per_iteration in pair.values():
+            for iteration in per_iteration:
+                for name, ok in iteration.items():
+                    passed_by_output[name] = passed_by_output.get(name, True) and bool(ok)
     errors = []
     (_, ours), (_, theirs) = list(results.items())[0], list(results.items())[1]
     for name in theirs[0].keys():

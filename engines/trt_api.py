@@ -44,6 +44,11 @@ class Api:
         return self.name == "tensorrt_rtx"
 
     @property
+    def has_timing_cache(self) -> bool:
+        # TensorRT-RTX keeps the API, but its timing cache operations are no-ops since 1.2.
+        return not self.is_rtx
+
+    @property
     def strongly_typed_only(self) -> bool:
         return self.is_rtx or not hasattr(self.trt.BuilderFlag, "FP16")
 

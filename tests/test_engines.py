@@ -1,0 +1,285 @@
+"""padfree.engines on the CPU: engines built with TensorRT-RTX (or TensorRT) from a plain export of a
+tiny random BertModel, the sidecar round trip and every refusal the engine backend makes before
+TensorRT sees the bytes, and `padfree check --engine`'s comparison against ONNX Runtime (run here
+through a CPU backend double, as engines execute only on a GPU TensorRT supports)."""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from padfree.engines import profiles, sidecar, trt_api
+from padfree.engines.errors import (BuildError, CorruptEngineError, EngineError, EngineFormatError,
+                                    EngineVersionError, PluginLibraryError, PrecisionError)
+
+needs_trt = pytest.mark.skipif(not trt_api.available(), reason="neither tensorrt nor TensorRT-RTX Python bindings"
+                               " are importable (pip install 'padfree[trt-rtx]')")
+VOCAB, TYPES, POSITIONS, HIDDEN = 120, 2, 64, 32
+
+
+@pytest.fixture(scope="module")
+def bert_onnx(tmp_path_factory) -> Path:
+    """A plain torch.onnx.export of a tiny random BertModel: padded int64 inputs, both outputs."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=64, max_position_embeddings=POSITIONS, type_vocab_size=TYPES)
+    model = transformers.BertModel(config).eval()
+
+    class Encoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+            return out.last_hidden_state, out.pooler_output
+
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    example = (torch.randint(0, VOCAB, (2, 8)), torch.ones(2, 8, dtype=torch.long), torch.zeros(2, 8, dtype=torch.long))
+    path = tmp_path_factory.mktemp("bert") / "model.onnx"
+    axes = {n: {0: "batch", 1: "sequence"} for n in names}
+    torch.onnx.export(Encoder().eval(), example, str(path), input_names=names,
+                      output_names=["last_hidden_state", "pooler_output"], opset_version=17, dynamo=False,
+                      dynamic_axes={**axes, "last_hidden_state": {0: "batch", 1: "sequence"}, "pooler_output": {0: "batch"}})
+    return path
+
+
+@pytest.fixture(scope="module")
+def built(bert_onnx, tmp_path_factory):
+    if not trt_api.available():
+        pytest.skip("no TensorRT Python bindings")
+    from padfree.engines.build import BuildOptions, build
+    engine = tmp_path_factory.mktemp("engine") / "model.engine"
+    metadata = build(BuildOptions(str(bert_onnx), str(engine), precision="fp32", max_tokens=256, max_batch=8,
+                                  profiles=["32x2", "64x4x16"], progress=False))
+    return engine, metadata
+
+
+# ---- building -----------------------------------------------------------------------------------
+@needs_trt
+def test_build_plain_bert(built, bert_onnx):
+    engine, metadata = built
+    api = trt_api.load()
+    assert metadata["backend"] == {"name": api.name, "version": api.version}
+    assert metadata["model"]["io"] == "padded" and metadata["model"]["max_positions"] == POSITIONS
+    assert metadata["model"]["sha256"] == sidecar.digest(bert_onnx.read_bytes())
+    assert [t["name"] for t in metadata["inputs"]] == ["input_ids", "attention_mask", "token_type_ids"]
+    assert [t["name"] for t in metadata["outputs"]] == ["last_hidden_state", "pooler_output"]
+    # Smallest profile first; max_seqlen defaults to the position table; each input spans 1..limits.
+    assert [(p["max_tokens"], p["max_batch"], p["max_seqlen"]) for p in metadata["profiles"]] == [
+        (32, 2, 32), (64, 4, 16), (256, 8, POSITIONS)]
+    assert metadata["profiles"][-1]["shapes"]["input_ids"] == {"min": [1, 1], "opt": [4, 32], "max": [8, POSITIONS]}
+    assert metadata["plugins"] == [] and metadata["plugin_library"] is None
+    blob = engine.read_bytes()
+    assert metadata["engine"] == {"bytes": len(blob), "sha256": sidecar.digest(blob)}
+    assert sidecar.read(engine) == metadata  # round trip through the file
+
+
+@needs_trt
+def test_cli_build_with_timing_cache(bert_onnx, tmp_path):
+    from padfree.cli import main
+    api = trt_api.load()
+    cache = tmp_path / "timing.cache"
+    for attempt in range(2):  # the second build reads the cache the first wrote
+        out = tmp_path / f"cli{attempt}.engine"
+        assert main(["build", str(bert_onnx), "-o", str(out), "--precision", "fp32", "--max-tokens", "64",
+                     "--max-batch", "4", "--max-seqlen", "16", "--timing-cache", str(cache), "--no-progress"]) == 0
+        assert out.is_file() and sidecar.path_for(out).is_file()
+        # TensorRT-RTX's timing cache is a no-op: it is reported unused, not faked.
+        assert cache.is_file() == api.has_timing_cache
+    recorded = json.loads(sidecar.path_for(out).read_text())["timing_cache"]
+    assert recorded == (str(cache) if api.has_timing_cache else None)
+
+
+@needs_trt
+def test_precision_is_honest(bert_onnx, tmp_path):
+    api = trt_api.load()
+    from padfree.engines.build import BuildOptions, build
+    options = BuildOptions(str(bert_onnx), str(tmp_path / "fp16.engine"), precision="fp16", max_tokens=64,
+                           max_batch=4, progress=False)
+    if api.strongly_typed_only:  # TensorRT-RTX: the ONNX dtype decides, no silent fp32 build
+        with pytest.raises(PrecisionError, match="strongly typed"):
+            build(options)
+    else:
+        assert "FP16" in build(options)["precision_mode"]
+
+
+@needs_trt
+def test_build_refusals(bert_onnx, tmp_path):
+    from padfree.engines.build import BuildOptions, build
+    out = str(tmp_path / "x.engine")
+    with pytest.raises(BuildError, match="position table"):
+        build(BuildOptions(str(bert_onnx), out, precision="fp32", max_tokens=512, max_seqlen=128, progress=False))
+    with pytest.raises(BuildError, match="exceeds"):
+        build(BuildOptions(str(bert_onnx), out, precision="fp32", max_tokens=64, max_batch=4, profiles=["128x2"],
+                           progress=False))
+    with pytest.raises(BuildError, match="does not exist"):
+        build(BuildOptions(str(tmp_path / "missing.onnx"), out, progress=False))
+    garbage = tmp_path / "garbage.onnx"
+    garbage.write_bytes(b"\x00not an onnx model")
+    with pytest.raises(BuildError):
+        build(BuildOptions(str(garbage), out, progress=False))
+
+
+def test_profile_parsing():
+    assert profiles.parse("4096x64", max_seqlen=512) == profiles.Profile(4096, 64, 512)
+    assert profiles.parse("256x8x128", max_seqlen=512) == profiles.Profile(256, 8, 128)
+    assert profiles.parse("100x2", max_seqlen=512) == profiles.Profile(100, 2, 100)
+    for bad in ("4096", "ax2", "0x4", "64x2x128"):
+        with pytest.raises(ValueError):
+            profiles.parse(bad, max_seqlen=512)
+
+
+# ---- the sidecar and the backend's refusals ---------------------------------------------------------
+@pytest.fixture
+def engine_copy(built, tmp_path):
+    engine, _ = built
+    copy = tmp_path / "copy.engine"
+    shutil.copy(engine, copy)
+    shutil.copy(sidecar.path_for(engine), sidecar.path_for(copy))
+    return copy
+
+
+def _edit(engine: Path, change) -> None:
+    data = json.loads(sidecar.path_for(engine).read_text())
+    change(data)
+    sidecar.path_for(engine).write_text(json.dumps(data))
+
+
+def _open(engine: Path, **kwargs):
+    from padfree.engines.backend import open_engine
+    return open_engine(engine, **kwargs)
+
+
+@needs_trt
+def test_refuses_missing_or_foreign_sidecar(engine_copy):
+    sidecar.path_for(engine_copy).unlink()
+    with pytest.raises(EngineFormatError, match="no sidecar"):
+        _open(engine_copy)
+    sidecar.path_for(engine_copy).write_text("{not json")
+    with pytest.raises(EngineFormatError, match="JSON"):
+        _open(engine_copy)
+    sidecar.path_for(engine_copy).write_text(json.dumps({"format": "something-else"}))
+    with pytest.raises(EngineFormatError, match="unknown format"):
+        _open(engine_copy)
+
+
+@needs_trt
+@pytest.mark.parametrize("change, error, message", [
+    (lambda d: d.update(format_version=sidecar.FORMAT_VERSION + 1), EngineVersionError, "format version"),
+    (lambda d: d["backend"].update(version="0.0.1"), EngineVersionError, "only load into the version"),
+    (lambda d: d["backend"].update(name="tensorrt" if d["backend"]["name"] != "tensorrt" else "tensorrt_rtx"),
+     EngineVersionError, "was built with"),
+    (lambda d: d.pop("profiles"), EngineFormatError, "lacks profiles"),
+])
+def test_refuses_version_mismatch(engine_copy, change, error, message):
+    _edit(engine_copy, change)
+    with pytest.raises(error, match=message):
+        _open(engine_copy)
+
+
+@needs_trt
+def test_refuses_corrupt_bytes(engine_copy):
+    blob = bytearray(engine_copy.read_bytes())
+    engine_copy.write_bytes(bytes(blob[: len(blob) // 2]))
+    with pytest.raises(CorruptEngineError, match="truncated, corrupt or replaced"):
+        _open(engine_copy)
+    blob[len(blob) // 3] ^= 0xFF
+    engine_copy.write_bytes(bytes(blob))
+    with pytest.raises(CorruptEngineError):
+        _open(engine_copy)
+
+
+@needs_trt
+def test_refuses_missing_plugin_library(engine_copy, monkeypatch):
+    from padfree.engines import plugin_library
+    monkeypatch.setattr(plugin_library, "candidates", lambda: [])
+    _edit(engine_copy, lambda d: d.update(plugins=["PadfreeAttention"],
+                                          plugin_library={"path": "/nonexistent/libpadfree_trt.so", "sha256": ""}))
+    with pytest.raises(PluginLibraryError, match="uses padfree plugins"):
+        _open(engine_copy)
+    with pytest.raises(PluginLibraryError, match="does not exist"):
+        _open(engine_copy, plugin_library_path="/nonexistent/libpadfree_trt.so")
+
+
+@needs_trt
+def test_valid_engine_gets_past_every_check(built):
+    """What remains is TensorRT's own deserialization, which needs a GPU it supports."""
+    import torch
+    engine, _ = built
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: this checks the CPU-only refusal")
+    with pytest.raises(EngineError, match="needs a CUDA device"):
+        _open(engine)
+
+
+# ---- padfree check --engine ---------------------------------------------------------------------
+class OrtPackedBackend:
+    """A CPU Runtime backend running the plain ONNX on ONNX Runtime: rebuilds padding from the
+    packed batch, runs, removes padding. Stands in for an engine where none can execute."""
+
+    def __init__(self, onnx_path: Path, perturb: float = 0.0):
+        import onnxruntime
+        import torch
+        from padfree.runtime import Limits
+        self.session = onnxruntime.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+        self.limits = Limits(max_tokens=256, max_batch=8, max_seqlen=POSITIONS, vocab_size=VOCAB,
+                             type_vocab_size=TYPES, dtype=torch.float32)
+        self.output_names = ["last_hidden_state", "pooler_output"]
+        self.device = torch.device("cpu")
+        self.perturb = perturb
+
+    def execute_packed(self, input_ids, cu_seqlens, max_seqlen, token_type_ids, stream):
+        import torch
+        cu = cu_seqlens.numpy()
+        batch = len(cu) - 1
+        ids = np.zeros((batch, max_seqlen), np.int64)
+        types = np.zeros_like(ids)
+        mask = np.zeros_like(ids)
+        for b in range(batch):
+            n = cu[b + 1] - cu[b]
+            ids[b, :n] = input_ids.numpy()[cu[b]:cu[b + 1]]
+            if token_type_ids is not None:
+                types[b, :n] = token_type_ids.numpy()[cu[b]:cu[b + 1]]
+            mask[b, :n] = 1
+        hidden, pooled = self.session.run(None, {"input_ids": ids, "attention_mask": mask, "token_type_ids": types})
+        packed = np.concatenate([hidden[b, : cu[b + 1] - cu[b]] for b in range(batch)])
+        return {"last_hidden_state": torch.from_numpy(packed + self.perturb), "pooler_output": torch.from_numpy(pooled)}
+
+
+@pytest.mark.parametrize("perturb, passes", [(0.0, True), (1e-2, False)])
+def test_check_compares_against_onnxruntime(bert_onnx, perturb, passes):
+    pytest.importorskip("polygraphy")
+    pytest.importorskip("onnxruntime")
+    from padfree.engines import check
+    from padfree.polygraphy_runners import RuntimeRunner
+    from padfree.runtime import Runtime
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    feeds = check.random_feeds(names, np.dtype(np.int64), iterations=2, batch=5, max_seqlen=24, vocab_size=VOCAB,
+                               type_vocab_size=TYPES, seed=3)
+    assert feeds[0]["attention_mask"][0].sum() == 24 and feeds[0]["attention_mask"][1].sum() == 1  # edge lengths
+    runner = RuntimeRunner(lambda: Runtime(OrtPackedBackend(bert_onnx, perturb)), input_names=names,
+                           index_dtype=np.int64)
+    errors = check.compare(runner, str(bert_onnx), feeds, *check.TOLERANCES["fp32"])
+    by_name = {e.name: e for e in errors}
+    assert set(by_name) == {"last_hidden_state", "pooler_output"}
+    assert by_name["pooler_output"].passed
+    assert by_name["last_hidden_state"].passed is passes
+    if passes:
+        assert by_name["last_hidden_state"].max_abs < 1e-5
+    else:
+        assert by_name["last_hidden_state"].max_abs == pytest.approx(perturb, rel=1e-3)
+    assert "FAIL" in check.report(errors, 1e-4, 1e-4) or passes
+
+
+@needs_trt
+def test_check_main_refuses_without_sidecar(bert_onnx, tmp_path):
+    from padfree.engines import check
+    args = argparse.Namespace(engine=str(tmp_path / "none.engine"), reference=str(bert_onnx))
+    assert check.main(args) == 2
