@@ -347,6 +347,14 @@ def test_sources_and_options_are_checked():
                                "device": "cpu", "execute_packed": None})())
 
 
+def test_engine_source_goes_to_the_engine_backend(tmp_path):
+    from padfree.engines.errors import EngineFormatError
+
+    (tmp_path / "model.engine").write_bytes(b"not an engine")
+    with pytest.raises(EngineFormatError, match="sidecar"):
+        Runtime(tmp_path / "model.engine")
+
+
 class _FakeConfig:
     def __init__(self, **kw):
         self.__dict__.update(kw)
@@ -471,24 +479,21 @@ def test_runtime_runner_metadata_names_and_errors():
 # ONNX Runtime on the model's ONNX export (checks feeds, input/output names, dtypes, padding)
 # ---------------------------------------------------------------------------------------------
 
-def tiny_bert(seed, **overrides):
-    from transformers import BertConfig, BertModel
+def tiny_bert(seed):
+    """padfree.export's built-in tiny BERT (head_dim 64, 128 positions), every parameter random."""
+    from padfree.export.models import BUILTIN, build
 
-    torch.manual_seed(seed)
-    config = dict(vocab_size=VOCAB, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
-                  intermediate_size=256, max_position_embeddings=64, type_vocab_size=2)
-    config.update(overrides)
-    return BertModel(BertConfig(**config, attn_implementation="eager")).eval()
+    config_cls, model_cls, fields = BUILTIN["tiny-bert"]
+    return build(config_cls, model_cls, seed=seed, attn_implementation="eager", **fields)
 
 
 def export_onnx(model, path):
-    """The plain export: padfree.export's where it exists, else torch's default exporter."""
-    names = ["input_ids", "attention_mask", "token_type_ids"]
-    dims = {"batch": torch.export.Dim("batch"), "sequence": torch.export.Dim("sequence", min=2)}
-    example = tuple(torch.ones(2, 8, dtype=torch.int64) for _ in names)
-    torch.onnx.export(model, example, str(path), input_names=names,
-                      output_names=["last_hidden_state", "pooler_output"],
-                      dynamic_shapes={n: {0: dims["batch"], 1: dims["sequence"]} for n in names}, dynamo=True)
+    """The plain model.onnx of padfree.export (inputs input_ids, attention_mask, token_type_ids)."""
+    import onnx
+
+    from padfree.export.exporter import export_onnx as export
+
+    onnx.save(export(model), str(path))
     return path
 
 
@@ -617,27 +622,29 @@ def test_gpu_runtime_vs_hf_eager(seed, dtype):
     torch.backends.cudnn.allow_tf32 = False
     model = tiny_bert(seed)
     rng = np.random.default_rng(seed)
-    lengths = rng.integers(1, 65, size=13)
-    lengths[:2] = [1, 64]
-    seqs = [rng.integers(0, VOCAB, size=n) for n in lengths]
+    vocab, longest = model.config.vocab_size, model.config.max_position_embeddings
+    lengths = rng.integers(1, longest + 1, size=13)
+    lengths[:2] = [1, longest]
+    seqs = [rng.integers(0, vocab, size=n) for n in lengths]
     types = [rng.integers(0, 2, size=n) for n in lengths]
     reference = _hf_reference(copy.deepcopy(model), seqs, types)
     tol = TOLERANCE[dtype]
 
-    # max_batch 4 / max_tokens 150: the 13 sequences need several chunks
-    rt = Runtime(from_hf(model, dtype=dtype, device="cuda"), max_batch=4, max_tokens=150)
+    # max_batch 4 / max_tokens 300: the 13 sequences need several chunks
+    rt = Runtime(from_hf(model, dtype=dtype, device="cuda"), max_batch=4, max_tokens=300)
     out = rt.run(seqs, token_type_ids=types)
     for i, (hidden, pooled) in enumerate(reference):
         assert out["last_hidden_state"][i].is_cuda and out["last_hidden_state"][i].dtype == dtype
         assert _rel(out["last_hidden_state"][i], hidden) < tol, f"sequence {i} (length {lengths[i]})"
         assert _rel(out["pooler_output"][i], pooled) < tol
     # padded in and out, numpy out; extra padding columns beyond the longest sequence
-    ids, mask = pad(seqs, 70, fill=rng.integers(0, VOCAB))
-    type_ids = pad(types, 70)[0]
+    width = longest + 3  # padding columns past the longest sequence the model serves
+    ids, mask = pad(seqs, width, fill=rng.integers(0, vocab))
+    type_ids = pad(types, width)[0]
     padded = rt.run(torch.from_numpy(ids), torch.from_numpy(mask), torch.from_numpy(type_ids), padded=True,
                     output="numpy")
     hidden = padded["last_hidden_state"]
-    assert hidden.shape == (13, 70, 128) and not np.isnan(hidden).any()
+    assert hidden.shape == (13, width, model.config.hidden_size) and not np.isnan(hidden).any()
     for i, (ref_hidden, ref_pooled) in enumerate(reference):
         assert _rel(hidden[i, :lengths[i]], ref_hidden) < tol
         assert (hidden[i, lengths[i]:] == 0).all()
@@ -651,7 +658,7 @@ def test_gpu_runtime_honours_the_callers_stream(seed):
     torch.backends.cuda.matmul.allow_tf32 = False
     model = tiny_bert(seed)
     rng = np.random.default_rng(seed)
-    seqs = [rng.integers(0, VOCAB, size=n) for n in rng.integers(1, 65, size=9)]
+    seqs = [rng.integers(0, VOCAB, size=n) for n in rng.integers(1, 129, size=9)]
     encoder = from_hf(model, dtype=torch.float32, device="cuda")
     stream = torch.cuda.Stream()
     rt = Runtime(encoder, stream=stream, max_batch=4)
@@ -663,8 +670,10 @@ def test_gpu_runtime_honours_the_callers_stream(seed):
         return execute(*args)
 
     rt.backend.execute_packed = spy
-    expected = Runtime(encoder).run(seqs)["last_hidden_state"]
+    expected = Runtime(encoder).run(seqs)["last_hidden_state"]  # one chunk, on the current stream
+    rt.run(seqs)  # captures the graphs of this chunking first: a capture synchronizes the device
     torch.cuda.synchronize()
+    seen.clear()
     with torch.cuda.stream(stream):
         torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time queued ahead of the run on the stream
     out = rt.run(seqs)

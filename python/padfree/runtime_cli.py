@@ -53,21 +53,29 @@ def _batch_shape(text: str) -> tuple[int, int]:
 
 def load_hf_model(source: str) -> Any:
     """An HF model from a local directory, or a built-in tiny random-weight model (padfree.export)."""
-    path = Path(source)
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise SystemExit(f"padfree run: {source} is a directory without config.json: not an HF model")
-        from transformers import AutoModel
-        return AutoModel.from_pretrained(path)
+    from padfree.export.errors import ExportError
+    from padfree.export.models import load
+
     try:
-        from padfree.export import builtin_model
-    except ImportError as e:
-        raise SystemExit(f"padfree run: {source!r} is neither a file nor a directory, and built-in models"
-                         f" are not available ({e})") from None
-    return builtin_model(source)
+        model, description = load(source)
+    except ExportError as e:
+        raise SystemExit(f"padfree run: {source!r} is not an engine file, and {e}") from None
+    log.info("model: %s", description)
+    return model
 
 
 def open_runtime(args: argparse.Namespace):
+    """The Runtime for SOURCE; padfree's errors (a bad engine, an unsupported model) end the command
+    with their message rather than a traceback."""
+    from padfree import PadfreeError
+
+    try:
+        return _open_runtime(args)
+    except PadfreeError as e:
+        raise SystemExit(f"padfree run: {e}") from None
+
+
+def _open_runtime(args: argparse.Namespace):
     import torch
 
     from padfree.runtime import Runtime
@@ -78,6 +86,9 @@ def open_runtime(args: argparse.Namespace):
         return Runtime(args.source, **limits)
     from padfree.torch import from_hf
     model = load_hf_model(args.source)
+    if not torch.cuda.is_available():
+        raise SystemExit("padfree run: the PyTorch path runs padfree's CUDA kernels, and torch sees no CUDA"
+                         " device here")
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
     log.info("serving %s through the PyTorch path (%s on %s)", type(model).__name__, args.dtype, args.device)
     return Runtime(from_hf(model, dtype=dtype, device=args.device), **limits)
