@@ -5,11 +5,14 @@ Columns per shape (batch x max_seqlen, lengths uniform in [0.2*max, max], torch.
   compile               torch.compile(mode="reduce-overhead") of the sdpa model, padded batch
   padfree               the HF-style call on the padded device batch (validation, packing, the graph
                         replay, padded output): what replaces the HF call
+  padfree_host_inputs   the same call with the padded batch on the CPU (a tokenizer's output): validated
+                        and packed on the host, one asynchronous copy, no synchronization
   padfree_packed        forward_packed on already packed inputs (what padfree.runtime calls)
+  ..._with_varlen_attn  (--varlen-attn, diagnostic) forward_packed with torch's varlen_attn as attention
   floor                 the 12 layers' four projection GEMMs on the valid tokens only, one CUDA graph
-Timing: CUDA events around each call after a warm-up, median of --reps. The padfree call
-synchronizes once inside (the token count must reach the host), and that wait is in its time.
-The profile (--profile) is a torch.profiler trace of one eager forward_packed, kernel time by name.
+Timing: CUDA events around each call after a warm-up, median of --reps. The padfree call on device
+inputs synchronizes once inside (the token count must reach the host), and that wait is in its time.
+The profile (--profile) is a torch.profiler trace of one forward_packed, kernel time by name.
 
 The script bench/bert.py runs this with its defaults; results go to bench/results/bert-<gpu>.json.
 """
@@ -49,6 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-hf", action="store_true", help="skip the HF eager and sdpa columns")
     p.add_argument("--profile", action="store_true", help="kernel time by name of one padfree forward per shape")
     p.add_argument("--layers", type=int, default=12, help="encoder layers (default 12: BERT-base)")
+    p.add_argument("--varlen-attn", action="store_true",
+                   help="diagnostic column: the packed forward with torch's varlen_attn as its attention")
 
 
 def _shape(text: str) -> tuple[int, int]:
@@ -115,25 +120,51 @@ def floor_graph(weights, tokens: int, reps: int):
     return time_ms(graph.replay, reps, 5), flops
 
 
-def kernel_profile(encoder, packed) -> list[dict]:
-    """Device time per kernel name over one eager forward (graphs replay the same kernels)."""
+def kernel_profile(encoder, packed: dict) -> tuple[str, list[dict]]:
+    """Device time per kernel name over one forward: the graph replay where the profiler sees the
+    graph's kernels, else one eager forward (the same kernels, at the exact token count)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
-    use_graphs, encoder.use_graphs = encoder.use_graphs, False
-    try:
-        encoder.forward_packed(packed.input_ids, packed.cu_seqlens, packed.max_seqlen)
+
+    def trace():
+        encoder.forward_packed(**packed)
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            encoder.forward_packed(packed.input_ids, packed.cu_seqlens, packed.max_seqlen)
+            encoder.forward_packed(**packed)
             torch.cuda.synchronize()
-    finally:
-        encoder.use_graphs = use_graphs
-    by_name: dict[str, list[float]] = {}
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            by_name.setdefault(event.name, []).append(event.time_range.elapsed_us() / 1e3)
-    rows = [{"kernel": name, "group": _group(name), "calls": len(t), "ms": sum(t)} for name, t in by_name.items()]
-    return sorted(rows, key=lambda r: -r["ms"])
+        by_name: dict[str, list[float]] = {}
+        for event in prof.events():
+            if event.device_type == torch.autograd.DeviceType.CUDA:
+                by_name.setdefault(event.name, []).append(event.time_range.elapsed_us() / 1e3)
+        return [{"kernel": name, "group": _group(name), "calls": len(t), "ms": sum(t)} for name, t in by_name.items()]
+
+    rows, mode = trace(), "graph replay"
+    if sum(r["calls"] for r in rows) < 4 * len(encoder.weights.layers):
+        use_graphs, encoder.use_graphs = encoder.use_graphs, False
+        try:
+            rows, mode = trace(), "eager"
+        finally:
+            encoder.use_graphs = use_graphs
+    return mode, sorted(rows, key=lambda r: -r["ms"])
+
+
+def torch_attention_ops():
+    """padfree.ops with attention_varlen swapped for torch's varlen_attn (FlashAttention) plus a bias
+    add: a diagnostic of what the encoder would run at with that attention kernel."""
+    import types
+    import torch
+    from torch.nn.attention.varlen import varlen_attn
+    from padfree import ops
+
+    def attention_varlen(qkv, cu_seqlens, max_seqlen, num_heads, qkv_bias=None, softmax_scale=None, out=None):
+        tokens, width = qkv.shape
+        q, k, v = (qkv + qkv_bias).view(tokens, 3, num_heads, width // (3 * num_heads)).unbind(1)
+        # the default scale, 1/sqrt(head_dim), is the encoder's
+        out.copy_(varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen).reshape(tokens, -1))
+        return out
+    names = ("embedding_layernorm", "skip_layernorm", "bias_gelu", "rebuild_padding", "remove_padding",
+             "cu_seqlens_from_seqlens")
+    return types.SimpleNamespace(attention_varlen=attention_varlen, **{n: getattr(ops, n) for n in names})
 
 
 def _group(name: str) -> str:
@@ -163,7 +194,7 @@ def build_models(layers: int, with_hf: bool):
     return models, encoder
 
 
-def bench_shape(batch: int, max_seqlen: int, models: dict, encoder, args, compiled) -> dict:
+def bench_shape(batch: int, max_seqlen: int, models: dict, encoder, args, compiled, fa_encoder) -> dict:
     import torch
     lengths = lengths_for(batch, max_seqlen)
     tokens = sum(lengths)
@@ -181,20 +212,28 @@ def bench_shape(batch: int, max_seqlen: int, models: dict, encoder, args, compil
             ms["compile"] = time_ms(lambda: compiled(input_ids=ids, attention_mask=mask), args.reps,
                                     max(args.warmup, 5))
         ms["padfree"] = time_ms(lambda: encoder(ids, mask), args.reps, args.warmup)
-        packed = encoder.pack(ids, mask)
-        ms["padfree_packed"] = time_ms(
-            lambda: encoder.forward_packed(packed.input_ids, packed.cu_seqlens, packed.max_seqlen),
-            args.reps, args.warmup)
+        ids_cpu, mask_cpu = ids.cpu(), mask.cpu()
+        ms["padfree_host_inputs"] = time_ms(lambda: encoder(ids_cpu, mask_cpu), args.reps, args.warmup)
+        packed = {"input_ids": ids[mask.bool()].to(torch.int32),
+                  "cu_seqlens": torch.tensor([0] + lengths, device="cuda").cumsum(0).to(torch.int32),
+                  "max_seqlen": max(lengths)}
+        ms["padfree_packed"] = time_ms(lambda: encoder.forward_packed(**packed), args.reps, args.warmup)
+        if fa_encoder is not None:
+            ms["padfree_packed_with_varlen_attn"] = time_ms(lambda: fa_encoder.forward_packed(**packed),
+                                                           args.reps, args.warmup)
         ms["floor"], flops = floor_graph(encoder.weights, tokens, args.reps)
         row["floor_tflops"] = flops / (ms["floor"] * 1e-3) / 1e12
-        if "hf_sdpa" in models:
+        valid = mask.bool()
+        ours = encoder(ids, mask).last_hidden_state.float()
+        if "sdpa" in models:
             ref = models["sdpa"](input_ids=ids, attention_mask=mask).last_hidden_state.float()
-            ours = encoder(ids, mask).last_hidden_state.float()
-            valid = mask.bool()
             row["rel_err_vs_hf_sdpa"] = float((ours[valid] - ref[valid]).norm() / ref[valid].norm())
+        if fa_encoder is not None:
+            ref = fa_encoder(ids, mask).last_hidden_state.float()
+            row["rel_err_vs_varlen_attn_variant"] = float((ours[valid] - ref[valid]).norm() / ref[valid].norm())
         row["bucket"] = encoder.graph_buckets[-1]._asdict()
         if args.profile:
-            row["profile"] = kernel_profile(encoder, packed)
+            row["profile_mode"], row["profile"] = kernel_profile(encoder, packed)
     ratios = row["ratios"] = {"padfree_over_floor": ms["padfree"] / ms["floor"],
                               "packed_over_floor": ms["padfree_packed"] / ms["floor"]}
     if "compile" in ms:
@@ -215,24 +254,26 @@ def print_profile(row: dict) -> None:
     for k in row["profile"]:
         groups[k["group"]] = groups.get(k["group"], 0.0) + k["ms"]
     total = sum(groups.values())
-    print(f"-- {row['batch']}x{row['max_seqlen']}: kernel time of one eager forward {total:.3f} ms: " +
+    print(f"-- {row['batch']}x{row['max_seqlen']}: kernel time of one forward ({row['profile_mode']}) {total:.3f} ms: " +
           ", ".join(f"{g} {t:.3f} ({t / total:.0%})" for g, t in sorted(groups.items(), key=lambda x: -x[1])))
     for k in row["profile"][:8]:
         print(f"   {k['ms']:8.3f} ms {k['calls']:4d}x  {k['kernel'][:100]}")
 
 
 def print_table(rows: list[dict]) -> None:
-    cols = ["hf_eager", "hf_sdpa", "compile", "padfree", "padfree_packed", "floor"]
-    print(f"{'shape':>8} {'tokens':>6} " + " ".join(f"{c:>9}" for c in ["eager", "sdpa", "compile", "padfree",
-                                                                     "packed", "floor"])
-          + f" {'pf/floor':>8} {'cmp/pf':>7} target")
+    cols = {"hf_eager": "eager", "hf_sdpa": "sdpa", "compile": "compile", "padfree": "padfree",
+            "padfree_host_inputs": "host-in", "padfree_packed": "packed",
+            "padfree_packed_with_varlen_attn": "pk+FA", "floor": "floor"}
+    print(f"{'shape':>8} {'tokens':>6} " + " ".join(f"{c:>8}" for c in cols.values())
+          + f" {'pf/floor':>8} {'pk/floor':>8} {'cmp/pf':>7} target")
     for r in rows:
-        cells = " ".join(f"{r['ms'][c]:9.3f}" if c in r["ms"] else f"{'-':>9}" for c in cols)
+        cells = " ".join(f"{r['ms'][c]:8.3f}" if c in r["ms"] else f"{'-':>8}" for c in cols)
         cmp = r["ratios"].get("compile_over_padfree")
         print(f"{r['batch']:>4}x{r['max_seqlen']:<3} {r['total_tokens']:6d} {cells} "
-              f"{r['ratios']['padfree_over_floor']:8.2f} {'-' if cmp is None else f'{cmp:7.2f}':>7} {_targets(r)}")
-    print("median ms; pf/floor = padfree / floor (target <= 1.5, stretch 1.25), cmp/pf = compile / padfree "
-          "(target >= 2); 1x128 target: padfree <= 0.4 ms")
+              f"{r['ratios']['padfree_over_floor']:8.2f} {r['ratios']['packed_over_floor']:8.2f} "
+              f"{'-' if cmp is None else f'{cmp:7.2f}':>7} {_targets(r)}")
+    print("median ms; pf = padfree HF-style call on device inputs, pk = packed; targets: pf/floor <= 1.5 "
+          "(stretch 1.25), compile/pf >= 2, 1x128 pf <= 0.4 ms")
 
 
 def run(args) -> int:
@@ -247,9 +288,13 @@ def run(args) -> int:
     if not args.no_compile:
         sdpa = models.get("sdpa") or build_models(args.layers, True)[0]["sdpa"]
         compiled = torch.compile(sdpa, mode="reduce-overhead", dynamic=False)
+    fa_encoder = None
+    if args.varlen_attn:
+        from padfree.torch import PadfreeEncoder
+        fa_encoder = PadfreeEncoder(encoder.weights, encoder.config, ops=torch_attention_ops())
     rows = []
     for batch, max_seqlen in shapes:
-        row = bench_shape(batch, max_seqlen, models, encoder, args, compiled)
+        row = bench_shape(batch, max_seqlen, models, encoder, args, compiled, fa_encoder)
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "profile"}), flush=True)
     name = torch.cuda.get_device_name()

@@ -21,7 +21,7 @@ from ..ops._tensors import InputError
 from ..runtime.backend import Limits
 from .buckets import LRU, Bucket, bucket_for
 from .ffn import FfnUp, epilogue_matches
-from .inputs import PackedInputs, pack_device, pack_host
+from .inputs import Batch, InputBuffer, from_device, from_host
 from .weights import EncoderWeights
 
 _INT32_MAX = 2**31 - 1
@@ -32,9 +32,7 @@ class _Graph:
     """One captured forward and the static buffers it reads and writes."""
     bucket: Bucket
     graph: torch.cuda.CUDAGraph
-    input_ids: torch.Tensor               # int32 [tokens]
-    token_type_ids: torch.Tensor | None   # int32 [tokens]
-    cu_seqlens: torch.Tensor              # int32 [batch + 1]
+    inputs: InputBuffer                   # ids, token types, cu_seqlens at the bucket's sizes
     hidden: torch.Tensor                  # [tokens, H]: the output
     pooled: torch.Tensor | None           # [batch, H]
     replays: int = 0
@@ -125,24 +123,53 @@ class PadfreeEncoder:
         outputs, overwritten by the next call that uses the same bucket.
         """
         self._check_packed(input_ids, cu_seqlens, max_seqlen, token_type_ids)
+        tokens, batch = input_ids.shape[0], cu_seqlens.shape[0] - 1
         with self._device_guard():
-            if self.use_graphs:
-                hidden, pooled = self._replay(input_ids, cu_seqlens, max_seqlen, token_type_ids)
+            if not self.use_graphs:  # the caller's tensors are read in place
+                hidden, pooled = self._outputs(tokens, batch)
+                self._run(input_ids, token_type_ids, cu_seqlens, max_seqlen, hidden, pooled)
+            else:
+                def fill(buf: InputBuffer) -> None:
+                    buf.input_ids[:tokens].copy_(input_ids)
+                    if token_type_ids is not None:
+                        buf.token_type_ids[:tokens].copy_(token_type_ids)
+                    buf.cu_seqlens[:batch + 1].copy_(cu_seqlens)
+                    buf.pad_batch(batch, tokens)
+                hidden, pooled, _ = self._execute(Batch(tokens, batch, max_seqlen, 0,
+                                                        token_type_ids is not None, fill))
                 if copy:
                     hidden = hidden.clone()
                     pooled = None if pooled is None else pooled.clone()
-            else:
-                hidden = torch.empty(input_ids.shape[0], self.weights.hidden_size, dtype=self.dtype,
-                                     device=self.device)
-                pooled = None
-                if self.has_pooler:
-                    pooled = torch.empty(cu_seqlens.shape[0] - 1, self.weights.hidden_size,
-                                         dtype=self.dtype, device=self.device)
-                self._run(input_ids, token_type_ids, cu_seqlens, max_seqlen, hidden, pooled)
         out = {"last_hidden_state": hidden}
         if pooled is not None:
             out["pooler_output"] = pooled
         return out
+
+    def _outputs(self, tokens: int, batch: int):
+        new = dict(dtype=self.dtype, device=self.device)
+        hidden = torch.empty(tokens, self.weights.hidden_size, **new)
+        return hidden, torch.empty(batch, self.weights.hidden_size, **new) if self.has_pooler else None
+
+    def _execute(self, batch: Batch):
+        """Fill the inputs and run: a bucket's graph, or eagerly at the batch's exact size.
+        Returns (hidden [T, H], pooled [B, H] or None, cu_seqlens [B + 1]) on the device."""
+        tokens, size = batch.total_tokens, batch.batch
+        if not self.use_graphs:
+            buf = InputBuffer.new(tokens, size, batch.token_types, self.device)
+            batch.fill(buf)
+            hidden, pooled = self._outputs(tokens, size)
+            self._run(buf.input_ids, buf.token_type_ids, buf.cu_seqlens, batch.max_seqlen, hidden, pooled)
+            return hidden, pooled, buf.cu_seqlens
+        bucket = bucket_for(tokens, size, batch.max_seqlen, self.weights.max_seqlen, batch.token_types)
+        g = self._graphs.get(bucket)
+        if g is None:
+            g = self._capture(bucket)
+            self._graphs.put(bucket, g)  # an evicted graph frees its buffers once unreferenced
+        batch.fill(g.inputs)  # rows past `tokens` are rows of no sequence: never read by a token
+        g.graph.replay()
+        g.replays += 1
+        return (g.hidden[:tokens], None if g.pooled is None else g.pooled[:size],
+                g.inputs.cu_seqlens[:size + 1])
 
     def _check_packed(self, input_ids, cu_seqlens, max_seqlen, token_type_ids) -> None:
         self._check_index(input_ids, "input_ids", None)
@@ -177,39 +204,17 @@ class PadfreeEncoder:
 
     # ---- CUDA graphs ---------------------------------------------------------------------------
 
-    def _replay(self, input_ids, cu_seqlens, max_seqlen, token_type_ids):
-        tokens, batch = input_ids.shape[0], cu_seqlens.shape[0] - 1
-        bucket = bucket_for(tokens, batch, max_seqlen, self.weights.max_seqlen, token_type_ids is not None)
-        g = self._graphs.get(bucket)
-        if g is None:
-            g = self._capture(bucket)
-            self._graphs.put(bucket, g)  # an evicted graph frees its buffers once unreferenced
-        # rows past `tokens` keep stale ids: rows of no sequence, never read by a real token
-        g.input_ids[:tokens].copy_(input_ids)
-        if token_type_ids is not None:
-            g.token_type_ids[:tokens].copy_(token_type_ids)
-        g.cu_seqlens[:batch + 1].copy_(cu_seqlens)
-        if bucket.batch > batch:  # empty sequences after the last: repeats of cu_seqlens[batch]
-            g.cu_seqlens[batch + 1:].copy_(cu_seqlens[batch:].expand(bucket.batch - batch))
-        g.graph.replay()
-        g.replays += 1
-        return g.hidden[:tokens], None if g.pooled is None else g.pooled[:batch]
-
     def _capture(self, bucket: Bucket) -> _Graph:
-        h = self.weights.hidden_size
-        new_int = dict(dtype=torch.int32, device=self.device)
-        new = dict(dtype=self.dtype, device=self.device)
         # static inputs and outputs live outside the pool: they must survive other captures
+        hidden, pooled = self._outputs(bucket.tokens, bucket.batch)
         g = _Graph(bucket=bucket, graph=torch.cuda.CUDAGraph(),
-                   input_ids=torch.zeros(bucket.tokens, **new_int),
-                   token_type_ids=torch.zeros(bucket.tokens, **new_int) if bucket.token_types else None,
-                   cu_seqlens=torch.zeros(bucket.batch + 1, **new_int),
-                   hidden=torch.empty(bucket.tokens, h, **new),
-                   pooled=torch.empty(bucket.batch, h, **new) if self.has_pooler else None)
+                   inputs=InputBuffer.new(bucket.tokens, bucket.batch, bucket.token_types, self.device),
+                   hidden=hidden, pooled=pooled)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
             self._capture_stream = torch.cuda.Stream(self.device)
-        args = (g.input_ids, g.token_type_ids, g.cu_seqlens, bucket.max_seqlen, g.hidden, g.pooled)
+        args = (g.inputs.input_ids, g.inputs.token_type_ids, g.inputs.cu_seqlens, bucket.max_seqlen,
+                g.hidden, g.pooled)
         # warm-up outside capture (library handles, workspaces); all sequences are empty here
         self._capture_stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self._capture_stream):
@@ -234,15 +239,14 @@ class PadfreeEncoder:
 
     # ---- the HF-style call -----------------------------------------------------------------------
 
-    def pack(self, input_ids, attention_mask=None, token_type_ids=None) -> PackedInputs:
-        """Validate and pack HF-style inputs (see __call__) into device tensors for forward_packed."""
+    def prepare(self, input_ids, attention_mask=None, token_type_ids=None) -> Batch:
+        """Validate HF-style inputs (see __call__): on the GPU when they are there, else on the host."""
         if isinstance(input_ids, torch.Tensor) and input_ids.device.type != "cpu":
-            return pack_device(input_ids, attention_mask, token_type_ids, self.limits, self.device,
-                               self._ops)
+            return from_device(input_ids, attention_mask, token_type_ids, self.limits, self.device, self._ops)
         for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
             if isinstance(t, torch.Tensor) and t.device.type != "cpu":
                 raise InputError(f"{name} is on {t.device} but input_ids on the CPU; pass them on one device")
-        return pack_host(input_ids, attention_mask, token_type_ids, self.limits, self.device)
+        return from_host(input_ids, attention_mask, token_type_ids, self.limits)
 
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None):
         """HF-style forward. input_ids: [B, S] int tensor (on the CPU or the encoder's device) with
@@ -250,12 +254,10 @@ class PadfreeEncoder:
         (token_type_ids then a list too). Returns a transformers BaseModelOutputWithPooling (or
         BaseModelOutput for models without a pooler): last_hidden_state [B, S, H] with zeros in padded
         rows (S = the input's width, or the longest sequence of a list)."""
-        packed = self.pack(input_ids, attention_mask, token_type_ids)
-        out = self.forward_packed(packed.input_ids, packed.cu_seqlens, packed.max_seqlen,
-                                  packed.token_type_ids, copy=False)
+        batch = self.prepare(input_ids, attention_mask, token_type_ids)
         with self._device_guard():
-            last = self._ops.rebuild_padding(out["last_hidden_state"], packed.cu_seqlens, packed.padded_width)
-            pooled = out.get("pooler_output")
+            hidden, pooled, cu_seqlens = self._execute(batch)
+            last = self._ops.rebuild_padding(hidden, cu_seqlens, batch.padded_width)
             pooled = None if pooled is None else pooled.clone()
         from transformers.modeling_outputs import BaseModelOutput, BaseModelOutputWithPooling
         if self.has_pooler:
