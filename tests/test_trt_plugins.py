@@ -37,10 +37,10 @@ needs_harness = pytest.mark.skipif(HARNESS is None or not HARNESS.is_file(),
 
 
 def _library() -> Path | None:
-    from padfree.engines import plugin_library
     try:
+        from padfree.engines import plugin_library
         return plugin_library.find(required=False)
-    except Exception:  # noqa: BLE001 - an explicit path that does not exist
+    except Exception:  # noqa: BLE001 - padfree.engines not importable, or an explicit path that does not exist
         return None
 
 
