@@ -50,6 +50,7 @@ def _quiet_exporter(verbose: bool) -> None:
     if verbose:
         logging.getLogger("padfree").setLevel(logging.DEBUG)
         return
+    import torch  # noqa: F401 - torch sets its loggers' levels on import; override them after
     for name in ("onnx_ir", "onnxscript", "torch.onnx", "torch._export", "torch.export",
                  "torch.onnx._internal.exporter._registration"):
         logging.getLogger(name).setLevel(logging.ERROR)

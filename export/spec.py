@@ -83,6 +83,9 @@ def _port(d: dict) -> Port:
 
 @lru_cache(maxsize=None)
 def load(path: str | Path = SPEC_PATH) -> Spec:
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"plugin spec not found at {path}: padfree.export reads plugins/spec/plugins.json "
+                                "from the source tree (install with pip install -e .)")
     raw = json.loads(Path(path).read_text())
     plugins = {
         name: Plugin(name, p.get("doc", ""), tuple(map(_port, p["inputs"])), tuple(map(_port, p["outputs"])),

@@ -172,10 +172,12 @@ def test_bad_input_is_refused():
         rewrite(old)
 
 
-def test_cli_export_and_check(tmp_path, capsys, seed):
+def test_cli_export_and_check_from_a_local_hf_directory(tmp_path, capsys, seed):
     from padfree.cli import main
 
-    assert main(["export", "tiny-distilbert", "-o", str(tmp_path)]) == 0
+    config_cls, model_cls, fields = models.BUILTIN["tiny-distilbert"]
+    models.build(config_cls, model_cls, seed=seed, **fields).save_pretrained(tmp_path / "hf")
+    assert main(["export", str(tmp_path / "hf"), "-o", str(tmp_path)]) == 0
     assert {"model.onnx", "model.padfree.onnx", "report.json"} <= {p.name for p in tmp_path.iterdir()}
     args = ["check", str(tmp_path / "model.padfree.onnx"), "--reference", str(tmp_path / "model.onnx"),
             "--batch", "3", "--max-seqlen", "20", "--seed", str(seed)]
