@@ -10,9 +10,8 @@ namespace {
 // kSkip: the row is x + bias + residual (bias may be null); otherwise x. out may alias x or
 // residual: every element is read and written by the same thread, reads first.
 template <typename T, int N, bool kBlockRow, bool kSkip>
-__global__ void __launch_bounds__(kRowMaxThreads<kBlockRow>, kRowMinBlocks<kBlockRow>)
-layernorm_kernel(const T* x, const T* residual, const T* bias, const T* gamma,
-                                 const T* beta, int64_t rows, int hidden, float eps, T* out) {
+__device__ __forceinline__ void layernorm_rows(const T* x, const T* residual, const T* bias, const T* gamma,
+                                               const T* beta, int64_t rows, int hidden, float eps, T* out) {
     constexpr int V = Vec<T>::size;
     const int nvec = hidden / V;
     const int lane = threadIdx.x;
@@ -43,6 +42,22 @@ layernorm_kernel(const T* x, const T* residual, const T* bias, const T* gamma,
     }
 }
 
+// Plain LayerNorm keeps the compiler's register choice: capped at 64 it measured slower on the
+// H100 ([16384, 768] fp16: 0.86 of copy bandwidth against 0.90 uncapped).
+template <typename T, int N, bool kBlockRow>
+__global__ void layernorm_kernel(const T* x, const T*, const T*, const T* gamma, const T* beta, int64_t rows,
+                                 int hidden, float eps, T* out) {
+    layernorm_rows<T, N, kBlockRow, false>(x, nullptr, nullptr, gamma, beta, rows, hidden, eps, out);
+}
+
+// Skip LayerNorm reads two streams and gains from the cap (0.83 -> 0.93 of copy bandwidth).
+template <typename T, int N, bool kBlockRow>
+__global__ void __launch_bounds__(kRowMaxThreads<kBlockRow>, kRowMinBlocks<kBlockRow>)
+skip_layernorm_kernel(const T* x, const T* residual, const T* bias, const T* gamma, const T* beta, int64_t rows,
+                      int hidden, float eps, T* out) {
+    layernorm_rows<T, N, kBlockRow, true>(x, residual, bias, gamma, beta, rows, hidden, eps, out);
+}
+
 template <bool kSkip>
 void launch(const void* x, const void* residual, const void* bias, const void* gamma, const void* beta,
             int64_t rows, int32_t hidden, float eps, padfree_dtype dtype, void* out, cudaStream_t stream) {
@@ -51,8 +66,10 @@ void launch(const void* x, const void* residual, const void* bias, const void* g
         using T = typename decltype(dtype_tag)::type;
         const RowLaunch shape = row_launch(hidden / vec_size<T>());
         dispatch_row_launch(shape, [&](auto n, auto block_row) {
-            layernorm_kernel<T, decltype(n)::value, decltype(block_row)::value, kSkip>
-                <<<row_grid(rows, shape), shape.block, 0, stream>>>(
+            constexpr int kN = decltype(n)::value;
+            constexpr bool kBlockRow = decltype(block_row)::value;
+            auto kernel = kSkip ? skip_layernorm_kernel<T, kN, kBlockRow> : layernorm_kernel<T, kN, kBlockRow>;
+            kernel<<<row_grid(rows, shape), shape.block, 0, stream>>>(
                     static_cast<const T*>(x), static_cast<const T*>(residual), static_cast<const T*>(bias),
                     static_cast<const T*>(gamma), static_cast<const T*>(beta), rows, hidden, eps,
                     static_cast<T*>(out));

@@ -80,9 +80,9 @@ inline RowLaunch row_launch(int nvec) {
     return {kBlockRowVecs, true, dim3(threads, 1)};
 }
 
-// Register cap for the row kernels: 64 registers, so an SM holds 32 warps (1024 threads), with no
-// spills at N = 4 (checked with -Xptxas -v). Uncapped, the compiler takes about 95 and the SM holds
-// 20 warps, too few loads in flight to approach copy bandwidth.
+// Register cap for the row kernels that read several streams (skip LayerNorm, embeddings): 64
+// registers, so an SM holds 32 warps (1024 threads), with no spills at N = 4 (checked with -Xptxas
+// -v). Uncapped, the compiler takes about 95 and the SM holds 20 warps.
 template <bool kBlockRow>
 constexpr int kRowMaxThreads = kBlockRow ? 512 : kWarpSize * kWarpRowsPerBlock;
 template <bool kBlockRow>
