@@ -37,10 +37,6 @@ def const_value(t: gs.Tensor | None) -> np.ndarray | None:
     return None
 
 
-def is_const(t: gs.Tensor | None) -> bool:
-    return const_value(t) is not None
-
-
 def scalar(t: gs.Tensor | None) -> float | None:
     """The value of a constant holding one element (any rank), else None."""
     v = const_value(t)
@@ -78,20 +74,6 @@ def ancestors(tensors: Iterable[gs.Tensor], stop: set[int] | None = None) -> lis
             out.append(node)
             todo.extend(node.inputs)
     return out
-
-
-def graph_inputs_used(graph: gs.Graph, tensors: Iterable[gs.Tensor]) -> set[str]:
-    """Names of the graph inputs that `tensors` depend on (through data or shape)."""
-    inputs = {id(t): t.name for t in graph.inputs}
-    found = {inputs[id(t)] for t in tensors if id(t) in inputs}
-    for node in ancestors(tensors):
-        found.update(inputs[id(t)] for t in node.inputs if id(t) in inputs)
-    return found
-
-
-def make_const(graph_ctx, name: str, value: np.ndarray) -> gs.Constant:
-    """A new initializer with a name unique in the rewrite."""
-    return gs.Constant(graph_ctx.unique(name), np.ascontiguousarray(value))
 
 
 def describe(node: gs.Node | None) -> str:

@@ -3,7 +3,6 @@ written from the spec, one plugin node at a time, on fresh random variable-lengt
 from __future__ import annotations
 
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper
 
