@@ -119,9 +119,9 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-// Sum over the whole block, returned to every thread. blockDim.x must be a multiple of 32. Safe
-// to call repeatedly: the leading barrier keeps a call from overwriting scratch that the previous
-// call's threads may still be reading.
+// Sum over the whole (one-dimensional) block, returned to every thread. blockDim.x must be a
+// multiple of 32. Safe to call repeatedly: the leading barrier keeps a call from overwriting
+// scratch that the previous call's threads may still be reading.
 __device__ __forceinline__ float block_sum(float v) {
     __shared__ float scratch[kWarpSize];
     const int lane = threadIdx.x % kWarpSize;
