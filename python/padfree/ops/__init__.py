@@ -4,7 +4,8 @@ All functions take contiguous CUDA tensors, enqueue on torch's current stream, n
 and raise InputError (a ValueError) for a bad dtype, device, layout or shape.
 """
 from ._tensors import InputError  # noqa: F401
-from .padding import cu_seqlens_from_mask, cu_seqlens_from_seqlens, rebuild_padding, remove_padding  # noqa: F401
+from .padding import (cu_seqlens_from_mask, cu_seqlens_from_seqlens, pack_from_mask,  # noqa: F401
+                      pack_from_seqlens, rebuild_padding, remove_padding)
 from .attention import attention_varlen  # noqa: F401
 from .layernorm import layernorm, skip_layernorm  # noqa: F401
 from .embedding import embedding_layernorm  # noqa: F401
