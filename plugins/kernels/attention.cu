@@ -21,29 +21,7 @@ constexpr int kResidentMaxSeqlen = 128;
 // 128-row tiles, which halve the K/V traffic per query.
 constexpr int kTiled64MaxSeqlen = 512;
 
-enum class Path { kResident, kResident256, kTiled64, kTiled128, kTiled128W8, kFp32 };
-
-// Per head size: warps x 16-row blocks per warp, key tile, single pass. hd64's 128-row tiles use
-// 32-row warps (K/V fragments feed two mma each); hd128 cannot: 32 rows of O alone would take 128
-// registers a thread, so its 128-row tiles stay at 8 warps of 16 rows.
-template <int HD>
-struct Configs;
-template <>
-struct Configs<64> {
-    using Resident = TileConfig<64, 4, 1, kResidentMaxSeqlen, true>;
-    using Resident256 = TileConfig<64, 4, 1, 256, true>;
-    using Tiled64 = TileConfig<64, 4, 1, 64, false>;
-    using Tiled128 = TileConfig<64, 4, 2, 64, false>;
-    using Tiled128W8 = TileConfig<64, 8, 1, 64, false>;
-};
-template <>
-struct Configs<128> {
-    using Resident = TileConfig<128, 4, 1, kResidentMaxSeqlen, true>;
-    using Resident256 = TileConfig<128, 4, 1, 64, false>;
-    using Tiled64 = TileConfig<128, 4, 1, 64, false>;
-    using Tiled128 = TileConfig<128, 8, 1, 64, false>;
-    using Tiled128W8 = Tiled128;
-};
+enum class Path { kResident, kTiled64, kTiled128, kFp32 };
 
 // PADFREE_ATTENTION_PATH=resident|tiled64|tiled128 overrides the choice by max_seqlen, so that a
 // benchmark can time every path on one build ("resident" only where the sequences fit it).
@@ -51,10 +29,8 @@ bool forced_path(int32_t max_seqlen, Path* path) {
     const char* name = std::getenv("PADFREE_ATTENTION_PATH");
     if (name == nullptr) return false;
     if (std::strcmp(name, "resident") == 0 && max_seqlen <= kResidentMaxSeqlen) *path = Path::kResident;
-    else if (std::strcmp(name, "resident256") == 0 && max_seqlen <= 256) *path = Path::kResident256;
     else if (std::strcmp(name, "tiled64") == 0) *path = Path::kTiled64;
     else if (std::strcmp(name, "tiled128") == 0) *path = Path::kTiled128;
-    else if (std::strcmp(name, "tiled128w8") == 0) *path = Path::kTiled128W8;
     else return false;
     return true;
 }
@@ -91,15 +67,11 @@ cudaError_t launch_head_dim(const AttentionArgs& args, int32_t batch, int32_t ma
     } else {
         switch (choose_path(max_seqlen, dtype)) {
             case Path::kResident:
-                return launch_tc<T, typename Configs<HD>::Resident>(args, batch, max_seqlen, stream);
-            case Path::kResident256:
-                return launch_tc<T, typename Configs<HD>::Resident256>(args, batch, max_seqlen, stream);
+                return launch_tc<T, TileConfig<HD, 4, kResidentMaxSeqlen, true>>(args, batch, max_seqlen, stream);
             case Path::kTiled64:
-                return launch_tc<T, typename Configs<HD>::Tiled64>(args, batch, max_seqlen, stream);
-            case Path::kTiled128W8:
-                return launch_tc<T, typename Configs<HD>::Tiled128W8>(args, batch, max_seqlen, stream);
+                return launch_tc<T, TileConfig<HD, 4, 64, false>>(args, batch, max_seqlen, stream);
             default:
-                return launch_tc<T, typename Configs<HD>::Tiled128>(args, batch, max_seqlen, stream);
+                return launch_tc<T, TileConfig<HD, 8, 64, false>>(args, batch, max_seqlen, stream);
         }
     }
 }
@@ -111,10 +83,8 @@ bool attention_head_dim_supported(int32_t head_dim) { return head_dim == 64 || h
 const char* attention_path_name(int32_t max_seqlen, int32_t /*head_dim*/, padfree_dtype dtype) {
     switch (choose_path(max_seqlen, dtype)) {
         case Path::kResident: return "resident";
-        case Path::kResident256: return "resident256";
         case Path::kTiled64: return "tiled64";
         case Path::kTiled128: return "tiled128";
-        case Path::kTiled128W8: return "tiled128w8";
         case Path::kFp32: return "fp32";
     }
     return "unknown";
