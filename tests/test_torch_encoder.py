@@ -214,57 +214,26 @@ def test_probe_picks_kernel_gelu_where_epilogue_differs():
     assert epilogue_matches("relu", torch.float64, cpu, 16, 64)
 
 
-@pytest.mark.parametrize("masked", [True, False])
 @pytest.mark.parametrize("types", [True, False])
-def test_device_and_host_packing_fill_the_same_buffer(masked, types, seed):
-    """from_device's logic (run on CPU tensors with reference ops) packs as the host route does."""
-    from padfree.torch.inputs import InputBuffer, from_device, from_host
+def test_host_packing_fills_a_bucket_buffer(types, seed):
+    """Packed ids in sequence order, then zeros (rows of no sequence); cu_seqlens padded with
+    repeats of the token count (empty sequences), as the graphs expect."""
+    from padfree.torch.inputs import InputBuffer, from_host
     rng = np.random.default_rng(seed)
     model = make_model("bert", hidden=64)
-    limits = cpu_encoder(model).limits
     ids, mask, type_ids = random_batch(model, 6, 40, rng, types=types)
-    if not masked:
-        mask[:] = 1
-    cpu = torch.device("cpu")
-    got = from_device(ids, mask if masked else None, type_ids, limits, cpu, REFERENCE_OPS)
-    want = from_host(ids, mask, type_ids, limits)
-    assert (got.total_tokens, got.batch, got.max_seqlen, got.padded_width, got.token_types) == \
-        (want.total_tokens, want.batch, want.max_seqlen, want.padded_width, want.token_types)
-    buffers = []
-    for batch in (got, want):  # at a bucket's larger capacity: padded cu_seqlens, rows of no sequence
-        buf = InputBuffer.new(batch.total_tokens + 70, 8, types, cpu)
-        buf.flat.fill_(-7)
-        batch.fill(buf)
-        buffers.append(buf)
-    t, b = got.total_tokens, got.batch
-    for name in ("input_ids", "token_type_ids"):
-        if types or name == "input_ids":
-            assert torch.equal(getattr(buffers[0], name)[:t], getattr(buffers[1], name)[:t])
-    assert torch.equal(buffers[0].input_ids[:t], ids[mask.bool()].int())
-    assert torch.equal(buffers[0].cu_seqlens, buffers[1].cu_seqlens)
-    assert buffers[0].cu_seqlens.tolist() == [0] + mask.sum(1).cumsum(0).tolist() + [t] * (8 - b)
-
-
-def test_device_route_errors_name_the_row(cpu_bert):
-    from padfree.torch.inputs import from_device
-    ids = torch.randint(1, 90, (3, 8))
-    mask = torch.ones(3, 8, dtype=torch.int64)
-    mask[2, 4:] = 0
-    mask[2, 6] = 1
-    check = dict(limits=cpu_bert.limits, device=torch.device("cpu"), ops=REFERENCE_OPS)
-    with pytest.raises(InputError, match="row 2 is not left-aligned"):
-        from_device(ids, mask, None, **check)
-    mask[2, 6] = 0
-    ids[1, 7] = 97
-    with pytest.raises(InputError, match="sequence 1, position 7"):
-        from_device(ids, mask, None, **check)
-    ids[1, 7] = 5
-    ids[2, 6] = 10**6  # a padded position: not a token, not refused
-    assert from_device(ids, mask, None, **check).total_tokens == 20
-    with pytest.raises(InputError, match="dtype"):
-        from_device(ids.float(), mask, None, **check)
-    with pytest.raises(InputError, match="shape"):
-        from_device(ids, mask[:, :4], None, **check)
+    batch = from_host(ids, mask, type_ids, cpu_encoder(model).limits)
+    t, b = batch.total_tokens, batch.batch
+    assert (t, b, batch.max_seqlen, batch.padded_width, batch.token_types) == \
+        (int(mask.sum()), 6, int(mask.sum(1).max()), 40, types)
+    buf = InputBuffer.new(t + 70, 8, types, torch.device("cpu"))
+    buf.flat.fill_(-7)
+    batch.fill(buf)
+    valid = mask.bool()
+    assert torch.equal(buf.input_ids, torch.cat([ids[valid].int(), torch.zeros(70, dtype=torch.int32)]))
+    if types:
+        assert torch.equal(buf.token_type_ids[:t], type_ids[valid].int())
+    assert buf.cu_seqlens.tolist() == [0] + mask.sum(1).cumsum(0).tolist() + [t] * (8 - b)
 
 
 # ---- CPU: weight extraction -----------------------------------------------------------------------

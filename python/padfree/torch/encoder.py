@@ -242,7 +242,7 @@ class PadfreeEncoder:
     def prepare(self, input_ids, attention_mask=None, token_type_ids=None) -> Batch:
         """Validate HF-style inputs (see __call__): on the GPU when they are there, else on the host."""
         if isinstance(input_ids, torch.Tensor) and input_ids.device.type != "cpu":
-            return from_device(input_ids, attention_mask, token_type_ids, self.limits, self.device, self._ops)
+            return from_device(input_ids, attention_mask, token_type_ids, self.limits, self.device)
         for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
             if isinstance(t, torch.Tensor) and t.device.type != "cpu":
                 raise InputError(f"{name} is on {t.device} but input_ids on the CPU; pass them on one device")
