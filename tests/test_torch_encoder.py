@@ -148,18 +148,6 @@ def _ref_bias_gelu(x, bias=None, approximate="none", out=None):
     return out
 
 
-def _ref_cu_seqlens_from_seqlens(seqlens):
-    return F.pad(seqlens.cumsum(0), (1, 0)).to(torch.int32)
-
-
-def _ref_remove_padding(padded, cu, total_tokens, out=None):
-    packed = torch.cat([padded[i, :b - a] for i, (a, b) in enumerate(_segments(cu))])
-    if out is None:
-        return packed
-    out.copy_(packed)
-    return out
-
-
 def _ref_rebuild_padding(packed, cu, padded_seqlen, out=None):
     padded = packed.new_zeros(len(cu) - 1, padded_seqlen, *packed.shape[1:])
     for i, (a, b) in enumerate(_segments(cu)):
@@ -169,8 +157,7 @@ def _ref_rebuild_padding(packed, cu, padded_seqlen, out=None):
 
 REFERENCE_OPS = types.SimpleNamespace(
     embedding_layernorm=_ref_embedding, attention_varlen=_ref_attention, skip_layernorm=_ref_skip_layernorm,
-    bias_gelu=_ref_bias_gelu, cu_seqlens_from_seqlens=_ref_cu_seqlens_from_seqlens,
-    remove_padding=_ref_remove_padding, rebuild_padding=_ref_rebuild_padding)
+    bias_gelu=_ref_bias_gelu, rebuild_padding=_ref_rebuild_padding)
 
 
 def cpu_encoder(model, use_epilogue=None) -> PadfreeEncoder:

@@ -162,8 +162,7 @@ def torch_attention_ops():
         # the default scale, 1/sqrt(head_dim), is the encoder's
         out.copy_(varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen).reshape(tokens, -1))
         return out
-    names = ("embedding_layernorm", "skip_layernorm", "bias_gelu", "rebuild_padding", "remove_padding",
-             "cu_seqlens_from_seqlens")
+    names = ("embedding_layernorm", "skip_layernorm", "bias_gelu", "rebuild_padding")
     return types.SimpleNamespace(attention_varlen=attention_varlen, **{n: getattr(ops, n) for n in names})
 
 
