@@ -54,6 +54,7 @@ class Context:
         self._packed: dict[str, gs.Tensor] = {}
         self.plugin_outputs: set[int] = set()   # ids of tensors on packed token rows made by plugins
         self.batch_rows: set[int] = set()        # ids of nodes whose output has one row per sequence
+        self.row_maps: set[int] = set()          # ids of nodes made here that map packed rows one by one
         self._names: set[str] = {t for t in graph.tensors()} | {n.name for n in graph.nodes}
         self._counter = 0
 
@@ -70,7 +71,8 @@ class Context:
         return gs.Variable(self.unique(base), dtype=dtype, shape=shape)
 
     def const(self, base: str, value: np.ndarray) -> gs.Constant:
-        return gs.Constant(self.unique(base), np.ascontiguousarray(value))
+        # np.asarray, not np.ascontiguousarray: the latter makes 0-D scalars 1-D (a Gather index, a Range bound)
+        return gs.Constant(self.unique(base), np.asarray(value, order="C"))
 
     def node(self, op: str, inputs: list, outputs: list, **attrs: Any) -> gs.Node:
         node = gs.Node(op, self.unique(op), attrs=attrs, inputs=list(inputs), outputs=list(outputs))
@@ -79,12 +81,14 @@ class Context:
 
     def plugin(self, name: str, inputs: list[gs.Tensor], outputs: list[gs.Variable],
                fields: dict[str, Any], token_rows: bool = True) -> gs.Node:
-        """A plugin node from the spec; inputs must match the spec's input list for these fields."""
+        """A plugin node from the spec; inputs and outputs must match the spec's lists for these fields
+        (TensorRT's parser refuses a node that leaves out a plugin output, even an unused one)."""
         plugin = self.spec[name]
         attrs = self.spec.node_attributes(name, fields)
-        want = plugin.input_names(attrs)
-        if len(inputs) != len(want):
-            raise ValueError(f"{name}: the spec wants inputs {want}, got {len(inputs)}")
+        for kind, want, got in (("inputs", plugin.input_names(attrs), inputs),
+                                ("outputs", plugin.output_names(attrs), outputs)):
+            if len(got) != len(want):
+                raise ValueError(f"{name}: the spec wants {kind} {want}, got {len(got)}")
         node = gs.Node(name, self.unique(name), attrs=attrs, inputs=list(inputs), outputs=list(outputs),
                        domain=self.spec.namespace)
         self.graph.nodes.append(node)
@@ -116,16 +120,38 @@ class Context:
             out = self.variable("max_seqlen", np.int32, [DIM_S])
             self.node("Gather", [self.padded_mask(), self.const("zero", np.array(0, np.int64))], [out], axis=0)
             self._packed[name] = out
-        elif name == CU_SEQLENS:
-            self.packed(INPUT_IDS)  # the first PadfreeRemovePadding also yields cu_seqlens
         else:
-            padded = self._input(name, [DIM_B, DIM_S])
-            rows = self.variable(f"packed_{name}", np.int32, [DIM_T])
-            cu = self.variable("cu_seqlens", np.int32, [DIM_B1])
-            self.plugin("PadfreeRemovePadding", [padded, self.padded_mask()], [rows, cu], {}, token_rows=False)
-            self._packed[name] = rows
-            self._packed.setdefault(CU_SEQLENS, cu)
+            self._remove_padding_of_ids()
         return self._packed[name]
+
+    def _remove_padding_of_ids(self) -> None:
+        """Padded I/O: input_ids and token_type_ids packed by one PadfreeRemovePadding, side by side
+        ([B, S, 2] -> [T, 2]), which also yields cu_seqlens. One node, not one per id tensor: each
+        node adds a size tensor that TensorRT reads back before it can shape what follows, and two
+        of them would give the two id tensors extents TensorRT cannot tell are equal."""
+        names = [INPUT_IDS] + ([TOKEN_TYPE_IDS] if self.has_token_types() else [])
+        padded = [self._input(n, [DIM_B, DIM_S]) for n in names]
+        cu = self.variable("cu_seqlens", np.int32, [DIM_B1])
+        outputs = [cu, self.variable("total_tokens", np.int32, [])]
+        if len(names) == 1:
+            rows = self.variable(f"packed_{INPUT_IDS}", np.int32, [DIM_T])
+            self.plugin("PadfreeRemovePadding", [padded[0], self.padded_mask()], [rows, *outputs], {}, token_rows=False)
+            self._packed[INPUT_IDS] = rows
+        else:
+            last_axis = self.const("last_axis", np.array([-1], np.int64))
+            columns = [self.variable(f"{n}_column", np.int32, [DIM_B, DIM_S, 1]) for n in names]
+            for t, column in zip(padded, columns):
+                self.node("Unsqueeze", [t, last_axis], [column])
+            stacked = self.variable("padded_ids", np.int32, [DIM_B, DIM_S, len(names)])
+            self.node("Concat", columns, [stacked], axis=-1)
+            rows = self.variable("packed_ids", np.int32, [DIM_T, len(names)])
+            self.plugin("PadfreeRemovePadding", [stacked, self.padded_mask()], [rows, *outputs], {}, token_rows=False)
+            for k, n in enumerate(names):
+                self._packed[n] = self.variable(f"packed_{n}", np.int32, [DIM_T])
+                column = self.node("Gather", [rows, self.const("column", np.array(k, np.int64))], [self._packed[n]],
+                                   axis=1)
+                self.row_maps.add(id(column))
+        self._packed[CU_SEQLENS] = cu
 
     def padded_mask(self) -> gs.Tensor:
         """A [B, S] int32 attention mask: the input in padded I/O, built from cu_seqlens in packed I/O."""

@@ -127,6 +127,8 @@ def _remove_padding(b: _Builder, i: list[str], o: list[str]) -> None:
     b.op("GatherND", padded, _coords_2d(b, seq, pos), out=[o[0]])
     if len(o) > 1 and o[1]:
         b.op("Cast", cu, out=[o[1]], to=TensorProto.INT32)
+    if len(o) > 2 and o[2]:  # the size tensor: cu_seqlens[B], 0-D
+        b.op("Cast", b.op("Gather", cu, b.const(-1), axis=0), out=[o[2]], to=TensorProto.INT32)
 
 
 def _rebuild_padding(b: _Builder, i: list[str], o: list[str]) -> None:

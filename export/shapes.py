@@ -33,7 +33,7 @@ def _attention(node, ins):
 
 def _remove_padding(node, ins):
     t, s = ins[0]
-    return [(t, [DIM_T] + s[2:]), (TensorProto.INT32, [DIM_B1])]
+    return [(t, [DIM_T] + s[2:]), (TensorProto.INT32, [DIM_B1]), (TensorProto.INT32, [])]
 
 
 def _rebuild_padding(node, ins):

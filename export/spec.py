@@ -15,7 +15,12 @@ from typing import Any
 
 import numpy as np
 
-SPEC_PATH = Path(__file__).resolve().parent.parent / "plugins" / "spec" / "plugins.json"
+_HERE = Path(__file__).resolve().parent
+# Where plugins.json is, first match wins: beside the installed package (a wheel installs it as
+# padfree/spec/plugins.json, next to padfree/export/), then the source tree (an editable install or
+# a checkout, where export/ sits beside plugins/).
+SPEC_CANDIDATES = (_HERE.parent / "spec" / "plugins.json", _HERE.parent / "plugins" / "spec" / "plugins.json")
+SPEC_PATH = next((p for p in SPEC_CANDIDATES if p.is_file()), SPEC_CANDIDATES[-1])
 
 _FIELD_TYPES = {"int32": int, "float32": float}
 
@@ -44,6 +49,9 @@ class Plugin:
 
     def input_names(self, fields: dict[str, Any]) -> list[str]:
         return [p.name for p in self.inputs if p.present(fields)]
+
+    def output_names(self, fields: dict[str, Any]) -> list[str]:
+        return [p.name for p in self.outputs if p.present(fields)]
 
     def check_fields(self, fields: dict[str, Any]) -> dict[str, Any]:
         """Fields converted to their spec types; raises ValueError naming a missing or unknown one."""
@@ -84,8 +92,9 @@ def _port(d: dict) -> Port:
 @lru_cache(maxsize=None)
 def load(path: str | Path = SPEC_PATH) -> Spec:
     if not Path(path).is_file():
-        raise FileNotFoundError(f"plugin spec not found at {path}: padfree.export reads plugins/spec/plugins.json "
-                                "from the source tree (install with pip install -e .)")
+        looked = ", ".join(str(p) for p in SPEC_CANDIDATES) if Path(path) == SPEC_PATH else str(path)
+        raise FileNotFoundError(f"plugin spec plugins.json not found (looked in: {looked}): reinstall padfree, whose"
+                                " wheel carries it as padfree/spec/plugins.json, or run from a source checkout")
     raw = json.loads(Path(path).read_text())
     plugins = {
         name: Plugin(name, p.get("doc", ""), tuple(map(_port, p["inputs"])), tuple(map(_port, p["outputs"])),

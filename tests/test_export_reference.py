@@ -121,8 +121,10 @@ def test_remove_and_rebuild_padding(seed):
     b, s = len(lengths), int(lengths.max())
     mask = (np.arange(s)[None, :] < lengths[:, None]).astype(np.int32)
     padded = rng.standard_normal((b, s, 4)).astype(np.float32)
-    packed, got_cu = run_plugin("PadfreeRemovePadding", {"padded": padded, "attention_mask": mask}, {}, n_out=2)
+    packed, got_cu, total = run_plugin("PadfreeRemovePadding", {"padded": padded, "attention_mask": mask}, {},
+                                       n_out=len(SPEC["PadfreeRemovePadding"].outputs))
     np.testing.assert_array_equal(got_cu, cu)
+    assert total.shape == () and total.dtype == np.int32 and total == lengths.sum()  # the size tensor
     np.testing.assert_array_equal(packed, np.concatenate([padded[i, :n] for i, n in enumerate(lengths)]))
     (rebuilt,) = run_plugin("PadfreeRebuildPadding", {"packed": packed, "cu_seqlens": cu, "attention_mask": mask}, {})
     np.testing.assert_array_equal(rebuilt, padded * mask[..., None])  # exact zeros in padded rows

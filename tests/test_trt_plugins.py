@@ -18,9 +18,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = json.loads((ROOT / "plugins" / "spec" / "plugins.json").read_text())
-# PadfreeRemovePadding's T is data-dependent: the plugin adds a 0-D int32 size tensor output
-# (IExprBuilder::declareSizeTensor), and TensorRT's ONNX parser requires the node to list it.
-SIZE_TENSOR_OUTPUT = {"PadfreeRemovePadding": "total_tokens"}
 
 
 def _find(env: str, pattern: str) -> Path | None:
@@ -54,9 +51,7 @@ def _rtx():
 
 
 def _outputs(name: str) -> list[str]:
-    names = [o["name"] for o in SPEC["plugins"][name]["outputs"]]
-    extra = SIZE_TENSOR_OUTPUT.get(name)
-    return names + [extra] if extra and extra not in names else names
+    return [o["name"] for o in SPEC["plugins"][name]["outputs"]]
 
 
 # ---- the C++ harness -----------------------------------------------------------------------------
@@ -154,15 +149,16 @@ def packed_plugin_graph(path: Path, hidden=64, heads=2, vocab=100, positions=64)
     return path
 
 
-def padded_plugin_graph(path: Path, hidden=64, vocab=100, positions=64, remove_outputs=None):
-    """input_ids / attention_mask [B, S] -> remove padding -> embeddings -> rebuild padding."""
+def padded_plugin_graph(path: Path, hidden=64, vocab=100, positions=64):
+    """input_ids / attention_mask [B, S] -> remove padding -> embeddings -> rebuild padding; the
+    RemovePadding node lists the spec's outputs (packed ids, cu_seqlens, the total_tokens size tensor)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
     rng = np.random.default_rng(1)
     inits = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
              for name, shape in (("word", (vocab, hidden)), ("position", (positions, hidden)), ("gamma", (hidden,)),
                                  ("beta", (hidden,)))]
-    remove_outputs = remove_outputs or ["ids", "cu_seqlens", "total_tokens"][: len(_outputs("PadfreeRemovePadding"))]
+    remove_outputs = ["ids"] + _outputs("PadfreeRemovePadding")[1:]
     nodes = [
         _plugin_node("PadfreeRemovePadding", ["input_ids", "attention_mask"], remove_outputs),
         _plugin_node("PadfreeEmbLayerNorm", ["ids", "cu_seqlens", "word", "position", "gamma", "beta"], ["hidden"],
@@ -216,12 +212,20 @@ def test_engine_from_plugin_graph(tmp_path, form):
 
 
 @needs_library
-def test_remove_padding_node_without_size_tensor_is_refused(tmp_path):
-    """TensorRT's parser needs every plugin output on the node: the size tensor cannot be left out."""
+def test_remove_padding_node_with_its_size_tensor_is_accepted(tmp_path):
+    """TensorRT's parser wants every plugin output on the node: the spec lists RemovePadding's size
+    tensor (a node without it was refused: "Node has more output tensors than TRT expected, expected
+    output size is 3, actual output size is 2"), and a node that follows the spec builds."""
     _rtx()
     from padfree.engines.build import BuildOptions, build
-    from padfree.engines.errors import BuildError
-    onnx_path = padded_plugin_graph(tmp_path / "two_outputs.onnx", remove_outputs=["ids", "cu_seqlens"])
-    with pytest.raises(BuildError, match="more output tensors"):
-        build(BuildOptions(str(onnx_path), str(tmp_path / "x.engine"), precision="fp32", max_tokens=64, max_batch=4,
-                           max_seqlen=16, progress=False))
+    outputs = SPEC["plugins"]["PadfreeRemovePadding"]["outputs"]
+    assert outputs[-1] == {**outputs[-1], "name": "total_tokens", "dtype": "int32", "shape": []}
+    onnx_path = padded_plugin_graph(tmp_path / "remove_padding.onnx")
+    metadata = build(BuildOptions(str(onnx_path), str(tmp_path / "x.engine"), precision="fp32", max_tokens=64,
+                                  max_batch=4, max_seqlen=16, progress=False))
+    assert [layer["plugin"] for layer in metadata["plugin_layers"]] == [
+        "PadfreeRemovePadding", "PadfreeEmbLayerNorm", "PadfreeRebuildPadding"]
+    # As TensorRT sees the node: packed rows of a runtime length, and the 0-D int32 size tensor.
+    assert metadata["plugin_layers"][0]["outputs"] == [
+        {"name": "ids", "dtype": "INT32", "shape": [-1]}, {"name": "cu_seqlens", "dtype": "INT32", "shape": [-1]},
+        {"name": "total_tokens", "dtype": "INT32", "shape": []}]

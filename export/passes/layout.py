@@ -95,8 +95,8 @@ def run(graph: gs.Graph, ctx: Context) -> gs.Graph:
         if key not in cache:
             out = ctx.variable("packed" if to == PACKED else "padded", t.dtype)
             if to == PACKED:
-                cu = ctx.variable("cu_seqlens_unused", np.int32)
-                ctx.plugin("PadfreeRemovePadding", [t, ctx.padded_mask()], [out, cu], {}, token_rows=False)
+                unused = [ctx.variable("cu_seqlens_unused", np.int32), ctx.variable("total_tokens_unused", np.int32)]
+                ctx.plugin("PadfreeRemovePadding", [t, ctx.padded_mask()], [out, *unused], {}, token_rows=False)
             else:
                 ctx.plugin("PadfreeRebuildPadding", [t, ctx.packed(CU_SEQLENS), ctx.padded_mask()], [out], {},
                            token_rows=False)
@@ -121,7 +121,7 @@ def run(graph: gs.Graph, ctx: Context) -> gs.Graph:
                 node.inputs[0] = convert(node.inputs[0], PACKED)
         elif not any(token_in):
             continue
-        elif all(k in (PACKED, None) for k in token_in) and _rowwise(node, kinds):
+        elif all(k in (PACKED, None) for k in token_in) and (id(node) in ctx.row_maps or _rowwise(node, kinds)):
             kinds.update({id(t): PACKED for t in node.outputs})
         else:
             _swap(node, token_in, PACKED, lambda t: convert(t, DENSE))
