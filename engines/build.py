@@ -68,6 +68,8 @@ def build(options: BuildOptions) -> dict[str, Any]:
     if not parser.parse_from_file(str(onnx_path)):
         errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
         raise BuildError(f"{api.name} could not parse {onnx_path}: {errors}")
+    plugin_layers = api.plugin_layers(network)
+    _check_plugin_layers(plugin_layers, info.plugin_nodes, onnx_path)
 
     config = builder.create_builder_config()
     api.configure(config, flags, options.precision)
@@ -104,13 +106,14 @@ def build(options: BuildOptions) -> dict[str, Any]:
         "padfree_version": padfree.__version__,
         "backend": {"name": api.name, "version": api.version},
         "model": {"onnx": str(onnx_path.resolve()), "sha256": plugin_library.sha256(onnx_path),
-                  **{k: v for k, v in info.to_dict().items() if k not in ("inputs", "outputs", "plugins")}},
+                  **{k: v for k, v in info.to_dict().items() if k not in ("inputs", "outputs", "plugins", "plugin_nodes")}},
         "precision": options.precision,
         "precision_mode": precision_mode,
         "profiles": profile_records,
         "inputs": [asdict(t) for t in info.inputs],
         "outputs": [asdict(t) for t in info.outputs],
         "plugins": info.plugins,
+        "plugin_layers": plugin_layers,
         "plugin_library": None if library is None else {"path": str(library), "sha256": plugin_library.sha256(library)},
         "timing_cache": timing_cache,
         "engine": {"bytes": len(blob), "sha256": sidecar.digest(blob)},
@@ -120,6 +123,17 @@ def build(options: BuildOptions) -> dict[str, Any]:
     log.info("wrote %s (%.1f MB) and %s in %.1f s", out, len(blob) / 1e6, sidecar.path_for(out).name,
              metadata["build_seconds"])
     return metadata
+
+
+def _check_plugin_layers(layers: list[dict[str, str]], nodes: dict[str, int], onnx_path: Path) -> None:
+    """Every padfree plugin node became a plugin layer of its own name (and nothing else did)."""
+    made: dict[str, int] = {}
+    for layer in layers:
+        if layer["namespace"] == model_info.PLUGIN_NAMESPACE:
+            made[layer["plugin"]] = made.get(layer["plugin"], 0) + 1
+    if made != nodes:
+        raise BuildError(f"{onnx_path}: the ONNX has plugin nodes {nodes}, but the parsed network has padfree plugin"
+                         f" layers {made}")
 
 
 def _profiles(options: BuildOptions, info: model_info.ModelInfo) -> list[profiles.Profile]:

@@ -29,6 +29,7 @@ class ModelInfo:
     inputs: list[Tensor]
     outputs: list[Tensor]
     plugins: list[str] = field(default_factory=list)  # padfree plugin op types in the graph
+    plugin_nodes: dict[str, int] = field(default_factory=dict)  # op type -> number of nodes
     vocab_size: int | None = None
     type_vocab_size: int | None = None  # 0: the model takes no token types
     max_positions: int | None = None  # longest sequence the position table allows
@@ -57,10 +58,14 @@ def read(path: str | Path) -> ModelInfo:
     float_types = {o.type.tensor_type.elem_type for o in graph.output} & set(_FLOAT_DTYPES)
     if len(float_types) != 1:
         raise BuildError(f"{path}: expected float outputs of one dtype (float32, float16 or bfloat16)")
-    plugins = sorted({n.op_type for n in graph.node if n.domain == PLUGIN_NAMESPACE or n.op_type.startswith("Padfree")})
+    plugin_nodes: dict[str, int] = {}
+    for n in graph.node:
+        if n.domain == PLUGIN_NAMESPACE or n.op_type.startswith("Padfree"):
+            plugin_nodes[n.op_type] = plugin_nodes.get(n.op_type, 0) + 1
     names = {t.name for t in inputs}
     info = ModelInfo(io="packed" if "cu_seqlens" in names else "padded",
-                     float_dtype=_FLOAT_DTYPES[float_types.pop()], inputs=inputs, outputs=outputs, plugins=plugins)
+                     float_dtype=_FLOAT_DTYPES[float_types.pop()], inputs=inputs, outputs=outputs,
+                     plugins=sorted(plugin_nodes), plugin_nodes=plugin_nodes)
     meta = {p.key: p.value for p in model.metadata_props}
 
     def meta_int(key: str) -> int | None:

@@ -90,6 +90,24 @@ class Api:
         if requested == "fp32" and hasattr(self.trt.BuilderFlag, "TF32"):
             config.clear_flag(self.trt.BuilderFlag.TF32)
 
+    def plugin_layers(self, network) -> list[dict[str, str]]:
+        """The network's IPluginV3 layers as TensorRT parsed them: layer name, plugin name, namespace
+        and version (read from the plugin object, not from the ONNX node), and each output's name,
+        dtype and shape as TensorRT inferred them (-1: a runtime dimension)."""
+        trt = self.trt
+        layers = []
+        for i in range(network.num_layers):
+            layer = network.get_layer(i)
+            if layer.type != trt.LayerType.PLUGIN_V3:
+                continue
+            layer.__class__ = trt.IPluginV3Layer  # the bindings' documented downcast
+            core = layer.plugin.get_capability_interface(trt.PluginCapabilityType.CORE)
+            outputs = [layer.get_output(k) for k in range(layer.num_outputs)]
+            layers.append({"layer": layer.name, "plugin": core.plugin_name, "namespace": core.plugin_namespace,
+                           "version": core.plugin_version,
+                           "outputs": [{"name": t.name, "dtype": t.dtype.name, "shape": list(t.shape)} for t in outputs]})
+        return layers
+
     def needs_parser_link(self) -> Path | None:
         """The versioned libtensorrt_rtx.so.N that needs an unversioned link for the parser, or None."""
         if not self.is_rtx:
