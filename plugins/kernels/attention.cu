@@ -1,5 +1,5 @@
 // Kernel choice for fused varlen attention: the one place runtime sizes become template arguments.
-// Instantiations: {fp16, bf16} x {64, 128} x {resident, tiled64, tiled128} + fp32 x {64, 128}.
+// Instantiations: {fp16, bf16} x {64, 128} x {resident, tiled, tiled_n128} + fp32 x {64, 128}.
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
@@ -15,22 +15,21 @@ namespace {
 using attention_detail::TileConfig;
 
 // Up to this length a sequence's whole K/V fits one 128-key tile: one exact softmax, no rescaling.
+// Longer sequences take the tiled online-softmax path. Both use 64-row query tiles (4 warps of 16
+// rows): measured against 128-row tiles (8 warps) they were as fast on long sequences and faster
+// on short ones (more CTAs, fewer rows wasted past each sequence's end); see bench/NOTES-attention.md.
 constexpr int kResidentMaxSeqlen = 128;
-// Up to this length 64-row query tiles: twice the CTAs of 128-row ones, which fills the GPU at
-// small batches and halves the rows wasted past each sequence's end. Longer sequences take
-// 128-row tiles, which halve the K/V traffic per query.
-constexpr int kTiled64MaxSeqlen = 512;
 
-enum class Path { kResident, kTiled64, kTiled128, kFp32 };
+enum class Path { kResident, kTiled, kTiledN128, kFp32 };
 
-// PADFREE_ATTENTION_PATH=resident|tiled64|tiled128 overrides the choice by max_seqlen, so that a
+// PADFREE_ATTENTION_PATH=resident|tiled|tiled_n128 overrides the choice by max_seqlen, so that a
 // benchmark can time every path on one build ("resident" only where the sequences fit it).
 bool forced_path(int32_t max_seqlen, Path* path) {
     const char* name = std::getenv("PADFREE_ATTENTION_PATH");
     if (name == nullptr) return false;
     if (std::strcmp(name, "resident") == 0 && max_seqlen <= kResidentMaxSeqlen) *path = Path::kResident;
-    else if (std::strcmp(name, "tiled64") == 0) *path = Path::kTiled64;
-    else if (std::strcmp(name, "tiled128") == 0) *path = Path::kTiled128;
+    else if (std::strcmp(name, "tiled") == 0) *path = Path::kTiled;
+    else if (std::strcmp(name, "tiled_n128") == 0) *path = Path::kTiledN128;
     else return false;
     return true;
 }
@@ -39,9 +38,7 @@ Path choose_path(int32_t max_seqlen, padfree_dtype dtype) {
     if (dtype == PADFREE_FLOAT32) return Path::kFp32;
     Path path;
     if (forced_path(max_seqlen, &path)) return path;
-    if (max_seqlen <= kResidentMaxSeqlen) return Path::kResident;
-    if (max_seqlen <= kTiled64MaxSeqlen) return Path::kTiled64;
-    return Path::kTiled128;
+    return max_seqlen <= kResidentMaxSeqlen ? Path::kResident : Path::kTiled;
 }
 
 template <typename T, class Cfg>
@@ -68,10 +65,10 @@ cudaError_t launch_head_dim(const AttentionArgs& args, int32_t batch, int32_t ma
         switch (choose_path(max_seqlen, dtype)) {
             case Path::kResident:
                 return launch_tc<T, TileConfig<HD, 4, kResidentMaxSeqlen, true>>(args, batch, max_seqlen, stream);
-            case Path::kTiled64:
-                return launch_tc<T, TileConfig<HD, 4, 64, false>>(args, batch, max_seqlen, stream);
+            case Path::kTiledN128:  // 128-key tiles: half the rescales and barriers per key
+                return launch_tc<T, TileConfig<HD, 4, 128, false>>(args, batch, max_seqlen, stream);
             default:
-                return launch_tc<T, TileConfig<HD, 8, 64, false>>(args, batch, max_seqlen, stream);
+                return launch_tc<T, TileConfig<HD, 4, 64, false>>(args, batch, max_seqlen, stream);
         }
     }
 }
@@ -83,8 +80,8 @@ bool attention_head_dim_supported(int32_t head_dim) { return head_dim == 64 || h
 const char* attention_path_name(int32_t max_seqlen, int32_t /*head_dim*/, padfree_dtype dtype) {
     switch (choose_path(max_seqlen, dtype)) {
         case Path::kResident: return "resident";
-        case Path::kTiled64: return "tiled64";
-        case Path::kTiled128: return "tiled128";
+        case Path::kTiled: return "tiled";
+        case Path::kTiledN128: return "tiled_n128";
         case Path::kFp32: return "fp32";
     }
     return "unknown";
