@@ -106,7 +106,8 @@ def build(options: BuildOptions) -> dict[str, Any]:
         "padfree_version": padfree.__version__,
         "backend": {"name": api.name, "version": api.version},
         "model": {"onnx": str(onnx_path.resolve()), "sha256": plugin_library.sha256(onnx_path),
-                  **{k: v for k, v in info.to_dict().items() if k not in ("inputs", "outputs", "plugins", "plugin_nodes")}},
+                  **{k: v for k, v in info.to_dict().items()
+                     if k not in ("inputs", "outputs", "plugins", "plugin_nodes")}},
         "precision": options.precision,
         "precision_mode": precision_mode,
         "profiles": profile_records,

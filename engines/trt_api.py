@@ -105,7 +105,8 @@ class Api:
             outputs = [layer.get_output(k) for k in range(layer.num_outputs)]
             layers.append({"layer": layer.name, "plugin": core.plugin_name, "namespace": core.plugin_namespace,
                            "version": core.plugin_version,
-                           "outputs": [{"name": t.name, "dtype": t.dtype.name, "shape": list(t.shape)} for t in outputs]})
+                           "outputs": [{"name": t.name, "dtype": t.dtype.name, "shape": list(t.shape)}
+                                       for t in outputs]})
         return layers
 
     def needs_parser_link(self) -> Path | None:
