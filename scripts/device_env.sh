@@ -4,6 +4,20 @@ set -e
 cmake -S . -B build/device -G Ninja -DCMAKE_CUDA_ARCHITECTURES=90 -DPADFREE_BUILD_TRT_PLUGINS=${PADFREE_BUILD_TRT_PLUGINS:-OFF} ${PADFREE_CMAKE_ARGS:-} >/dev/null
 cmake --build build/device -j 16
 export PADFREE_LIBRARY=$PWD/build/device/libpadfree_kernels.so
-export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
+[ -f build/device/plugins/trt/libpadfree_trt.so ] && export PADFREE_TRT_LIBRARY=$PWD/build/device/plugins/trt/libpadfree_trt.so
+
+# The package as pip lays it out (padfree.export = export/, padfree.engines = engines/), made of
+# links so that no install step runs: the device image has no pip access.
+pkg=build/device/python/padfree
+rm -rf "$pkg" && mkdir -p "$pkg"
+for entry in python/padfree/*; do ln -s "$PWD/$entry" "$pkg/"; done
+ln -s "$PWD/export" "$pkg/export" && ln -s "$PWD/engines" "$pkg/engines"
+export PYTHONPATH=$PWD/build/device/python${PYTHONPATH:+:$PYTHONPATH}
+
+# Pure-Python packages the image lacks (polygraphy, onnx-graphsurgeon), carried as wheels in .whl.
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/padfree-site .whl/*.whl
+  export PYTHONPATH=$PYTHONPATH:/tmp/padfree-site
+fi
 export PYTHONUNBUFFERED=1
 set +e
