@@ -72,8 +72,8 @@ def run_case(seed, dtype, head_dim, num_heads, lengths, max_seqlen, *, bias=True
     return out
 
 
-# (batch, max_seqlen): edge lengths and both sides of each kernel switch (128: resident -> 64-row
-# tiles, 512: 64-row -> 128-row tiles), batches from 1 to 128.
+# (batch, max_seqlen): edge lengths, both sides of the kernel switch (128: resident -> tiled),
+# lengths that end mid-tile and on tile edges, batches from 1 to 128.
 SHAPES = [(1, 1), (5, 7), (3, 64), (128, 128), (16, 129), (7, 512), (4, 513), (2, 1100)]
 
 

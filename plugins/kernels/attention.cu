@@ -1,5 +1,5 @@
 // Kernel choice for fused varlen attention: the one place runtime sizes become template arguments.
-// Instantiations: {fp16, bf16} x {64, 128} x {resident, tiled, tiled_n128} + fp32 x {64, 128}.
+// Instantiations: {fp16, bf16} x {64, 128} x {resident, tiled} + fp32 x {64, 128}.
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
@@ -20,16 +20,15 @@ using attention_detail::TileConfig;
 // on short ones (more CTAs, fewer rows wasted past each sequence's end); see bench/NOTES-attention.md.
 constexpr int kResidentMaxSeqlen = 128;
 
-enum class Path { kResident, kTiled, kTiledN128, kFp32 };
+enum class Path { kResident, kTiled, kFp32 };
 
-// PADFREE_ATTENTION_PATH=resident|tiled|tiled_n128 overrides the choice by max_seqlen, so that a
+// PADFREE_ATTENTION_PATH=resident|tiled overrides the choice by max_seqlen, so that a
 // benchmark can time every path on one build ("resident" only where the sequences fit it).
 bool forced_path(int32_t max_seqlen, Path* path) {
     const char* name = std::getenv("PADFREE_ATTENTION_PATH");
     if (name == nullptr) return false;
     if (std::strcmp(name, "resident") == 0 && max_seqlen <= kResidentMaxSeqlen) *path = Path::kResident;
     else if (std::strcmp(name, "tiled") == 0) *path = Path::kTiled;
-    else if (std::strcmp(name, "tiled_n128") == 0) *path = Path::kTiledN128;
     else return false;
     return true;
 }
@@ -65,8 +64,6 @@ cudaError_t launch_head_dim(const AttentionArgs& args, int32_t batch, int32_t ma
         switch (choose_path(max_seqlen, dtype)) {
             case Path::kResident:
                 return launch_tc<T, TileConfig<HD, 4, kResidentMaxSeqlen, true>>(args, batch, max_seqlen, stream);
-            case Path::kTiledN128:  // 128-key tiles: half the rescales and barriers per key
-                return launch_tc<T, TileConfig<HD, 4, 128, false>>(args, batch, max_seqlen, stream);
             default:
                 return launch_tc<T, TileConfig<HD, 4, 64, false>>(args, batch, max_seqlen, stream);
         }
@@ -81,7 +78,6 @@ const char* attention_path_name(int32_t max_seqlen, int32_t /*head_dim*/, padfre
     switch (choose_path(max_seqlen, dtype)) {
         case Path::kResident: return "resident";
         case Path::kTiled: return "tiled";
-        case Path::kTiledN128: return "tiled_n128";
         case Path::kFp32: return "fp32";
     }
     return "unknown";
