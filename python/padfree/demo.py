@@ -1,5 +1,6 @@
-"""`padfree demo`: export the built-in tiny BERT, rewrite it onto padfree plugins and check the
-rewrite against the plain export on ONNX Runtime (CPU). No GPU or TensorRT needed."""
+"""`padfree demo`: export the built-in tiny BERT, rewrite it onto padfree plugins, check the
+rewrite against the plain export on ONNX Runtime (CPU), then build a TensorRT engine where a
+TensorRT (or TensorRT-RTX) is installed. No GPU needed; without TensorRT the last step says why not."""
 from __future__ import annotations
 
 import argparse
@@ -41,12 +42,39 @@ def _run(args, out: Path, export, compare, format_results) -> int:
     ok, results, data = compare(onnx.load(result.padfree_path), onnx.load(result.model_path),
                                 batch=8, max_seqlen=64, seed=args.seed)
     t2 = time.perf_counter()
+    engine_line = _build_engine(result, out)
+    t3 = time.perf_counter()
     print(result.report.format())
     print(f"\ncheck on ONNX Runtime (CPU), batch of {len(data.lengths)} with lengths {data.lengths.tolist()}:")
     print(format_results(results, 1e-4, 1e-5))
     print(f"\n{'step':<26} {'seconds':>8}\n{'export + rewrite':<26} {t1 - t0:>8.1f}\n{'check (ONNX Runtime)':<26} "
-          f"{t2 - t1:>8.1f}")
+          f"{t2 - t1:>8.1f}\n{'TensorRT engine':<26} {t3 - t2:>8.1f}")
+    print(f"\nengine: {engine_line}")
     where = out if args.output else "a temporary folder (use -o DIR to keep the files)"
-    print(f"\nmodel.onnx, model.padfree.onnx, report.json in {where}")
+    print(f"\nmodel.onnx, model.padfree.onnx, report.json (and any engine) in {where}")
     print("demo PASS" if ok else "demo FAIL: the rewrite does not match the plain export")
     return 0 if ok else 1
+
+
+def _build_engine(result, out: Path) -> str:
+    """Builds the rewritten graph when the plugin library is there, else the plain export (so that
+    the TensorRT half of the pipeline runs wherever TensorRT does); returns a line saying which."""
+    from padfree.engines import plugin_library, trt_api
+    from padfree.engines.build import BuildOptions, build
+    from padfree.engines.errors import BackendUnavailableError, EngineError
+
+    try:
+        api = trt_api.load(None)
+    except BackendUnavailableError as e:
+        return f"skipped: {e}"
+    library = plugin_library.find(required=False)
+    source = result.padfree_path if library is not None else result.model_path
+    engine = out / (Path(source).stem + ".engine")
+    try:  # the built-in models export in float32, and TensorRT-RTX builds the ONNX's own dtype
+        build(BuildOptions(onnx=str(source), output=str(engine), precision="fp32", max_tokens=1024,
+                          max_batch=16, plugin_library=None if library is None else str(library),
+                          progress=False))
+    except EngineError as e:
+        return f"FAILED to build {Path(source).name} with {api.name} {api.version}: {e}"
+    why = "" if library is not None else f" (no {plugin_library.LIBRARY_NAME} here: the plain export instead)"
+    return f"built {engine.name} from {Path(source).name} with {api.name} {api.version}{why}"
