@@ -96,6 +96,54 @@ def test_padding_copies_refuse(name, src, dst, case):
                    *expected)
 
 
+# ---- attention -----------------------------------------------------------------------------------
+
+def _attention_args(**over):
+    a = dict(qkv=A, bias=A, cu=A, batch=2, max_seqlen=16, heads=2, head_dim=64, scale=0.125, flags=0,
+             dtype=F16, out=A)
+    a.update(over)
+    return tuple(a.values()) + (None,)
+
+
+@pytest.mark.parametrize("over, fragments", [
+    (dict(dtype=3), ["unknown dtype code", "3"]),
+    (dict(batch=-1), ["batch must be in [0, 65535]", "-1"]),
+    (dict(batch=65536), ["batch must be in [0, 65535]"]),
+    (dict(heads=0), ["num_heads must be in [1, 65535]"]),
+    (dict(head_dim=0), ["head_dim must be positive"]),
+    (dict(scale=0.0), ["softmax_scale must be finite and positive"]),
+    (dict(scale=float("nan")), ["softmax_scale must be finite and positive"]),
+    (dict(max_seqlen=0), ["max_seqlen must be >= 1"]),
+    (dict(qkv=None), ["qkv, cu_seqlens and out must not be null"]),
+    (dict(cu=None), ["qkv, cu_seqlens and out must not be null"]),
+    (dict(out=None), ["qkv, cu_seqlens and out must not be null"]),
+    (dict(qkv=M), ["qkv and out must be 16-byte aligned"]),
+    (dict(out=M), ["qkv and out must be 16-byte aligned"]),
+    (dict(bias=A + 2), ["qkv_bias must be 4-byte aligned"]),
+    (dict(cu=A + 2), ["cu_seqlens must be 4-byte aligned"]),
+])
+def test_attention_refuses(over, fragments):
+    expect_invalid("padfree_attention_varlen", _attention_args(**over), *fragments)
+
+
+@pytest.mark.parametrize("over, fragment", [
+    (dict(head_dim=32), "head_dim 32 is not built"),
+    (dict(head_dim=96), "head_dim 96 is not built"),
+    (dict(flags=2), "unknown flags"),
+])
+def test_attention_unsupported(over, fragment):
+    status, message = raw("padfree_attention_varlen", *_attention_args(**over))
+    assert status == _lib.STATUS_UNSUPPORTED and fragment in message, (status, message)
+    with pytest.raises(_lib.KernelUnsupportedError, match=re.escape(fragment)):
+        _lib.call("padfree_attention_varlen", *_attention_args(**over))
+
+
+def test_attention_with_no_sequences_is_no_work():
+    """batch 0 (an empty bucket) returns before any pointer is looked at or any kernel launched."""
+    status, message = raw("padfree_attention_varlen", *_attention_args(batch=0, qkv=None, cu=None, out=None))
+    assert status == 0, message
+
+
 # ---- layernorm -----------------------------------------------------------------------------------
 
 def _layernorm_args(**over):
