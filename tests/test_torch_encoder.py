@@ -267,6 +267,15 @@ def test_extract_refuses_unsupported_configs(change, message):
         extract(model, torch.float32, torch.device("cpu"))
 
 
+@pytest.mark.parametrize("shape, message", [
+    (dict(hidden=36, heads=4), "not a multiple of 8"),  # head_dim 9: the LayerNorm kernels need 8 | hidden
+    (dict(hidden=64, layers=0), "no encoder layers"),
+])
+def test_extract_refuses_unsupported_shapes(shape, message):
+    with pytest.raises(UnsupportedModelError, match=message):
+        extract(make_model("bert", **shape), torch.float32, torch.device("cpu"))
+
+
 def test_extract_refuses_other_architectures():
     with pytest.raises(UnsupportedModelError):
         extract(torch.nn.Linear(4, 4), torch.float32, torch.device("cpu"))
