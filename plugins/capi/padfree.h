@@ -2,9 +2,11 @@
  *
  * Every tensor is a raw device pointer on packed tokens: rows of all sequences laid end to end,
  * [total_tokens, ...], with the prefix sum of sequence lengths in cu_seqlens (int32, [batch + 1],
- * cu_seqlens[0] == 0, cu_seqlens[batch] == total_tokens). All work is enqueued on `stream`; no call
- * synchronizes the host. Every call returns a status; on failure padfree_last_error() says why
- * (thread-local). Float tensors of one call share one dtype; statistics and accumulation are fp32.
+ * cu_seqlens[0] == 0, cu_seqlens[batch] <= total_tokens: rows past it are CUDA-graph bucket
+ * padding, rows of no sequence, and a sequence of length 0 is no work). All work is enqueued on
+ * `stream`; no call synchronizes the host. Every call returns a status; on failure
+ * padfree_last_error() says why (thread-local). Float tensors of one call share one dtype;
+ * statistics and accumulation are fp32.
  *
  * Callers: the Python bindings (ctypes), the TensorRT plugins (plugins/trt), and C/C++ users.
  * No C++ types cross this boundary; the stream is a cudaStream_t passed as void*.
@@ -82,7 +84,8 @@ enum { PADFREE_ATTENTION_CAUSAL = 1 }; /* flags: reserved for the decoder half *
 /* qkv:      [total_tokens, 3, num_heads, head_dim]  (the QKV projection output: Q | K | V blocks)
  * qkv_bias: [3, num_heads, head_dim] or NULL, added as Q, K and V are loaded
  * out:      [total_tokens, num_heads, head_dim]
- * Every sequence must have 1 <= length <= max_seqlen. softmax_scale is usually 1/sqrt(head_dim). */
+ * Every sequence must have 0 <= length <= max_seqlen (0: no work); rows past cu_seqlens[batch] are
+ * not written. batch 0 is no work (pointers unused). softmax_scale is usually 1/sqrt(head_dim). */
 PADFREE_API padfree_status padfree_attention_varlen(const void* qkv, const void* qkv_bias,
                                                     const int32_t* cu_seqlens, int32_t batch,
                                                     int32_t max_seqlen, int32_t num_heads,
