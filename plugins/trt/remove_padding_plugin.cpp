@@ -66,7 +66,8 @@ padfree_status RemovePaddingPlugin::run(const PluginTensorDesc* in, const Plugin
     }
     auto* cu_seqlens = static_cast<int32_t*>(outputs[kCuSeqlens]);
     // A mask that is not left-aligned is the caller's to refuse (the runtime checks it on the host):
-    // here it is counted by no one, and its rows are packed by their prefix of ones.
+    // here it is counted by no one, and a row with n ones packs its first n positions, wherever
+    // its ones are (values other than 1 count as padding).
     padfree_status status = padfree_cu_seqlens_from_mask(static_cast<const int32_t*>(inputs[kMask]), batch,
                                                          padded_seqlen, cu_seqlens, nullptr, stream);
     if (status != PADFREE_OK) return status;
