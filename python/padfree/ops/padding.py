@@ -99,7 +99,8 @@ def pack_from_seqlens(seqlens: Sequence[int], device: torch.device | str | int |
 
     Refuses an empty batch, a length of 0 or below, and a length above max_length (when given),
     naming the offending sequences. device: the CUDA device (default: the current one). The
-    lengths are validated on the host; one host-to-device copy, no synchronization.
+    lengths are validated on the host, then copied from pageable memory: torch makes that copy
+    blocking, so the host waits for the current stream's earlier work.
     """
     lengths = [int(n) for n in seqlens]
     if not lengths:
