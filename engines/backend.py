@@ -25,8 +25,7 @@ from .profiles import Profile
 
 log = logging.getLogger("padfree.engines")
 
-_TORCH_DTYPES = {"int32": torch.int32, "int64": torch.int64, "float32": torch.float32, "float16": torch.float16,
-                 "bfloat16": torch.bfloat16, "bool": torch.bool}
+_TORCH_DTYPES = {name: getattr(torch, name) for name in sidecar.INPUT_DTYPES}
 
 _TRT_TO_TORCH = {"FLOAT": torch.float32, "HALF": torch.float16, "BF16": torch.bfloat16, "INT32": torch.int32,
                  "INT64": torch.int64, "BOOL": torch.bool}
@@ -50,15 +49,16 @@ class EngineBackend:
         blob = sidecar.read_engine_bytes(self.path, self.metadata)
         if self.metadata.get("plugins"):
             self._load_plugins(plugin_library_path)
-        if not torch.cuda.is_available():
-            raise EngineError(f"{self.path}: the engine and its sidecar check out, but running it needs a CUDA device"
-                              " and torch sees none")
-        self.device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+        # sidecar.read checked these fields' structure and types
         self.io = self.metadata["model"]["io"]
         self.profiles = [Profile(p["max_tokens"], p["max_batch"], p["max_seqlen"]) for p in self.metadata["profiles"]]
         self.limits = self._limits()
         self.output_names = [t["name"] for t in self.metadata["outputs"]]
         self._input_dtypes = {t["name"]: _TORCH_DTYPES[t["dtype"]] for t in self.metadata["inputs"]}
+        if not torch.cuda.is_available():
+            raise EngineError(f"{self.path}: the engine and its sidecar check out, but running it needs a CUDA device"
+                              " and torch sees none")
+        self.device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
         self._logger = self.api.logger()
         self._runtime = self.api.trt.Runtime(self._logger)
         with torch.cuda.device(self.device):

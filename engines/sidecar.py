@@ -19,6 +19,11 @@ FORMAT = "padfree-engine"
 FORMAT_VERSION = 1
 _REQUIRED = ("format", "format_version", "padfree_version", "backend", "model", "precision", "profiles",
              "inputs", "outputs", "engine")
+PRECISIONS = ("fp32", "fp16", "bf16")
+IO_FORMS = ("packed", "padded")
+# Input dtypes the engine backend can feed (numpy-style names, as model_info records them).
+INPUT_DTYPES = ("int32", "int64", "bool", "float32", "float16", "bfloat16")
+_PACKED_INPUTS = ("input_ids", "cu_seqlens", "max_seqlen")  # the backend feeds these by name
 
 
 def path_for(engine: str | os.PathLike) -> Path:
@@ -54,7 +59,84 @@ def read(engine: str | os.PathLike) -> dict[str, Any]:
     missing = [k for k in _REQUIRED if k not in data]
     if missing:
         raise EngineFormatError(f"{path}: sidecar lacks {', '.join(missing)}")
+    _check_structure(data, path)
     return data
+
+
+# ---- structure: every field the backend, `padfree check` and the CLI read, with its type ---------
+def _is_int(minimum: int):
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= minimum
+
+
+def _is_str(v) -> bool:
+    return isinstance(v, str) and v != ""
+
+
+def _is_sha256(v) -> bool:
+    return isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v)
+
+
+def _optional(test):
+    return lambda v: v is None or test(v)
+
+
+def _is_list_of(test):
+    return lambda v: isinstance(v, list) and all(test(x) for x in v)
+
+
+def _value(path: Path, obj: dict, key: str, where: str, test, expected: str, required: bool = True):
+    name = f"{where}.{key}" if where else key
+    if key not in obj:
+        if not required:
+            return None
+        raise EngineFormatError(f"{path}: sidecar field {name} is missing (expected {expected}); rebuild the engine")
+    value = obj[key]
+    if not test(value):
+        raise EngineFormatError(f"{path}: sidecar field {name} is {value!r}, expected {expected}: the sidecar is"
+                                " corrupt or hand-edited; rebuild the engine")
+    return value
+
+
+def _object(path: Path, obj: dict, key: str, where: str = "") -> dict:
+    return _value(path, obj, key, where, lambda v: isinstance(v, dict), "an object")
+
+
+def _objects(path: Path, data: dict, key: str) -> list[dict]:
+    return _value(path, data, key, "", lambda v: isinstance(v, list) and v and all(isinstance(x, dict) for x in v),
+                  "a non-empty list of objects")
+
+
+def _check_structure(data: dict[str, Any], path: Path) -> None:
+    """Raise EngineFormatError naming the first field whose type or value the readers cannot use."""
+    backend = _object(path, data, "backend")
+    for key in ("name", "version"):
+        _value(path, backend, key, "backend", _is_str, "a non-empty string")
+    engine = _object(path, data, "engine")
+    _value(path, engine, "bytes", "engine", _is_int(1), "a positive int")
+    _value(path, engine, "sha256", "engine", _is_sha256, "a SHA-256 hex digest")
+    model = _object(path, data, "model")
+    _value(path, model, "io", "model", lambda v: v in IO_FORMS, f"one of {', '.join(IO_FORMS)}")
+    for key, minimum in (("vocab_size", 1), ("type_vocab_size", 0), ("max_positions", 1)):
+        _value(path, model, key, "model", _optional(_is_int(minimum)), f"null or an int >= {minimum}", required=False)
+    _value(path, data, "precision", "", lambda v: v in PRECISIONS, f"one of {', '.join(PRECISIONS)}")
+    for i, profile in enumerate(_objects(path, data, "profiles")):
+        for key in ("max_tokens", "max_batch", "max_seqlen"):
+            _value(path, profile, key, f"profiles[{i}]", _is_int(1), "a positive int")
+    names = []
+    for i, tensor in enumerate(_objects(path, data, "inputs")):
+        names.append(_value(path, tensor, "name", f"inputs[{i}]", _is_str, "a non-empty string"))
+        _value(path, tensor, "dtype", f"inputs[{i}]", lambda v: v in INPUT_DTYPES, f"one of {', '.join(INPUT_DTYPES)}")
+    if model["io"] == "packed" and not set(_PACKED_INPUTS) <= set(names):
+        raise EngineFormatError(f"{path}: sidecar of a packed engine lists inputs {names}, expected at least"
+                                f" {', '.join(_PACKED_INPUTS)}; rebuild the engine")
+    for i, tensor in enumerate(_objects(path, data, "outputs")):
+        _value(path, tensor, "name", f"outputs[{i}]", _is_str, "a non-empty string")
+    _value(path, data, "plugins", "", _is_list_of(_is_str), "a list of plugin names", required=False)
+    library = _value(path, data, "plugin_library", "", lambda v: v is None or isinstance(v, dict),
+                     "null or an object", required=False)
+    if library is not None:
+        _value(path, library, "path", "plugin_library", _is_str, "a non-empty string")
+        _value(path, library, "sha256", "plugin_library", _is_sha256, "a SHA-256 hex digest")
 
 
 def check_backend(data: dict[str, Any], backend_name: str, backend_version: str, engine: str | os.PathLike) -> None:

@@ -184,6 +184,78 @@ def test_refuses_version_mismatch(engine_copy, change, error, message):
         _open(engine_copy)
 
 
+def _synthetic_sidecar(blob: bytes) -> dict:
+    """A complete sidecar of a packed engine, as build() writes one (no TensorRT needed)."""
+    return {"format": sidecar.FORMAT, "format_version": sidecar.FORMAT_VERSION, "padfree_version": "0.1.0",
+            "backend": {"name": "tensorrt_rtx", "version": "1.7.0"},
+            "model": {"io": "packed", "vocab_size": VOCAB, "type_vocab_size": TYPES, "max_positions": POSITIONS},
+            "precision": "fp16", "profiles": [{"max_tokens": 32, "max_batch": 2, "max_seqlen": 32},
+                                              {"max_tokens": 256, "max_batch": 8, "max_seqlen": 64}],
+            "inputs": [{"name": n, "dtype": "int32", "shape": ["T"]} for n in ("input_ids", "cu_seqlens", "max_seqlen")],
+            "outputs": [{"name": "last_hidden_state", "dtype": "float16", "shape": ["T", HIDDEN]}],
+            "plugins": ["PadfreeAttention"], "plugin_library": {"path": "/x/libpadfree_trt.so", "sha256": "ab" * 32},
+            "engine": {"bytes": len(blob), "sha256": sidecar.digest(blob)}}
+
+
+@pytest.fixture
+def synthetic_engine(tmp_path) -> Path:
+    engine = tmp_path / "synthetic.engine"
+    engine.write_bytes(b"not a plan, never deserialized here")
+    sidecar.write(engine, _synthetic_sidecar(engine.read_bytes()))
+    return engine
+
+
+def test_sidecar_accepts_a_complete_one(synthetic_engine):
+    want = _synthetic_sidecar(synthetic_engine.read_bytes())
+    assert sidecar.read(synthetic_engine) == want
+    _edit(synthetic_engine, lambda d: d["model"].update(vocab_size=None, type_vocab_size=0, max_positions=None))
+    assert sidecar.read(synthetic_engine)["model"]["vocab_size"] is None
+
+
+_CORRUPTIONS = [
+    (lambda d: d.update(profiles=[]), r"profiles is \[\]"),
+    (lambda d: d.update(profiles=[[32, 2, 32]]), "profiles is"),
+    (lambda d: d["profiles"][1].update(max_batch="8"), r"profiles\[1\]\.max_batch is '8'"),
+    (lambda d: d["profiles"][0].update(max_tokens=True), r"profiles\[0\]\.max_tokens is True"),
+    (lambda d: d["profiles"][0].update(max_seqlen=0), r"profiles\[0\]\.max_seqlen is 0"),
+    (lambda d: d["profiles"][0].pop("max_seqlen"), r"profiles\[0\]\.max_seqlen is missing"),
+    (lambda d: d.update(backend="tensorrt"), "backend is 'tensorrt'"),
+    (lambda d: d["backend"].update(version=10), r"backend\.version is 10"),
+    (lambda d: d.update(engine=[1, 2]), "engine is"),
+    (lambda d: d["engine"].update(bytes="35"), r"engine\.bytes is '35'"),
+    (lambda d: d["engine"].update(sha256=None), r"engine\.sha256 is None"),
+    (lambda d: d.update(model=None), "model is None"),
+    (lambda d: d["model"].update(io="ragged"), r"model\.io is 'ragged'"),
+    (lambda d: d["model"].update(vocab_size=-1), r"model\.vocab_size is -1"),
+    (lambda d: d["model"].update(type_vocab_size=1.5), r"model\.type_vocab_size is 1\.5"),
+    (lambda d: d.update(precision="int8"), "precision is 'int8'"),
+    (lambda d: d.update(inputs={"input_ids": "int32"}), "inputs is"),
+    (lambda d: d["inputs"][0].update(dtype="float64"), r"inputs\[0\]\.dtype is 'float64'"),
+    (lambda d: d["inputs"][2].pop("name"), r"inputs\[2\]\.name is missing"),
+    (lambda d: d["inputs"].pop(), "packed engine lists inputs .* max_seqlen"),
+    (lambda d: d.update(outputs=[{"dtype": "float16"}]), r"outputs\[0\]\.name is missing"),
+    (lambda d: d.update(plugins="PadfreeAttention"), "plugins is"),
+    (lambda d: d["plugin_library"].update(path=3), r"plugin_library\.path is 3"),
+]
+
+
+@pytest.mark.parametrize("change, message", _CORRUPTIONS)
+def test_sidecar_refuses_corrupt_structure(synthetic_engine, change, message):
+    """A sidecar with the right keys but unusable values is refused by name, not left to raise
+    IndexError / TypeError / KeyError in the backend."""
+    _edit(synthetic_engine, change)
+    with pytest.raises(EngineFormatError, match=message):
+        sidecar.read(synthetic_engine)
+
+
+@needs_trt
+@pytest.mark.parametrize("change, message", [_CORRUPTIONS[0], _CORRUPTIONS[2], _CORRUPTIONS[12], _CORRUPTIONS[17]])
+def test_backend_refuses_corrupt_sidecar(engine_copy, change, message):
+    _edit(engine_copy, change)
+    with pytest.raises(EngineFormatError, match=message):
+        _open(engine_copy)
+
+
 @needs_trt
 def test_refuses_corrupt_bytes(engine_copy):
     blob = bytearray(engine_copy.read_bytes())
@@ -201,7 +273,8 @@ def test_refuses_missing_plugin_library(engine_copy, monkeypatch):
     from padfree.engines import plugin_library
     monkeypatch.setattr(plugin_library, "candidates", lambda: [])
     _edit(engine_copy, lambda d: d.update(plugins=["PadfreeAttention"],
-                                          plugin_library={"path": "/nonexistent/libpadfree_trt.so", "sha256": ""}))
+                                          plugin_library={"path": "/nonexistent/libpadfree_trt.so",
+                                                                          "sha256": "0" * 64}))
     with pytest.raises(PluginLibraryError, match="uses padfree plugins"):
         _open(engine_copy)
     with pytest.raises(PluginLibraryError, match="does not exist"):
