@@ -76,6 +76,12 @@ def read(path: str | Path) -> ModelInfo:
 
     info.vocab_size = meta_int("padfree.vocab_size")
     info.type_vocab_size = meta_int("padfree.type_vocab_size")
+    # No exporter metadata: the tables the ids index give the sizes, so that the runtime can still
+    # refuse an id out of range before the kernels clamp it to a wrong row.
+    if info.vocab_size is None:
+        info.vocab_size = _table_rows(graph, "input_ids", "word_embeddings")
+    if info.type_vocab_size is None:
+        info.type_vocab_size = _table_rows(graph, "token_type_ids", "token_type_embeddings")
     positions = meta_int("padfree.max_position_embeddings")
     if positions is not None and meta.get("padfree.model_type", "") in _ROBERTA_LIKE:
         positions -= (meta_int("padfree.pad_token_id") or 0) + 1
@@ -85,3 +91,28 @@ def read(path: str | Path) -> ModelInfo:
         positions = int(tables[0].dims[0]) if len(tables) == 1 else None
     info.max_positions = positions
     return info
+
+
+def _table_rows(graph, ids_input: str, table_port: str) -> int | None:
+    """Rows of the one 2-D initializer that `ids_input` indexes: a PadfreeEmbLayerNorm node's
+    `table_port` input (the ids reach it packed, in either I/O form), or the data of a Gather that
+    reads the graph input `ids_input` itself (a plain export); else HF's table name; None if unsure."""
+    from padfree.export.spec import load
+
+    tables = {i.name: i for i in graph.initializer if len(i.dims) == 2}
+    names = set()
+    for n in graph.node:
+        if n.op_type == "PadfreeEmbLayerNorm":
+            fields = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+            try:
+                ports = load()["PadfreeEmbLayerNorm"].input_names(fields)
+            except (KeyError, ValueError):  # a malformed node: the parser will say so
+                continue
+            if table_port in ports and ports.index(table_port) < len(n.input):
+                names.add(n.input[ports.index(table_port)])
+        elif n.op_type == "Gather" and len(n.input) == 2 and n.input[1] == ids_input:
+            names.add(n.input[0])
+    found = [tables[name] for name in names if name in tables]
+    if not names:
+        found = [t for t in tables.values() if table_port in t.name]
+    return int(found[0].dims[0]) if len(found) == 1 else None

@@ -127,6 +127,43 @@ def test_build_refusals(bert_onnx, tmp_path):
         build(BuildOptions(str(garbage), out, progress=False))
 
 
+# ---- what model_info reads from an ONNX without padfree's metadata ---------------------------------
+def test_model_info_sizes_of_a_plain_export(bert_onnx):
+    """A plain torch export records no padfree.* metadata: the sizes come from the tables the ids index."""
+    import onnx
+    from padfree.engines import model_info
+    assert not [p for p in onnx.load(str(bert_onnx), load_external_data=False).metadata_props
+                if p.key.startswith("padfree.")]
+    info = model_info.read(bert_onnx)
+    assert (info.vocab_size, info.type_vocab_size, info.max_positions) == (VOCAB, TYPES, POSITIONS)
+
+
+def _embedding_onnx(path: Path, with_types: bool, vocab: int, types: int) -> Path:
+    """A packed graph of one PadfreeEmbLayerNorm node whose tables carry no HF names."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    table = lambda name, rows: numpy_helper.from_array(rng.standard_normal((rows, 8)).astype(np.float32), name)  # noqa: E731
+    inits = [table("t0", vocab), table("t1", 16)] + ([table("t2", types)] if with_types else []) + [
+        numpy_helper.from_array(np.ones(8, np.float32), "g"), numpy_helper.from_array(np.zeros(8, np.float32), "b")]
+    ids = ["input_ids"] + (["token_type_ids"] if with_types else []) + ["cu_seqlens"]
+    tables = ["t0", "t1"] + (["t2"] if with_types else [])
+    node = helper.make_node("PadfreeEmbLayerNorm", ids + tables + ["g", "b"], ["y"], domain="padfree",
+                            epsilon=1e-12, position_offset=0, has_token_type=int(with_types))
+    graph = helper.make_graph([node], "emb", [helper.make_tensor_value_info(n, TensorProto.INT32, ["T"]) for n in ids],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["T", 8])], inits)
+    onnx.save(helper.make_model(graph), str(path))
+    return path
+
+
+@pytest.mark.parametrize("with_types", [True, False])
+def test_model_info_sizes_from_plugin_tables(tmp_path, with_types):
+    from padfree.engines import model_info
+    info = model_info.read(_embedding_onnx(tmp_path / "emb.onnx", with_types, vocab=37, types=3))
+    assert info.vocab_size == 37
+    assert info.type_vocab_size == (3 if with_types else None)
+
+
 def test_profile_parsing():
     assert profiles.parse("4096x64", max_seqlen=512) == profiles.Profile(4096, 64, 512)
     assert profiles.parse("256x8x128", max_seqlen=512) == profiles.Profile(256, 8, 128)

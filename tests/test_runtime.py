@@ -53,9 +53,9 @@ class ToyBackend:
     device = "cpu"
 
     def __init__(self, max_tokens=64, max_batch=8, max_seqlen=MAX_SEQLEN, type_vocab_size=TYPES,
-                 position_bug=0):
+                 position_bug=0, vocab_size=VOCAB):
         self.limits = Limits(max_tokens=max_tokens, max_batch=max_batch, max_seqlen=max_seqlen,
-                             vocab_size=VOCAB, type_vocab_size=type_vocab_size, dtype=torch.float32)
+                             vocab_size=vocab_size, type_vocab_size=type_vocab_size, dtype=torch.float32)
         self.calls: list[tuple[int, int]] = []
         self._tokens = torch.empty(max_tokens, HIDDEN)
         self._pooled = torch.empty(max_batch, HIDDEN)
@@ -297,6 +297,23 @@ def test_bad_input_raises_input_error(label, args, kwargs, message):
     with pytest.raises(InputError, match=message):
         Runtime(backend).run(*args, **kwargs)
     assert backend.calls == []
+
+
+def test_ids_past_int32_refused_without_table_sizes():
+    """A model that records no vocabulary sizes still gets no id that int32 staging would wrap
+    (2**32 + 1 would arrive as the valid-looking id 1)."""
+    backend = ToyBackend(vocab_size=None, type_vocab_size=None)
+    rt = Runtime(backend)
+    largest = [[1, 2**31 - 1]]
+    check_per_sequence(rt.run(largest, token_type_ids=[[0, 2**31 - 1]]), largest, [[0, 2**31 - 1]])
+    calls = len(backend.calls)
+    for args, kwargs, what in [(([[1, 2**31]],), {}, "token id 2147483648 at sequence 0, position 1"),
+                               (([[3], [1, 2**32 + 1]],), {}, "token id 4294967297 at sequence 1, position 1"),
+                               ((torch.tensor([[5, 2**40]]), torch.ones(1, 2, dtype=torch.int64)), {}, "token id"),
+                               (([[1, 2]],), {"token_type_ids": [[0, 2**32]]}, "token type id 4294967296")]:
+        with pytest.raises(InputError, match=what + r".*\[0, 2\*\*31\)"):
+            rt.run(*args, **kwargs)
+    assert len(backend.calls) == calls
 
 
 def test_token_types_refused_for_a_model_without_them():

@@ -15,6 +15,7 @@ from ..ops._tensors import InputError
 from .backend import Limits
 
 _INT64_MAX = np.iinfo(np.int64).max
+_ID_LIMIT = 2**31  # ids are staged as int32
 
 
 @dataclass
@@ -183,9 +184,12 @@ def validate(batch: HostBatch, limits: Limits) -> None:
 
 
 def _check_range(batch: HostBatch, values: np.ndarray, size: int | None, what: str, limit_name: str):
-    bad = (values < 0) if size is None else ((values < 0) | (values >= size))
-    where = np.flatnonzero(bad)
+    # Ids travel to the device as int32: without a known table size, an id past int32 would wrap
+    # into a valid-looking one instead of being refused.
+    upper = _ID_LIMIT if size is None else min(size, _ID_LIMIT)
+    where = np.flatnonzero((values < 0) | (values >= upper))
     if where.size:
         seq, pos = batch.locate(int(where[0]))
-        bound = "not negative" if size is None else f"in [0, {size}) ({limit_name})"
+        bound = (f"in [0, 2**31) (ids are int32; this model records no {limit_name})" if size is None
+                 else f"in [0, {upper}) ({limit_name})")
         raise InputError(f"{what} {values[where[0]]} at sequence {seq}, position {pos}: expected {bound}")
