@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from padfree.runtime.backend import check_packed
+
 from . import plugin_library, sidecar, trt_api
 from .errors import BackendUnavailableError, CorruptEngineError, EngineError, PluginLibraryError
 from .profiles import Profile
@@ -124,6 +126,8 @@ class EngineBackend:
                        token_type_ids: torch.Tensor | None, stream: torch.cuda.Stream | None) -> dict[str, torch.Tensor]:
         """input_ids, token_type_ids: int32 cuda [T]; cu_seqlens: int32 cuda [B+1] -> {"last_hidden_state":
         [T, H], "pooler_output": [B, H] where the model has one}, enqueued on `stream`, not synchronized."""
+        # TensorRT takes raw addresses: a host tensor's would be read as device memory
+        check_packed(input_ids, cu_seqlens, max_seqlen, token_type_ids, self.device)
         stream = stream or torch.cuda.current_stream(self.device)
         tokens, batch = int(input_ids.shape[0]), int(cu_seqlens.shape[0]) - 1
         index = self._profile_for(tokens, batch, int(max_seqlen))

@@ -329,6 +329,22 @@ def test_valid_engine_gets_past_every_check(built):
         _open(engine)
 
 
+def test_execute_packed_refuses_host_tensors_before_tensorrt():
+    """execute_packed checks its inputs before any CUDA call (so this runs without a GPU): the
+    backend object is bare, as nothing past the check may be reached."""
+    import torch
+    from padfree.engines.backend import EngineBackend
+    from padfree.ops._tensors import InputError
+    backend = EngineBackend.__new__(EngineBackend)
+    backend.device = torch.device("cuda", 0)
+    ids, cu = torch.tensor([1, 2, 3], dtype=torch.int32), torch.tensor([0, 3], dtype=torch.int32)
+    with pytest.raises(InputError, match="input_ids: expected a tensor on device cuda:0, got one on cpu"):
+        backend.execute_packed(ids, cu, 3, None, None)
+    backend.device = torch.device("cpu")
+    with pytest.raises(InputError, match="cu_seqlens: expected dtype torch.int32"):
+        backend.execute_packed(ids, cu.long(), 3, None, None)
+
+
 # ---- padfree check --engine ---------------------------------------------------------------------
 class OrtPackedBackend:
     """A CPU Runtime backend running the plain ONNX on ONNX Runtime: rebuilds padding from the

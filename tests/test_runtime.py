@@ -299,6 +299,34 @@ def test_bad_input_raises_input_error(label, args, kwargs, message):
     assert backend.calls == []
 
 
+def test_check_packed_refuses_what_a_backend_must_not_get():
+    """The execute_packed contract (int32, contiguous, on the backend's device) checked without reading
+    values: a host tensor handed to a CUDA backend would reach TensorRT as a raw address."""
+    from padfree.runtime.backend import check_packed
+    ids = torch.tensor([5, 6, 7], dtype=torch.int32)
+    cu = torch.tensor([0, 1, 3], dtype=torch.int32)
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    check_packed(ids, cu, 2, cu.clone(), cpu)   # accepted where the device matches
+    strided = torch.zeros(6, dtype=torch.int32)[::2]
+    for args, device, message in [
+        ((ids, cu, 2, None), cuda, "input_ids: expected a tensor on device cuda:0, got one on cpu"),
+        ((ids.long(), cu, 2, None), cpu, "input_ids: expected dtype torch.int32"),
+        ((ids, cu.long(), 2, None), cpu, "cu_seqlens: expected dtype torch.int32"),
+        ((strided, cu, 2, None), cpu, "input_ids: expected a contiguous tensor"),
+        ((ids.view(1, 3), cu, 2, None), cpu, r"input_ids: expected shape \[\*\]"),
+        ((ids[:0], cu, 2, None), cpu, "at least one token"),
+        ((ids, cu[:1], 2, None), cpu, "batch >= 1"),
+        ((ids, cu, 0, None), cpu, "max_seqlen: expected a positive int"),
+        ((ids, cu, True, None), cpu, "max_seqlen"),
+        ((ids, cu, 2.0, None), cpu, "max_seqlen"),
+        ((ids, cu, 2, ids[:2]), cpu, r"token_type_ids: expected shape \[3\]"),
+        ((ids, cu, 2, ids.float()), cpu, "token_type_ids: expected dtype torch.int32"),
+        ((ids.numpy(), cu, 2, None), cpu, "expected a torch.Tensor"),
+    ]:
+        with pytest.raises(InputError, match=message):
+            check_packed(*args, device)
+
+
 def test_ids_past_int32_refused_without_table_sizes():
     """A model that records no vocabulary sizes still gets no id that int32 staging would wrap
     (2**32 + 1 would arrive as the valid-looking id 1)."""

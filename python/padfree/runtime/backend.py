@@ -12,6 +12,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from ..ops._tensors import InputError
+
 # Outputs with one row per sequence; every other output has one row per token.
 PER_SEQUENCE_OUTPUTS = frozenset({"pooler_output"})
 
@@ -77,3 +79,36 @@ def device_of(backend: Any) -> torch.device:
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     return device
+
+
+def check_index(t: Any, name: str, device: torch.device, length: int | None = None) -> None:
+    """Raise InputError unless t is an int32 [length] contiguous tensor on `device` (compared by
+    equality, not is_cuda, so that a CPU backend or test double checks the same way)."""
+    if not isinstance(t, torch.Tensor):
+        raise InputError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.device != device:
+        raise InputError(f"{name}: expected a tensor on device {device}, got one on {t.device}")
+    if t.dtype != torch.int32:
+        raise InputError(f"{name}: expected dtype torch.int32, got {t.dtype}")
+    if t.dim() != 1 or (length is not None and t.shape[0] != length):
+        want = "[*]" if length is None else f"[{length}]"
+        raise InputError(f"{name}: expected shape {want}, got {list(t.shape)}")
+    if not t.is_contiguous():
+        raise InputError(f"{name}: expected a contiguous tensor; call .contiguous()")
+
+
+def check_packed(input_ids: Any, cu_seqlens: Any, max_seqlen: Any, token_type_ids: Any,
+                 device: torch.device) -> None:
+    """execute_packed's inputs as the protocol states them: int32 [T] ids (T >= 1), int32 [B + 1]
+    cu_seqlens (B >= 1), int32 [T] token types or None, all on `device`; max_seqlen a positive int.
+    Their values are not read (that would synchronize): the Runtime validated them on the host."""
+    check_index(input_ids, "input_ids", device)
+    if input_ids.shape[0] < 1:
+        raise InputError("input_ids: expected at least one token, got an empty tensor")
+    check_index(cu_seqlens, "cu_seqlens", device)
+    if cu_seqlens.shape[0] < 2:
+        raise InputError(f"cu_seqlens: expected [batch + 1] with batch >= 1, got {cu_seqlens.shape[0]} entries")
+    if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < 1:
+        raise InputError(f"max_seqlen: expected a positive int, got {max_seqlen!r}")
+    if token_type_ids is not None:
+        check_index(token_type_ids, "token_type_ids", device, input_ids.shape[0])

@@ -18,7 +18,7 @@ import torch
 
 from .. import ops as _default_ops
 from ..ops._tensors import InputError
-from ..runtime.backend import Limits
+from ..runtime.backend import Limits, check_packed
 from .buckets import LRU, Bucket, bucket_for
 from .ffn import FfnUp, epilogue_matches
 from .inputs import Batch, InputBuffer, from_device, from_host
@@ -172,35 +172,12 @@ class PadfreeEncoder:
                 g.inputs.cu_seqlens[:size + 1])
 
     def _check_packed(self, input_ids, cu_seqlens, max_seqlen, token_type_ids) -> None:
-        self._check_index(input_ids, "input_ids", None)
-        if input_ids.shape[0] < 1:
-            raise InputError("input_ids: expected at least one token, got an empty tensor")
-        self._check_index(cu_seqlens, "cu_seqlens", None)
-        if cu_seqlens.shape[0] < 2:
-            raise InputError(f"cu_seqlens: expected [batch + 1] with batch >= 1, got {cu_seqlens.shape[0]} entries")
-        if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) \
-                or not 1 <= max_seqlen <= self.weights.max_seqlen:
+        if token_type_ids is not None and self.weights.token_type_embeddings is None:
+            raise InputError("token_type_ids given, but this model has no token type embeddings")
+        check_packed(input_ids, cu_seqlens, max_seqlen, token_type_ids, self.device)
+        if max_seqlen > self.weights.max_seqlen:
             raise InputError(f"max_seqlen: expected an int in [1, {self.weights.max_seqlen}] (the model's"
                              f" position table), got {max_seqlen!r}")
-        if token_type_ids is not None:
-            if self.weights.token_type_embeddings is None:
-                raise InputError("token_type_ids given, but this model has no token type embeddings")
-            self._check_index(token_type_ids, "token_type_ids", input_ids.shape[0])
-
-    def _check_index(self, t, name: str, length: int | None) -> None:
-        """int32 [length] contiguous on the encoder's device (checked by equality, not is_cuda, so
-        that the CPU tests with reference ops run the same code)."""
-        if not isinstance(t, torch.Tensor):
-            raise InputError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-        if t.device != self.device:
-            raise InputError(f"{name}: expected a tensor on device {self.device}, got one on {t.device}")
-        if t.dtype != torch.int32:
-            raise InputError(f"{name}: expected dtype torch.int32, got {t.dtype}")
-        if t.dim() != 1 or (length is not None and t.shape[0] != length):
-            want = "[*]" if length is None else f"[{length}]"
-            raise InputError(f"{name}: expected shape {want}, got {list(t.shape)}")
-        if not t.is_contiguous():
-            raise InputError(f"{name}: expected a contiguous tensor; call .contiguous()")
 
     # ---- CUDA graphs ---------------------------------------------------------------------------
 
