@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import padfree
+from padfree import kernel_sizes
 
 from . import model_info, plugin_library, profiles, sidecar, trt_api
 from .errors import BuildError, EngineError
@@ -47,6 +48,7 @@ def build(options: BuildOptions) -> dict[str, Any]:
     if not onnx_path.is_file():
         raise BuildError(f"{onnx_path} does not exist")
     info = model_info.read(onnx_path)
+    _check_kernel_sizes(info, onnx_path)
     api = trt_api.load(options.backend)
     strongly_typed, flags, precision_mode = api.plan_precision(options.precision, info.float_dtype)
     all_profiles = _profiles(options, info)
@@ -107,7 +109,7 @@ def build(options: BuildOptions) -> dict[str, Any]:
         "backend": {"name": api.name, "version": api.version},
         "model": {"onnx": str(onnx_path.resolve()), "sha256": plugin_library.sha256(onnx_path),
                   **{k: v for k, v in info.to_dict().items()
-                     if k not in ("inputs", "outputs", "plugins", "plugin_nodes")}},
+                     if k not in ("inputs", "outputs", "plugins", "plugin_nodes", "attention_sizes")}},
         "precision": options.precision,
         "precision_mode": precision_mode,
         "profiles": profile_records,
@@ -124,6 +126,16 @@ def build(options: BuildOptions) -> dict[str, Any]:
     log.info("wrote %s (%.1f MB) and %s in %.1f s", out, len(blob) / 1e6, sidecar.path_for(out).name,
              metadata["build_seconds"])
     return metadata
+
+
+def _check_kernel_sizes(info: model_info.ModelInfo, onnx_path: Path) -> None:
+    """Refuse attention nodes the kernel library has no kernels for now, not at the engine's first run."""
+    for heads, head_dim in sorted(set(info.attention_sizes)):
+        problem = kernel_sizes.attention_problem(heads, head_dim)
+        if problem is not None:
+            raise BuildError(f"{onnx_path}: a PadfreeAttention node of {heads} heads x {head_dim}: {problem};"
+                             " export the model again (padfree export leaves such an attention unfused with"
+                             " --allow-partial)")
 
 
 def _check_plugin_layers(layers: list[dict[str, str]], nodes: dict[str, int], onnx_path: Path) -> None:

@@ -33,6 +33,7 @@ class ModelInfo:
     vocab_size: int | None = None
     type_vocab_size: int | None = None  # 0: the model takes no token types
     max_positions: int | None = None  # longest sequence the position table allows
+    attention_sizes: list = field(default_factory=list)  # (num_heads, head_dim) of each PadfreeAttention node
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -59,13 +60,17 @@ def read(path: str | Path) -> ModelInfo:
     if len(float_types) != 1:
         raise BuildError(f"{path}: expected float outputs of one dtype (float32, float16 or bfloat16)")
     plugin_nodes: dict[str, int] = {}
+    attention_sizes = []
     for n in graph.node:
         if n.domain == PLUGIN_NAMESPACE or n.op_type.startswith("Padfree"):
             plugin_nodes[n.op_type] = plugin_nodes.get(n.op_type, 0) + 1
+        if n.op_type == "PadfreeAttention":
+            fields = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+            attention_sizes.append((int(fields.get("num_heads", 0)), int(fields.get("head_dim", 0))))
     names = {t.name for t in inputs}
     info = ModelInfo(io="packed" if "cu_seqlens" in names else "padded",
                      float_dtype=_FLOAT_DTYPES[float_types.pop()], inputs=inputs, outputs=outputs,
-                     plugins=sorted(plugin_nodes), plugin_nodes=plugin_nodes)
+                     plugins=sorted(plugin_nodes), plugin_nodes=plugin_nodes, attention_sizes=attention_sizes)
     meta = {p.key: p.value for p in model.metadata_props}
 
     def meta_int(key: str) -> int | None:

@@ -20,7 +20,7 @@ BUILTIN: dict[str, tuple[str, str, dict]] = {
                              intermediate_size=512)),
     "tiny-roberta": ("RobertaConfig", "RobertaModel",
                      dict(vocab_size=512, max_position_embeddings=130, type_vocab_size=1, pad_token_id=1,
-                          hidden_size=128, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256)),
+                          hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256)),
     "tiny-distilbert": ("DistilBertConfig", "DistilBertModel",
                         dict(_SMALL, dim=128, n_layers=2, n_heads=2, hidden_dim=256)),
 }

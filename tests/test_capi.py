@@ -138,6 +138,15 @@ def test_attention_unsupported(over, fragment):
         _lib.call("padfree_attention_varlen", *_attention_args(**over))
 
 
+def test_attention_head_dims_match_kernel_sizes():
+    """padfree.kernel_sizes (what the exporter, the engine builder and padfree.torch refuse by) lists
+    exactly the head_dims the library accepts; batch 0 makes the accepted ones no work."""
+    from padfree import kernel_sizes
+    accepted = [d for d in range(1, 513)
+                if raw("padfree_attention_varlen", *_attention_args(batch=0, head_dim=d))[0] == 0]
+    assert tuple(accepted) == kernel_sizes.ATTENTION_HEAD_DIMS
+
+
 def test_attention_with_no_sequences_is_no_work():
     """batch 0 (an empty bucket) returns before any pointer is looked at or any kernel launched."""
     status, message = raw("padfree_attention_varlen", *_attention_args(batch=0, qkv=None, cu=None, out=None))

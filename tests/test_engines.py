@@ -164,6 +164,43 @@ def test_model_info_sizes_from_plugin_tables(tmp_path, with_types):
     assert info.type_vocab_size == (3 if with_types else None)
 
 
+def _attention_onnx(path: Path, heads: int, head_dim: int) -> Path:
+    """A packed graph of one PadfreeAttention node (fields as the exporter writes them)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    width = 3 * heads * head_dim
+    node = helper.make_node("PadfreeAttention", ["qkv", "qkv_bias", "cu_seqlens", "max_seqlen"], ["context"],
+                            domain="padfree", num_heads=heads, head_dim=head_dim, softmax_scale=head_dim ** -0.5)
+    graph = helper.make_graph(
+        [node], "attention",
+        [helper.make_tensor_value_info("qkv", TensorProto.FLOAT16, ["T", width]),
+         helper.make_tensor_value_info("cu_seqlens", TensorProto.INT32, ["B+1"]),
+         helper.make_tensor_value_info("max_seqlen", TensorProto.INT32, ["S"])],
+        [helper.make_tensor_value_info("context", TensorProto.FLOAT16, ["T", heads * head_dim])],
+        [numpy_helper.from_array(np.zeros(width, np.float16), "qkv_bias")])
+    onnx.save(helper.make_model(graph), str(path))
+    return path
+
+
+@pytest.mark.parametrize("heads, head_dim, problem", [
+    (2, 32, "head_dim 32 is not built"), (4, 96, "head_dim 96 is not built"),
+    (129, 64, "hidden size 8256 exceeds 8192")])
+def test_build_refuses_attention_without_kernels(tmp_path, heads, head_dim, problem):
+    """Refused before TensorRT is even loaded: the engine would otherwise fail at its first run."""
+    from padfree.engines.build import BuildOptions, build
+    onnx_path = _attention_onnx(tmp_path / "att.onnx", heads, head_dim)
+    with pytest.raises(BuildError, match=f"{heads} heads x {head_dim}: {problem}"):
+        build(BuildOptions(str(onnx_path), str(tmp_path / "att.engine"), progress=False))
+
+
+def test_build_reads_attention_sizes(tmp_path):
+    from padfree.engines import build as build_mod, model_info
+    path = _attention_onnx(tmp_path / "att.onnx", 12, 64)
+    info = model_info.read(path)
+    assert info.attention_sizes == [(12, 64)]
+    build_mod._check_kernel_sizes(info, path)  # BERT-base's attention has kernels
+
+
 def test_profile_parsing():
     assert profiles.parse("4096x64", max_seqlen=512) == profiles.Profile(4096, 64, 512)
     assert profiles.parse("256x8x128", max_seqlen=512) == profiles.Profile(256, 8, 128)

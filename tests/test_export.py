@@ -116,8 +116,8 @@ def test_plugin_fields():
              for n in rewritten.graph.node if n.domain == "padfree"}
     emb, att = attrs["PadfreeEmbLayerNorm"], attrs["PadfreeAttention"]
     assert emb["position_offset"] == 2 and emb["has_token_type"] == 1  # RoBERTa: padding_idx 1 + 1
-    assert (att["num_heads"], att["head_dim"]) == (4, 32)
-    assert att["softmax_scale"] == pytest.approx(32 ** -0.5, rel=1e-6)
+    assert (att["num_heads"], att["head_dim"]) == (2, 64)
+    assert att["softmax_scale"] == pytest.approx(64 ** -0.5, rel=1e-6)
     for a in attrs.values():
         assert a["plugin_version"] == b"1" or a["plugin_version"] == "1"
         assert a["plugin_namespace"] in (b"padfree", "padfree")
@@ -171,6 +171,23 @@ def test_modified_attention_refused_then_accepted_with_allow_partial(softcapped_
     onnx.checker.check_model(rewritten, full_check=True)
     assert_nodes_follow_spec(rewritten)
     assert_checks(rewritten, softcapped_layer1, seed)
+
+
+@pytest.mark.parametrize("heads, problem", [(4, "head_dim 32 is not built"), (1, "head_dim 128")])
+def test_attention_without_kernels_is_refused_then_left_unfused(heads, problem, seed):
+    """head_dim 32 (128 / 4 heads) has no attention kernel: fusing it would build a graph that
+    fails at its first run. The control (1 head of 128) fuses."""
+    reference = exported("tiny-bert", num_attention_heads=heads)
+    if heads == 1:
+        assert rewrite(reference)[1].fused["PadfreeAttention"] == 2
+        return
+    with pytest.raises(PartialFusionError) as err:
+        rewrite(reference)
+    assert problem in str(err.value) and "built: 64, 128" in str(err.value)
+    rewritten, report = rewrite(reference, allow_partial=True)
+    assert "PadfreeAttention" not in report.fused and report.fused["PadfreeSkipLayerNorm"] == 4
+    assert sum(problem in m for m in report.unmatched) == 2
+    assert_checks(rewritten, reference, seed)
 
 
 def test_check_fails_on_a_wrong_rewrite(seed):

@@ -289,6 +289,27 @@ def test_from_hf_refuses_cpu_and_bad_dtype():
         from_hf(model, dtype=torch.int8)
 
 
+@pytest.mark.parametrize("hidden, heads, problem", [(64, 4, "head_dim 16 is not built"),
+                                                     (192, 2, "head_dim 96 is not built"),
+                                                     (128, 2, None), (256, 2, None)])
+def test_kernel_sizes_refuse_what_has_no_attention_kernel(hidden, heads, problem):
+    """extract leaves head_dim to the caller (the CPU tests run head_dim 16 on reference ops);
+    from_hf, which runs the real kernels, refuses what they are not built for."""
+    from padfree.torch.weights import check_kernel_sizes
+    weights = extract(make_model("bert", hidden=hidden, heads=heads), torch.float32, torch.device("cpu"))
+    if problem is None:
+        check_kernel_sizes(weights)
+    else:
+        with pytest.raises(UnsupportedModelError, match=f"{heads} heads x {hidden // heads}: {problem}"):
+            check_kernel_sizes(weights)
+
+
+@pytest.mark.gpu
+def test_from_hf_refuses_head_dim_without_kernels():
+    with pytest.raises(UnsupportedModelError, match="head_dim 16 is not built"):
+        from_hf(make_model("bert", hidden=64, heads=4), dtype=torch.float16)
+
+
 # ---- CPU: bucketing ---------------------------------------------------------------------------------
 
 def test_round_tokens_grid_bounds_waste():

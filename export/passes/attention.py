@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from padfree import kernel_sizes
+
 from ..context import CU_SEQLENS, DIM_T, MAX_SEQLEN, Context, PassReport, log
 from ..graph import const_value, describe, only_consumer, producer, producer_op, split_const
 from ..probe import evaluate
@@ -179,6 +181,10 @@ def _match(ctx: Context, softmax: gs.Node, mask_ok: dict[int, str | None]) -> At
             mask_ok[id(mask)] = _check_padding_mask(ctx, mask)
         if mask_ok[id(mask)] is not None:
             raise NoMatch(f"additive mask: {mask_ok[id(mask)]}")
+    # A real attention, but one the kernels were not built for: fused, it would fail at its first run.
+    problem = kernel_sizes.attention_problem(heads, head_dim)
+    if problem is not None:
+        raise NoMatch(f"{heads} heads x {head_dim}: {problem}")
     return Attention(q, k, v, heads, head_dim, scale * q.scale * k.scale * v.scale, context, mask)
 
 

@@ -6,6 +6,7 @@ from typing import Sequence
 import torch
 
 from .._lib import PadfreeError
+from ..kernel_sizes import HIDDEN_MULTIPLE, MAX_HIDDEN
 
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 
@@ -61,8 +62,6 @@ def stream_handle(device: torch.device) -> int:
 # ---- shared by the row-wise kernel bindings (padding, layernorm, embedding, activation) ----------
 
 FLOAT_DTYPES = tuple(DTYPE_CODES)
-MAX_HIDDEN = 8192  # the LayerNorm-family kernels hold a row in registers
-HIDDEN_MULTIPLE = 8  # one 16-byte vector of fp16/bf16
 VECTOR_BYTES = 16
 
 

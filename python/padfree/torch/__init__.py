@@ -14,7 +14,7 @@ import torch
 from ..ops._tensors import InputError
 from .buckets import Bucket
 from .encoder import PadfreeEncoder
-from .weights import EncoderWeights, UnsupportedModelError, extract
+from .weights import EncoderWeights, UnsupportedModelError, check_kernel_sizes, extract
 
 __all__ = ["from_hf", "PadfreeEncoder", "EncoderWeights", "Bucket", "InputError", "UnsupportedModelError"]
 
@@ -28,7 +28,8 @@ def from_hf(model: torch.nn.Module, dtype: torch.dtype = torch.float16, device: 
     model: BertModel, RobertaModel, DistilBertModel or one of the same architecture (a task model
       gives its base model). use_graphs=False runs eagerly (for debugging); max_graphs bounds the
       captured graphs kept (least recently used evicted).
-    Raises UnsupportedModelError for an architecture or configuration it cannot run.
+    Raises UnsupportedModelError for an architecture or configuration it cannot run, or sizes the
+    kernels are not built for (padfree.kernel_sizes: head_dim, hidden).
     """
     if dtype not in _DTYPES:
         raise InputError(f"dtype: expected one of {', '.join(map(str, _DTYPES))}, got {dtype}")
@@ -38,5 +39,6 @@ def from_hf(model: torch.nn.Module, dtype: torch.dtype = torch.float16, device: 
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     weights = extract(model, dtype, device)
+    check_kernel_sizes(weights)
     base = getattr(model, "base_model", model)
     return PadfreeEncoder(weights, base.config, use_graphs=use_graphs, max_graphs=max_graphs)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .. import kernel_sizes
 from .._lib import PadfreeError
 
 # HF hidden_act -> the activation the FFN computes: "erf" / "tanh" GELU (the cuBLASLt epilogue and
@@ -196,15 +197,23 @@ def _distilbert_like(base, config, take) -> EncoderWeights:
         emb_ln_eps=float(emb.LayerNorm.eps), position_offset=0, layers=layers)
 
 
+def check_kernel_sizes(w: EncoderWeights) -> None:
+    """Raise UnsupportedModelError unless padfree's kernels are built for w's sizes (extract checks
+    only what the encoder's own logic needs, so that the CPU tests can run other sizes on reference ops)."""
+    problem = kernel_sizes.attention_problem(w.num_heads, w.head_dim)
+    if problem is not None:
+        raise UnsupportedModelError(f"{w.num_heads} heads x {w.head_dim}: {problem}")
+
+
 def _check_shapes(w: EncoderWeights) -> None:
     h = w.hidden_size
     if not w.layers:
         raise UnsupportedModelError("the model has no encoder layers")
     if h % w.num_heads:
         raise UnsupportedModelError(f"hidden size {h} is not a multiple of num_heads {w.num_heads}")
-    if h % 8:
-        raise UnsupportedModelError(f"hidden size {h} is not a multiple of 8, which the LayerNorm "
-                                    "kernels need")
+    problem = kernel_sizes.hidden_problem(h)
+    if problem is not None:
+        raise UnsupportedModelError(f"{problem}: the LayerNorm kernels cannot run this model")
     if w.max_seqlen < 1:
         raise UnsupportedModelError(f"the position table ({w.position_embeddings.shape[0]} rows) "
                                     f"leaves no room after the position offset {w.position_offset}")
