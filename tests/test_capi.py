@@ -1,12 +1,15 @@
 """The C ABI refuses bad arguments with a status and a last-error text, before touching the GPU.
 
 Runs without a GPU (CI): every call below has at least one invalid argument, so no kernel is ever
-launched and the fake device addresses are never dereferenced. Skips where the library is not built.
+launched and the fake device addresses are never dereferenced. Skips where the library is not built
+or was deliberately built without a family (PADFREE_KERNEL_FAMILIES); a stale library fails.
 """
 from __future__ import annotations
 
 import ctypes
+import os
 import re
+from pathlib import Path
 
 import pytest
 
@@ -26,12 +29,44 @@ F32, F16, BF16 = 0, 1, 2
 INVALID = _lib.STATUS_INVALID_ARGUMENT
 
 
+_CAPI_SOURCES = Path(__file__).resolve().parent.parent / "plugins" / "capi"
+
+
+def _family(name: str) -> str:
+    """The kernel family (plugins/capi/<family>_capi.cpp) that defines C ABI function `name`."""
+    for source in sorted(_CAPI_SOURCES.glob("*_capi.cpp")):
+        if re.search(rf"\b{name}\s*\(", source.read_text()):
+            return source.stem.removesuffix("_capi")
+    return "unknown"
+
+
+def _built_families() -> set[str] | None:
+    """The families the library was deliberately built with: $PADFREE_KERNEL_FAMILIES, else the
+    PADFREE_KERNEL_FAMILIES of the CMake cache beside the library; None where that is every family."""
+    listed = os.environ.get("PADFREE_KERNEL_FAMILIES")
+    if listed is None:
+        for folder in Path(_LIB._name).resolve().parents[:3]:
+            cache = folder / "CMakeCache.txt"
+            if cache.is_file():
+                found = re.search(r"^PADFREE_KERNEL_FAMILIES:\w+=(.*)$", cache.read_text(), re.MULTILINE)
+                listed = found.group(1) if found else ""
+                break
+    families = {f.strip() for f in (listed or "").split(";") if f.strip()}
+    return families or None
+
+
 def raw(name: str, *args) -> tuple[int, str]:
     """Status and last error of one call, through the same signatures as the bindings."""
     try:
         fn = getattr(_LIB, name)
     except AttributeError:
-        pytest.skip(f"{_LIB._name} has no {name}: built without that kernel family, or stale")
+        family, built = _family(name), _built_families()
+        if built is not None and family not in built:
+            pytest.skip(f"{_LIB._name} was built with PADFREE_KERNEL_FAMILIES={';'.join(sorted(built))},"
+                        f" without {family}")
+        pytest.fail(f"{_LIB._name} has no {name}, yet its build includes the {family} family: the library is"
+                    " stale. Rebuild it: `CUDACXX=/usr/local/cuda/bin/nvcc pip install -e . --no-deps"
+                    " --no-build-isolation` (or `cmake --build` its build directory)", pytrace=False)
     fn.argtypes = _lib._SIGNATURES[name]
     fn.restype = ctypes.c_int
     status = fn(*args)
@@ -45,6 +80,31 @@ def expect_invalid(name: str, args: tuple, *fragments: str) -> None:
         assert fragment in message, f"{name}: {fragment!r} not in {message!r}"
     with pytest.raises(_lib.KernelArgumentError, match=re.escape(fragments[0])):
         _lib.call(name, *args)
+
+
+def test_a_missing_function_fails_unless_its_family_was_left_out(tmp_path, monkeypatch):
+    """A stale library must not turn these tests into silent skips; a deliberate subset may."""
+    class Library:  # a library without any ABI function, built in tmp_path
+        _name = str(tmp_path / "libpadfree_kernels.so")
+
+    def outcome(name: str) -> tuple[str, str]:
+        try:
+            raw(name)
+        except (pytest.fail.Exception, pytest.skip.Exception) as e:
+            return ("fail" if isinstance(e, pytest.fail.Exception) else "skip"), str(e)
+        return "ran", ""
+
+    monkeypatch.setitem(globals(), "_LIB", Library())
+    monkeypatch.delenv("PADFREE_KERNEL_FAMILIES", raising=False)
+    kind, message = outcome("padfree_attention_varlen")
+    assert kind == "fail" and "stale" in message and "pip install -e ." in message
+    (tmp_path / "CMakeCache.txt").write_text("PADFREE_KERNEL_FAMILIES:STRING=padding;layernorm\n")
+    assert outcome("padfree_attention_varlen") == (
+        "skip", f"{Library._name} was built with PADFREE_KERNEL_FAMILIES=layernorm;padding, without attention")
+    assert outcome("padfree_skip_layernorm")[0] == "fail"  # its family was built: stale
+    monkeypatch.setenv("PADFREE_KERNEL_FAMILIES", "attention")
+    assert outcome("padfree_attention_varlen")[0] == "fail"
+    assert outcome("padfree_bias_gelu")[0] == "skip"
 
 
 def test_versions_and_status_strings():
