@@ -158,3 +158,12 @@ def test_cpu_tensor_is_refused():
     with pytest.raises(InputError, match="CUDA tensor"):
         ops.embedding_layernorm(ids, torch.tensor([0, 3], dtype=torch.int32), torch.randn(4, 8),
                                 torch.randn(4, 8), torch.ones(8), torch.zeros(8))
+
+
+@pytest.mark.parametrize("offset", [2**32 + 2, 2**31, -1, 1.5])
+def test_position_offset_outside_int32_is_refused(offset):
+    """Checked before the tensors (no GPU needed): 2**32 + 2 would reach the kernel as 2."""
+    ids = torch.zeros(3, dtype=torch.int32)
+    with pytest.raises(InputError, match="position_offset: expected an int"):
+        ops.embedding_layernorm(ids, torch.tensor([0, 3], dtype=torch.int32), torch.randn(4, 8), torch.randn(4, 8),
+                                torch.ones(8), torch.zeros(8), position_offset=offset)

@@ -219,3 +219,30 @@ def test_cpu_tensor_is_refused():
         ops.cu_seqlens_from_seqlens(torch.ones(3, dtype=torch.int32))
     with pytest.raises(InputError, match="CUDA tensor"):
         pack_from_mask(torch.ones(2, 3, dtype=torch.int32))
+
+
+def test_check_int32_refuses_what_ctypes_would_wrap():
+    import numpy as np
+    from padfree.ops._tensors import check_int32
+    assert check_int32(2**31 - 1, "n") == 2**31 - 1
+    assert check_int32(np.int64(7), "n") == 7 and type(check_int32(np.int64(7), "n")) is int
+    assert check_int32(torch.tensor(3), "n") == 3
+    assert check_int32(1, "n", minimum=1) == 1
+    for value, message in [(2**32 + 5, r"n: expected an int in \[0, 2\*\*31 - 1\] \(int32\), got 4294967301"),
+                           (2**31, "got 2147483648"), (-1, "got -1"), (True, "expected an int, got True"),
+                           (3.0, "expected an int, got float"), ("4", "expected an int, got str")]:
+        with pytest.raises(InputError, match=message):
+            check_int32(value, "n")
+    with pytest.raises(InputError, match=r"\[1, 2\*\*31 - 1\]"):
+        check_int32(0, "n", minimum=1)
+
+
+def test_host_ints_past_int32_are_refused_before_the_kernel():
+    """Checked before the tensors (so this runs without a GPU): 2**32 + 5 would reach the kernel as 5."""
+    cu = torch.tensor([0, 3, 5], dtype=torch.int32)
+    with pytest.raises(InputError, match="padded_seqlen: expected an int in"):
+        ops.rebuild_padding(torch.zeros(5, 8), cu, 2**32 + 5)
+    with pytest.raises(InputError, match="padded_seqlen: expected an int"):
+        ops.rebuild_padding(torch.zeros(5, 8), cu, 4.0)
+    with pytest.raises(InputError, match="total_tokens: expected an int in"):
+        ops.remove_padding(torch.zeros(2, 4, 8), cu, 2**32 + 5)

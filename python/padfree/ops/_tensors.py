@@ -1,6 +1,7 @@
 """Checks that turn bad torch tensors into clear exceptions before they reach a kernel."""
 from __future__ import annotations
 
+import operator
 from typing import Sequence
 
 import torch
@@ -9,6 +10,7 @@ from .._lib import PadfreeError
 from ..kernel_sizes import HIDDEN_MULTIPLE, MAX_HIDDEN
 
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+INT32_MAX = 2**31 - 1
 
 
 class InputError(PadfreeError, ValueError):
@@ -48,6 +50,20 @@ def check(t: torch.Tensor | None, name: str, *, dtype: torch.dtype | Sequence[to
         if t.dim() != len(shape) or any(s is not None and s != d for s, d in zip(shape, t.shape)):
             want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
             raise InputError(f"{name}: expected shape {want}, got {list(t.shape)}")
+
+
+def check_int32(value, name: str, minimum: int = 0) -> int:
+    """value as a Python int in [minimum, 2**31 - 1], else InputError: ctypes passes a host int to an
+    int32_t parameter modulo 2**32 (2**32 + 5 would arrive as 5), so the range is checked here."""
+    if isinstance(value, bool):
+        raise InputError(f"{name}: expected an int, got {value!r}")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise InputError(f"{name}: expected an int, got {type(value).__name__} {value!r}") from None
+    if not minimum <= value <= INT32_MAX:
+        raise InputError(f"{name}: expected an int in [{minimum}, 2**31 - 1] (int32), got {value}")
+    return value
 
 
 def ptr(t: torch.Tensor | None) -> int | None:

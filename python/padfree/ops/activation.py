@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from ._tensors import InputError, call_kernel, check_float, dtype_code, output, ptr, rows_and_width, stream_handle
+from ._tensors import (InputError, call_kernel, check_float, check_int32, dtype_code, output, ptr, rows_and_width,
+                       stream_handle)
 
 _APPROXIMATE = {"none": 0, "tanh": 1}  # PADFREE_GELU_ERF, PADFREE_GELU_TANH; names as torch's gelu
 
@@ -18,6 +19,7 @@ def bias_gelu(x: torch.Tensor, bias: torch.Tensor | None = None, approximate: st
     if approximate not in _APPROXIMATE:
         raise InputError(f"approximate: expected 'none' or 'tanh', got {approximate!r}")
     rows, cols = rows_and_width(x, "x", width_name="cols", max_width=None)
+    check_int32(cols, "x: cols (last dimension)")
     check_float(bias, "bias", shape=[cols], like=x, optional=True)
     out = output(out, x.shape, x)
     if rows:

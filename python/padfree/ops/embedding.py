@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from ._tensors import (InputError, call_kernel, check, check_eps, check_float, check_width, dtype_code, output,
-                       ptr, stream_handle)
+from ._tensors import (InputError, call_kernel, check, check_eps, check_float, check_int32, check_width, dtype_code,
+                       output, ptr, stream_handle)
 
 
 def embedding_layernorm(input_ids: torch.Tensor, cu_seqlens: torch.Tensor, word_embeddings: torch.Tensor,
@@ -20,6 +20,7 @@ def embedding_layernorm(input_ids: torch.Tensor, cu_seqlens: torch.Tensor, word_
     padding_idx + 1 for RoBERTa. Ids and positions out of range are clamped (memory safety, no
     sync): callers validate ids on the host.
     """
+    position_offset = check_int32(position_offset, "position_offset")
     check(input_ids, "input_ids", dtype=torch.int32, shape=[None])
     device = input_ids.device
     check(cu_seqlens, "cu_seqlens", dtype=torch.int32, shape=[None], device=device)
@@ -41,12 +42,11 @@ def embedding_layernorm(input_ids: torch.Tensor, cu_seqlens: torch.Tensor, word_
     batch = cu_seqlens.numel() - 1
     if batch < 1:
         raise InputError(f"cu_seqlens: expected [batch + 1] with batch >= 1, got {cu_seqlens.numel()} entries")
+    check_int32(batch, "cu_seqlens: batch")
     for name, table in (("word_embeddings", word_embeddings), ("position_embeddings", position_embeddings),
                         ("token_type_embeddings", token_type_embeddings)):
-        if table is not None and table.shape[0] < 1:
-            raise InputError(f"{name}: expected at least one row, got shape {list(table.shape)}")
-    if position_offset < 0:
-        raise InputError(f"position_offset: expected >= 0, got {position_offset}")
+        if table is not None:
+            check_int32(table.shape[0], f"{name}: rows", minimum=1)
     out = output(out, (total_tokens, hidden), like)
     if total_tokens:
         type_rows = 0 if token_type_embeddings is None else token_type_embeddings.shape[0]

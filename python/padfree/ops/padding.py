@@ -12,7 +12,7 @@ from typing import Sequence
 
 import torch
 
-from ._tensors import InputError, call_kernel, check, ptr, stream_handle
+from ._tensors import InputError, call_kernel, check, check_int32, ptr, stream_handle
 
 _INT32_MAX = 2**31 - 1
 _MASK_DTYPES = (torch.int32, torch.int64, torch.bool)
@@ -25,8 +25,9 @@ def cu_seqlens_from_seqlens(seqlens: torch.Tensor) -> torch.Tensor:
     since the values are on the device: validate on the host first, or use `pack_from_seqlens`.
     """
     check(seqlens, "seqlens", dtype=torch.int32, shape=[None])
-    cu_seqlens = torch.empty(seqlens.numel() + 1, dtype=torch.int32, device=seqlens.device)
-    call_kernel("padfree_cu_seqlens_from_seqlens", seqlens.device, ptr(seqlens), seqlens.numel(),
+    batch = check_int32(seqlens.numel(), "seqlens: batch")
+    cu_seqlens = torch.empty(batch + 1, dtype=torch.int32, device=seqlens.device)
+    call_kernel("padfree_cu_seqlens_from_seqlens", seqlens.device, ptr(seqlens), batch,
                 ptr(cu_seqlens), stream_handle(seqlens.device))
     return cu_seqlens
 
@@ -37,7 +38,7 @@ def _mask_int32(mask: torch.Tensor, name: str) -> torch.Tensor:
 
 
 def _launch_from_mask(mask: torch.Tensor, invalid_rows: torch.Tensor | None) -> torch.Tensor:
-    batch, padded_seqlen = mask.shape
+    batch, padded_seqlen = check_int32(mask.shape[0], "mask: batch"), check_int32(mask.shape[1], "mask: width")
     cu_seqlens = torch.empty(batch + 1, dtype=torch.int32, device=mask.device)
     call_kernel("padfree_cu_seqlens_from_mask", mask.device, ptr(mask), batch, padded_seqlen, ptr(cu_seqlens),
                 ptr(invalid_rows), stream_handle(mask.device))
@@ -128,7 +129,7 @@ def _check_cu_seqlens(cu_seqlens: torch.Tensor, like: torch.Tensor) -> int:
     check(cu_seqlens, "cu_seqlens", dtype=torch.int32, shape=[None], device=like.device)
     if cu_seqlens.numel() < 1:
         raise InputError("cu_seqlens: expected [batch + 1] entries, got an empty tensor")
-    return cu_seqlens.numel() - 1
+    return check_int32(cu_seqlens.numel() - 1, "cu_seqlens: batch")
 
 
 def _row_bytes(t: torch.Tensor, leading: int) -> int:
@@ -150,13 +151,15 @@ def remove_padding(padded: torch.Tensor, cu_seqlens: torch.Tensor, total_tokens:
     `pack_from_mask` returns it): it sizes the output, and the kernel writes cu_seqlens[-1] rows.
     A sequence longer than S is cut at S. out: an optional [total_tokens, ...] destination.
     """
+    total_tokens = check_int32(total_tokens, "total_tokens")
     check(padded, "padded")
     if padded.dim() < 2:
         raise InputError(f"padded: expected [batch, padded_seqlen, ...], got shape {list(padded.shape)}")
     batch = _check_cu_seqlens(cu_seqlens, padded)
     if padded.shape[0] != batch:
         raise InputError(f"padded: batch {padded.shape[0]} does not match cu_seqlens ([{batch} + 1])")
-    if total_tokens < 0 or total_tokens > padded.shape[0] * padded.shape[1]:
+    check_int32(padded.shape[1], "padded: padded_seqlen (dimension 1)")
+    if total_tokens > padded.shape[0] * padded.shape[1]:
         raise InputError(f"total_tokens: expected 0..{padded.shape[0] * padded.shape[1]} (batch * padded_seqlen), "
                          f"got {total_tokens}")
     packed = _same_layout(out, (total_tokens, *padded.shape[2:]), padded)
@@ -175,12 +178,11 @@ def rebuild_padding(packed: torch.Tensor, cu_seqlens: torch.Tensor, padded_seqle
     cu_seqlens: int32 [B+1] on packed's device with cu_seqlens[-1] <= T and every length <=
     padded_seqlen (rows past padded_seqlen are dropped). out: an optional destination.
     """
+    padded_seqlen = check_int32(padded_seqlen, "padded_seqlen")
     check(packed, "packed")
     if packed.dim() < 1:
         raise InputError("packed: expected [total_tokens, ...], got a scalar")
     batch = _check_cu_seqlens(cu_seqlens, packed)
-    if padded_seqlen < 0:
-        raise InputError(f"padded_seqlen: expected >= 0, got {padded_seqlen}")
     padded = _same_layout(out, (batch, padded_seqlen, *packed.shape[1:]), packed)
     row_bytes = _row_bytes(packed, 1)
     if row_bytes == 0 or padded.numel() == 0:
