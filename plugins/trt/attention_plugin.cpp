@@ -18,8 +18,10 @@ const Schema& AttentionPlugin::schema() {
 bool AttentionPlugin::validate(const std::vector<Scalar>& values, std::string& error) {
     const int64_t heads = values[kNumHeads].i, head_dim = values[kHeadDim].i;
     const float scale = values[kSoftmaxScale].f;
-    if (heads <= 0 || head_dim <= 0 || 3 * heads * head_dim > INT32_MAX) {
-        error = concat("num_heads = ", heads, ", head_dim = ", head_dim, ": expected positive sizes");
+    // Divided, not multiplied: a corrupt blob's sizes near INT32_MAX would overflow even int64.
+    if (heads <= 0 || head_dim <= 0 || heads > INT32_MAX / 3 / head_dim) {
+        error = concat("num_heads = ", heads, ", head_dim = ", head_dim,
+                       ": expected positive sizes with 3 * num_heads * head_dim <= 2^31 - 1");
         return false;
     }
     if (!(scale > 0.0f) || !std::isfinite(scale)) {

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <iostream>
+#include <limits>
 
 #include "expr_double.h"
 #include "harness.h"
@@ -437,6 +438,46 @@ Register corrupt_test("corrupt_state_refused", [] {
         PluginFieldCollection neg{1, &negative};
         EXPECT(!Plugin(find_creator(c.plugin)->createPlugin("layer", &neg, TensorRTPhase::kRUNTIME)), c.label);
     });
+});
+
+// ---- field ranges -------------------------------------------------------------------------------
+const Case& case_named(const std::string& label) {
+    for (const Case& c : cases())
+        if (c.label == label) return c;
+    throw Failure("no case " + label);
+}
+
+std::vector<FieldValue> with_fields(const Case& c, const std::vector<FieldValue>& changes) {
+    std::vector<FieldValue> fields = c.fields;
+    for (const FieldValue& change : changes)
+        for (FieldValue& f : fields)
+            if (f.name == change.name) f = change;
+    return fields;
+}
+
+Register attention_sizes_test("attention_sizes_refused_without_overflow", [] {
+    // The qkv width 3 * num_heads * head_dim must fit int32; a product past int64 (from a corrupt
+    // blob) must be refused too, not wrap around into a value that passes.
+    const Case& c = case_named("attention");
+    const int32_t big = std::numeric_limits<int32_t>::max();
+    const std::array<std::array<int32_t, 2>, 4> refused{{{big, big}, {big, 1}, {715827883, 1}, {1 << 16, 1 << 15}}};
+    for (const auto& [heads, head_dim] : refused) {
+        EXPECT(!Plugin(create(c, with_fields(c, {int_field("num_heads", heads), int_field("head_dim", head_dim)}))),
+               "num_heads ", heads, ", head_dim ", head_dim, " accepted");
+        EXPECT(std::strstr(padfree_trt_last_error(), "num_heads") != nullptr, padfree_trt_last_error());
+    }
+    // The widest that fits: 3 * 715827882 = 2^31 - 2.
+    EXPECT(Plugin(create(c, with_fields(c, {int_field("num_heads", 715827882), int_field("head_dim", 1)}))),
+           padfree_trt_last_error());
+    // The same sizes written into an engine's plugin state are refused as it is deserialized.
+    Plugin p(create(c, c.fields));
+    std::vector<uint8_t> blob = serialize(p.get());
+    const size_t first_value = blob.size() - 8 * c.fields.size() + 4;  // per field: u32 type, 4 value bytes
+    std::memcpy(&blob[first_value + 8 * 0], &big, sizeof big);  // num_heads
+    std::memcpy(&blob[first_value + 8 * 1], &big, sizeof big);  // head_dim
+    EXPECT(!Plugin(create_runtime(c.plugin, blob.data(), static_cast<int32_t>(blob.size()))),
+           "a state of num_heads = head_dim = 2^31 - 1 accepted");
+    EXPECT(std::strstr(padfree_trt_last_error(), "num_heads") != nullptr, padfree_trt_last_error());
 });
 
 // ---- error reporting at run time (no device needed: the checks refuse before any kernel) ------------
