@@ -111,8 +111,9 @@ def _ports(name: str, has_token_type: bool = True) -> list[str]:
     return [p["name"] for p in SPEC["plugins"][name]["inputs"] if "when" not in p or has_token_type]
 
 
-def packed_plugin_graph(path: Path, hidden=64, heads=2, vocab=100, positions=64):
-    """A one-layer packed encoder made of padfree plugin nodes (plus one MatMul), per plugins.json."""
+def packed_plugin_graph(path: Path, hidden=128, heads=2, vocab=100, positions=64):
+    """A one-layer packed encoder made of padfree plugin nodes (plus one MatMul), per plugins.json;
+    head_dim 64, one the attention kernels are built for (the engine builder refuses others)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
     rng = np.random.default_rng(0)
