@@ -175,3 +175,14 @@ def test_cpu_tensor_is_refused():
         ops.layernorm(x, torch.ones(768), torch.zeros(768))
     with pytest.raises(InputError, match="CUDA tensor"):
         ops.skip_layernorm(x, x, torch.ones(768), torch.zeros(768))
+
+
+def test_one_epsilon_rule():
+    """Finite and >= 0, as the C ABI's check_eps and the plugins' check_epsilon (the plugin harness
+    checks their side): eps 0 is a well defined LayerNorm; 1e39 would reach the kernel as float32 inf."""
+    from padfree.ops._tensors import check_eps
+    for eps in (0.0, 1e-12, 1.0, 2.0, float(torch.finfo(torch.float32).max)):
+        check_eps(eps)
+    for eps in (-1e-5, float("nan"), float("inf"), 1e39):
+        with pytest.raises(InputError, match="eps: expected a finite float32 value >= 0"):
+            check_eps(eps)

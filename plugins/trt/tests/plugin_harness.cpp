@@ -46,7 +46,7 @@ const std::vector<Case>& cases() {
          {dyn1, dyn1, dyn1, const2, const2, const2, const1, const1},
          {{37, 64}},
          {{4, 1, 65}, {5, 1, 63}, {6, 0, 65}, {7, 0, 63}},
-         {float_field("epsilon", 0.0f), int_field("position_offset", -1), int_field("has_token_type", 2)}},
+         {float_field("epsilon", INFINITY), int_field("position_offset", -1), int_field("has_token_type", 2)}},
         {"emb_layernorm_without_type", "PadfreeEmbLayerNorm",
          {float_field("epsilon", 1e-5f), int_field("position_offset", 2), int_field("has_token_type", 0)},
          "iiffff" "f", 6,
@@ -79,7 +79,7 @@ const std::vector<Case>& cases() {
          {dyn2, const1, const1},
          {{37, 64}},
          {{1, 0, 63}, {2, 0, 128}},
-         {float_field("epsilon", 2.0f)}},
+         {float_field("epsilon", NAN)}},
         {"bias_gelu", "PadfreeBiasGelu",
          {int_field("approximate", 1)},
          "ff" "f", 2,
@@ -478,6 +478,21 @@ Register attention_sizes_test("attention_sizes_refused_without_overflow", [] {
     EXPECT(!Plugin(create_runtime(c.plugin, blob.data(), static_cast<int32_t>(blob.size()))),
            "a state of num_heads = head_dim = 2^31 - 1 accepted");
     EXPECT(std::strstr(padfree_trt_last_error(), "num_heads") != nullptr, padfree_trt_last_error());
+});
+
+Register epsilon_test("epsilon_rule_is_the_c_abis", [] {
+    // Finite and >= 0, as the C ABI and padfree.ops check it: eps 0 is a well defined LayerNorm
+    // (unless a row's variance is 0), a large eps only flattens the output.
+    for (const char* label : {"emb_layernorm_with_type", "skip_layernorm", "layernorm"}) {
+        const Case& c = case_named(label);
+        for (float eps : {0.0f, 1e-12f, 1.0f, 2.0f, 1e30f})
+            EXPECT(Plugin(create(c, with_fields(c, {float_field("epsilon", eps)}))), label, " epsilon ", eps, ": ",
+                   padfree_trt_last_error());
+        for (float eps : {-1e-5f, NAN, INFINITY, -INFINITY}) {
+            EXPECT(!Plugin(create(c, with_fields(c, {float_field("epsilon", eps)}))), label, " epsilon ", eps);
+            EXPECT(std::strstr(padfree_trt_last_error(), "finite epsilon >= 0") != nullptr, padfree_trt_last_error());
+        }
+    }
 });
 
 // ---- error reporting at run time (no device needed: the checks refuse before any kernel) ------------

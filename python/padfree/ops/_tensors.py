@@ -105,9 +105,14 @@ def check_float(t: torch.Tensor | None, name: str, *, shape: Sequence[int | None
     check_aligned(t, name)
 
 
+_FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+
+
 def check_eps(eps: float) -> None:
-    if not (0.0 <= eps < float("inf")):
-        raise InputError(f"eps: expected a finite value >= 0, got {eps}")
+    """The one epsilon rule (the C ABI and the plugins check the same): finite and >= 0, as the
+    float32 the kernels get (a larger Python float would arrive as inf)."""
+    if not (0.0 <= eps <= _FLOAT32_MAX):
+        raise InputError(f"eps: expected a finite float32 value >= 0, got {eps}")
 
 
 def rows_and_width(x: torch.Tensor, name: str, width_name: str = "hidden",
