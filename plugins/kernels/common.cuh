@@ -141,19 +141,6 @@ struct TypeTag {
     using type = T;
 };
 
-inline bool is_valid_dtype(int dtype) {
-    return dtype == PADFREE_FLOAT32 || dtype == PADFREE_FLOAT16 || dtype == PADFREE_BFLOAT16;
-}
-
-inline const char* dtype_name(int dtype) {
-    switch (dtype) {
-        case PADFREE_FLOAT32: return "float32";
-        case PADFREE_FLOAT16: return "float16";
-        case PADFREE_BFLOAT16: return "bfloat16";
-    }
-    return "unknown dtype";
-}
-
 // The one place a runtime padfree_dtype becomes a template type:
 //   dispatch_dtype(dtype, [&](auto tag) { using T = typename decltype(tag)::type; launch<T>(...); });
 // Returns false (calling nothing) for an unknown dtype; the C ABI checks dtype before this.
