@@ -89,6 +89,7 @@ class EngineBackend:
                                           (recorded if recorded and Path(recorded).is_file() else None))
         except PluginLibraryError as e:
             raise PluginLibraryError(f"{self.path} uses padfree plugins ({', '.join(self.metadata['plugins'])}): {e}") from e
+        plugin_library.warn_if_changed(library, self.metadata.get("plugin_library"), self.path)
         plugin_library.load_into(self.api.trt, library)
 
     def _limits(self):

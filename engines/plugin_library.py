@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import logging
 import os
 from pathlib import Path
 
 from .errors import PluginLibraryError
 
+log = logging.getLogger("padfree.engines")
 LIBRARY_NAME = "libpadfree_trt.so"
 ENV_VAR = "PADFREE_TRT_LIBRARY"
 
@@ -49,6 +51,21 @@ def sha256(path: str | os.PathLike) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def warn_if_changed(library: Path, recorded: dict | None, engine: str | os.PathLike) -> bool:
+    """Log a warning when `library` is not the build the engine recorded (its sidecar's
+    plugin_library); True when they differ. A plan keeps its plugins' serialized state, not their
+    code: another build may read that state differently, so the engine should be rebuilt."""
+    want = (recorded or {}).get("sha256")
+    have = sha256(library)
+    if want is None or want == have:
+        return False
+    log.warning("%s was built with the plugin library %s (sha256 %s), but %s (sha256 %s) is loaded: another"
+                " build of the plugins may refuse or misread the engine's plugin state; rebuild the engine with"
+                " `padfree build` if it fails or its results change", engine, recorded.get("path"), want, library,
+                have)
+    return True
 
 
 _LOADED: dict[tuple[int, str], object] = {}

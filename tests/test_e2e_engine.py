@@ -118,3 +118,26 @@ def test_rewritten_export_builds_with_the_plugins(exported, tmp_path, io):
                                                                          ("INT32", [])]
     # The plugins' own serialized state is in the engine: the plugin layers went into it.
     assert _serialized_plugins(engine.read_bytes()) == set(want)
+
+
+@needs_trt
+@needs_library
+def test_engine_warns_when_loaded_with_another_plugin_build(exported, tmp_path, caplog):
+    """The backend compares the plugin library it loads with the one the sidecar recorded."""
+    import json
+    import logging
+
+    from padfree.engines.backend import open_engine
+    from padfree.engines.errors import EngineError
+    library = _library()
+    engine = tmp_path / "packed.engine"
+    _build(exported["packed"], engine, "--plugin-library", str(library))
+    data = json.loads(sidecar.path_for(engine).read_text())
+    data["plugin_library"]["sha256"] = "0" * 64  # as if built with another build of the plugins
+    sidecar.path_for(engine).write_text(json.dumps(data))
+    with caplog.at_level(logging.WARNING, logger="padfree.engines"):
+        try:
+            open_engine(engine, plugin_library_path=library)
+        except EngineError as e:  # without a GPU: refused after the plugins were loaded
+            assert "needs a CUDA device" in str(e)
+    assert "0" * 64 in caplog.text and plugin_library.sha256(library) in caplog.text

@@ -355,6 +355,26 @@ def test_refuses_missing_plugin_library(engine_copy, monkeypatch):
         _open(engine_copy, plugin_library_path="/nonexistent/libpadfree_trt.so")
 
 
+def test_plugin_library_other_than_the_built_one_is_named(tmp_path, caplog):
+    """The sidecar records the plugin library's SHA-256 at build; loading another build warns with both."""
+    import logging
+    from padfree.engines import plugin_library
+    built, loaded = tmp_path / "built" / plugin_library.LIBRARY_NAME, tmp_path / "loaded" / plugin_library.LIBRARY_NAME
+    for path, content in ((built, b"plugins, first build"), (loaded, b"plugins, second build")):
+        path.parent.mkdir()
+        path.write_bytes(content)
+    recorded = {"path": str(built), "sha256": plugin_library.sha256(built)}
+    with caplog.at_level(logging.WARNING, logger="padfree.engines"):
+        assert not plugin_library.warn_if_changed(built, recorded, "m.engine")
+        assert not plugin_library.warn_if_changed(loaded, None, "m.engine")  # nothing recorded: nothing to compare
+        assert caplog.records == []
+        assert plugin_library.warn_if_changed(loaded, recorded, "m.engine")
+    (record,) = caplog.records
+    assert record.levelname == "WARNING"
+    for part in ("m.engine", str(built), recorded["sha256"], str(loaded), plugin_library.sha256(loaded), "rebuild"):
+        assert part in record.getMessage()
+
+
 @needs_trt
 def test_valid_engine_gets_past_every_check(built):
     """What remains is TensorRT's own deserialization, which needs a GPU it supports."""
