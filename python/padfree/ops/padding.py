@@ -12,9 +12,8 @@ from typing import Sequence
 
 import torch
 
-from ._tensors import InputError, call_kernel, check, check_int32, ptr, stream_handle
+from ._tensors import INT32_MAX, InputError, call_kernel, check, check_int32, ptr, stream_handle
 
-_INT32_MAX = 2**31 - 1
 _MASK_DTYPES = (torch.int32, torch.int64, torch.bool)
 
 
@@ -116,7 +115,7 @@ def pack_from_seqlens(seqlens: Sequence[int], device: torch.device | str | int |
             raise InputError(f"seqlens: sequences {_shown(long)} are longer than the maximum {max_length} "
                              f"({lengths[long[0]]}); truncate or split them")
     total_tokens = sum(lengths)
-    if total_tokens > _INT32_MAX or len(lengths) > _INT32_MAX - 1:
+    if total_tokens > INT32_MAX or len(lengths) > INT32_MAX - 1:
         raise InputError(f"seqlens: {total_tokens} tokens in {len(lengths)} sequences overflow int32 cu_seqlens")
     device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
     if device.type != "cuda":

@@ -11,11 +11,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..ops._tensors import InputError
+from ..ops._tensors import INT32_MAX, InputError
 from .backend import Limits
 
 _INT64_MAX = np.iinfo(np.int64).max
-_ID_LIMIT = 2**31  # ids are staged as int32
 
 
 @dataclass
@@ -186,7 +185,7 @@ def validate(batch: HostBatch, limits: Limits) -> None:
 def _check_range(batch: HostBatch, values: np.ndarray, size: int | None, what: str, limit_name: str):
     # Ids travel to the device as int32: without a known table size, an id past int32 would wrap
     # into a valid-looking one instead of being refused.
-    upper = _ID_LIMIT if size is None else min(size, _ID_LIMIT)
+    upper = INT32_MAX + 1 if size is None else min(size, INT32_MAX + 1)
     where = np.flatnonzero((values < 0) | (values >= upper))
     if where.size:
         seq, pos = batch.locate(int(where[0]))

@@ -9,7 +9,9 @@ import torch
 ALIGN_ELEMENTS = 256 // 4
 
 
-def _aligned(n: int) -> int:
+def aligned(n: int) -> int:
+    """n int32 elements rounded up to a whole number of 256-byte blocks (padfree.torch's input
+    buffers use the same layout rule)."""
     return -(-n // ALIGN_ELEMENTS) * ALIGN_ELEMENTS
 
 
@@ -36,7 +38,7 @@ class Staging:
             self._copied.synchronize()
         if n > self.capacity:
             # doubling keeps reallocations (pinned allocations are slow) logarithmic in the peak size
-            size = max(_aligned(n), 2 * self.capacity)
+            size = max(aligned(n), 2 * self.capacity)
             self._host = torch.empty(size, dtype=torch.int32, pin_memory=self.pinned)
         return self._host
 
@@ -44,7 +46,7 @@ class Staging:
         offsets, total = [], 0
         for a in arrays:
             offsets.append(total)
-            total += _aligned(len(a))
+            total += aligned(len(a))
         host = self._reserve(total)
         host_np = host.numpy()
         for a, off in zip(arrays, offsets):

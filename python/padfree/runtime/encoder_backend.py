@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from ..ops._tensors import INT32_MAX
 from .backend import Limits, limits_of
 
 # one call of BERT-base at 32768 fp16 tokens holds ~0.4 GB of intermediates; bench's 64x512 fits
@@ -35,7 +36,7 @@ def _model_limits(encoder: Any) -> Limits:
         raise TypeError(f"{type(encoder).__name__} has neither .limits nor an HF .config: EncoderBackend"
                         " cannot tell its vocabulary and position table sizes")
     parameter = next(iter(encoder.parameters()), None) if hasattr(encoder, "parameters") else None
-    return Limits(max_tokens=2**31 - 1, max_batch=2**31 - 1, max_seqlen=max_positions(config),
+    return Limits(max_tokens=INT32_MAX, max_batch=INT32_MAX, max_seqlen=max_positions(config),
                   vocab_size=int(config.vocab_size),
                   type_vocab_size=int(getattr(config, "type_vocab_size", 0) or 0),
                   dtype=getattr(encoder, "dtype", None) or getattr(parameter, "dtype", None))

@@ -17,14 +17,12 @@ from typing import Any
 import torch
 
 from .. import ops as _default_ops
-from ..ops._tensors import InputError
+from ..ops._tensors import INT32_MAX, InputError
 from ..runtime.backend import Limits, check_packed
 from .buckets import LRU, Bucket, bucket_for
 from .ffn import FfnUp, epilogue_matches
 from .inputs import Batch, InputBuffer, from_device, from_host
 from .weights import EncoderWeights
-
-_INT32_MAX = 2**31 - 1
 
 
 @dataclass
@@ -67,7 +65,7 @@ class PadfreeEncoder:
             use_epilogue = epilogue_matches(weights.activation, self.dtype, self.device,
                                             weights.hidden_size, weights.intermediate_size)
         self.ffn_up = FfnUp(weights.activation, use_epilogue, self._ops)
-        self.limits = Limits(max_tokens=_INT32_MAX, max_batch=_INT32_MAX, max_seqlen=weights.max_seqlen,
+        self.limits = Limits(max_tokens=INT32_MAX, max_batch=INT32_MAX, max_seqlen=weights.max_seqlen,
                              vocab_size=weights.vocab_size, type_vocab_size=weights.type_vocab_size,
                              dtype=self.dtype)
         self.has_pooler = weights.pooler_weight is not None

@@ -16,13 +16,8 @@ import torch
 
 from ..ops._tensors import InputError
 from ..runtime._inputs import to_host_batch, validate
+from ..runtime._staging import aligned
 from ..runtime.backend import Limits
-
-_ALIGN = 64  # int32 elements: every part of an input buffer starts 256-byte aligned
-
-
-def _aligned(n: int) -> int:
-    return -(-n // _ALIGN) * _ALIGN
 
 
 @dataclass
@@ -37,8 +32,9 @@ class InputBuffer:
     @staticmethod
     def layout(tokens: int, batch: int, token_types: bool) -> tuple[int, int, int]:
         """(types offset or -1, cu_seqlens offset, total size) in elements; ids start at 0."""
-        types_at = _aligned(tokens) if token_types else -1
-        cu_at = _aligned(tokens) * (2 if token_types else 1)
+        # every part starts 256-byte aligned, as TensorRT and the vectorized kernels want
+        types_at = aligned(tokens) if token_types else -1
+        cu_at = aligned(tokens) * (2 if token_types else 1)
         return types_at, cu_at, cu_at + batch + 1
 
     @classmethod
