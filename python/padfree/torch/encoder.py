@@ -5,7 +5,10 @@ Per layer, on x [T, H]:  qkv = x @ Wqkv^T (no bias: the attention kernel adds it
 (cuBLASLt epilogue, see ffn.py) -> skip_layernorm(up @ Wd^T + bd + h). GEMMs are torch's (cuBLASLt);
 no layer synchronizes the host. With graphs on, the whole packed forward is captured once per bucket
 (buckets.py) and replayed; all captures share one memory pool, so the intermediates of every bucket
-live in the memory of the largest one.
+live in the memory of the largest one. A replay does not synchronize, but the first call that needs
+a bucket without a graph (or whose graph was evicted) captures one, and capturing synchronizes the
+whole device (torch.cuda.graph waits for all its work, then frees cached memory): warm the buckets
+up before latency matters.
 """
 from __future__ import annotations
 
@@ -115,10 +118,12 @@ class PadfreeEncoder:
 
         input_ids, token_type_ids: int32 [T] on the encoder's device; cu_seqlens: int32 [B + 1];
         max_seqlen: the longest sequence (host int). Returns "last_hidden_state" [T, H] and, where the
-        model has a pooler, "pooler_output" [B, H]. Not synchronizing, so ids and lengths are not
-        range-checked here (the kernels clamp ids to stay memory-safe): validate first, as
-        padfree.runtime and the HF-style call do. copy=False returns views of a graph's static
-        outputs, overwritten by the next call that uses the same bucket.
+        model has a pooler, "pooler_output" [B, H]. Ids and lengths are not range-checked here, as
+        that would synchronize (the kernels clamp ids to stay memory-safe): validate first, as
+        padfree.runtime and the HF-style call do. With graphs on, a call whose bucket has no graph yet
+        captures one, which synchronizes the device; later calls in that bucket only enqueue.
+        copy=False returns views of a graph's static outputs, overwritten by the next call that uses
+        the same bucket.
         """
         self._check_packed(input_ids, cu_seqlens, max_seqlen, token_type_ids)
         tokens, batch = input_ids.shape[0], cu_seqlens.shape[0] - 1
@@ -228,7 +233,8 @@ class PadfreeEncoder:
         attention_mask [B, S] (right padding: ones then zeros), or a list of token sequences
         (token_type_ids then a list too). Returns a transformers BaseModelOutputWithPooling (or
         BaseModelOutput for models without a pooler): last_hidden_state [B, S, H] with zeros in padded
-        rows (S = the input's width, or the longest sequence of a list)."""
+        rows (S = the input's width, or the longest sequence of a list). Synchronizes where inputs are
+        on the GPU (their token count must reach the host) and where a new bucket's graph is captured."""
         batch = self.prepare(input_ids, attention_mask, token_type_ids)
         with self._device_guard():
             hidden, pooled, cu_seqlens = self._execute(batch)
