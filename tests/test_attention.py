@@ -164,7 +164,8 @@ def test_cpu_tensors_are_refused():
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", ["int_dtype", "width", "cu_dtype", "cu_shape", "cu_empty", "bias_shape",
                                   "bias_dtype", "out_shape", "out_dtype", "out_aliases", "strided",
-                                  "max_seqlen", "num_heads", "scale", "dim3"])
+                                  "max_seqlen", "max_seqlen_past_int32", "max_seqlen_bool", "num_heads",
+                                  "scale", "dim3"])
 def test_bad_inputs_raise_input_error(case):
     qkv, cu = _valid_args()
     kwargs = dict(qkv=qkv, cu_seqlens=cu, max_seqlen=4, num_heads=2)
@@ -192,6 +193,10 @@ def test_bad_inputs_raise_input_error(case):
         kwargs["qkv"] = torch.randn(6, 2 * qkv.shape[1], device="cuda", dtype=qkv.dtype)[:, ::2]
     elif case == "max_seqlen":
         kwargs["max_seqlen"] = 0
+    elif case == "max_seqlen_past_int32":  # ctypes would pass it modulo 2**32, as 5
+        kwargs["max_seqlen"] = 2**32 + 5
+    elif case == "max_seqlen_bool":
+        kwargs["max_seqlen"] = True
     elif case == "num_heads":
         kwargs["num_heads"] = 0
     elif case == "scale":

@@ -5,8 +5,7 @@ import math
 
 import torch
 
-from .. import _lib
-from ._tensors import InputError, check, dtype_code, ptr, stream_handle
+from ._tensors import InputError, call_kernel, check, check_int32, dtype_code, ptr, stream_handle
 
 ATTENTION_CAUSAL = 1  # PADFREE_ATTENTION_CAUSAL in padfree.h
 
@@ -30,8 +29,7 @@ def attention_varlen(qkv: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: in
     check(qkv, "qkv", shape=(None, None))
     dtype = dtype_code(qkv, "qkv")
     total_tokens, width = qkv.shape
-    if not _is_int(num_heads) or num_heads < 1:
-        raise InputError(f"num_heads: expected a positive int, got {num_heads!r}")
+    num_heads = check_int32(num_heads, "num_heads", minimum=1)
     if width % (3 * num_heads) != 0:
         raise InputError(f"qkv: width {width} is not 3 * num_heads * head_dim for num_heads={num_heads}")
     head_dim = width // (3 * num_heads)
@@ -39,8 +37,7 @@ def attention_varlen(qkv: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: in
     check(cu_seqlens, "cu_seqlens", dtype=torch.int32, shape=(None,), device=qkv.device)
     if cu_seqlens.numel() < 2:
         raise InputError(f"cu_seqlens: expected [batch + 1] with batch >= 1, got {list(cu_seqlens.shape)}")
-    if not _is_int(max_seqlen) or max_seqlen < 1:
-        raise InputError(f"max_seqlen: expected a positive int, got {max_seqlen!r}")
+    max_seqlen = check_int32(max_seqlen, "max_seqlen", minimum=1)
     check(qkv_bias, "qkv_bias", dtype=qkv.dtype, shape=(width,), device=qkv.device, optional=True)
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(head_dim)
@@ -54,14 +51,11 @@ def attention_varlen(qkv: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: in
             raise InputError("out: must not overlap qkv (other query tiles still read the rows it would write)")
     if total_tokens == 0:
         return out
-    _lib.call("padfree_attention_varlen", ptr(qkv), ptr(qkv_bias), ptr(cu_seqlens),
-              cu_seqlens.numel() - 1, int(max_seqlen), num_heads, head_dim, float(softmax_scale),
-              ATTENTION_CAUSAL if causal else 0, dtype, ptr(out), stream_handle(qkv.device))
+    # with qkv's device current: the kernel launches on the caller's current device
+    call_kernel("padfree_attention_varlen", qkv.device, ptr(qkv), ptr(qkv_bias), ptr(cu_seqlens),
+                cu_seqlens.numel() - 1, max_seqlen, num_heads, head_dim, float(softmax_scale),
+                ATTENTION_CAUSAL if causal else 0, dtype, ptr(out), stream_handle(qkv.device))
     return out
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
