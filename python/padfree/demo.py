@@ -13,7 +13,7 @@ log = logging.getLogger("padfree.demo")
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("demo", help="export + rewrite + check a built-in tiny BERT on the CPU")
+    p = subparsers.add_parser("demo", help="export + rewrite + check (+ engine build where TensorRT is) a built-in tiny BERT on the CPU")
     p.add_argument("-o", "--output", default=None, help="output folder (default: a temporary one)")
     p.add_argument("--model", default="tiny-bert", help="built-in model to use (default tiny-bert)")
     p.add_argument("--io", choices=("packed", "padded"), default="packed")
