@@ -125,6 +125,38 @@ def test_max_seqlen_larger_than_longest(seed):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("max_seqlen", [100, 300])
+def test_cu_seqlens_past_total_tokens_stays_in_bounds(seed, dtype, max_seqlen):
+    """cu_seqlens[-1] > qkv's rows (an inconsistent caller): a sequence is cut at the last row and
+    attends over what is left, later ones do no work, and nothing outside qkv / out is touched."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    num_heads, head_dim = 2, 64
+    lengths = [max_seqlen // 3, max_seqlen, max_seqlen]
+    fits = [lengths[0], max_seqlen // 2 + 1, 0]  # the second cut inside (not at) a key tile
+    total = sum(fits)
+    width = 3 * num_heads * head_dim
+    # qkv between rows of other data: K/V read past total_tokens would change the cut sequence.
+    qkv_rows = torch.randn(BUCKET_ROWS + total + BUCKET_ROWS, width, device="cuda", generator=gen).to(dtype)
+    qkv = qkv_rows[BUCKET_ROWS:BUCKET_ROWS + total]
+    cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32).cuda()
+    out_rows = torch.full((BUCKET_ROWS + total + BUCKET_ROWS, num_heads * head_dim), math.nan, dtype=dtype,
+                          device="cuda")
+    out = attention_varlen(qkv, cu, max_seqlen, num_heads, out=out_rows[BUCKET_ROWS:BUCKET_ROWS + total])
+    torch.cuda.synchronize()
+    assert torch.isnan(out_rows[:BUCKET_ROWS]).all(), "rows before out were written"
+    assert torch.isnan(out_rows[BUCKET_ROWS + total:]).all(), "rows past total_tokens were written"
+    ref = reference(qkv, None, fits, num_heads, 1.0 / math.sqrt(head_dim))
+    got = out.double()
+    assert not torch.isnan(got).any(), "some rows that fit were not written"
+    start = 0
+    for i, n in enumerate(fits[:2]):
+        diff = (got[start:start + n] - ref[start:start + n]).norm() / ref[start:start + n].norm()
+        assert diff <= TOLERANCE[dtype], f"sequence {i} ({n} of {lengths[i]} rows fit): relative error {diff:.3g}"
+        start += n
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("max_seqlen", [128, 400, 2000])
 def test_deterministic(seed, max_seqlen):
     # Same inputs, bitwise the same result: a missing barrier would show up as a moving error.

@@ -138,28 +138,31 @@ def test_cu_seqlens_from_mask_refuses(args, fragments):
 
 @pytest.mark.parametrize("name, src, dst", [("padfree_remove_padding", "padded", "packed"),
                                             ("padfree_rebuild_padding", "packed", "padded")])
-@pytest.mark.parametrize("case", ["src_null", "dst_null", "cu_null", "batch", "seqlen", "row_bytes", "overflow"])
+@pytest.mark.parametrize("case", ["src_null", "dst_null", "cu_null", "batch", "total", "seqlen", "row_bytes",
+                                  "overflow"])
 def test_padding_copies_refuse(name, src, dst, case):
-    args = {"src": A, "cu": A, "batch": 2, "seqlen": 8, "row_bytes": 16, "dst": A}
+    args = {"src": A, "cu": A, "batch": 2, "total": 16, "seqlen": 8, "row_bytes": 16, "dst": A}
     fragments = {
         "src_null": (("src", None), [f"{src} is NULL"]),
         "dst_null": (("dst", None), [f"{dst} is NULL"]),
         "cu_null": (("cu", None), ["cu_seqlens is NULL"]),
         "batch": (("batch", -1), ["batch must be >= 0"]),
+        "total": (("total", -1), ["total_tokens must be >= 0", "-1"]),
         "seqlen": (("seqlen", -1), ["padded_seqlen must be >= 0"]),
         "row_bytes": (("row_bytes", 0), ["row_bytes must be >= 1"]),
         "overflow": (("row_bytes", 2**62), ["overflows int64"]),
     }[case]
     (key, value), expected = fragments
     args[key] = value
-    expect_invalid(name, tuple(args[k] for k in ("src", "cu", "batch", "seqlen", "row_bytes", "dst")) + (None,),
+    order = ("src", "cu", "batch", "total", "seqlen", "row_bytes", "dst")
+    expect_invalid(name, tuple(args[k] for k in order) + (None,),
                    *expected)
 
 
 # ---- attention -----------------------------------------------------------------------------------
 
 def _attention_args(**over):
-    a = dict(qkv=A, bias=A, cu=A, batch=2, max_seqlen=16, heads=2, head_dim=64, scale=0.125, flags=0,
+    a = dict(qkv=A, bias=A, cu=A, batch=2, total=32, max_seqlen=16, heads=2, head_dim=64, scale=0.125, flags=0,
              dtype=F16, out=A)
     a.update(over)
     return tuple(a.values()) + (None,)
@@ -169,6 +172,8 @@ def _attention_args(**over):
     (dict(dtype=3), ["unknown dtype code", "3"]),
     (dict(batch=-1), ["batch must be in [0, 65535]", "-1"]),
     (dict(batch=65536), ["batch must be in [0, 65535]"]),
+    (dict(total=-1), ["total_tokens must be >= 0", "-1"]),
+    (dict(total=-1, batch=0), ["total_tokens must be >= 0"]),
     (dict(heads=0), ["num_heads must be in [1, 65535]"]),
     (dict(head_dim=0), ["head_dim must be positive"]),
     (dict(scale=0.0), ["softmax_scale must be finite and positive"]),

@@ -165,6 +165,48 @@ def test_remove_and_rebuild_padding(seed, dtype, trailing, batch, padded_seqlen,
     assert (rebuilt[~valid] == 0).all(), "padded rows must hold zeros"
 
 
+GUARD_ROWS = 3  # rows on either side of a tensor inside a larger buffer, to catch stray accesses
+
+
+def untouched(rows):
+    """Whether rows still hold poison()'s values."""
+    if rows.dtype.is_floating_point:
+        return bool(torch.isnan(rows).all())
+    return bool((rows == (255 if rows.dtype == torch.uint8 else POISON_INT)).all())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, trailing", [(torch.float16, (8,)), (torch.uint8, (5,))])
+def test_cu_seqlens_past_total_tokens_stays_in_bounds(seed, dtype, trailing):
+    """cu_seqlens[-1] > total_tokens (an inconsistent caller): the copies stop at the packed tensor's
+    last row, exact up to there, and rebuild fills what it could not copy with zeros."""
+    gen = torch.Generator().manual_seed(seed)
+    batch, padded_seqlen = 3, 16
+    lengths = torch.tensor([5, 11, 16])
+    total = 5 + 6  # the first sequence fits, the second is cut after 6 rows, the third is past the end
+    cu = cu_of(lengths).cuda()
+    padded = random_rows(gen, (batch, padded_seqlen, *trailing), dtype).cuda()
+    fits = [min(n, max(total - start, 0)) for n, start in zip(lengths.tolist(), cu_of(lengths)[:-1].tolist())]
+    assert fits == [5, 6, 0]
+
+    buffer = poison((GUARD_ROWS + total + GUARD_ROWS, *trailing), dtype)
+    packed = ops.remove_padding(padded, cu, total, out=buffer[GUARD_ROWS:GUARD_ROWS + total])
+    torch.cuda.synchronize()
+    assert untouched(buffer[:GUARD_ROWS]), "rows before packed were written"
+    assert untouched(buffer[GUARD_ROWS + total:]), "rows past total_tokens were written"
+    assert torch.equal(packed, torch.cat([padded[0, :5], padded[1, :6]]))
+
+    # The packed rows sit between rows of other data: a read past total_tokens would copy them.
+    source = random_rows(gen, (GUARD_ROWS + total + GUARD_ROWS, *trailing), dtype).cuda()
+    source[GUARD_ROWS:GUARD_ROWS + total] = packed
+    rebuilt = ops.rebuild_padding(source[GUARD_ROWS:GUARD_ROWS + total], cu, padded_seqlen,
+                                  out=poison(padded.shape, dtype))
+    copied = left_aligned_mask(torch.tensor(fits), padded_seqlen).bool().cuda()
+    torch.cuda.synchronize()
+    assert torch.equal(rebuilt[copied], padded[copied])
+    assert (rebuilt[~copied] == 0).all(), "rows not copied must hold zeros"
+
+
 @pytest.mark.gpu
 def test_misaligned_rows_fall_back_to_narrow_copies(seed):
     """A view 4 bytes into its allocation cannot use 16-byte vectors: the copy narrows, stays exact."""

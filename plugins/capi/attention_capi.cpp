@@ -1,4 +1,5 @@
 // C ABI entry of fused varlen attention: argument checks, then the launcher (kernels/attention.h).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -15,16 +16,17 @@ constexpr int32_t kMaxGridYZ = 65535;  // batch and heads are grid dimensions y 
 
 extern "C" padfree_status padfree_attention_varlen(const void* qkv, const void* qkv_bias,
                                                    const int32_t* cu_seqlens, int32_t batch,
-                                                   int32_t max_seqlen, int32_t num_heads,
-                                                   int32_t head_dim, float softmax_scale,
-                                                   uint32_t flags, padfree_dtype dtype, void* out,
-                                                   padfree_stream stream) {
+                                                   int64_t total_tokens, int32_t max_seqlen,
+                                                   int32_t num_heads, int32_t head_dim,
+                                                   float softmax_scale, uint32_t flags,
+                                                   padfree_dtype dtype, void* out, padfree_stream stream) {
     PADFREE_CAPI_GUARD_BEGIN
     using padfree::fail;
     PADFREE_REQUIRE(dtype == PADFREE_FLOAT32 || dtype == PADFREE_FLOAT16 || dtype == PADFREE_BFLOAT16,
                     "attention: unknown dtype code ", static_cast<int>(dtype));
     PADFREE_REQUIRE(batch >= 0 && batch <= kMaxGridYZ, "attention: batch must be in [0, ", kMaxGridYZ,
                     "], got ", batch);
+    PADFREE_REQUIRE(total_tokens >= 0, "attention: total_tokens must be >= 0, got ", total_tokens);
     PADFREE_REQUIRE(num_heads >= 1 && num_heads <= kMaxGridYZ, "attention: num_heads must be in [1, ",
                     kMaxGridYZ, "], got ", num_heads);
     PADFREE_REQUIRE(head_dim >= 1, "attention: head_dim must be positive, got ", head_dim);
@@ -49,6 +51,8 @@ extern "C" padfree_status padfree_attention_varlen(const void* qkv, const void* 
     args.qkv_bias = qkv_bias;
     args.cu_seqlens = cu_seqlens;
     args.out = out;
+    // cu_seqlens entries are int32: no sequence reaches a row past INT32_MAX.
+    args.total_rows = static_cast<int32_t>(std::min<int64_t>(total_tokens, INT32_MAX));
     args.num_heads = num_heads;
     args.softmax_scale = softmax_scale;
     args.causal = (flags & PADFREE_ATTENTION_CAUSAL) != 0;

@@ -3,7 +3,11 @@
  * Every tensor is a raw device pointer on packed tokens: rows of all sequences laid end to end,
  * [total_tokens, ...], with the prefix sum of sequence lengths in cu_seqlens (int32, [batch + 1],
  * cu_seqlens[0] == 0, cu_seqlens[batch] <= total_tokens: rows past it are CUDA-graph bucket
- * padding, rows of no sequence, and a sequence of length 0 is no work). All work is enqueued on
+ * padding, rows of no sequence, and a sequence of length 0 is no work). Calls that locate packed
+ * rows through cu_seqlens also take total_tokens, the packed tensor's row count, and clamp each
+ * sequence's rows [cu_seqlens[b], cu_seqlens[b + 1]) to [0, total_tokens]: whatever cu_seqlens
+ * holds, no row outside the tensors is read or written (values for an inconsistent cu_seqlens
+ * are unspecified). All work is enqueued on
  * `stream`; no call synchronizes the host. Every call returns a status; on failure
  * padfree_last_error() says why (thread-local). Float tensors of one call share one dtype;
  * statistics and accumulation are fp32.
@@ -27,8 +31,9 @@ extern "C" {
 #define PADFREE_API __attribute__((visibility("default")))
 #endif
 
-/* Bumped on any incompatible change of a signature below; the bindings refuse a mismatch. */
-#define PADFREE_ABI_VERSION 1
+/* Bumped on any incompatible change of a signature below; the bindings refuse a mismatch.
+ * 2: remove_padding, rebuild_padding and attention_varlen take total_tokens. */
+#define PADFREE_ABI_VERSION 2
 
 typedef enum padfree_status {
     PADFREE_OK = 0,
@@ -64,18 +69,21 @@ PADFREE_API padfree_status padfree_cu_seqlens_from_mask(const int32_t* mask, int
                                                         int32_t* invalid_rows, padfree_stream stream);
 
 /* padded: [batch, padded_seqlen, row_bytes] -> packed: [total_tokens, row_bytes]. Any element type:
- * rows are moved as bytes (16-byte vectors where row_bytes and pointers allow). */
+ * rows are moved as bytes (16-byte vectors where row_bytes and pointers allow). total_tokens >= 0:
+ * packed rows past it are never written (a sequence reaching past it is cut there). */
 PADFREE_API padfree_status padfree_remove_padding(const void* padded, const int32_t* cu_seqlens,
-                                                  int32_t batch, int32_t padded_seqlen,
-                                                  int64_t row_bytes, void* packed,
-                                                  padfree_stream stream);
+                                                  int32_t batch, int64_t total_tokens,
+                                                  int32_t padded_seqlen, int64_t row_bytes,
+                                                  void* packed, padfree_stream stream);
 
 /* packed: [total_tokens, row_bytes] -> padded: [batch, padded_seqlen, row_bytes], zero bytes in
- * every row at or past its sequence's length. Requires seqlen <= padded_seqlen for every sequence. */
+ * every row at or past its sequence's length. Requires seqlen <= padded_seqlen for every sequence.
+ * total_tokens >= 0: packed rows past it are never read; the padded rows of a sequence reaching
+ * past it that are not copied hold zeros. */
 PADFREE_API padfree_status padfree_rebuild_padding(const void* packed, const int32_t* cu_seqlens,
-                                                   int32_t batch, int32_t padded_seqlen,
-                                                   int64_t row_bytes, void* padded,
-                                                   padfree_stream stream);
+                                                   int32_t batch, int64_t total_tokens,
+                                                   int32_t padded_seqlen, int64_t row_bytes,
+                                                   void* padded, padfree_stream stream);
 
 /* ---- fused multi-head attention over variable-length sequences ------------------------------ */
 
@@ -84,14 +92,16 @@ enum { PADFREE_ATTENTION_CAUSAL = 1 }; /* flags: reserved for the decoder half *
 /* qkv:      [total_tokens, 3, num_heads, head_dim]  (the QKV projection output: Q | K | V blocks)
  * qkv_bias: [3, num_heads, head_dim] or NULL, added as Q, K and V are loaded
  * out:      [total_tokens, num_heads, head_dim]
+ * total_tokens >= 0 is the row count of qkv and out: a sequence reaching past it is cut there (its
+ * rows past total_tokens are neither read nor written).
  * Every sequence must have 0 <= length <= max_seqlen (0: no work); rows past cu_seqlens[batch] are
  * not written. batch 0 is no work (pointers unused). softmax_scale is usually 1/sqrt(head_dim). */
 PADFREE_API padfree_status padfree_attention_varlen(const void* qkv, const void* qkv_bias,
                                                     const int32_t* cu_seqlens, int32_t batch,
-                                                    int32_t max_seqlen, int32_t num_heads,
-                                                    int32_t head_dim, float softmax_scale,
-                                                    uint32_t flags, padfree_dtype dtype, void* out,
-                                                    padfree_stream stream);
+                                                    int64_t total_tokens, int32_t max_seqlen,
+                                                    int32_t num_heads, int32_t head_dim,
+                                                    float softmax_scale, uint32_t flags,
+                                                    padfree_dtype dtype, void* out, padfree_stream stream);
 
 /* ---- LayerNorm family ------------------------------------------------------------------------ */
 

@@ -18,6 +18,9 @@ struct AttentionArgs {
     const void* qkv_bias;
     const int32_t* cu_seqlens;
     void* out;
+    // Rows of qkv and out, capped at INT32_MAX (cu_seqlens entries are int32): each sequence's
+    // [start, end) is clamped to [0, total_rows].
+    int32_t total_rows;
     int32_t num_heads;
     float softmax_scale;
     float scale_log2;  // softmax_scale * log2(e), filled in by the launcher (exp2 softmax)

@@ -46,8 +46,9 @@ __global__ void __launch_bounds__(kFp32Threads) attention_fp32_kernel(AttentionA
 
     const int batch_index = blockIdx.y;
     const int head = blockIdx.z;
-    const int start = args.cu_seqlens[batch_index];
-    const int len = args.cu_seqlens[batch_index + 1] - start;
+    // Clamped to the packed rows so that no cu_seqlens content reads or writes past them.
+    const int start = min(max(args.cu_seqlens[batch_index], 0), args.total_rows);
+    const int len = min(max(args.cu_seqlens[batch_index + 1], start), args.total_rows) - start;
     const int q0 = blockIdx.x * kFp32BlockM;
     if (q0 >= len) return;
 

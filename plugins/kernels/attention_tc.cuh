@@ -121,8 +121,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tc_k
 
     const int batch_index = blockIdx.y;
     const int head = blockIdx.z;
-    const int start = args.cu_seqlens[batch_index];
-    const int len = args.cu_seqlens[batch_index + 1] - start;
+    // Clamped to the packed rows so that no cu_seqlens content reads or writes past them.
+    const int start = min(max(args.cu_seqlens[batch_index], 0), args.total_rows);
+    const int len = min(max(args.cu_seqlens[batch_index + 1], start), args.total_rows) - start;
     const int q0 = blockIdx.x * BM;
     if (q0 >= len) return;  // tiles past this sequence's end (and empty sequences) do no work
 

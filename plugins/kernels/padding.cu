@@ -83,6 +83,20 @@ __global__ void mask_row_lengths_kernel(const int32_t* mask, int32_t padded_seql
     }
 }
 
+// Sequence b's packed rows [start, start + length), clamped to the packed tensor's total_rows
+// rows (whatever cu_seqlens holds) and cut at padded_seqlen: no copy leaves either tensor.
+struct PackedRange {
+    int32_t start;
+    int32_t length;
+};
+
+__device__ PackedRange packed_range(const int32_t* cu_seqlens, int32_t b, int32_t total_rows,
+                                    int32_t padded_seqlen) {
+    const int32_t start = min(max(cu_seqlens[b], 0), total_rows);
+    const int32_t end = min(max(cu_seqlens[b + 1], start), total_rows);
+    return {start, min(end - start, padded_seqlen)};
+}
+
 struct Chunking {
     int64_t units_per_row;
     int64_t chunks_per_sequence;  // over the padded extent, padded_seqlen * units_per_row
@@ -99,33 +113,32 @@ Chunking chunking(int32_t batch, int32_t padded_seqlen, int64_t row_bytes, int u
 
 // Block (b, c) copies units [c * kCopyChunk, ...) of sequence b's valid rows.
 template <typename U>
-__global__ void remove_padding_kernel(const U* padded, const int32_t* cu_seqlens, int32_t batch,
+__global__ void remove_padding_kernel(const U* padded, const int32_t* cu_seqlens, int32_t total_rows,
                                       int32_t padded_seqlen, Chunking c, U* packed) {
     for (int64_t block = blockIdx.x; block < c.blocks; block += gridDim.x) {
         const int32_t b = static_cast<int32_t>(block / c.chunks_per_sequence);
         const int64_t begin = (block % c.chunks_per_sequence) * kCopyChunk;
-        const int32_t start = cu_seqlens[b];
-        const int32_t length = min(max(cu_seqlens[b + 1] - start, 0), padded_seqlen);
-        const int64_t end = min(begin + static_cast<int64_t>(kCopyChunk), static_cast<int64_t>(length) * c.units_per_row);
+        const PackedRange r = packed_range(cu_seqlens, b, total_rows, padded_seqlen);
+        const int64_t end =
+            min(begin + static_cast<int64_t>(kCopyChunk), static_cast<int64_t>(r.length) * c.units_per_row);
         const U* src = padded + static_cast<int64_t>(b) * padded_seqlen * c.units_per_row;
-        U* dst = packed + static_cast<int64_t>(start) * c.units_per_row;
+        U* dst = packed + static_cast<int64_t>(r.start) * c.units_per_row;
         for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) dst[i] = src[i];
     }
 }
 
 // Block (b, c) writes units [c * kCopyChunk, ...) of padded sequence b: copied rows, then zeros.
 template <typename U>
-__global__ void rebuild_padding_kernel(const U* packed, const int32_t* cu_seqlens, int32_t batch,
+__global__ void rebuild_padding_kernel(const U* packed, const int32_t* cu_seqlens, int32_t total_rows,
                                        int32_t padded_seqlen, Chunking c, U* padded) {
     const int64_t padded_units = static_cast<int64_t>(padded_seqlen) * c.units_per_row;
     for (int64_t block = blockIdx.x; block < c.blocks; block += gridDim.x) {
         const int32_t b = static_cast<int32_t>(block / c.chunks_per_sequence);
         const int64_t begin = (block % c.chunks_per_sequence) * kCopyChunk;
-        const int32_t start = cu_seqlens[b];
-        const int32_t length = min(max(cu_seqlens[b + 1] - start, 0), padded_seqlen);
-        const int64_t valid = static_cast<int64_t>(length) * c.units_per_row;
+        const PackedRange r = packed_range(cu_seqlens, b, total_rows, padded_seqlen);
+        const int64_t valid = static_cast<int64_t>(r.length) * c.units_per_row;
         const int64_t end = min(begin + static_cast<int64_t>(kCopyChunk), padded_units);
-        const U* src = packed + static_cast<int64_t>(start) * c.units_per_row;
+        const U* src = packed + static_cast<int64_t>(r.start) * c.units_per_row;
         U* dst = padded + static_cast<int64_t>(b) * padded_units;
         for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) dst[i] = i < valid ? src[i] : U{};
     }
@@ -150,6 +163,11 @@ void dispatch_unit(int unit_bytes, F&& f) {
     }
 }
 
+// cu_seqlens entries are int32, so rows past INT32_MAX are reachable by no sequence.
+int32_t int32_rows(int64_t total_tokens) {
+    return static_cast<int32_t>(total_tokens < INT32_MAX ? total_tokens : INT32_MAX);
+}
+
 unsigned grid_for(int64_t blocks) { return static_cast<unsigned>(blocks < kMaxGrid ? blocks : kMaxGrid); }
 
 }  // namespace
@@ -168,28 +186,31 @@ void launch_cu_seqlens_from_mask(const int32_t* mask, int32_t batch, int32_t pad
 }
 
 void launch_remove_padding(const void* padded, const int32_t* cu_seqlens, int32_t batch,
-                           int32_t padded_seqlen, int64_t row_bytes, void* packed,
+                           int64_t total_tokens, int32_t padded_seqlen, int64_t row_bytes, void* packed,
                            cudaStream_t stream) {
     const int unit = copy_unit_bytes(padded, packed, row_bytes);
     const Chunking c = chunking(batch, padded_seqlen, row_bytes, unit);
     if (c.blocks == 0) return;
+    const int32_t total_rows = int32_rows(total_tokens);
     dispatch_unit(unit, [&](auto tag) {
         using U = typename decltype(tag)::type;
         remove_padding_kernel<U><<<grid_for(c.blocks), kCopyThreads, 0, stream>>>(
-            static_cast<const U*>(padded), cu_seqlens, batch, padded_seqlen, c, static_cast<U*>(packed));
+            static_cast<const U*>(padded), cu_seqlens, total_rows, padded_seqlen, c, static_cast<U*>(packed));
     });
 }
 
 void launch_rebuild_padding(const void* packed, const int32_t* cu_seqlens, int32_t batch,
-                            int32_t padded_seqlen, int64_t row_bytes, void* padded,
+                            int64_t total_tokens, int32_t padded_seqlen, int64_t row_bytes,
+                            void* padded,
                             cudaStream_t stream) {
     const int unit = copy_unit_bytes(padded, packed, row_bytes);
     const Chunking c = chunking(batch, padded_seqlen, row_bytes, unit);
     if (c.blocks == 0) return;
+    const int32_t total_rows = int32_rows(total_tokens);
     dispatch_unit(unit, [&](auto tag) {
         using U = typename decltype(tag)::type;
         rebuild_padding_kernel<U><<<grid_for(c.blocks), kCopyThreads, 0, stream>>>(
-            static_cast<const U*>(packed), cu_seqlens, batch, padded_seqlen, c, static_cast<U*>(padded));
+            static_cast<const U*>(packed), cu_seqlens, total_rows, padded_seqlen, c, static_cast<U*>(padded));
     });
 }
 

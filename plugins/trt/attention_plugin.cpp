@@ -68,7 +68,7 @@ padfree_status AttentionPlugin::run(const PluginTensorDesc* in, const PluginTens
         !to_i32(in[kMaxSeqlen].dims.d[0], "max_seqlen", max_seqlen, error))
         return PADFREE_ERROR_INVALID_ARGUMENT;
     return padfree_attention_varlen(inputs[kQkv], inputs[kQkvBias], static_cast<const int32_t*>(inputs[kCuSeqlens]),
-                                    batch, max_seqlen, heads, head_dim, field_f32(kSoftmaxScale), 0,
+                                    batch, in[kQkv].dims.d[0], max_seqlen, heads, head_dim, field_f32(kSoftmaxScale), 0,
                                     to_padfree_dtype(in[kQkv].type), outputs[0], stream);
 }
 

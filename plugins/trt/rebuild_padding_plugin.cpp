@@ -53,7 +53,7 @@ padfree_status RebuildPaddingPlugin::run(const PluginTensorDesc* in, const Plugi
         return PADFREE_ERROR_INVALID_ARGUMENT;
     }
     return padfree_rebuild_padding(inputs[kPacked], static_cast<const int32_t*>(inputs[kCuSeqlens]), batch,
-                                   padded_seqlen, bytes, outputs[0], stream);
+                                   in[kPacked].dims.d[0], padded_seqlen, bytes, outputs[0], stream);
 }
 
 }  // namespace trt

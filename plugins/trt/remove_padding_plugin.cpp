@@ -71,7 +71,9 @@ padfree_status RemovePaddingPlugin::run(const PluginTensorDesc* in, const Plugin
     padfree_status status = padfree_cu_seqlens_from_mask(static_cast<const int32_t*>(inputs[kMask]), batch,
                                                          padded_seqlen, cu_seqlens, nullptr, stream);
     if (status != PADFREE_OK) return status;
-    status = padfree_remove_padding(inputs[kPadded], cu_seqlens, batch, padded_seqlen, bytes, outputs[kPacked], stream);
+    // The packed output is allocated at its upper bound, B*S rows, before T is known.
+    status = padfree_remove_padding(inputs[kPadded], cu_seqlens, batch, int64_t{batch} * padded_seqlen, padded_seqlen,
+                                    bytes, outputs[kPacked], stream);
     if (status != PADFREE_OK) return status;
     // The size tensor is cu_seqlens[batch], read back by TensorRT to shape the packed output.
     const cudaError_t copied = cudaMemcpyAsync(outputs[kTotalTokens], cu_seqlens + batch, sizeof(int32_t),

@@ -11,7 +11,7 @@ import os
 from ctypes import c_char_p, c_float, c_int, c_int32, c_int64, c_uint32, c_void_p
 from pathlib import Path
 
-ABI_VERSION = 1  # must match PADFREE_ABI_VERSION in plugins/capi/padfree.h
+ABI_VERSION = 2  # must match PADFREE_ABI_VERSION in plugins/capi/padfree.h
 
 _p = c_void_p
 _i32p = c_void_p  # device int32 pointers travel as plain addresses
@@ -24,9 +24,9 @@ _SIGNATURES: dict[str, list] = {
     "padfree_status_string": [c_int],
     "padfree_cu_seqlens_from_seqlens": [_i32p, c_int32, _i32p, _p],
     "padfree_cu_seqlens_from_mask": [_i32p, c_int32, c_int32, _i32p, _i32p, _p],
-    "padfree_remove_padding": [_p, _i32p, c_int32, c_int32, c_int64, _p, _p],
-    "padfree_rebuild_padding": [_p, _i32p, c_int32, c_int32, c_int64, _p, _p],
-    "padfree_attention_varlen": [_p, _p, _i32p, c_int32, c_int32, c_int32, c_int32, c_float,
+    "padfree_remove_padding": [_p, _i32p, c_int32, c_int64, c_int32, c_int64, _p, _p],
+    "padfree_rebuild_padding": [_p, _i32p, c_int32, c_int64, c_int32, c_int64, _p, _p],
+    "padfree_attention_varlen": [_p, _p, _i32p, c_int32, c_int64, c_int32, c_int32, c_int32, c_float,
                                  c_uint32, c_int, _p, _p],
     "padfree_layernorm": [_p, _p, _p, c_int64, c_int32, c_float, c_int, _p, _p],
     "padfree_skip_layernorm": [_p, _p, _p, _p, _p, c_int64, c_int32, c_float, c_int, _p, _p],

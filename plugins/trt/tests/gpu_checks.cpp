@@ -232,7 +232,7 @@ Register attention_gpu("gpu_attention_vs_c_abi", [] {
                                              float_field("softmax_scale", scale)});
             enqueue(plugin.get(), {&qkv, &bias, &cu, &max_seqlen}, {&out});
             expect_abi(padfree_attention_varlen(qkv.ptr, bias.ptr, static_cast<const int32_t*>(cu.ptr), b.batch,
-                                                b.padded, heads, head_dim, scale, 0, dt, ref.ptr, nullptr));
+                                                b.total, b.padded, heads, head_dim, scale, 0, dt, ref.ptr, nullptr));
             same_bytes(out, ref, str("PadfreeAttention head_dim=", head_dim, " dtype ", static_cast<int>(t)));
         }
     }

@@ -53,7 +53,7 @@ def attention_varlen(qkv: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: in
         return out
     # with qkv's device current: the kernel launches on the caller's current device
     call_kernel("padfree_attention_varlen", qkv.device, ptr(qkv), ptr(qkv_bias), ptr(cu_seqlens),
-                cu_seqlens.numel() - 1, max_seqlen, num_heads, head_dim, float(softmax_scale),
+                cu_seqlens.numel() - 1, total_tokens, max_seqlen, num_heads, head_dim, float(softmax_scale),
                 ATTENTION_CAUSAL if causal else 0, dtype, ptr(out), stream_handle(qkv.device))
     return out
 

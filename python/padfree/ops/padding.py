@@ -147,7 +147,7 @@ def remove_padding(padded: torch.Tensor, cu_seqlens: torch.Tensor, total_tokens:
     """padded: cuda [B, S, ...] any dtype -> packed [total_tokens, ...], rows of each sequence end to end.
 
     cu_seqlens: int32 [B+1] on padded's device; total_tokens must equal cu_seqlens[-1] (as
-    `pack_from_mask` returns it): it sizes the output, and the kernel writes cu_seqlens[-1] rows.
+    `pack_from_mask` returns it): it sizes the output, and the kernel writes at most its rows.
     A sequence longer than S is cut at S. out: an optional [total_tokens, ...] destination.
     """
     total_tokens = check_int32(total_tokens, "total_tokens")
@@ -165,8 +165,8 @@ def remove_padding(padded: torch.Tensor, cu_seqlens: torch.Tensor, total_tokens:
     row_bytes = _row_bytes(padded, 2)
     if row_bytes == 0 or total_tokens == 0:
         return packed
-    call_kernel("padfree_remove_padding", padded.device, ptr(padded), ptr(cu_seqlens), batch, padded.shape[1],
-                row_bytes, ptr(packed), stream_handle(padded.device))
+    call_kernel("padfree_remove_padding", padded.device, ptr(padded), ptr(cu_seqlens), batch, packed.shape[0],
+                padded.shape[1], row_bytes, ptr(packed), stream_handle(padded.device))
     return packed
 
 
@@ -188,6 +188,6 @@ def rebuild_padding(packed: torch.Tensor, cu_seqlens: torch.Tensor, padded_seqle
         return padded
     if packed.numel() == 0:  # no tokens at all (bucket padding): an empty tensor has no address
         return padded.zero_()
-    call_kernel("padfree_rebuild_padding", packed.device, ptr(packed), ptr(cu_seqlens), batch, padded_seqlen,
-                row_bytes, ptr(padded), stream_handle(packed.device))
+    call_kernel("padfree_rebuild_padding", packed.device, ptr(packed), ptr(cu_seqlens), batch, packed.shape[0],
+                padded_seqlen, row_bytes, ptr(padded), stream_handle(packed.device))
     return padded
