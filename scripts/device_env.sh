@@ -16,7 +16,7 @@ export PYTHONPATH=$PWD/build/device/python${PYTHONPATH:+:$PYTHONPATH}
 
 # Pure-Python packages the image lacks (polygraphy, onnx-graphsurgeon), carried as wheels in .whl.
 if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/padfree-site .whl/*.whl
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/padfree-site .whl/*.whl
   export PYTHONPATH=$PYTHONPATH:/tmp/padfree-site
 fi
 export PYTHONUNBUFFERED=1
