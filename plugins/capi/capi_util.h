@@ -38,6 +38,13 @@ padfree_status check_launch(const char* what);
             return ::padfree::fail(PADFREE_ERROR_INVALID_ARGUMENT, __VA_ARGS__);          \
     } while (0)
 
+// Returns the status of a check (a padfree_status expression) when it fails.
+#define PADFREE_CHECK(expr)                                                               \
+    do {                                                                                  \
+        const padfree_status padfree_check_status_ = (expr);                              \
+        if (padfree_check_status_ != PADFREE_OK) return padfree_check_status_;            \
+    } while (0)
+
 // Wraps a C ABI body so that no C++ exception crosses the boundary.
 #define PADFREE_CAPI_GUARD_BEGIN try {
 #define PADFREE_CAPI_GUARD_END                                                            \

@@ -57,9 +57,8 @@ padfree_status padfree_remove_padding(const void* padded, const int32_t* cu_seql
                                       int64_t total_tokens, int32_t padded_seqlen, int64_t row_bytes,
                                       void* packed, padfree_stream stream) {
     PADFREE_CAPI_GUARD_BEGIN
-    const padfree_status status = check_copy_args(padded, cu_seqlens, batch, total_tokens, padded_seqlen,
-                                                  row_bytes, packed, "padded", "packed");
-    if (status != PADFREE_OK) return status;
+    PADFREE_CHECK(check_copy_args(padded, cu_seqlens, batch, total_tokens, padded_seqlen, row_bytes, packed,
+                                  "padded", "packed"));
     padfree::launch_remove_padding(padded, cu_seqlens, batch, total_tokens, padded_seqlen, row_bytes, packed,
                                    padfree::as_cuda_stream(stream));
     return padfree::check_launch("remove_padding");
@@ -70,9 +69,8 @@ padfree_status padfree_rebuild_padding(const void* packed, const int32_t* cu_seq
                                        int64_t total_tokens, int32_t padded_seqlen, int64_t row_bytes,
                                        void* padded, padfree_stream stream) {
     PADFREE_CAPI_GUARD_BEGIN
-    const padfree_status status = check_copy_args(packed, cu_seqlens, batch, total_tokens, padded_seqlen,
-                                                  row_bytes, padded, "packed", "padded");
-    if (status != PADFREE_OK) return status;
+    PADFREE_CHECK(check_copy_args(packed, cu_seqlens, batch, total_tokens, padded_seqlen, row_bytes, padded,
+                                  "packed", "padded"));
     padfree::launch_rebuild_padding(packed, cu_seqlens, batch, total_tokens, padded_seqlen, row_bytes, padded,
                                     padfree::as_cuda_stream(stream));
     return padfree::check_launch("rebuild_padding");

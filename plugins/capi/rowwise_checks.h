@@ -41,10 +41,3 @@ inline padfree_status check_optional_tensor(const void* p, const char* name) {
 }
 
 }  // namespace padfree
-
-// Returns the status of a check when it fails.
-#define PADFREE_CHECK(expr)                                      \
-    do {                                                         \
-        const padfree_status padfree_check_status_ = (expr);     \
-        if (padfree_check_status_ != PADFREE_OK) return padfree_check_status_; \
-    } while (0)
