@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -31,8 +32,9 @@ class HostBatch:
     padded_width: int
     mask: np.ndarray | None = None
 
-    @property
+    @cached_property
     def cu_seqlens(self) -> np.ndarray:
+        # computed once: Runtime._run slices it per chunk, locate() reads it twice
         return np.concatenate(([0], np.cumsum(self.lengths))).astype(np.int64)
 
     def locate(self, token: int) -> tuple[int, int]:
