@@ -8,7 +8,6 @@ The harness and library exist only where the plugins were built with TensorRT he
 from __future__ import annotations
 
 import glob
-import json
 import os
 import subprocess
 from pathlib import Path
@@ -16,8 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from padfree.export import spec as spec_mod
+
 ROOT = Path(__file__).resolve().parent.parent
-SPEC = json.loads((ROOT / "plugins" / "spec" / "plugins.json").read_text())
+SPEC = spec_mod.load()
 
 
 def _find(env: str, pattern: str) -> Path | None:
@@ -50,10 +51,6 @@ def _rtx():
     return api
 
 
-def _outputs(name: str) -> list[str]:
-    return [o["name"] for o in SPEC["plugins"][name]["outputs"]]
-
-
 # ---- the C++ harness -----------------------------------------------------------------------------
 @needs_harness
 def test_harness(seed):
@@ -84,31 +81,23 @@ def test_creators_follow_the_spec():
             io[words[1]] = (words[2], int(words[3]), int(words[4]))
         else:
             creators[words[0]] = (words[1], words[2], dict(w.split(":") for w in words[3:]))
-    assert set(creators) == set(SPEC["plugins"])
-    for name, plugin in SPEC["plugins"].items():
+    assert set(creators) == set(SPEC.plugins)
+    for name, plugin in SPEC.plugins.items():
         version, namespace, fields = creators[name]
-        assert (version, namespace) == (SPEC["version"], SPEC["namespace"])
-        assert fields == {k: v["type"] for k, v in plugin.get("fields", {}).items()}, name
+        assert (version, namespace) == (SPEC.version, SPEC.namespace)
+        assert fields == plugin.fields, name
     # Input/output counts of every harness case against the spec (inputs with `when` counted per case).
     for label, (name, nb_in, nb_out) in io.items():
-        plugin = SPEC["plugins"][name]
-        has_type = "without_type" not in label
-        inputs = [p for p in plugin["inputs"] if "when" not in p or has_type]
-        assert nb_in == len(inputs), label
-        assert nb_out == len(_outputs(name)), label
+        case_fields = {"has_token_type": int("without_type" not in label)}
+        assert nb_in == len(SPEC[name].input_names(case_fields)), label
+        assert nb_out == len(SPEC[name].output_names(case_fields)), label
 
 
 # ---- TensorRT-RTX on the CPU ----------------------------------------------------------------------
 def _plugin_node(name: str, inputs: list[str], outputs: list[str], **fields):
+    """A node as the exporter makes it; node_attributes refuses a missing or unknown field."""
     from onnx import helper
-    spec = SPEC["plugins"][name]
-    assert set(fields) == set(spec.get("fields", {})), name
-    return helper.make_node(name, inputs, outputs, domain=SPEC["namespace"], plugin_version=SPEC["version"],
-                            plugin_namespace=SPEC["namespace"], **fields)
-
-
-def _ports(name: str, has_token_type: bool = True) -> list[str]:
-    return [p["name"] for p in SPEC["plugins"][name]["inputs"] if "when" not in p or has_token_type]
+    return helper.make_node(name, inputs, outputs, domain=SPEC.namespace, **SPEC.node_attributes(name, fields))
 
 
 def packed_plugin_graph(path: Path, hidden=128, heads=2, vocab=100, positions=64):
@@ -121,7 +110,7 @@ def packed_plugin_graph(path: Path, hidden=128, heads=2, vocab=100, positions=64
     def weight(name, *shape):
         return numpy_helper.from_array((0.1 * rng.standard_normal(shape)).astype(np.float32), name)
 
-    emb_inputs = dict(zip(_ports("PadfreeEmbLayerNorm"),
+    emb_inputs = dict(zip(SPEC["PadfreeEmbLayerNorm"].input_names({"has_token_type": 1}),
                           ["input_ids", "token_type_ids", "cu_seqlens", "word", "position", "type", "gamma", "beta"]))
     nodes = [
         _plugin_node("PadfreeEmbLayerNorm", list(emb_inputs.values()), ["emb"], epsilon=1e-12, position_offset=0,
@@ -145,7 +134,7 @@ def packed_plugin_graph(path: Path, hidden=128, heads=2, vocab=100, positions=64
               helper.make_tensor_value_info("max_seqlen", TensorProto.INT32, ["S"])]
     outputs = [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["T", hidden])]
     model = helper.make_model(helper.make_graph(nodes, "packed", inputs, outputs, inits),
-                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(SPEC["namespace"], 1)])
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(SPEC.namespace, 1)])
     onnx.save(model, str(path))
     return path
 
@@ -159,7 +148,7 @@ def padded_plugin_graph(path: Path, hidden=64, vocab=100, positions=64):
     inits = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
              for name, shape in (("word", (vocab, hidden)), ("position", (positions, hidden)), ("gamma", (hidden,)),
                                  ("beta", (hidden,)))]
-    remove_outputs = ["ids"] + _outputs("PadfreeRemovePadding")[1:]
+    remove_outputs = ["ids"] + SPEC["PadfreeRemovePadding"].output_names({})[1:]
     nodes = [
         _plugin_node("PadfreeRemovePadding", ["input_ids", "attention_mask"], remove_outputs),
         _plugin_node("PadfreeEmbLayerNorm", ["ids", "cu_seqlens", "word", "position", "gamma", "beta"], ["hidden"],
@@ -169,7 +158,7 @@ def padded_plugin_graph(path: Path, hidden=64, vocab=100, positions=64):
     inputs = [helper.make_tensor_value_info(n, TensorProto.INT32, ["B", "S"]) for n in ("input_ids", "attention_mask")]
     outputs = [helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["B", "S", hidden])]
     model = helper.make_model(helper.make_graph(nodes, "padded", inputs, outputs, inits),
-                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(SPEC["namespace"], 1)])
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(SPEC.namespace, 1)])
     onnx.save(model, str(path))
     return path
 
@@ -184,10 +173,10 @@ def test_library_registers_in_tensorrt():
     from padfree.engines import plugin_library
     plugin_library.load_into(api.trt, _library())
     registry = api.trt.get_plugin_registry()
-    for name, plugin in SPEC["plugins"].items():
-        creator = registry.get_creator(name, SPEC["version"], SPEC["namespace"])
+    for name, plugin in SPEC.plugins.items():
+        creator = registry.get_creator(name, SPEC.version, SPEC.namespace)
         assert creator is not None, name
-        assert [f.name for f in creator.field_names] == list(plugin.get("fields", {})), name
+        assert [f.name for f in creator.field_names] == list(plugin.fields), name
 
 
 @needs_library
@@ -219,8 +208,8 @@ def test_remove_padding_node_with_its_size_tensor_is_accepted(tmp_path):
     output size is 3, actual output size is 2"), and a node that follows the spec builds."""
     _rtx()
     from padfree.engines.build import BuildOptions, build
-    outputs = SPEC["plugins"]["PadfreeRemovePadding"]["outputs"]
-    assert outputs[-1] == {**outputs[-1], "name": "total_tokens", "dtype": "int32", "shape": []}
+    total_tokens = SPEC["PadfreeRemovePadding"].outputs[-1]
+    assert (total_tokens.name, total_tokens.dtype, total_tokens.shape) == ("total_tokens", "int32", ())
     onnx_path = padded_plugin_graph(tmp_path / "remove_padding.onnx")
     metadata = build(BuildOptions(str(onnx_path), str(tmp_path / "x.engine"), precision="fp32", max_tokens=64,
                                   max_batch=4, max_seqlen=16, progress=False))
