@@ -12,7 +12,6 @@
 namespace padfree {
 
 constexpr int kMaxHidden = 8192;
-constexpr int kHiddenMultiple = 8;  // one 16-byte vector of fp16/bf16
 
 // x, out: [rows, hidden]; gamma, beta: [hidden]. out may alias x.
 void launch_layernorm(const void* x, const void* gamma, const void* beta, int64_t rows, int32_t hidden,
