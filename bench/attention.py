@@ -28,6 +28,7 @@ import sys
 
 import torch
 
+from padfree.bench_cli import lengths_for  # the issue's benchmark recipe: uniform in [0.2*max, max], seed 0
 from padfree.ops import attention_varlen
 
 RUNS_PER_GRAPH = 20
@@ -47,13 +48,6 @@ SHAPES = [
     ("hd128 128x128", 128, 128, 6, 128),
     ("long 8x4096", 8, 4096, 12, 64),
 ]
-
-
-def lengths_for(batch: int, max_seqlen: int) -> list[int]:
-    """Uniform in [0.2*max, max], seed 0 (the issue's benchmark recipe)."""
-    gen = torch.Generator().manual_seed(0)
-    low = max(1, int(0.2 * max_seqlen))
-    return torch.randint(low, max_seqlen + 1, (batch,), generator=gen).tolist()
 
 
 def time_graph(fn, sets: int) -> float:

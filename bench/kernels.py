@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from padfree import ops
+from padfree.bench_cli import lengths_for
 
 CALLS = 20
 REPS = 30
@@ -73,10 +74,9 @@ def copy_ms(total_bytes: int) -> float:
     return time_per_call_ms([lambda s=s, d=d: d.copy_(s) for s, d in pairs])[0]
 
 
-def lengths_uniform(batch: int, max_seqlen: int, seed: int = 0) -> torch.Tensor:
-    """Lengths uniform in [0.2 * max, max] (the BERT benchmark's distribution)."""
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(max(1, int(0.2 * max_seqlen)), max_seqlen + 1, (batch,), generator=gen)
+def lengths_uniform(batch: int, max_seqlen: int) -> torch.Tensor:
+    """Lengths uniform in [0.2 * max, max] (the BERT benchmark's distribution), as a tensor."""
+    return torch.tensor(lengths_for(batch, max_seqlen))
 
 
 def cu_of(lengths: torch.Tensor) -> torch.Tensor:
