@@ -1,6 +1,7 @@
 """padfree.Runtime: one run(batch) over an engine file or the PyTorch path."""
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -44,9 +45,8 @@ def _tighten(limits: Limits, max_tokens: int | None, max_batch: int | None) -> L
         have = getattr(limits, name)
         if want is not None and want > have:
             raise ValueError(f"{name}={want} exceeds what the backend serves ({have})")
-    return Limits(max_tokens=max_tokens or limits.max_tokens, max_batch=max_batch or limits.max_batch,
-                  max_seqlen=limits.max_seqlen, vocab_size=limits.vocab_size,
-                  type_vocab_size=limits.type_vocab_size, dtype=limits.dtype)
+    return dataclasses.replace(limits, max_tokens=max_tokens or limits.max_tokens,
+                               max_batch=max_batch or limits.max_batch)
 
 
 def _as_stream(stream: Any, device: torch.device) -> torch.cuda.Stream | None:

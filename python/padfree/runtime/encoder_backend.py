@@ -6,6 +6,7 @@ memory and the size of the CUDA graphs the encoder captures per size bucket.
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from typing import Any
 
@@ -62,10 +63,9 @@ class EncoderBackend:
         model = _model_limits(encoder)
         self.encoder = encoder
         self.device = _device(encoder)
-        self.limits = Limits(max_tokens=min(int(max_tokens or DEFAULT_MAX_TOKENS), model.max_tokens),
-                             max_batch=min(int(max_batch or DEFAULT_MAX_BATCH), model.max_batch),
-                             max_seqlen=model.max_seqlen, vocab_size=model.vocab_size,
-                             type_vocab_size=model.type_vocab_size, dtype=model.dtype)
+        self.limits = dataclasses.replace(
+            model, max_tokens=min(int(max_tokens or DEFAULT_MAX_TOKENS), model.max_tokens),
+            max_batch=min(int(max_batch or DEFAULT_MAX_BATCH), model.max_batch))
         names = getattr(encoder, "output_names", None)
         self.output_names = list(names) if names is not None else (
             ["last_hidden_state"] + (["pooler_output"] if _has_pooler(encoder) else []))
