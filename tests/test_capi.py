@@ -115,6 +115,12 @@ def test_versions_and_status_strings():
     assert _LIB.padfree_status_string(99) == b"unknown status"
 
 
+def _args(defaults: dict, over: dict) -> tuple:
+    """The arguments of one call in the C signature's order (defaults' order, `over` applied), then the
+    stream (None)."""
+    return tuple({**defaults, **over}.values()) + (None,)
+
+
 # ---- padding -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("args, fragments", [
@@ -162,10 +168,8 @@ def test_padding_copies_refuse(name, src, dst, case):
 # ---- attention -----------------------------------------------------------------------------------
 
 def _attention_args(**over):
-    a = dict(qkv=A, bias=A, cu=A, batch=2, total=32, max_seqlen=16, heads=2, head_dim=64, scale=0.125, flags=0,
-             dtype=F16, out=A)
-    a.update(over)
-    return tuple(a.values()) + (None,)
+    return _args(dict(qkv=A, bias=A, cu=A, batch=2, total=32, max_seqlen=16, heads=2, head_dim=64, scale=0.125,
+                      flags=0, dtype=F16, out=A), over)
 
 
 @pytest.mark.parametrize("over, fragments", [
@@ -221,9 +225,7 @@ def test_attention_with_no_sequences_is_no_work():
 # ---- layernorm -----------------------------------------------------------------------------------
 
 def _layernorm_args(**over):
-    a = dict(x=A, gamma=A, beta=A, rows=4, hidden=768, eps=1e-5, dtype=F16, out=A)
-    a.update(over)
-    return tuple(a.values()) + (None,)
+    return _args(dict(x=A, gamma=A, beta=A, rows=4, hidden=768, eps=1e-5, dtype=F16, out=A), over)
 
 
 @pytest.mark.parametrize("over, fragments", [
@@ -246,9 +248,8 @@ def test_layernorm_refuses(over, fragments):
 
 
 def _skip_args(**over):
-    a = dict(x=A, residual=A, bias=None, gamma=A, beta=A, rows=4, hidden=1024, eps=1e-12, dtype=BF16, out=A)
-    a.update(over)
-    return tuple(a.values()) + (None,)
+    return _args(dict(x=A, residual=A, bias=None, gamma=A, beta=A, rows=4, hidden=1024, eps=1e-12, dtype=BF16,
+                      out=A), over)
 
 
 @pytest.mark.parametrize("over, fragments", [
@@ -266,10 +267,8 @@ def test_skip_layernorm_refuses(over, fragments):
 # ---- embedding -----------------------------------------------------------------------------------
 
 def _embedding_args(**over):
-    a = dict(ids=A, types=None, cu=A, batch=2, total=10, word=A, vocab=100, pos=A, max_pos=64, offset=0,
-             type_emb=None, type_vocab=0, gamma=A, beta=A, hidden=64, eps=1e-12, dtype=F32, out=A)
-    a.update(over)
-    return tuple(a.values()) + (None,)
+    return _args(dict(ids=A, types=None, cu=A, batch=2, total=10, word=A, vocab=100, pos=A, max_pos=64, offset=0,
+                      type_emb=None, type_vocab=0, gamma=A, beta=A, hidden=64, eps=1e-12, dtype=F32, out=A), over)
 
 
 @pytest.mark.parametrize("over, fragments", [
@@ -294,9 +293,7 @@ def test_embedding_layernorm_refuses(over, fragments):
 # ---- activation ----------------------------------------------------------------------------------
 
 def _gelu_args(**over):
-    a = dict(x=A, bias=A, rows=4, cols=3072, approximate=0, dtype=F16, out=A)
-    a.update(over)
-    return tuple(a.values()) + (None,)
+    return _args(dict(x=A, bias=A, rows=4, cols=3072, approximate=0, dtype=F16, out=A), over)
 
 
 @pytest.mark.parametrize("over, fragments", [
