@@ -159,12 +159,6 @@ void expect_abi(padfree_status status) {
     CUDA_OK(cudaDeviceSynchronize());
 }
 
-const Case& case_named(const std::string& label) {
-    for (const Case& c : cases())
-        if (c.label == label) return c;
-    throw Failure("no case " + label);
-}
-
 std::unique_ptr<IPluginV3> make(const std::string& label, std::vector<FieldValue> fields = {}) {
     const Case& c = case_named(label);
     std::unique_ptr<IPluginV3> p(create(c, fields.empty() ? c.fields : fields));

@@ -76,6 +76,9 @@ struct Case {
     std::vector<FieldValue> bad_fields;
 };
 const std::vector<Case>& cases();
+const Case& case_named(const std::string& label);
+// The case's fields with the named ones replaced.
+std::vector<FieldValue> with_fields(const Case& c, const std::vector<FieldValue>& changes);
 
 nvinfer1::IPluginCreatorV3One* find_creator(const std::string& name);
 // Creates through the creator (build phase from fields, runtime phase from a serialized blob).

@@ -113,6 +113,20 @@ const std::vector<Case>& cases() {
     return all;
 }
 
+const Case& case_named(const std::string& label) {
+    for (const Case& c : cases())
+        if (c.label == label) return c;
+    throw Failure("no case " + label);
+}
+
+std::vector<FieldValue> with_fields(const Case& c, const std::vector<FieldValue>& changes) {
+    std::vector<FieldValue> fields = c.fields;
+    for (const FieldValue& change : changes)
+        for (FieldValue& f : fields)
+            if (f.name == change.name) f = change;
+    return fields;
+}
+
 IPluginCreatorV3One* find_creator(const std::string& name) {
     int32_t count = 0;
     IPluginCreatorInterface* const* creators = getCreators(count);
@@ -368,12 +382,8 @@ Register fields_test("build_fields_refused", [] {
         std::vector<FieldValue> with_parser_attrs = c.fields;
         with_parser_attrs.push_back(int_field("plugin_version", 1));
         EXPECT(Plugin(create(c, with_parser_attrs)), c.label, ": ", padfree_trt_last_error());
-        for (const FieldValue& bad : c.bad_fields) {
-            std::vector<FieldValue> fields = c.fields;
-            for (FieldValue& f : fields)
-                if (f.name == bad.name) f = bad;
-            EXPECT(!Plugin(create(c, fields)), c.label, " accepted an invalid ", bad.name);
-        }
+        for (const FieldValue& bad : c.bad_fields)
+            EXPECT(!Plugin(create(c, with_fields(c, {bad}))), c.label, " accepted an invalid ", bad.name);
     });
 });
 
@@ -441,20 +451,6 @@ Register corrupt_test("corrupt_state_refused", [] {
 });
 
 // ---- field ranges -------------------------------------------------------------------------------
-const Case& case_named(const std::string& label) {
-    for (const Case& c : cases())
-        if (c.label == label) return c;
-    throw Failure("no case " + label);
-}
-
-std::vector<FieldValue> with_fields(const Case& c, const std::vector<FieldValue>& changes) {
-    std::vector<FieldValue> fields = c.fields;
-    for (const FieldValue& change : changes)
-        for (FieldValue& f : fields)
-            if (f.name == change.name) f = change;
-    return fields;
-}
-
 Register attention_sizes_test("attention_sizes_refused_without_overflow", [] {
     // The qkv width 3 * num_heads * head_dim must fit int32; a product past int64 (from a corrupt
     // blob) must be refused too, not wrap around into a value that passes.
