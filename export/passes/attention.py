@@ -71,11 +71,10 @@ def _path(t: gs.Tensor, what: str) -> Path:
         if node is None:
             raise NoMatch(f"{what}: reached {t.name!r} without finding a projection MatMul")
         if node.op in ("Mul", "Div"):
-            found = split_const(node)
-            if found is None or found[1].size != 1 or (node.op == "Div" and node.inputs[0] is not found[0]):
+            scaled = _scaled(node, scale)
+            if scaled is None:
                 raise NoMatch(f"{what}: {describe(node)} is not a scaling by a constant")
-            scale = scale / float(found[1].reshape(-1)[0]) if node.op == "Div" else scale * float(found[1].reshape(-1)[0])
-            t = found[0]
+            t, scale = scaled
         elif node.op in ("Reshape", "Transpose"):
             t = node.inputs[0]
         else:
@@ -84,14 +83,20 @@ def _path(t: gs.Tensor, what: str) -> Path:
     return Path(proj, nodes[::-1], scale)
 
 
+def _scaled(node: gs.Node, scale: float) -> tuple[gs.Tensor, float] | None:
+    """For node = Mul(t, c), Mul(c, t) or Div(t, c) with a one-element constant c: (t, scale * c or
+    scale / c), else None."""
+    found = split_const(node)
+    if found is None or found[1].size != 1 or (node.op == "Div" and node.inputs[0] is not found[0]):
+        return None
+    value = float(found[1].reshape(-1)[0])
+    return found[0], (scale / value if node.op == "Div" else scale * value)
+
+
 def _strip_scaling(t: gs.Tensor) -> tuple[gs.Tensor, float]:
     scale = 1.0
-    while (node := producer_op(t, "Mul", "Div")) is not None:
-        found = split_const(node)
-        if found is None or found[1].size != 1 or (node.op == "Div" and node.inputs[0] is not found[0]):
-            break
-        value = float(found[1].reshape(-1)[0])
-        scale, t = (scale / value if node.op == "Div" else scale * value), found[0]
+    while (node := producer_op(t, "Mul", "Div")) is not None and (scaled := _scaled(node, scale)) is not None:
+        t, scale = scaled
     return t, scale
 
 
