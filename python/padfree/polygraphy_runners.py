@@ -78,12 +78,16 @@ class RuntimeRunner(BaseRunner):
         self.runtime = None
 
 
+def _runner_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Pop RuntimeRunner's own keyword arguments out of `options`; the rest go to Runtime."""
+    return {k: options.pop(k) for k in ("input_names", "output_names", "index_dtype") if k in options}
+
+
 class EngineRunner(RuntimeRunner):
     """RuntimeRunner over an engine file (loaded at activation); runtime_options go to Runtime."""
 
     def __init__(self, engine_path: str, name: str | None = None, **options: Any):
-        runner_keys = ("input_names", "output_names", "index_dtype")
-        runner_options = {k: options.pop(k) for k in runner_keys if k in options}
+        runner_options = _runner_options(options)
         super().__init__(lambda: Runtime(engine_path, **options), name=name, prefix="padfree-engine",
                          **runner_options)
 
@@ -94,8 +98,7 @@ class TorchRunner(RuntimeRunner):
 
     def __init__(self, model: Any, name: str | None = None, from_hf_options: Mapping[str, Any] | None = None,
                  **options: Any):
-        runner_keys = ("input_names", "output_names", "index_dtype")
-        runner_options = {k: options.pop(k) for k in runner_keys if k in options}
+        runner_options = _runner_options(options)
 
         def build() -> Runtime:
             encoder = model
