@@ -81,8 +81,10 @@ const Case& case_named(const std::string& label);
 std::vector<FieldValue> with_fields(const Case& c, const std::vector<FieldValue>& changes);
 
 nvinfer1::IPluginCreatorV3One* find_creator(const std::string& name);
-// Creates through the creator (build phase from fields, runtime phase from a serialized blob).
-nvinfer1::IPluginV3* create(const Case& c, const std::vector<FieldValue>& fields);
+// Creates through the creator from named fields (as the ONNX parser hands them at build time), or
+// from a serialized blob (create_runtime).
+nvinfer1::IPluginV3* create(const Case& c, const std::vector<FieldValue>& fields,
+                            nvinfer1::TensorRTPhase phase = nvinfer1::TensorRTPhase::kBUILD);
 nvinfer1::IPluginV3* create_runtime(const std::string& plugin, const void* blob, int32_t bytes);
 nvinfer1::IPluginV3OneBuild* build_of(nvinfer1::IPluginV3* p);
 nvinfer1::IPluginV3OneRuntime* runtime_of(nvinfer1::IPluginV3* p);

@@ -137,11 +137,11 @@ IPluginCreatorV3One* find_creator(const std::string& name) {
     throw Failure("no creator named " + name);
 }
 
-IPluginV3* create(const Case& c, const std::vector<FieldValue>& fields) {
+IPluginV3* create(const Case& c, const std::vector<FieldValue>& fields, TensorRTPhase phase) {
     std::vector<PluginField> storage;
     for (const FieldValue& v : fields) storage.emplace_back(v.name.c_str(), &v.i, v.type, 1);
     PluginFieldCollection fc{static_cast<int32_t>(storage.size()), storage.data()};
-    return find_creator(c.plugin)->createPlugin("layer", &fc, TensorRTPhase::kBUILD);
+    return find_creator(c.plugin)->createPlugin("layer", &fc, phase);
 }
 
 IPluginV3* create_runtime(const std::string& plugin, const void* blob, int32_t bytes) {
@@ -440,10 +440,7 @@ Register corrupt_test("corrupt_state_refused", [] {
         const std::string other = c.plugin == "PadfreeLayerNorm" ? "PadfreeBiasGelu" : "PadfreeLayerNorm";
         EXPECT(!Plugin(create_runtime(other, blob.data(), static_cast<int32_t>(blob.size()))), c.label, " as ", other);
         // Build-style named fields at run time are refused (TensorRT hands back what we serialized).
-        std::vector<PluginField> storage;
-        for (const FieldValue& v : c.fields) storage.emplace_back(v.name.c_str(), &v.i, v.type, 1);
-        PluginFieldCollection fc{static_cast<int32_t>(storage.size()), storage.data()};
-        EXPECT(!Plugin(find_creator(c.plugin)->createPlugin("layer", &fc, TensorRTPhase::kRUNTIME)), c.label);
+        EXPECT(!Plugin(create(c, c.fields, TensorRTPhase::kRUNTIME)), c.label);
         PluginField negative("padfree_state", blob.data(), PluginFieldType::kUNKNOWN, -5);
         PluginFieldCollection neg{1, &negative};
         EXPECT(!Plugin(find_creator(c.plugin)->createPlugin("layer", &neg, TensorRTPhase::kRUNTIME)), c.label);
