@@ -160,7 +160,7 @@ def _profiles(options: BuildOptions, info: model_info.ModelInfo) -> list[profile
     except ValueError as e:
         raise BuildError(str(e)) from e
     for p in extra:
-        if not (p.max_tokens <= main.max_tokens and p.max_batch <= main.max_batch and p.max_seqlen <= main.max_seqlen):
+        if not main.fits(p.max_tokens, p.max_batch, p.max_seqlen):
             raise BuildError(f"profile {p.max_tokens}x{p.max_batch}x{p.max_seqlen} exceeds --max-tokens"
                              f" {main.max_tokens} / --max-batch {main.max_batch} / --max-seqlen {main.max_seqlen}")
     # Smallest first: the backend takes the first profile a batch fits.
