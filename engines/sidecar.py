@@ -14,12 +14,12 @@ from typing import Any
 import padfree
 
 from .errors import CorruptEngineError, EngineFormatError, EngineVersionError
+from .trt_api import PRECISIONS
 
 FORMAT = "padfree-engine"
 FORMAT_VERSION = 1
 _REQUIRED = ("format", "format_version", "padfree_version", "backend", "model", "precision", "profiles",
              "inputs", "outputs", "engine")
-PRECISIONS = ("fp32", "fp16", "bf16")
 IO_FORMS = ("packed", "padded")
 # Input dtypes the engine backend can feed (numpy-style names, as model_info records them).
 INPUT_DTYPES = ("int32", "int64", "bool", "float32", "float16", "bfloat16")
