@@ -58,8 +58,10 @@ def warn_if_changed(library: Path, recorded: dict | None, engine: str | os.PathL
     plugin_library); True when they differ. A plan keeps its plugins' serialized state, not their
     code: another build may read that state differently, so the engine should be rebuilt."""
     want = (recorded or {}).get("sha256")
+    if want is None:
+        return False
     have = sha256(library)
-    if want is None or want == have:
+    if want == have:
         return False
     log.warning("%s was built with the plugin library %s (sha256 %s), but %s (sha256 %s) is loaded: another"
                 " build of the plugins may refuse or misread the engine's plugin state; rebuild the engine with"
