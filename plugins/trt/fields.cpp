@@ -1,7 +1,8 @@
 #include "fields.h"
 
 #include <cstring>
-#include <sstream>
+
+#include "plugin_base.h"  // concat
 
 namespace padfree {
 namespace trt {
@@ -44,10 +45,8 @@ public:
 
     bool bytes(void* out, size_t size, const char* what) {
         if (size > size_ - pos_) {
-            std::ostringstream msg;
-            msg << "truncated: " << what << " needs " << size << " bytes at offset " << pos_
-                << ", only " << (size_ - pos_) << " left";
-            error_ = msg.str();
+            error_ = concat("truncated: ", what, " needs ", size, " bytes at offset ", pos_, ", only ",
+                            size_ - pos_, " left");
             return false;
         }
         std::memcpy(out, data_ + pos_, size);
@@ -87,20 +86,16 @@ bool parse_named_fields(const Schema& schema, const PluginFieldCollection* fc,
         size_t index = 0;
         while (index < schema.fields.size() && name != schema.fields[index].name) ++index;
         if (index == schema.fields.size()) {
-            std::ostringstream msg;
-            msg << "unknown field '" << name << "'; " << schema.plugin_name << " takes:";
-            for (const FieldSpec& spec : schema.fields) msg << " " << spec.name;
-            if (schema.fields.empty()) msg << " no fields";
-            return fail(error, msg.str());
+            std::string takes;
+            for (const FieldSpec& spec : schema.fields) takes += concat(" ", spec.name);
+            if (schema.fields.empty()) takes = " no fields";
+            return fail(error, concat("unknown field '", name, "'; ", schema.plugin_name, " takes:", takes));
         }
         const FieldSpec& spec = schema.fields[index];
         if (seen[index]) return fail(error, "field '" + name + "' given twice");
-        if (field.type != spec.type || field.length != 1 || field.data == nullptr) {
-            std::ostringstream msg;
-            msg << "field '" << name << "': expected one " << type_name(spec.type) << ", got "
-                << field.length << " x " << type_name(field.type);
-            return fail(error, msg.str());
-        }
+        if (field.type != spec.type || field.length != 1 || field.data == nullptr)
+            return fail(error, concat("field '", name, "': expected one ", type_name(spec.type), ", got ",
+                                      field.length, " x ", type_name(field.type)));
         std::memcpy(&values[index], field.data, sizeof(Scalar));
         seen[index] = true;
     }
@@ -140,12 +135,9 @@ bool decode_state(const Schema& schema, const PluginFieldCollection* fc,
     if (std::memcmp(magic, kMagic, sizeof(kMagic)) != 0)
         return fail(error, "serialized plugin: not a padfree plugin state (bad magic)");
     if (!in.u32(version, "format version")) return fail(error, "serialized plugin: " + in.error());
-    if (version != kStateFormatVersion) {
-        std::ostringstream msg;
-        msg << "serialized plugin: state format version " << version << ", this library reads "
-            << kStateFormatVersion << "; rebuild the engine with this plugin library";
-        return fail(error, msg.str());
-    }
+    if (version != kStateFormatVersion)
+        return fail(error, concat("serialized plugin: state format version ", version, ", this library reads ",
+                                  kStateFormatVersion, "; rebuild the engine with this plugin library"));
     if (!in.u32(name_length, "name length")) return fail(error, "serialized plugin: " + in.error());
     if (name_length > kMaxNameLength || name_length > in.left())
         return fail(error, "serialized plugin: truncated or corrupt plugin name");
@@ -154,12 +146,9 @@ bool decode_state(const Schema& schema, const PluginFieldCollection* fc,
     if (name != schema.plugin_name)
         return fail(error, "serialized plugin: state of '" + name + "' handed to " + schema.plugin_name);
     if (!in.u32(count, "field count")) return fail(error, "serialized plugin: " + in.error());
-    if (count != schema.fields.size()) {
-        std::ostringstream msg;
-        msg << "serialized plugin: " << count << " fields, " << schema.plugin_name << " has "
-            << schema.fields.size();
-        return fail(error, msg.str());
-    }
+    if (count != schema.fields.size())
+        return fail(error, concat("serialized plugin: ", count, " fields, ", schema.plugin_name, " has ",
+                                  schema.fields.size()));
     values.assign(schema.fields.size(), Scalar{0});
     for (size_t index = 0; index < schema.fields.size(); ++index) {
         uint32_t type = 0;
@@ -169,11 +158,7 @@ bool decode_state(const Schema& schema, const PluginFieldCollection* fc,
             return fail(error, std::string("serialized plugin: field '") + schema.fields[index].name +
                                    "' has the wrong type");
     }
-    if (in.left() != 0) {
-        std::ostringstream msg;
-        msg << "serialized plugin: " << in.left() << " unexpected trailing bytes";
-        return fail(error, msg.str());
-    }
+    if (in.left() != 0) return fail(error, concat("serialized plugin: ", in.left(), " unexpected trailing bytes"));
     return true;
 }
 
