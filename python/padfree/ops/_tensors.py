@@ -126,11 +126,15 @@ def rows_and_width(x: torch.Tensor, name: str, width_name: str = "hidden",
     return x.numel() // width, width
 
 
-def output(out: torch.Tensor | None, shape: Sequence[int], like: torch.Tensor) -> torch.Tensor:
-    """`out`, checked to be like's dtype and device with `shape`, or a new tensor when None."""
+def output(out: torch.Tensor | None, shape: Sequence[int], like: torch.Tensor, *,
+           aligned: bool = True) -> torch.Tensor:
+    """`out`, checked to be like's dtype and device with `shape` (and 16-byte aligned when
+    `aligned`: a vectorized kernel writes it), or a new tensor when None."""
     if out is None:
         return torch.empty(tuple(shape), dtype=like.dtype, device=like.device)
-    check_float(out, "out", shape=list(shape), like=like)
+    check(out, "out", dtype=like.dtype, shape=list(shape), device=like.device)
+    if aligned:
+        check_aligned(out, "out")
     return out
 
 

@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from ._tensors import InputError, call_kernel, check, check_int32, dtype_code, ptr, stream_handle
+from ._tensors import InputError, call_kernel, check, check_int32, dtype_code, output, ptr, stream_handle
 
 ATTENTION_CAUSAL = 1  # PADFREE_ATTENTION_CAUSAL in padfree.h
 
@@ -43,12 +43,9 @@ def attention_varlen(qkv: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: in
         softmax_scale = 1.0 / math.sqrt(head_dim)
     if not (isinstance(softmax_scale, (int, float)) and math.isfinite(softmax_scale) and softmax_scale > 0):
         raise InputError(f"softmax_scale: expected a finite positive number, got {softmax_scale!r}")
-    if out is None:
-        out = torch.empty(total_tokens, hidden, dtype=qkv.dtype, device=qkv.device)
-    else:
-        check(out, "out", dtype=qkv.dtype, shape=(total_tokens, hidden), device=qkv.device)
-        if _overlaps(out, qkv):
-            raise InputError("out: must not overlap qkv (other query tiles still read the rows it would write)")
+    out = output(out, (total_tokens, hidden), qkv, aligned=False)
+    if _overlaps(out, qkv):  # never true of a fresh tensor
+        raise InputError("out: must not overlap qkv (other query tiles still read the rows it would write)")
     if total_tokens == 0:
         return out
     # with qkv's device current: the kernel launches on the caller's current device

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import torch
 
-from ._tensors import INT32_MAX, InputError, call_kernel, check, check_int32, ptr, stream_handle
+from ._tensors import INT32_MAX, InputError, call_kernel, check, check_int32, output, ptr, stream_handle
 
 _MASK_DTYPES = (torch.int32, torch.int64, torch.bool)
 
@@ -135,13 +135,6 @@ def _row_bytes(t: torch.Tensor, leading: int) -> int:
     return math.prod(t.shape[leading:]) * t.element_size()
 
 
-def _same_layout(out: torch.Tensor | None, shape: tuple, like: torch.Tensor) -> torch.Tensor:
-    if out is None:
-        return torch.empty(shape, dtype=like.dtype, device=like.device)
-    check(out, "out", dtype=like.dtype, shape=list(shape), device=like.device)
-    return out
-
-
 def remove_padding(padded: torch.Tensor, cu_seqlens: torch.Tensor, total_tokens: int,
                    out: torch.Tensor | None = None) -> torch.Tensor:
     """padded: cuda [B, S, ...] any dtype -> packed [total_tokens, ...], rows of each sequence end to end.
@@ -161,7 +154,7 @@ def remove_padding(padded: torch.Tensor, cu_seqlens: torch.Tensor, total_tokens:
     if total_tokens > padded.shape[0] * padded.shape[1]:
         raise InputError(f"total_tokens: expected 0..{padded.shape[0] * padded.shape[1]} (batch * padded_seqlen), "
                          f"got {total_tokens}")
-    packed = _same_layout(out, (total_tokens, *padded.shape[2:]), padded)
+    packed = output(out, (total_tokens, *padded.shape[2:]), padded, aligned=False)
     row_bytes = _row_bytes(padded, 2)
     if row_bytes == 0 or total_tokens == 0:
         return packed
@@ -182,7 +175,7 @@ def rebuild_padding(packed: torch.Tensor, cu_seqlens: torch.Tensor, padded_seqle
     if packed.dim() < 1:
         raise InputError("packed: expected [total_tokens, ...], got a scalar")
     batch = _check_cu_seqlens(cu_seqlens, packed)
-    padded = _same_layout(out, (batch, padded_seqlen, *packed.shape[1:]), packed)
+    padded = output(out, (batch, padded_seqlen, *packed.shape[1:]), packed, aligned=False)
     row_bytes = _row_bytes(packed, 1)
     if row_bytes == 0 or padded.numel() == 0:
         return padded
