@@ -182,9 +182,12 @@ namespace {
 
 using Plugin = std::unique_ptr<IPluginV3>;
 
-std::vector<DimsExprs> input_exprs(ExprBuilder& builder, const Case& c) {
+// The case's input shapes as expressions; `dims` replaces the sample's values (not which are dynamic).
+std::vector<DimsExprs> input_exprs(ExprBuilder& builder, const Case& c,
+                                   const std::vector<std::vector<int64_t>>* dims = nullptr) {
+    const std::vector<std::vector<int64_t>>& values = dims ? *dims : c.input_dims;
     std::vector<DimsExprs> inputs;
-    for (size_t k = 0; k < c.input_dims.size(); ++k) inputs.push_back(builder.dims(c.input_dims[k], c.dynamic[k]));
+    for (size_t k = 0; k < values.size(); ++k) inputs.push_back(builder.dims(values[k], c.dynamic[k]));
     return inputs;
 }
 
@@ -352,9 +355,7 @@ Register shapes_test("output_shapes", [] {
             ExprBuilder b2;
             std::vector<std::vector<int64_t>> dims = c.input_dims;
             dims[bad[0]][bad[1]] = bad[2];
-            std::vector<DimsExprs> in;
-            for (size_t k = 0; k < dims.size(); ++k) in.push_back(b2.dims(dims[k], c.dynamic[k]));
-            output_shapes(p.get(), c, b2, in, /*expect_ok=*/false);
+            output_shapes(p.get(), c, b2, input_exprs(b2, c, &dims), /*expect_ok=*/false);
         }
     });
 });
