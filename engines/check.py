@@ -71,7 +71,7 @@ def compare(runner, reference_path: str, feeds: list[OrderedDict], atol: float, 
                 for name, ok in iteration.items():
                     passed_by_output[name] = passed_by_output.get(name, True) and bool(ok)
     errors = []
-    (_, ours), (_, theirs) = list(results.items())[0], list(results.items())[1]
+    (_, ours), (_, theirs) = list(results.items())[:2]
     for name in theirs[0].keys():
         if name not in ours[0].keys():
             errors.append(OutputError(name, float("inf"), float("inf"), False))
