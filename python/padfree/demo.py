@@ -23,18 +23,19 @@ def register(subparsers) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from padfree.export.cli import _quiet_exporter
-    from padfree.export.compare import compare, format_results
-    from padfree.export.pipeline import export
 
     _quiet_exporter(False)
     if args.output is None:
         with tempfile.TemporaryDirectory(prefix="padfree-demo-") as tmp:
-            return _run(args, Path(tmp), export, compare, format_results)
-    return _run(args, Path(args.output), export, compare, format_results)
+            return _run(args, Path(tmp))
+    return _run(args, Path(args.output))
 
 
-def _run(args, out: Path, export, compare, format_results) -> int:
+def _run(args, out: Path) -> int:
     import onnx
+
+    from padfree.export.compare import compare, format_results
+    from padfree.export.pipeline import export
 
     t0 = time.perf_counter()
     result = export(args.model, out, io=args.io)
