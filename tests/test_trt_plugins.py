@@ -163,7 +163,8 @@ def padded_plugin_graph(path: Path, hidden=64, vocab=100, positions=64):
     return path
 
 
-needs_library = pytest.mark.skipif(_library() is None, reason="libpadfree_trt.so was not built (needs TensorRT"
+LIBRARY = _library()
+needs_library = pytest.mark.skipif(LIBRARY is None, reason="libpadfree_trt.so was not built (needs TensorRT"
                                    " headers: cmake -DTensorRT_ROOT=...; or set PADFREE_TRT_LIBRARY)")
 
 
@@ -171,7 +172,7 @@ needs_library = pytest.mark.skipif(_library() is None, reason="libpadfree_trt.so
 def test_library_registers_in_tensorrt():
     api = _rtx()
     from padfree.engines import plugin_library
-    plugin_library.load_into(api.trt, _library())
+    plugin_library.load_into(api.trt, LIBRARY)
     registry = api.trt.get_plugin_registry()
     for name, plugin in SPEC.plugins.items():
         creator = registry.get_creator(name, SPEC.version, SPEC.namespace)
@@ -198,7 +199,7 @@ def test_engine_from_plugin_graph(tmp_path, form):
                                            "PadfreeLayerNorm"} if form == "packed" else
                                           {"PadfreeRemovePadding", "PadfreeRebuildPadding"})
     assert set(metadata["plugins"]) == expected
-    assert metadata["plugin_library"]["path"] == str(_library())
+    assert metadata["plugin_library"]["path"] == str(LIBRARY)
 
 
 @needs_library
