@@ -28,10 +28,7 @@ def const_value(t: gs.Tensor | None) -> np.ndarray | None:
         value = node.attrs.get("value")
         if isinstance(value, gs.Constant):
             return np.asarray(value.values)
-        for key in ("value_float", "value_int"):
-            if key in node.attrs:
-                return np.asarray(node.attrs[key])
-        for key in ("value_floats", "value_ints"):
+        for key in ("value_float", "value_int", "value_floats", "value_ints"):
             if key in node.attrs:
                 return np.asarray(node.attrs[key])
     return None
