@@ -42,16 +42,18 @@ def run(graph: gs.Graph, ctx: Context) -> gs.Graph:
             report.miss(ln)
             continue
         a, b = add.inputs
-        folded = _biased(a) or _biased(b)
+        gamma = const_value(ln.gamma)
+        folded_a = _biased(a)
+        folded = folded_a or _biased(b)
         if folded is not None:
             x, bias = folded
-            residual = b if _biased(a) else a
+            residual = b if folded_a else a
         else:
             x, residual = (b, a) if producer_op(b, "MatMul") is not None else (a, b)
-            bias = ctx.const("skip_bias", np.zeros(const_value(ln.gamma).shape, const_value(ln.gamma).dtype))
+            bias = ctx.const("skip_bias", np.zeros(gamma.shape, gamma.dtype))
         out = node.outputs[0]
         node.outputs.clear()
-        out.shape = [DIM_T, const_value(ln.gamma).shape[0]]
+        out.shape = [DIM_T, gamma.shape[0]]
         ctx.plugin("PadfreeSkipLayerNorm", [x, residual, bias, ln.gamma, ln.beta], [out], {"epsilon": ln.epsilon})
         report.add("PadfreeSkipLayerNorm")
         log.debug("skip_layernorm: fused %s (bias %s)", node.name, "folded" if folded else "zero")
