@@ -74,15 +74,6 @@ cudaError_t launch_head_dim(const AttentionArgs& args, int32_t batch, int32_t ma
 
 bool attention_head_dim_supported(int32_t head_dim) { return head_dim == 64 || head_dim == 128; }
 
-const char* attention_path_name(int32_t max_seqlen, int32_t /*head_dim*/, padfree_dtype dtype) {
-    switch (choose_path(max_seqlen, dtype)) {
-        case Path::kResident: return "resident";
-        case Path::kTiled: return "tiled";
-        case Path::kFp32: return "fp32";
-    }
-    return "unknown";
-}
-
 cudaError_t launch_attention_varlen(AttentionArgs args, int32_t batch, int32_t max_seqlen,
                                     int32_t head_dim, padfree_dtype dtype, cudaStream_t stream) {
     args.scale_log2 = args.softmax_scale * 1.4426950408889634f;  // exp(x) = exp2(x * log2 e)

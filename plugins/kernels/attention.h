@@ -30,11 +30,6 @@ struct AttentionArgs {
 // The head sizes kernels are built for (64 and 128).
 bool attention_head_dim_supported(int32_t head_dim);
 
-// Which kernel the launcher picks for these sizes: "resident" (whole K/V of a sequence in shared
-// memory, one exact softmax), "tiled" (online softmax over 64-key tiles) or "fp32" (the CUDA-core
-// path). For notes and benchmarks.
-const char* attention_path_name(int32_t max_seqlen, int32_t head_dim, padfree_dtype dtype);
-
 // batch >= 1, max_seqlen >= 1, head_dim supported, dtype valid. Returns the error of configuring
 // the kernel (shared-memory size) if any; launch errors are left for cudaGetLastError.
 cudaError_t launch_attention_varlen(AttentionArgs args, int32_t batch, int32_t max_seqlen,

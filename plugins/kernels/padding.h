@@ -8,12 +8,12 @@
 
 namespace padfree {
 
-// seqlens: [batch] -> cu_seqlens: [batch + 1], cu_seqlens[0] = 0. batch >= 1.
+// seqlens: [batch] -> cu_seqlens: [batch + 1], cu_seqlens[0] = 0. batch >= 0 (0 writes [0]).
 void launch_cu_seqlens_from_seqlens(const int32_t* seqlens, int32_t batch, int32_t* cu_seqlens,
                                     cudaStream_t stream);
 
 // mask: [batch, padded_seqlen] -> cu_seqlens: [batch + 1]; adds to *invalid_rows (if not null) the
-// number of rows that are not ones-then-zeros. batch >= 1, padded_seqlen >= 1.
+// number of rows that are not ones-then-zeros. batch >= 0, padded_seqlen >= 0 (as the C ABI allows).
 void launch_cu_seqlens_from_mask(const int32_t* mask, int32_t batch, int32_t padded_seqlen,
                                  int32_t* cu_seqlens, int32_t* invalid_rows, cudaStream_t stream);
 
