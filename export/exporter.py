@@ -15,6 +15,7 @@ from .errors import ExportError
 
 log = logging.getLogger("padfree.export")
 DEFAULT_OPSET = 18
+MIN_OPSET = 17  # LayerNormalization; the rewrite refuses older models too
 # Example batch: 2 x 8 with a padded row; sizes > 1 so torch.export keeps both axes symbolic.
 _EXAMPLE_LENGTHS = (8, 5)
 
@@ -38,8 +39,8 @@ def export_onnx(model, source: str = "", opset: int = DEFAULT_OPSET) -> onnx.Mod
     """Export an HF encoder (BertModel, RobertaModel, DistilBertModel, or alike) in float32."""
     import torch
 
-    if opset < 17:
-        raise ExportError(f"opset {opset} is too old: padfree needs LayerNormalization (opset >= 17)")
+    if opset < MIN_OPSET:
+        raise ExportError(f"opset {opset} is too old: padfree needs LayerNormalization (opset >= {MIN_OPSET})")
     model = model.float().eval()
     types = has_token_types(model)
     has_pooler = getattr(model, "pooler", None) is not None

@@ -10,11 +10,11 @@ from . import shapes
 from . import spec as spec_mod
 from .context import Context
 from .errors import ExportError, PartialFusionError
+from .exporter import MIN_OPSET
 from .passes import PIPELINE
 from .report import RewriteReport
 
 log = logging.getLogger("padfree.export")
-MIN_OPSET = 17  # LayerNormalization
 
 
 def rewrite(model: onnx.ModelProto, io: str = "packed", allow_partial: bool = False,
