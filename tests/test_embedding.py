@@ -7,22 +7,12 @@ import torch
 from padfree import ops
 from padfree.ops import InputError
 
+from _packing import cu_of, random_lengths
+
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 VOCAB, TYPE_VOCAB = 1000, 2
 GUARD_ROWS = 2
-
-
-def random_lengths(gen, batch, max_seqlen):
-    lengths = torch.randint(1, max_seqlen + 1, (batch,), generator=gen)
-    lengths[-1] = max_seqlen
-    if batch > 1:
-        lengths[0] = 1
-    return lengths
-
-
-def cu_of(lengths):
-    return torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]).to(torch.int32)
 
 
 def tables(gen, hidden, max_positions, dtype):

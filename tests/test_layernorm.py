@@ -7,6 +7,8 @@ import torch
 from padfree import ops
 from padfree.ops import InputError
 
+from _packing import random_lengths
+
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 HIDDENS = [8, 768, 1024, 4096, 8192]
@@ -15,11 +17,7 @@ GUARD_ROWS = 2  # poisoned rows after the output: the kernel must not write past
 
 def total_tokens(gen: torch.Generator, batch: int, max_seqlen: int) -> int:
     """Tokens of a packed batch with lengths in [1, max_seqlen], including 1 and max_seqlen."""
-    lengths = torch.randint(1, max_seqlen + 1, (batch,), generator=gen)
-    lengths[-1] = max_seqlen
-    if batch > 1:
-        lengths[0] = 1
-    return int(lengths.sum())
+    return int(random_lengths(gen, batch, max_seqlen).sum())
 
 
 def reference(v: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: float) -> torch.Tensor:

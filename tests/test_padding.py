@@ -9,20 +9,9 @@ from padfree import _lib, ops
 from padfree.ops import InputError
 from padfree.ops.padding import pack_from_mask, pack_from_seqlens
 
+from _packing import cu_of, random_lengths
+
 POISON_INT = -7
-
-
-def random_lengths(gen, batch, max_seqlen, low=1):
-    """Lengths in [low, max_seqlen], with 1 (where low allows) and max_seqlen among them."""
-    lengths = torch.randint(low, max_seqlen + 1, (batch,), generator=gen)
-    lengths[-1] = max_seqlen
-    if batch > 1:
-        lengths[0] = max(low, 1) if low > 0 else 0
-    return lengths
-
-
-def cu_of(lengths):
-    return torch.cat([torch.zeros(1, dtype=torch.int64), lengths.long().cumsum(0)]).to(torch.int32)
 
 
 def left_aligned_mask(lengths, padded_seqlen):
