@@ -8,11 +8,12 @@ from pathlib import Path
 
 import onnx
 
+from padfree.positions import positions_served
+
 from .errors import BuildError
 
 PLUGIN_NAMESPACE = "padfree"
 _FLOAT_DTYPES = {onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.FLOAT16: "fp16", onnx.TensorProto.BFLOAT16: "bf16"}
-_ROBERTA_LIKE = ("roberta", "xlm-roberta", "camembert")  # positions start at pad_token_id + 1
 
 
 @dataclass
@@ -88,8 +89,9 @@ def read(path: str | Path) -> ModelInfo:
     if info.type_vocab_size is None:
         info.type_vocab_size = _table_rows(graph, "token_type_ids", "token_type_embeddings")
     positions = meta_int("padfree.max_position_embeddings")
-    if positions is not None and meta.get("padfree.model_type", "") in _ROBERTA_LIKE:
-        positions -= (meta_int("padfree.pad_token_id") or 0) + 1
+    if positions is not None:
+        positions = positions_served(positions, meta.get("padfree.model_type", ""),
+                                     meta_int("padfree.pad_token_id") or 0)
     if positions is None:
         # No exporter metadata (a model exported by other means): HF's position table keeps its name.
         tables = [i for i in graph.initializer if "position_embeddings" in i.name and len(i.dims) == 2]

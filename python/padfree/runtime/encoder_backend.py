@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from ..ops._tensors import INT32_MAX
+from ..positions import positions_served
 from .backend import Limits, limits_of
 
 # one call of BERT-base at 32768 fp16 tokens holds ~0.4 GB of intermediates; bench's 64x512 fits
@@ -23,10 +24,8 @@ DEFAULT_MAX_BATCH = 512
 def max_positions(config: Any) -> int:
     """Longest sequence an HF config's position table serves. RoBERTa numbers positions from
     pad_token_id + 1, so its table of max_position_embeddings rows serves pad_token_id + 1 fewer."""
-    size = int(config.max_position_embeddings)
-    if getattr(config, "model_type", "") in ("roberta", "xlm-roberta", "camembert"):
-        size -= int(getattr(config, "pad_token_id", 1)) + 1
-    return size
+    return positions_served(int(config.max_position_embeddings), getattr(config, "model_type", ""),
+                            getattr(config, "pad_token_id", 1))
 
 
 def _model_limits(encoder: Any) -> Limits:
