@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from padfree.ops._tensors import PRECISION_DTYPES
 from padfree.runtime.backend import check_packed
 
 from . import plugin_library, sidecar, trt_api
@@ -102,7 +103,7 @@ class EngineBackend:
         precision = self.metadata["precision"]
         return Limits(max_tokens=max_tokens, max_batch=largest.max_batch, max_seqlen=largest.max_seqlen,
                       vocab_size=model.get("vocab_size"), type_vocab_size=model.get("type_vocab_size"),
-                      dtype={"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision])
+                      dtype=PRECISION_DTYPES[precision])
 
     def _profile_for(self, tokens: int, batch: int, seqlen: int) -> int:
         for index, profile in enumerate(self.profiles):

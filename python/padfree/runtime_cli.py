@@ -84,12 +84,13 @@ def _open_runtime(args: argparse.Namespace):
     if Path(args.source).is_file():
         log.info("serving engine %s", args.source)
         return Runtime(args.source, **limits)
+    from padfree.ops._tensors import PRECISION_DTYPES
     from padfree.torch import from_hf
     model = load_hf_model(args.source)
     if not torch.cuda.is_available():
         raise SystemExit("padfree run: the PyTorch path runs padfree's CUDA kernels, and torch sees no CUDA"
                          " device here")
-    dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[args.dtype]
+    dtype = PRECISION_DTYPES[args.dtype]
     log.info("serving %s through the PyTorch path (%s on %s)", type(model).__name__, args.dtype, args.device)
     return Runtime(from_hf(model, dtype=dtype, device=args.device), **limits)
 

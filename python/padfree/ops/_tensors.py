@@ -10,6 +10,8 @@ from .._lib import PadfreeError
 from ..kernel_sizes import HIDDEN_MULTIPLE, MAX_HIDDEN
 
 DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
+# The precision names of the CLI and the engine sidecar.
+PRECISION_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 INT32_MAX = 2**31 - 1
 
 
