@@ -66,17 +66,19 @@ def test_layernorm(seed, dtype, hidden, batch, max_seqlen):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("hidden", HIDDENS)
-@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("with_bias, with_residual", [(True, True), (False, True), (True, False)])
 @pytest.mark.parametrize("batch, max_seqlen", [(1, 1), (13, 100), (128, 32)])
-def test_skip_layernorm(seed, dtype, hidden, with_bias, batch, max_seqlen):
+def test_skip_layernorm(seed, dtype, hidden, with_bias, with_residual, batch, max_seqlen):
     gen = torch.Generator().manual_seed(seed)
     rows = total_tokens(gen, batch, max_seqlen)
     (x, residual), gamma, beta, bias = random_inputs(gen, rows, hidden, dtype, n=2)
     bias = bias if with_bias else None
+    residual = residual if with_residual else None
     eps = 1e-12
     buffer, out = poisoned_out(rows, hidden, dtype)
     ops.skip_layernorm(x, residual, gamma, beta, bias=bias, eps=eps, out=out)
-    summed = x.double() + residual.double() + (bias.double() if with_bias else 0)
+    summed = (x.double() + (residual.double() if with_residual else 0)
+              + (bias.double() if with_bias else 0))
     assert_matches(out, reference(summed, gamma, beta, eps), dtype, buffer)
 
 

@@ -28,7 +28,7 @@ padfree_status padfree_skip_layernorm(const void* x, const void* residual, const
     PADFREE_CAPI_GUARD_BEGIN
     using namespace padfree;
     PADFREE_CHECK(check_tensor(x, "x"));
-    PADFREE_CHECK(check_tensor(residual, "residual"));
+    PADFREE_CHECK(check_optional_tensor(residual, "residual"));
     PADFREE_CHECK(check_optional_tensor(bias, "bias"));
     PADFREE_CHECK(check_tensor(gamma, "gamma"));
     PADFREE_CHECK(check_tensor(beta, "beta"));

@@ -111,8 +111,8 @@ PADFREE_API padfree_status padfree_layernorm(const void* x, const void* gamma, c
                                              padfree_dtype dtype, void* out, padfree_stream stream);
 
 /* Skip LayerNorm: out = LayerNorm(x + bias + residual) * gamma + beta.
- * x, residual, out: [rows, hidden]; bias (may be NULL), gamma, beta: [hidden].
- * out may alias x or residual. */
+ * x, residual, out: [rows, hidden]; bias, gamma, beta: [hidden]. bias and residual may be NULL
+ * (no such term: a caller whose GEMM already added the residual). out may alias x or residual. */
 PADFREE_API padfree_status padfree_skip_layernorm(const void* x, const void* residual,
                                                   const void* bias, const void* gamma,
                                                   const void* beta, int64_t rows, int32_t hidden,

@@ -7,8 +7,9 @@
 namespace padfree {
 namespace {
 
-// kSkip: the row is x + bias + residual (bias may be null); otherwise x. out may alias x or
-// residual: every element is read and written by the same thread, reads first.
+// kSkip: the row is x + bias + residual (bias and residual may be null: the encoder folds the
+// residual into the GEMM's beta = 1 epilogue, leaving one stream to read here); otherwise x. out may
+// alias x or residual: every element is read and written by the same thread, reads first.
 template <typename T, int N, bool kBlockRow, bool kSkip>
 __device__ __forceinline__ void layernorm_rows(const T* x, const T* residual, const T* bias, const T* gamma,
                                                const T* beta, int64_t rows, int hidden, float eps, T* out) {
@@ -27,9 +28,11 @@ __device__ __forceinline__ void layernorm_rows(const T* x, const T* residual, co
                 vec_to_float(load_vec(x + offset + c * V), v[i]);
                 if constexpr (kSkip) {
                     float r[V];
-                    vec_to_float(load_vec(residual + offset + c * V), r);
+                    if (residual != nullptr) {
+                        vec_to_float(load_vec(residual + offset + c * V), r);
 #pragma unroll
-                    for (int j = 0; j < V; ++j) v[i][j] += r[j];
+                        for (int j = 0; j < V; ++j) v[i][j] += r[j];
+                    }
                     if (bias != nullptr) {
                         vec_to_float(load_vec_ro(bias + c * V), r);
 #pragma unroll

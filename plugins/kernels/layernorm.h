@@ -17,7 +17,8 @@ constexpr int kMaxHidden = 8192;
 void launch_layernorm(const void* x, const void* gamma, const void* beta, int64_t rows, int32_t hidden,
                       float eps, padfree_dtype dtype, void* out, cudaStream_t stream);
 
-// out = LayerNorm(x + bias + residual) * gamma + beta; bias may be NULL. out may alias x or residual.
+// out = LayerNorm(x + bias + residual) * gamma + beta; bias and residual may be NULL. out may alias x or
+// residual.
 void launch_skip_layernorm(const void* x, const void* residual, const void* bias, const void* gamma,
                            const void* beta, int64_t rows, int32_t hidden, float eps, padfree_dtype dtype,
                            void* out, cudaStream_t stream);

@@ -24,15 +24,16 @@ def layernorm(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: flo
     return out
 
 
-def skip_layernorm(x: torch.Tensor, residual: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor,
+def skip_layernorm(x: torch.Tensor, residual: torch.Tensor | None, gamma: torch.Tensor, beta: torch.Tensor,
                    bias: torch.Tensor | None = None, eps: float = 1e-12,
                    out: torch.Tensor | None = None) -> torch.Tensor:
     """LayerNorm(x + bias + residual) * gamma + beta: x, residual [..., H] -> [..., H].
 
-    bias (optional), gamma, beta: [H]. The sum is formed in fp32. out may be x or residual.
+    bias, gamma, beta: [H]. The sum is formed in fp32. residual None: LayerNorm(x + bias), for a
+    caller whose GEMM already added the residual (one stream less to read). out may be x or residual.
     """
     rows, hidden = rows_and_width(x, "x")
-    check_float(residual, "residual", shape=list(x.shape), like=x)
+    check_float(residual, "residual", shape=list(x.shape), like=x, optional=True)
     check_float(bias, "bias", shape=[hidden], like=x, optional=True)
     check_float(gamma, "gamma", shape=[hidden], like=x)
     check_float(beta, "beta", shape=[hidden], like=x)

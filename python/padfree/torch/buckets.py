@@ -1,9 +1,9 @@
 """CUDA-graph buckets: which captured graph serves a packed batch, and a small LRU of graphs.
 
 A graph bakes in every shape, so a batch is served by the graph of its bucket: total tokens rounded
-up on a grid that wastes at most 1/16 of the rows (geometric above 1024 tokens), batch rounded up
-to a power of two (padded sequences have length 0: no work, DESIGN.md), max_seqlen rounded up to a
-power of two and capped at the model's maximum (the attention kernel's tiling follows max_seqlen;
+up on a grid that wastes at most 1/STEPS_PER_OCTAVE of the rows (geometric above 4096 tokens), batch
+rounded up to a power of two (padded sequences have length 0: no work, DESIGN.md), max_seqlen rounded
+up to a power of two and capped at the model's maximum (the attention kernel's tiling follows max_seqlen;
 every real sequence stays within it).
 """
 from __future__ import annotations
@@ -12,6 +12,9 @@ from collections import OrderedDict
 from typing import Generic, Hashable, NamedTuple, TypeVar
 
 MIN_TOKENS = 64
+# Every wasted row is a GEMM row computed for nothing (1/16 measured 4.7% extra GEMM time at BERT
+# 128x128); a finer grid costs only more distinct graphs, each one capture and its static output.
+STEPS_PER_OCTAVE = 64
 
 
 def _pow2_ceil(n: int) -> int:
@@ -19,10 +22,11 @@ def _pow2_ceil(n: int) -> int:
 
 
 def round_tokens(total_tokens: int) -> int:
-    """total_tokens rounded up to the grid: multiples of 64, or of 1/16 of the power of two below."""
+    """total_tokens rounded up to the grid: multiples of 64, or of 1/STEPS_PER_OCTAVE of the power of
+    two below."""
     if total_tokens < 1:
         raise ValueError(f"total_tokens must be >= 1, got {total_tokens}")
-    step = max(MIN_TOKENS, (1 << (total_tokens.bit_length() - 1)) // 16)
+    step = max(MIN_TOKENS, (1 << (total_tokens.bit_length() - 1)) // STEPS_PER_OCTAVE)
     return -(-total_tokens // step) * step
 
 

@@ -1,8 +1,8 @@
 """PadfreeEncoder: a BERT-family encoder run on packed tokens with padfree's kernels.
 
 Per layer, on x [T, H]:  qkv = x @ Wqkv^T (no bias: the attention kernel adds it on load)
--> ctx = attention_varlen(qkv) -> skip_layernorm(ctx @ Wo^T + bo + x) -> up = act(h @ Wi^T + bi)
-(cuBLASLt epilogue, see ffn.py) -> skip_layernorm(up @ Wd^T + bd + h). GEMMs are torch's (cuBLASLt);
+-> ctx = attention_varlen(qkv) -> x += ctx @ Wo^T (in the GEMM) -> h = LayerNorm(x + bo)
+-> up = act(h @ Wi^T + bi) (cuBLASLt epilogue, see ffn.py) -> h += up @ Wd^T -> LayerNorm(h + bd). GEMMs are torch's (cuBLASLt);
 no layer synchronizes the host. With graphs on, the whole packed forward is captured once per bucket
 (buckets.py) and replayed; all captures share one memory pool, so the intermediates of every bucket
 live in the memory of the largest one. A replay does not synchronize, but the first call that needs
@@ -93,18 +93,20 @@ class PadfreeEncoder:
         rows, h = hidden.shape
         new = dict(dtype=self.dtype, device=self.device)
         qkv = torch.empty(rows, 3 * h, **new)
-        ctx, proj, mid = (torch.empty(rows, h, **new) for _ in range(3))
+        ctx, mid = (torch.empty(rows, h, **new) for _ in range(2))
         up = torch.empty(rows, w.intermediate_size, **new)
         for lw in w.layers:
             torch.mm(hidden, lw.qkv_weight.t(), out=qkv)
             ops.attention_varlen(qkv, cu_seqlens, max_seqlen, w.num_heads, qkv_bias=lw.qkv_bias,
                                  softmax_scale=self.softmax_scale, out=ctx)
-            torch.mm(ctx, lw.out_weight.t(), out=proj)
-            ops.skip_layernorm(proj, hidden, lw.attn_ln_weight, lw.attn_ln_bias, bias=lw.out_bias,
+            # The residual rides in the GEMM (C += A @ B, cuBLAS beta = 1), which is compute-bound
+            # and reads it almost for free; the LayerNorm then reads one stream instead of two.
+            hidden.addmm_(ctx, lw.out_weight.t())
+            ops.skip_layernorm(hidden, None, lw.attn_ln_weight, lw.attn_ln_bias, bias=lw.out_bias,
                                eps=lw.attn_ln_eps, out=mid)
             self.ffn_up(mid, lw.up_weight, lw.up_bias, out=up)
-            torch.mm(up, lw.down_weight.t(), out=proj)
-            ops.skip_layernorm(proj, mid, lw.ffn_ln_weight, lw.ffn_ln_bias, bias=lw.down_bias,
+            mid.addmm_(up, lw.down_weight.t())
+            ops.skip_layernorm(mid, None, lw.ffn_ln_weight, lw.ffn_ln_bias, bias=lw.down_bias,
                                eps=lw.ffn_ln_eps, out=hidden)
         if pooled is not None:
             # each sequence's first token; bucket padding's empty sequences start at `rows` at most
