@@ -314,3 +314,45 @@ def test_last_error_is_replaced_by_the_next_failure():
     raw("padfree_layernorm", *_layernorm_args(hidden=12))
     _, message = raw("padfree_bias_gelu", *_gelu_args(approximate=5))
     assert "approximate" in message and "hidden" not in message
+
+
+# ---- model inputs --------------------------------------------------------------------------------
+
+def _stats_args(**over):
+    return _args(dict(mask=A, mask_bytes=8, ids=A, types=None, id_bytes=8, batch=4, width=16, vocab=100,
+                      type_vocab=2, seqlens=A, stats=A), over)
+
+
+@pytest.mark.parametrize("over, fragments", [
+    (dict(ids=None), ["input_ids is NULL"]),
+    (dict(seqlens=None), ["seqlens is NULL"]),
+    (dict(stats=None), ["stats is NULL"]),
+    (dict(mask_bytes=2), ["mask_bytes must be 1 (bool, uint8), 4 (int32) or 8 (int64)", "2"]),
+    (dict(id_bytes=2), ["id_bytes must be 4 (int32) or 8 (int64)", "2"]),
+    (dict(batch=0), ["batch must be >= 1"]),
+    (dict(width=0), ["padded_seqlen must be >= 1"]),
+    (dict(batch=65536, width=65536), ["batch * padded_seqlen must be <= 2^31 - 1"]),
+    (dict(vocab=-1), ["vocab_size must be >= 0"]),
+    (dict(type_vocab=-2), ["type_vocab_size must be >= 0"]),
+])
+def test_padded_input_stats_refuses(over, fragments):
+    expect_invalid("padfree_padded_input_stats", _stats_args(**over), *fragments)
+
+
+def _pack_inputs_args(**over):
+    return _args(dict(ids=A, types=None, id_bytes=8, seqlens=A, batch=4, width=16, cu_capacity=4,
+                      packed_capacity=64, packed_ids=A, packed_types=None, cu=A), over)
+
+
+@pytest.mark.parametrize("over, fragments", [
+    (dict(ids=None), ["input_ids is NULL"]),
+    (dict(seqlens=None), ["seqlens is NULL"]),
+    (dict(packed_ids=None), ["packed_ids is NULL"]),
+    (dict(cu=None), ["cu_seqlens is NULL"]),
+    (dict(types=A), ["packed_token_type_ids is NULL while token_type_ids is given"]),
+    (dict(cu_capacity=3), ["cu_capacity must be >= batch (4)", "3"]),
+    (dict(packed_capacity=-1), ["packed_capacity must be >= 0"]),
+    (dict(id_bytes=1), ["id_bytes must be 4 (int32) or 8 (int64)"]),
+])
+def test_pack_padded_inputs_refuses(over, fragments):
+    expect_invalid("padfree_pack_padded_inputs", _pack_inputs_args(**over), *fragments)

@@ -483,6 +483,21 @@ def test_graph_lru_evicts(seed):
 
 
 @pytest.mark.gpu
+def test_device_inputs_are_packed_on_the_device(seed, monkeypatch):
+    """Valid GPU inputs of every accepted dtype never take the host route, and match host inputs."""
+    rng = np.random.default_rng(seed)
+    model = make_model("bert", hidden=128, heads=2, positions=128, seed=seed)
+    encoder = from_hf(model, dtype=torch.float16)
+    ids, mask, type_ids = random_batch(model, 6, 100, rng, types=True)
+    expected = encoder(ids, mask, type_ids).last_hidden_state  # host inputs
+    monkeypatch.setattr(encoder._device_inputs, "_on_host", lambda *a: pytest.fail("took the host route"))
+    for id_dtype, mask_dtype in ((torch.int64, torch.int64), (torch.int32, torch.bool), (torch.int64, torch.uint8)):
+        got = encoder(ids.to(id_dtype).cuda(), mask.to(mask_dtype).cuda(), type_ids.to(id_dtype).cuda())
+        assert torch.equal(got.last_hidden_state, expected), (id_dtype, mask_dtype)
+    assert torch.equal(encoder(ids.cuda()).last_hidden_state, encoder(ids).last_hidden_state)  # no mask
+
+
+@pytest.mark.gpu
 def test_bad_inputs_on_gpu_raise_input_error(seed):
     model = make_model("bert", hidden=128, heads=2, positions=64, seed=seed)
     encoder = from_hf(model, dtype=torch.float16)
@@ -502,6 +517,8 @@ def test_bad_inputs_on_gpu_raise_input_error(seed):
     bad[1, 5] = -1
     with pytest.raises(InputError, match="sequence 1, position 5"):
         encoder(bad, ones)
+    with pytest.raises(InputError, match="only 0 and 1"):
+        encoder(ids, ones * 2)
     with pytest.raises(InputError, match="dtype"):
         encoder(ids.float(), ones)
     with pytest.raises(InputError, match="device"):

@@ -85,6 +85,43 @@ PADFREE_API padfree_status padfree_rebuild_padding(const void* packed, const int
                                                    int32_t padded_seqlen, int64_t row_bytes,
                                                    void* padded, padfree_stream stream);
 
+/* ---- model inputs of a right-padded batch, on the GPU ----------------------------------------
+ * A tokenizer's padded input_ids / attention_mask / token_type_ids already on the device become
+ * packed int32 inputs in two calls around one read-back of three ints (the host needs the token
+ * count to choose shapes): padfree_padded_input_stats measures and checks, padfree_pack_padded_inputs
+ * packs. Element sizes: mask_bytes 1 (bool, uint8), 4 (int32) or 8 (int64); id_bytes 4 or 8, for
+ * ids and types alike. batch >= 1, padded_seqlen >= 1, batch * padded_seqlen <= INT32_MAX. */
+
+enum {
+    PADFREE_INPUT_MASK_VALUE = 1, /* a mask value other than 0 and 1 */
+    PADFREE_INPUT_MASK_ALIGN = 2, /* a mask row that is not ones then zeros (right padding) */
+    PADFREE_INPUT_EMPTY_ROW = 4,  /* a mask row of zeros */
+    PADFREE_INPUT_ID_RANGE = 8,   /* a token id outside [0, vocab_size) at a valid position */
+    PADFREE_INPUT_TYPE_RANGE = 16 /* a token type id outside [0, type_vocab_size) at a valid position */
+};
+
+/* attention_mask [batch, padded_seqlen] (NULL: every position is a token), input_ids and
+ * token_type_ids (may be NULL) [batch, padded_seqlen] -> seqlens [batch] int32 (ones per mask row)
+ * and stats [3] int32: the OR of PADFREE_INPUT_* flags over all rows, the total and the longest of
+ * seqlens. Padding positions may hold any id. */
+PADFREE_API padfree_status padfree_padded_input_stats(const void* attention_mask, int32_t mask_bytes,
+                                                      const void* input_ids, const void* token_type_ids,
+                                                      int32_t id_bytes, int32_t batch,
+                                                      int32_t padded_seqlen, int64_t vocab_size,
+                                                      int64_t type_vocab_size, int32_t* seqlens,
+                                                      int32_t* stats, padfree_stream stream);
+
+/* seqlens from padfree_padded_input_stats -> cu_seqlens [cu_capacity + 1] (entries past batch repeat
+ * the total: sequences of length 0, as CUDA-graph buckets want), packed_ids [total] int32 and, where
+ * token_type_ids is given, packed_token_type_ids [total]. cu_capacity >= batch; packed_capacity is
+ * the packed buffers' length: positions at or past it are never written (size them by stats' total). */
+PADFREE_API padfree_status padfree_pack_padded_inputs(const void* input_ids, const void* token_type_ids,
+                                                      int32_t id_bytes, const int32_t* seqlens,
+                                                      int32_t batch, int32_t padded_seqlen,
+                                                      int32_t cu_capacity, int32_t packed_capacity,
+                                                      int32_t* packed_ids, int32_t* packed_token_type_ids,
+                                                      int32_t* cu_seqlens, padfree_stream stream);
+
 /* ---- fused multi-head attention over variable-length sequences ------------------------------ */
 
 enum { PADFREE_ATTENTION_CAUSAL = 1 }; /* flags: reserved for the decoder half */

@@ -24,7 +24,7 @@ from ..ops._tensors import INT32_MAX, InputError
 from ..runtime.backend import Limits, check_packed
 from .buckets import LRU, Bucket, bucket_for
 from .ffn import FfnUp, epilogue_matches
-from .inputs import Batch, InputBuffer, from_device, from_host
+from .inputs import Batch, DeviceInputs, InputBuffer, from_host
 from .weights import EncoderWeights
 
 
@@ -71,6 +71,7 @@ class PadfreeEncoder:
         self.limits = Limits(max_tokens=INT32_MAX, max_batch=INT32_MAX, max_seqlen=weights.max_seqlen,
                              vocab_size=weights.vocab_size, type_vocab_size=weights.type_vocab_size,
                              dtype=self.dtype)
+        self._device_inputs = DeviceInputs(self.limits, self.device, self._ops)
         self.has_pooler = weights.pooler_weight is not None
         self.output_names = ["last_hidden_state"] + (["pooler_output"] if self.has_pooler else [])
         self._graphs: LRU[Bucket, _Graph] = LRU(max_graphs)
@@ -224,7 +225,7 @@ class PadfreeEncoder:
     def prepare(self, input_ids, attention_mask=None, token_type_ids=None) -> Batch:
         """Validate HF-style inputs (see __call__): on the GPU when they are there, else on the host."""
         if isinstance(input_ids, torch.Tensor) and input_ids.device.type != "cpu":
-            return from_device(input_ids, attention_mask, token_type_ids, self.limits, self.device)
+            return self._device_inputs(input_ids, attention_mask, token_type_ids)
         for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
             if isinstance(t, torch.Tensor) and t.device.type != "cpu":
                 raise InputError(f"{name} is on {t.device} but input_ids on the CPU; pass them on one device")

@@ -4,8 +4,8 @@ buffer the forward reads (a graph's static inputs, or a fresh one when running e
 Two routes, one set of rules and messages (padfree.runtime's host validation):
 - host inputs (CPU tensors, numpy, lists, a list of sequences): validated and packed on the host,
   then one asynchronous copy from pinned memory; no synchronization.
-- inputs already on the GPU: copied to pinned host memory first (the one synchronization: the
-  token count must reach the host to pick the graph), then as above.
+- inputs already on the GPU: checked and measured there, the total read back (the one
+  synchronization: the token count must reach the host to pick the graph), packed there (DeviceInputs).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..ops._tensors import InputError
+from ..ops._tensors import INT32_MAX, InputError
 from ..runtime._inputs import to_host_batch, validate
 from ..runtime._staging import aligned
 from ..runtime.backend import Limits
@@ -85,25 +85,75 @@ def from_host(input_ids: Any, attention_mask: Any, token_type_ids: Any, limits: 
     return Batch(total, batch, int(host.lengths.max()), host.padded_width, types is not None, fill)
 
 
-def from_device(input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                token_type_ids: torch.Tensor | None, limits: Limits, device: torch.device) -> Batch:
-    """A padded batch already on `device`: copied to pinned host memory (one synchronization, as
-    the token count must reach the host anyway), then validated and packed as host inputs.
+class DeviceInputs:
+    """Padded inputs already on the GPU -> a Batch, reading back three ints instead of the tensors.
 
-    Measured on the H100 (NOTES-bert.md v2): checking on the GPU instead took ~10 small launches
-    before the read-back and cost more host time than this copy and numpy's checks.
+    padfree.ops.padded_input_stats checks every row on the device (mask values and right padding,
+    empty rows, id ranges at valid positions) and sums the lengths; the host reads flags, total and
+    longest (the one synchronization: the total picks the graph) and fill() packs on the device
+    straight into the graph's input buffer. Anything the fast route does not take (a flag, an
+    over-long sequence, an unusual dtype or layout) goes the host route, which then raises with the
+    exact message (padfree.runtime's rules). Measured on the H100 (NOTES-bert.md v4): the host route
+    spent 0.25-0.45 ms of Python and numpy per call before the graph could start.
     """
-    staged = []
-    for name, t in (("input_ids", input_ids), ("attention_mask", attention_mask),
-                    ("token_type_ids", token_type_ids)):
-        if t is None:
-            staged.append(None)
-            continue
-        if not isinstance(t, torch.Tensor) or t.device != device:
-            where = t.device if isinstance(t, torch.Tensor) else type(t).__name__
-            raise InputError(f"{name}: expected a tensor on {device} (or on the CPU), got {where}")
-        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-        host.copy_(t, non_blocking=True)
-        staged.append(host)
-    torch.cuda.current_stream(device).synchronize()
-    return from_host(*staged, limits)
+
+    def __init__(self, limits: Limits, device: torch.device, ops):
+        self.limits = limits
+        self.device = device
+        self._ops = ops
+        self._readback = torch.empty(0, dtype=torch.int32)
+
+    def _host_buffer(self, n: int) -> torch.Tensor:
+        if self._readback.numel() < n:  # reused: the synchronization below ends every read of it
+            self._readback = torch.empty(max(n, 2 * self._readback.numel()), dtype=torch.int32, pin_memory=True)
+        return self._readback[:n]
+
+    def _takes(self, input_ids, attention_mask, token_type_ids) -> bool:
+        from ..ops.inputs import ID_BYTES, MASK_BYTES
+        return (input_ids.dim() == 2 and input_ids.dtype in ID_BYTES and input_ids.is_contiguous()
+                and 0 < input_ids.numel() <= INT32_MAX
+                and (attention_mask is None or (attention_mask.dtype in MASK_BYTES and attention_mask.is_contiguous()
+                                                and attention_mask.shape == input_ids.shape))
+                and (token_type_ids is None or (token_type_ids.dtype == input_ids.dtype and token_type_ids.is_contiguous()
+                                                and token_type_ids.shape == input_ids.shape)))
+
+    def __call__(self, input_ids, attention_mask, token_type_ids) -> Batch:
+        for name, t in (("input_ids", input_ids), ("attention_mask", attention_mask),
+                        ("token_type_ids", token_type_ids)):
+            if t is not None and (not isinstance(t, torch.Tensor) or t.device != self.device):
+                where = t.device if isinstance(t, torch.Tensor) else type(t).__name__
+                raise InputError(f"{name}: expected a tensor on {self.device} (or on the CPU), got {where}")
+        if not self._takes(input_ids, attention_mask, token_type_ids):
+            return self._on_host(input_ids, attention_mask, token_type_ids)
+        lim = self.limits
+        vocab = INT32_MAX + 1 if lim.vocab_size is None else min(lim.vocab_size, INT32_MAX + 1)
+        stats = self._ops.padded_input_stats(input_ids, attention_mask, token_type_ids, vocab,
+                                             lim.type_vocab_size or 0)
+        batch, width = input_ids.shape
+        host = self._host_buffer(3)
+        host.copy_(stats[batch:], non_blocking=True)
+        torch.cuda.current_stream(self.device).synchronize()
+        flags, total, longest = host.tolist()
+        if flags or longest > min(lim.max_seqlen, lim.max_tokens) or total > lim.max_tokens:
+            return self._on_host(input_ids, attention_mask, token_type_ids)
+        ops, seqlens = self._ops, stats[:batch]
+
+        def fill(buf: InputBuffer) -> None:
+            ops.pack_padded_inputs(input_ids, token_type_ids, seqlens, buf.input_ids, buf.token_type_ids,
+                                   buf.cu_seqlens)
+
+        return Batch(total, batch, longest, width, token_type_ids is not None, fill)
+
+    def _on_host(self, input_ids, attention_mask, token_type_ids) -> Batch:
+        """Copied to pinned host memory, then validated and packed as host inputs (raises InputError
+        for whatever the device route flagged)."""
+        staged = []
+        for t in (input_ids, attention_mask, token_type_ids):
+            if t is None:
+                staged.append(None)
+                continue
+            host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+            host.copy_(t, non_blocking=True)
+            staged.append(host)
+        torch.cuda.current_stream(self.device).synchronize()
+        return from_host(*staged, self.limits)

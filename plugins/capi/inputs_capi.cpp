@@ -1,0 +1,66 @@
+// C ABI of the model-inputs family: argument checks, then the launchers of kernels/inputs.h.
+#include <cstdint>
+#include <limits>
+
+#include "capi_util.h"
+#include "inputs.h"
+
+namespace {
+
+padfree_status check_padded_shape(int32_t id_bytes, int32_t batch, int32_t padded_seqlen) {
+    PADFREE_REQUIRE(id_bytes == 4 || id_bytes == 8, "id_bytes must be 4 (int32) or 8 (int64), got ", id_bytes);
+    PADFREE_REQUIRE(batch >= 1, "batch must be >= 1, got ", batch);
+    PADFREE_REQUIRE(padded_seqlen >= 1, "padded_seqlen must be >= 1, got ", padded_seqlen);
+    // packed positions are int32 (cu_seqlens), and every padded position may be a token
+    PADFREE_REQUIRE(static_cast<int64_t>(batch) * padded_seqlen <= std::numeric_limits<int32_t>::max(),
+                    "batch * padded_seqlen must be <= 2^31 - 1, got ", batch, " * ", padded_seqlen);
+    return PADFREE_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+padfree_status padfree_padded_input_stats(const void* attention_mask, int32_t mask_bytes, const void* input_ids,
+                                          const void* token_type_ids, int32_t id_bytes, int32_t batch,
+                                          int32_t padded_seqlen, int64_t vocab_size, int64_t type_vocab_size,
+                                          int32_t* seqlens, int32_t* stats, padfree_stream stream) {
+    PADFREE_CAPI_GUARD_BEGIN
+    PADFREE_REQUIRE(input_ids != nullptr, "input_ids is NULL");
+    PADFREE_REQUIRE(seqlens != nullptr, "seqlens is NULL");
+    PADFREE_REQUIRE(stats != nullptr, "stats is NULL");
+    PADFREE_REQUIRE(attention_mask == nullptr || mask_bytes == 1 || mask_bytes == 4 || mask_bytes == 8,
+                    "mask_bytes must be 1 (bool, uint8), 4 (int32) or 8 (int64), got ", mask_bytes);
+    PADFREE_CHECK(check_padded_shape(id_bytes, batch, padded_seqlen));
+    PADFREE_REQUIRE(vocab_size >= 0, "vocab_size must be >= 0, got ", vocab_size);
+    PADFREE_REQUIRE(type_vocab_size >= 0, "type_vocab_size must be >= 0, got ", type_vocab_size);
+    padfree::launch_padded_input_stats(attention_mask, mask_bytes, input_ids, token_type_ids, id_bytes, batch,
+                                       padded_seqlen, vocab_size, type_vocab_size, seqlens, stats,
+                                       padfree::as_cuda_stream(stream));
+    return padfree::check_launch("padded_input_stats");
+    PADFREE_CAPI_GUARD_END
+}
+
+padfree_status padfree_pack_padded_inputs(const void* input_ids, const void* token_type_ids, int32_t id_bytes,
+                                          const int32_t* seqlens, int32_t batch, int32_t padded_seqlen,
+                                          int32_t cu_capacity, int32_t packed_capacity, int32_t* packed_ids,
+                                          int32_t* packed_token_type_ids, int32_t* cu_seqlens,
+                                          padfree_stream stream) {
+    PADFREE_CAPI_GUARD_BEGIN
+    PADFREE_REQUIRE(input_ids != nullptr, "input_ids is NULL");
+    PADFREE_REQUIRE(seqlens != nullptr, "seqlens is NULL");
+    PADFREE_REQUIRE(packed_ids != nullptr, "packed_ids is NULL");
+    PADFREE_REQUIRE(cu_seqlens != nullptr, "cu_seqlens is NULL");
+    PADFREE_REQUIRE(token_type_ids == nullptr || packed_token_type_ids != nullptr,
+                    "packed_token_type_ids is NULL while token_type_ids is given");
+    PADFREE_CHECK(check_padded_shape(id_bytes, batch, padded_seqlen));
+    PADFREE_REQUIRE(cu_capacity >= batch, "cu_capacity must be >= batch (", batch, "), got ", cu_capacity);
+    PADFREE_REQUIRE(packed_capacity >= 0, "packed_capacity must be >= 0, got ", packed_capacity);
+    padfree::launch_pack_padded_inputs(input_ids, token_type_ids, id_bytes, seqlens, batch, padded_seqlen,
+                                       cu_capacity, packed_capacity, packed_ids, packed_token_type_ids,
+                                       cu_seqlens, padfree::as_cuda_stream(stream));
+    return padfree::check_launch("pack_padded_inputs");
+    PADFREE_CAPI_GUARD_END
+}
+
+}  // extern "C"

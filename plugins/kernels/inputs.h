@@ -1,0 +1,33 @@
+// A right-padded batch of integer model inputs (input_ids, attention_mask, token_type_ids as a
+// tokenizer hands them over, on the GPU) -> validated, packed int32 inputs, without the host ever
+// reading the padded tensors: one pass measures and checks, the host reads back only the totals it
+// needs to pick a CUDA graph, a second pass packs. Launchers over device pointers; capi/inputs_capi.cpp
+// checks the arguments.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace padfree {
+
+// seqlens[b] = ones in mask row b (padded_seqlen where mask is null); stats[0] = OR of the
+// PADFREE_INPUT_* flags over all rows, stats[1] = sum of seqlens, stats[2] = max of seqlens (stats
+// zeroed first). Ids are range-checked at valid positions only: padding may hold anything.
+// mask_bytes in {1, 4, 8} (bool/uint8, int32, int64), id_bytes in {4, 8} for ids and types.
+// batch >= 1, padded_seqlen >= 1, batch * padded_seqlen <= INT32_MAX.
+void launch_padded_input_stats(const void* mask, int mask_bytes, const void* input_ids,
+                               const void* token_type_ids, int id_bytes, int32_t batch,
+                               int32_t padded_seqlen, int64_t vocab_size, int64_t type_vocab_size,
+                               int32_t* seqlens, int32_t* stats, cudaStream_t stream);
+
+// cu_seqlens [cu_capacity + 1] = prefix sum of seqlens, entries past batch repeating the total;
+// packed_ids (and packed_token_type_ids where both type pointers are set) [total] = each row's first
+// seqlens[b] ids as int32, no position at or past packed_capacity written. seqlens as
+// launch_padded_input_stats writes them (negative counts as 0, above padded_seqlen as padded_seqlen).
+void launch_pack_padded_inputs(const void* input_ids, const void* token_type_ids, int id_bytes,
+                               const int32_t* seqlens, int32_t batch, int32_t padded_seqlen,
+                               int32_t cu_capacity, int32_t packed_capacity, int32_t* packed_ids,
+                               int32_t* packed_token_type_ids, int32_t* cu_seqlens, cudaStream_t stream);
+
+}  // namespace padfree

@@ -1,0 +1,118 @@
+"""Padded integer model inputs on the GPU -> packed int32 inputs (padfree.ops.inputs), against a
+PyTorch reference on fresh random batches; packed buffers poisoned, capacity tails checked."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from padfree import ops
+from padfree.ops.inputs import FLAG_NAMES
+
+from _packing import cu_of, random_lengths
+
+VOCAB, TYPE_VOCAB = 1000, 3
+POISON = -7
+FLAG = {name: bit for bit, name in FLAG_NAMES.items()}
+
+
+def padded_batch(gen, batch, width, id_dtype, mask_dtype, types):
+    """Right-padded ids / mask / types with arbitrary (out-of-vocabulary) ids in the padding."""
+    lengths = random_lengths(gen, batch, width)
+    mask = torch.arange(width)[None, :] < lengths[:, None]
+    ids = torch.randint(0, VOCAB, (batch, width), generator=gen)
+    ids[~mask] = torch.randint(-5, 10 * VOCAB, (int((~mask).sum()),), generator=gen)  # never read
+    type_ids = torch.randint(0, TYPE_VOCAB, (batch, width), generator=gen) if types else None
+    return (lengths, ids.to(id_dtype).cuda(), mask.to(mask_dtype).cuda(),
+            None if type_ids is None else type_ids.to(id_dtype).cuda(), mask)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch, width", [(1, 1), (1, 128), (7, 33), (128, 64), (3, 512)])
+@pytest.mark.parametrize("id_dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("mask_dtype", [torch.int64, torch.int32, torch.bool, torch.uint8])
+@pytest.mark.parametrize("types", [True, False])
+def test_stats_and_pack_match_reference(seed, batch, width, id_dtype, mask_dtype, types):
+    gen = torch.Generator().manual_seed(seed)
+    lengths, ids, mask, type_ids, host_mask = padded_batch(gen, batch, width, id_dtype, mask_dtype, types)
+    stats = ops.padded_input_stats(ids, mask, type_ids, VOCAB, TYPE_VOCAB).cpu()
+    total = int(lengths.sum())
+    assert torch.equal(stats[:batch], lengths.to(torch.int32))
+    assert stats[batch:].tolist() == [0, total, int(lengths.max())]
+
+    capacity, guard = 2 * batch + 1, 5  # a bucket's larger batch, and poisoned ids past the total
+    packed_ids = torch.full((total + guard,), POISON, dtype=torch.int32, device="cuda")
+    packed_types = torch.full_like(packed_ids, POISON) if types else None
+    cu_seqlens = torch.full((capacity + 1,), POISON, dtype=torch.int32, device="cuda")
+    ops.pack_padded_inputs(ids, type_ids, stats[:batch].cuda(), packed_ids, packed_types, cu_seqlens)
+    expected_cu = torch.cat([cu_of(lengths), torch.full((capacity - batch,), total, dtype=torch.int32)])
+    assert torch.equal(cu_seqlens.cpu(), expected_cu)
+    assert torch.equal(packed_ids[:total].cpu(), ids.cpu()[host_mask].to(torch.int32))
+    assert (packed_ids[total:] == POISON).all(), "wrote past the total"
+    if types:
+        assert torch.equal(packed_types[:total].cpu(), type_ids.cpu()[host_mask].to(torch.int32))
+        assert (packed_types[total:] == POISON).all()
+
+
+@pytest.mark.gpu
+def test_no_mask_means_every_position(seed):
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, VOCAB, (4, 9), generator=gen).cuda()
+    assert ops.padded_input_stats(ids, None, None, VOCAB, 0).cpu().tolist() == [9, 9, 9, 9, 0, 36, 9]
+
+
+def _flags(ids, mask, types=None, type_vocab=TYPE_VOCAB) -> int:
+    return int(ops.padded_input_stats(ids, mask, types, VOCAB, type_vocab)[ids.shape[0]])
+
+
+@pytest.mark.gpu
+def test_each_flag(seed):
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, VOCAB, (3, 8), generator=gen).cuda()
+    mask = torch.ones(3, 8, dtype=torch.int64, device="cuda")
+    mask[1, 5:] = 0
+    assert _flags(ids, mask) == 0
+    bad = mask.clone(); bad[2, 3] = 2
+    assert _flags(ids, bad) & FLAG["a mask value other than 0 and 1"]
+    bad = mask.clone(); bad[2, 3] = -1
+    assert _flags(ids, bad) & FLAG["a mask value other than 0 and 1"]
+    holed = mask.clone(); holed[0, 2] = 0
+    assert _flags(ids, holed) == FLAG["a mask row that is not ones then zeros"]
+    left = mask.clone(); left[1] = torch.tensor([0, 0, 0, 1, 1, 1, 1, 1])
+    assert _flags(ids, left) == FLAG["a mask row that is not ones then zeros"]
+    empty = mask.clone(); empty[2] = 0
+    assert _flags(ids, empty) == FLAG["an empty sequence"]
+    for bad_id in (-1, VOCAB):
+        out = ids.clone(); out[1, 4] = bad_id
+        assert _flags(out, mask) == FLAG["a token id out of range"]
+    padding = ids.clone(); padding[1, 6] = -1  # a padded position: not a token
+    assert _flags(padding, mask) == 0
+    types = torch.zeros_like(ids); types[0, 7] = TYPE_VOCAB
+    assert _flags(ids, mask, types) == FLAG["a token type id out of range"]
+    assert _flags(ids, mask, torch.zeros_like(ids), type_vocab=0) == FLAG["a token type id out of range"]
+
+
+@pytest.mark.gpu
+def test_pack_stays_within_the_packed_buffers(seed):
+    """seqlens that claim more than the buffers hold (a caller's mistake) write nothing past them."""
+    ids = torch.arange(40, device="cuda").reshape(4, 10)
+    seqlens = torch.tensor([10, 10, 10, 10], dtype=torch.int32, device="cuda")
+    buffer = torch.full((30,), POISON, dtype=torch.int32, device="cuda")
+    packed, cu = buffer[:25], torch.empty(5, dtype=torch.int32, device="cuda")
+    ops.pack_padded_inputs(ids, None, seqlens, packed, None, cu)
+    assert torch.equal(packed.cpu(), torch.arange(25, dtype=torch.int32))
+    assert (buffer[25:] == POISON).all()
+
+
+@pytest.mark.gpu
+def test_bad_tensors_raise():
+    ids = torch.zeros(2, 4, dtype=torch.int64, device="cuda")
+    with pytest.raises(ops.InputError, match="input_ids: expected dtype"):
+        ops.padded_input_stats(ids.float(), None, None, VOCAB, 0)
+    with pytest.raises(ops.InputError, match="attention_mask: expected shape"):
+        ops.padded_input_stats(ids, torch.ones(2, 5, device="cuda", dtype=torch.int64), None, VOCAB, 0)
+    with pytest.raises(ops.InputError, match="token_type_ids: expected dtype"):
+        ops.padded_input_stats(ids, None, ids.int(), VOCAB, 2)
+    with pytest.raises(ops.InputError, match="contiguous"):
+        ops.padded_input_stats(ids.t(), None, None, VOCAB, 0)
+    with pytest.raises(ops.InputError, match="batch"):
+        ops.padded_input_stats(ids[:0], None, None, VOCAB, 0)
