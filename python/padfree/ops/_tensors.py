@@ -144,5 +144,8 @@ def call_kernel(name: str, device: torch.device, *args) -> None:
     """Call a C ABI function with `device` current (kernels launch on the caller's current device)."""
     from .. import _lib
 
+    if device.index == torch.cuda.current_device():  # the usual case: no device switch to pay for
+        _lib.call(name, *args)
+        return
     with torch.cuda.device(device):
         _lib.call(name, *args)
