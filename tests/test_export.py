@@ -238,7 +238,11 @@ def test_check_hands_engines_over(monkeypatch, tmp_path, caplog):
     fake.main = lambda args: seen.setdefault("args", args) and 7
     monkeypatch.setitem(sys.modules, "padfree.engines.check", fake)
     assert main(["check", "--engine", "x.engine", "--reference", "m.onnx"]) == 7
-    assert seen["args"].engine == "x.engine" and seen["args"].rtol == 1e-4
+    # no fp32 defaults forced on an engine: its sidecar's precision sets the tolerances
+    assert seen["args"].engine == "x.engine" and seen["args"].rtol is None and seen["args"].atol is None
+    seen.clear()
+    assert main(["check", "--engine", "x.engine", "--reference", "m.onnx", "--rtol", "0.5"]) == 7
+    assert seen["args"].rtol == 0.5
     monkeypatch.setitem(sys.modules, "padfree.engines.check", None)
     assert main(["check", "--engine", "x.engine", "--reference", "m.onnx"]) == 2
     assert "padfree.engines.check" in caplog.text

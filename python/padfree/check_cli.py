@@ -25,7 +25,8 @@ def register(subparsers) -> None:
     p.add_argument("--batch", type=int, default=8, help="sequences in the random batch (default 8)")
     p.add_argument("--max-seqlen", type=int, default=64, help="longest sequence (default 64)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random batch (default 0)")
-    p.add_argument("--precision", choices=tuple(RTOL), default="fp32", help="sets the default tolerances")
+    p.add_argument("--precision", choices=tuple(RTOL), default="fp32",
+                   help="sets the default tolerances (with --engine, the engine's own precision does)")
     p.add_argument("--rtol", type=float, default=None, help="relative tolerance (fp32 default 1e-4)")
     p.add_argument("--atol", type=float, default=None, help="absolute tolerance (default rtol / 10)")
     p.add_argument("--verbose", action="store_true", help="polygraphy's full comparison log")
@@ -33,10 +34,10 @@ def register(subparsers) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.engine:  # unset tolerances stay None: the engine's sidecar precision picks them
+        return _engine_check(args)
     args.rtol = RTOL[args.precision] if args.rtol is None else args.rtol
     args.atol = args.rtol / 10 if args.atol is None else args.atol
-    if args.engine:
-        return _engine_check(args)
     if not args.model:
         log.error("give the rewritten model (MODEL) or --engine")
         return 2
