@@ -58,6 +58,10 @@ def test_no_mask_means_every_position(seed):
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, VOCAB, (4, 9), generator=gen).cuda()
     assert ops.padded_input_stats(ids, None, None, VOCAB, 0).cpu().tolist() == [9, 9, 9, 9, 0, 36, 9]
+    out = torch.full((7,), POISON, dtype=torch.int32, device="cuda")  # a reused buffer: stats zeroed first
+    out[4:] = 99
+    assert ops.padded_input_stats(ids, None, None, VOCAB, 0, out=out) is out
+    assert out.cpu().tolist() == [9, 9, 9, 9, 0, 36, 9]
 
 
 def _flags(ids, mask, types=None, type_vocab=TYPE_VOCAB) -> int:

@@ -72,8 +72,15 @@ def ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
+# torch's raw-stream getter (what its compiled code calls): ~0.5 us where building a Stream object
+# and reading .cuda_stream took 8.6 us per kernel call on the H100 machine's CPU.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def stream_handle(device: torch.device) -> int:
     """The current torch CUDA stream of `device`, as the raw cudaStream_t the ABI takes."""
+    if _raw_stream is not None and device.index is not None:
+        return _raw_stream(device.index)
     return torch.cuda.current_stream(device).cuda_stream
 
 

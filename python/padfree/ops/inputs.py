@@ -16,10 +16,12 @@ FLAG_NAMES = {1: "a mask value other than 0 and 1", 2: "a mask row that is not o
 
 
 def padded_input_stats(input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                       token_type_ids: torch.Tensor | None, vocab_size: int, type_vocab_size: int) -> torch.Tensor:
+                       token_type_ids: torch.Tensor | None, vocab_size: int, type_vocab_size: int,
+                       out: torch.Tensor | None = None) -> torch.Tensor:
     """input_ids [B, S] int32/int64, attention_mask [B, S] bool/uint8/int32/int64 or None (all tokens),
     token_type_ids [B, S] like input_ids or None -> int32 [B + 3]: seqlens [B], then the OR of the
-    FLAG_NAMES bits, the total and the longest length. Ids are checked at valid positions only."""
+    FLAG_NAMES bits, the total and the longest length. Ids are checked at valid positions only.
+    out: an int32 [B + 3] buffer to write instead of a new one."""
     check(input_ids, "input_ids", dtype=tuple(ID_BYTES), shape=[None, None])
     shape = list(input_ids.shape)
     check(attention_mask, "attention_mask", dtype=tuple(MASK_BYTES), shape=shape, device=input_ids.device,
@@ -27,7 +29,9 @@ def padded_input_stats(input_ids: torch.Tensor, attention_mask: torch.Tensor | N
     check(token_type_ids, "token_type_ids", dtype=input_ids.dtype, shape=shape, device=input_ids.device,
           optional=True)
     batch, padded_seqlen = (check_int32(n, f"input_ids: {what}", minimum=1) for n, what in zip(shape, ("batch", "width")))
-    out = torch.empty(batch + 3, dtype=torch.int32, device=input_ids.device)
+    if out is None:
+        out = torch.empty(batch + 3, dtype=torch.int32, device=input_ids.device)
+    check(out, "out", dtype=torch.int32, shape=[batch + 3], device=input_ids.device)
     mask_bytes = 0 if attention_mask is None else MASK_BYTES[attention_mask.dtype]
     call_kernel("padfree_padded_input_stats", input_ids.device, ptr(attention_mask), mask_bytes, ptr(input_ids),
                 ptr(token_type_ids), ID_BYTES[input_ids.dtype], batch, padded_seqlen, int(vocab_size),

@@ -102,11 +102,19 @@ class DeviceInputs:
         self.device = device
         self._ops = ops
         self._readback = torch.empty(0, dtype=torch.int32)
+        self._stats = torch.empty(0, dtype=torch.int32, device=device)
 
     def _host_buffer(self, n: int) -> torch.Tensor:
         if self._readback.numel() < n:  # reused: the synchronization below ends every read of it
             self._readback = torch.empty(max(n, 2 * self._readback.numel()), dtype=torch.int32, pin_memory=True)
         return self._readback[:n]
+
+    def _stats_buffer(self, n: int) -> torch.Tensor:
+        # Reused too: the previous call's pack kernel, the last reader of its seqlens, was enqueued
+        # on this stream before this call's stats kernel.
+        if self._stats.numel() < n:
+            self._stats = torch.empty(max(n, 2 * self._stats.numel()), dtype=torch.int32, device=self.device)
+        return self._stats[:n]
 
     def _takes(self, input_ids, attention_mask, token_type_ids) -> bool:
         from ..ops.inputs import ID_BYTES, MASK_BYTES
@@ -127,9 +135,9 @@ class DeviceInputs:
             return self._on_host(input_ids, attention_mask, token_type_ids)
         lim = self.limits
         vocab = INT32_MAX + 1 if lim.vocab_size is None else min(lim.vocab_size, INT32_MAX + 1)
-        stats = self._ops.padded_input_stats(input_ids, attention_mask, token_type_ids, vocab,
-                                             lim.type_vocab_size or 0)
         batch, width = input_ids.shape
+        stats = self._ops.padded_input_stats(input_ids, attention_mask, token_type_ids, vocab,
+                                             lim.type_vocab_size or 0, out=self._stats_buffer(batch + 3))
         host = self._host_buffer(3)
         host.copy_(stats[batch:], non_blocking=True)
         torch.cuda.current_stream(self.device).synchronize()
