@@ -60,5 +60,5 @@ def pack_padded_inputs(input_ids: torch.Tensor, token_type_ids: torch.Tensor | N
                 check_int32(padded_seqlen, "input_ids: width", minimum=1),
                 check_int32(cu_seqlens.shape[0] - 1, "cu_seqlens: capacity", minimum=batch),
                 check_int32(packed_ids.shape[0], "packed_ids: length"), ptr(packed_ids),
-                ptr(packed_token_type_ids if token_type_ids is not None else None), ptr(cu_seqlens),
+                ptr(packed_token_type_ids), ptr(cu_seqlens),
                 stream_handle(device))

@@ -2,10 +2,10 @@
 
 Per layer, on x [T, H]:  qkv = x @ Wqkv^T (no bias: the attention kernel adds it on load)
 -> ctx = attention_varlen(qkv) -> x += ctx @ Wo^T (in the GEMM) -> h = LayerNorm(x + bo)
--> up = act(h @ Wi^T + bi) (cuBLASLt epilogue, see ffn.py) -> h += up @ Wd^T -> LayerNorm(h + bd). GEMMs are torch's (cuBLASLt);
-no layer synchronizes the host. With graphs on, the whole packed forward is captured once per bucket
-(buckets.py) and replayed; all captures share one memory pool, so the intermediates of every bucket
-live in the memory of the largest one. A replay does not synchronize, but the first call that needs
+-> up = act(h @ Wi^T + bi) (cuBLASLt epilogue, see ffn.py) -> h += up @ Wd^T -> LayerNorm(h + bd).
+GEMMs are torch's (cuBLASLt); no layer synchronizes the host. With graphs on, the whole packed
+forward is captured once per bucket (buckets.py) and replayed; all captures share one memory pool, so
+the intermediates of every bucket live in the memory of the largest one. A replay does not synchronize, but the first call that needs
 a bucket without a graph (or whose graph was evicted) captures one, and capturing synchronizes the
 whole device (torch.cuda.graph waits for all its work, then frees cached memory): warm the buckets
 up before latency matters.

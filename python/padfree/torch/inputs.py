@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import torch
 
+from .._lib import KernelArgumentError
 from ..ops._tensors import INT32_MAX, InputError
 from ..runtime._inputs import to_host_batch, validate
 from ..runtime._staging import aligned
@@ -101,29 +102,19 @@ class DeviceInputs:
         self.limits = limits
         self.device = device
         self._ops = ops
-        self._readback = torch.empty(0, dtype=torch.int32)
+        self._readback: torch.Tensor | None = None  # flags, total, longest: pinned on first use
         self._stats = torch.empty(0, dtype=torch.int32, device=device)
 
-    def _host_buffer(self, n: int) -> torch.Tensor:
-        if self._readback.numel() < n:  # reused: the synchronization below ends every read of it
-            self._readback = torch.empty(max(n, 2 * self._readback.numel()), dtype=torch.int32, pin_memory=True)
-        return self._readback[:n]
-
-    def _stats_buffer(self, n: int) -> torch.Tensor:
-        # Reused too: the previous call's pack kernel, the last reader of its seqlens, was enqueued
-        # on this stream before this call's stats kernel.
+    def _stats_buffer(self, input_ids: torch.Tensor) -> torch.Tensor | None:
+        """A reused [B + 3] device buffer (None for a shape padded_input_stats refuses anyway).
+        Reuse is safe: the previous call's pack kernel, the last reader of its seqlens, was enqueued
+        on this stream before this call's stats kernel."""
+        if input_ids.dim() != 2:
+            return None
+        n = input_ids.shape[0] + 3
         if self._stats.numel() < n:
-            self._stats = torch.empty(max(n, 2 * self._stats.numel()), dtype=torch.int32, device=self.device)
+            self._stats = torch.empty(2 * n, dtype=torch.int32, device=self.device)
         return self._stats[:n]
-
-    def _takes(self, input_ids, attention_mask, token_type_ids) -> bool:
-        from ..ops.inputs import ID_BYTES, MASK_BYTES
-        return (input_ids.dim() == 2 and input_ids.dtype in ID_BYTES and input_ids.is_contiguous()
-                and 0 < input_ids.numel() <= INT32_MAX
-                and (attention_mask is None or (attention_mask.dtype in MASK_BYTES and attention_mask.is_contiguous()
-                                                and attention_mask.shape == input_ids.shape))
-                and (token_type_ids is None or (token_type_ids.dtype == input_ids.dtype and token_type_ids.is_contiguous()
-                                                and token_type_ids.shape == input_ids.shape)))
 
     def __call__(self, input_ids, attention_mask, token_type_ids) -> Batch:
         for name, t in (("input_ids", input_ids), ("attention_mask", attention_mask),
@@ -131,17 +122,19 @@ class DeviceInputs:
             if t is not None and (not isinstance(t, torch.Tensor) or t.device != self.device):
                 where = t.device if isinstance(t, torch.Tensor) else type(t).__name__
                 raise InputError(f"{name}: expected a tensor on {self.device} (or on the CPU), got {where}")
-        if not self._takes(input_ids, attention_mask, token_type_ids):
-            return self._on_host(input_ids, attention_mask, token_type_ids)
         lim = self.limits
         vocab = INT32_MAX + 1 if lim.vocab_size is None else min(lim.vocab_size, INT32_MAX + 1)
+        try:
+            stats = self._ops.padded_input_stats(input_ids, attention_mask, token_type_ids, vocab,
+                                                 lim.type_vocab_size or 0, out=self._stats_buffer(input_ids))
+        except (InputError, KernelArgumentError):  # a dtype, layout or size the kernel does not take
+            return self._on_host(input_ids, attention_mask, token_type_ids)
         batch, width = input_ids.shape
-        stats = self._ops.padded_input_stats(input_ids, attention_mask, token_type_ids, vocab,
-                                             lim.type_vocab_size or 0, out=self._stats_buffer(batch + 3))
-        host = self._host_buffer(3)
-        host.copy_(stats[batch:], non_blocking=True)
-        torch.cuda.current_stream(self.device).synchronize()
-        flags, total, longest = host.tolist()
+        if self._readback is None:
+            self._readback = torch.empty(3, dtype=torch.int32, pin_memory=True)
+        self._readback.copy_(stats[batch:], non_blocking=True)
+        torch.cuda.current_stream(self.device).synchronize()  # also ends the last read of _readback
+        flags, total, longest = self._readback.tolist()
         if flags or longest > min(lim.max_seqlen, lim.max_tokens) or total > lim.max_tokens:
             return self._on_host(input_ids, attention_mask, token_type_ids)
         ops, seqlens = self._ops, stats[:batch]
