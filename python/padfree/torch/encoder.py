@@ -3,10 +3,12 @@
 Per layer, on x [T, H]:  qkv = x @ Wqkv^T (no bias: the attention kernel adds it on load)
 -> ctx = attention_varlen(qkv) -> x += ctx @ Wo^T (in the GEMM) -> h = LayerNorm(x + bo)
 -> up = act(h @ Wi^T + bi) (cuBLASLt epilogue, see ffn.py) -> h += up @ Wd^T -> LayerNorm(h + bd).
-GEMMs are torch's (cuBLASLt); no layer synchronizes the host. With graphs on, the whole packed
-forward is captured once per bucket (buckets.py) and replayed; all captures share one memory pool, so
-the intermediates of every bucket live in the memory of the largest one. A replay does not synchronize, but the first call that needs
-a bucket without a graph (or whose graph was evicted) captures one, and capturing synchronizes the
+GEMMs are cuBLASLt's: torch's calls, or for a bucket's row count the cuBLASLt algorithm that
+measured fastest (gemms.py). No layer synchronizes the host. With graphs on, the whole packed forward
+is captured once per bucket (buckets.py) and replayed; all captures share one memory pool, so the
+intermediates of every bucket live in the memory of the largest one. A replay does not synchronize,
+but the first call that needs a bucket without a graph (or whose graph was evicted) captures one
+(and times its GEMM candidates the first time a row count is seen), and capturing synchronizes the
 whole device (torch.cuda.graph waits for all its work, then frees cached memory): warm the buckets
 up before latency matters.
 """
@@ -24,6 +26,7 @@ from ..ops._tensors import INT32_MAX, InputError
 from ..runtime.backend import Limits, check_packed
 from .buckets import LRU, Bucket, bucket_for
 from .ffn import FfnUp, epilogue_matches
+from .gemms import EncoderGemms
 from .inputs import Batch, DeviceInputs, InputBuffer, from_host
 from .weights import EncoderWeights
 
@@ -36,6 +39,7 @@ class _Graph:
     inputs: InputBuffer                   # ids, token types, cu_seqlens at the bucket's sizes
     hidden: torch.Tensor                  # [tokens, H]: the output
     pooled: torch.Tensor | None           # [batch, H]
+    gemms: EncoderGemms | None = None     # the projections' implementations at the bucket's rows
     replays: int = 0
 
 
@@ -80,8 +84,13 @@ class PadfreeEncoder:
 
     # ---- the packed forward ------------------------------------------------------------------
 
+    def _gemms(self, rows: int, tune: bool) -> EncoderGemms:
+        w = self.weights
+        return EncoderGemms(rows, w.hidden_size, w.intermediate_size, self.dtype, self.device, self.ffn_up,
+                            tune=tune)
+
     def _run(self, input_ids, token_type_ids, cu_seqlens, max_seqlen: int, hidden: torch.Tensor,
-             pooled: torch.Tensor | None) -> None:
+             pooled: torch.Tensor | None, gemms: EncoderGemms) -> None:
         """The whole forward on packed rows, into `hidden` [rows, H] and `pooled` [B, H].
 
         Intermediates are allocated here, so that under capture they come from the shared pool.
@@ -97,16 +106,16 @@ class PadfreeEncoder:
         ctx, mid = (torch.empty(rows, h, **new) for _ in range(2))
         up = torch.empty(rows, w.intermediate_size, **new)
         for lw in w.layers:
-            torch.mm(hidden, lw.qkv_weight.t(), out=qkv)
+            gemms.qkv(hidden, lw.qkv_weight, qkv)
             ops.attention_varlen(qkv, cu_seqlens, max_seqlen, w.num_heads, qkv_bias=lw.qkv_bias,
                                  softmax_scale=self.softmax_scale, out=ctx)
             # The residual rides in the GEMM (C += A @ B, cuBLAS beta = 1), which is compute-bound
             # and reads it almost for free; the LayerNorm then reads one stream instead of two.
-            hidden.addmm_(ctx, lw.out_weight.t())
+            gemms.out_residual(ctx, lw.out_weight, hidden)
             ops.skip_layernorm(hidden, None, lw.attn_ln_weight, lw.attn_ln_bias, bias=lw.out_bias,
                                eps=lw.attn_ln_eps, out=mid)
-            self.ffn_up(mid, lw.up_weight, lw.up_bias, out=up)
-            mid.addmm_(up, lw.down_weight.t())
+            gemms.up(mid, lw.up_weight, lw.up_bias, up)
+            gemms.down_residual(up, lw.down_weight, mid)
             ops.skip_layernorm(mid, None, lw.ffn_ln_weight, lw.ffn_ln_bias, bias=lw.down_bias,
                                eps=lw.ffn_ln_eps, out=hidden)
         if pooled is not None:
@@ -133,7 +142,8 @@ class PadfreeEncoder:
         with self._device_guard():
             if not self.use_graphs:  # the caller's tensors are read in place
                 hidden, pooled = self._outputs(tokens, batch)
-                self._run(input_ids, token_type_ids, cu_seqlens, max_seqlen, hidden, pooled)
+                self._run(input_ids, token_type_ids, cu_seqlens, max_seqlen, hidden, pooled,
+                          self._gemms(tokens, tune=False))
             else:
                 def fill(buf: InputBuffer) -> None:
                     buf.input_ids[:tokens].copy_(input_ids)
@@ -164,7 +174,8 @@ class PadfreeEncoder:
             buf = InputBuffer.new(tokens, size, batch.token_types, self.device)
             batch.fill(buf)
             hidden, pooled = self._outputs(tokens, size)
-            self._run(buf.input_ids, buf.token_type_ids, buf.cu_seqlens, batch.max_seqlen, hidden, pooled)
+            self._run(buf.input_ids, buf.token_type_ids, buf.cu_seqlens, batch.max_seqlen, hidden, pooled,
+                      self._gemms(tokens, tune=False))
             return hidden, pooled, buf.cu_seqlens
         bucket = bucket_for(tokens, size, batch.max_seqlen, self.weights.max_seqlen, batch.token_types)
         g = self._graphs.get(bucket)
@@ -196,8 +207,9 @@ class PadfreeEncoder:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
             self._capture_stream = torch.cuda.Stream(self.device)
+        g.gemms = self._gemms(bucket.tokens, tune=True)  # times candidates: before any capture
         args = (g.inputs.input_ids, g.inputs.token_type_ids, g.inputs.cu_seqlens, bucket.max_seqlen,
-                g.hidden, g.pooled)
+                g.hidden, g.pooled, g.gemms)
         # warm-up outside capture (library handles, workspaces); all sequences are empty here
         self._capture_stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self._capture_stream):

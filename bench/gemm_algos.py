@@ -1,0 +1,113 @@
+"""BERT-base's four projection GEMMs: torch's call (cuBLASLt's first heuristic pick) against every
+candidate cuBLASLt's heuristic lists for the same problem (padfree.torch.cublaslt), on the H100.
+
+Each time: a CUDA graph of CALLS calls, median over REPLAYS replays, per call. Rows: the encoder's
+bucket rows at the benchmark shapes (1x128, 16x256, 128x128, 64x512). On the device machine:
+  python bench/gemm_algos.py [--out FILE.json]
+"""
+import argparse
+import datetime
+import json
+import statistics
+import sys
+
+import torch
+
+from padfree.torch import cublaslt
+
+CALLS, REPLAYS = 20, 15
+ROWS = (128, 2624, 9344, 21504)
+H, FFN = 768, 3072
+
+
+def graph_ms(fn) -> float:
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(CALLS):
+            fn()
+    g.replay()
+    times = []
+    for _ in range(REPLAYS):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / CALLS)
+    return statistics.median(times)
+
+
+def problems(rows: int):
+    """(name, in, out, epilogue, accumulate, the encoder's torch call)"""
+    def rnd(*s):
+        return torch.randn(*s, device="cuda", dtype=torch.float16) * 0.05
+    x, w_qkv, w_o, w_up, w_down = rnd(rows, H), rnd(3 * H, H), rnd(H, H), rnd(FFN, H), rnd(H, FFN)
+    up_in, b_up = rnd(rows, FFN), rnd(FFN)
+    qkv, acc, up = torch.empty(rows, 3 * H, device="cuda", dtype=torch.float16), rnd(rows, H), rnd(rows, FFN)
+    return [
+        ("qkv", x, w_qkv, None, qkv, cublaslt.EPILOGUE_DEFAULT, False,
+         lambda: torch.mm(x, w_qkv.t(), out=qkv)),
+        ("out+residual", x, w_o, None, acc, cublaslt.EPILOGUE_DEFAULT, True,
+         lambda: acc.addmm_(x, w_o.t())),
+        ("up+bias+gelu", x, w_up, b_up, up, cublaslt.EPILOGUE_GELU_BIAS, False,
+         lambda: torch._addmm_activation(b_up, x, w_up.t(), use_gelu=True, out=up)),
+        ("down+residual", up_in, w_down, None, acc, cublaslt.EPILOGUE_DEFAULT, True,
+         lambda: acc.addmm_(up_in, w_down.t())),
+    ]
+
+
+def main(argv):
+    p = argparse.ArgumentParser()
+    p.add_argument("--out")
+    p.add_argument("--candidates", type=int, default=32)
+    args = p.parse_args(argv)
+    workspace = torch.empty(cublaslt.WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
+    report = {"device": torch.cuda.get_device_name(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+              "torch": torch.__version__, "cublaslt": cublaslt._loaded_library_path(), "rows": []}
+    print(f"{'gemm':>14} {'rows':>6} {'torch us':>9} {'lt#0 us':>8} {'best us':>8} {'best/torch':>10} "
+          f"{'no-ws/torch':>11}  best algo")
+    for rows in ROWS:
+        for name, x, w, bias, out, epi, accumulate, torch_call in problems(rows):
+            lin = cublaslt.Linear(rows, x.shape[1], w.shape[0], torch.float16, epilogue=epi, accumulate=accumulate,
+                                  max_workspace=cublaslt.WORKSPACE_BYTES)
+            t_torch = graph_ms(torch_call) * 1e3
+            # same numbers as torch's call (fresh output for the non-accumulating ones)
+            ref = out.clone()
+            torch_call()
+            expect = out.clone()
+            out.copy_(ref)
+            timed = []
+            for algo, info in lin.candidates(args.candidates):
+                try:
+                    lin(x, w, out, bias, workspace, algo)
+                    torch.cuda.synchronize()
+                except cublaslt.CublasLtError as e:
+                    timed.append({"algo": info.label(), "error": str(e)})
+                    continue
+                got = out.clone()
+                out.copy_(ref)
+                err = ((got.float() - expect.float()).abs().max() / expect.float().abs().max().clamp(min=1e-6)).item()
+                us = graph_ms(lambda: lin(x, w, out, bias, workspace, algo)) * 1e3
+                out.copy_(ref)
+                timed.append({"algo": info.label(), "us": us, "max_rel_diff_vs_torch": err,
+                              "workspace": info.workspace_size})
+            ok = [t for t in timed if "us" in t and t["max_rel_diff_vs_torch"] < 2e-2]
+            best = min(ok, key=lambda t: t["us"]) if ok else None
+            no_ws = [t["us"] for t in ok if t["workspace"] == 0]
+            first = next((t for t in timed if t["algo"].startswith("#0 ")), None)
+            report["rows"].append({"gemm": name, "rows": rows, "torch_us": t_torch, "candidates": timed})
+            print(f"{name:>14} {rows:>6} {t_torch:9.1f} {first['us'] if first and 'us' in first else float('nan'):8.1f} "
+                  f"{best['us'] if best else float('nan'):8.1f} {best['us'] / t_torch if best else float('nan'):10.3f}  "
+                  f"{best['algo'] if best else '-'}", flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

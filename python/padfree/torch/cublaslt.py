@@ -1,0 +1,196 @@
+"""cuBLASLt matmuls with a chosen algorithm, through the cuBLASLt library torch itself loaded.
+
+torch's GEMM entry points ask cuBLASLt's heuristic for one algorithm and run it. On the H100 that
+choice is measurably slow for BERT's FFN up-projection with the bias+GELU epilogue (NOTES-bert.md:
++37 us per layer at 21504 rows over a plain GEMM). Here the heuristic's candidates are listed and
+timed once per shape (autotune at graph-capture time), and the fastest is kept.
+
+No headers or link step: the few enums and two structs below are cuBLASLt's stable C ABI (cublasLt.h,
+CUDA 12 and 13). The library is the one torch already mapped into the process (so one cuBLASLt, one
+version), found through /proc/self/maps.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+
+import torch
+
+# cublasLt.h / cublas_api.h / library_types.h
+_COMPUTE_32F = 68
+_CUDA_DTYPE = {torch.float16: 2, torch.bfloat16: 14, torch.float32: 0}
+_R_32F = 0
+_DESC_TRANSA, _DESC_TRANSB, _DESC_EPILOGUE, _DESC_BIAS_POINTER, _DESC_BIAS_DATA_TYPE = 3, 4, 7, 8, 26
+_OP_N, _OP_T = 0, 1
+EPILOGUE_DEFAULT, EPILOGUE_BIAS, EPILOGUE_RELU_BIAS, EPILOGUE_GELU_BIAS = 1, 4, 6, 36
+_PREF_MAX_WORKSPACE_BYTES = 1
+_CONFIG_ID, _CONFIG_TILE_ID, _CONFIG_SPLITK_NUM, _CONFIG_STAGES_ID, _CONFIG_CLUSTER_SHAPE_ID = 0, 1, 2, 6, 8
+WORKSPACE_BYTES = 32 << 20
+
+
+class Algo(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_uint64 * 8)]
+
+
+class _HeuristicResult(ctypes.Structure):
+    _fields_ = [("algo", Algo), ("workspace_size", ctypes.c_size_t), ("state", ctypes.c_int),
+                ("waves_count", ctypes.c_float), ("reserved", ctypes.c_int * 4)]
+
+
+class CublasLtError(RuntimeError):
+    pass
+
+
+def _loaded_library_path() -> str | None:
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.rstrip("\n").split(" ")[-1]
+            if os.path.basename(path).startswith("libcublasLt.so"):
+                return path
+    return None
+
+
+_lib = None
+
+
+def library() -> ctypes.CDLL:
+    """torch's libcublasLt (loaded by one small GEMM if torch has not touched cuBLAS yet)."""
+    global _lib
+    if _lib is None:
+        path = _loaded_library_path()
+        if path is None:
+            a = torch.ones(8, 8, device="cuda", dtype=torch.float16)
+            torch.mm(a, a)
+            path = _loaded_library_path()
+        if path is None:
+            raise CublasLtError("torch did not load libcublasLt (a CPU-only or ROCm build?)")
+        lib = ctypes.CDLL(path)
+        vp, i32, u64, i64, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64, ctypes.c_int64, ctypes.c_size_t
+        for name, args in (
+                ("cublasLtCreate", [ctypes.POINTER(vp)]),
+                ("cublasLtMatmulDescCreate", [ctypes.POINTER(vp), i32, i32]),
+                ("cublasLtMatmulDescSetAttribute", [vp, i32, vp, sz]),
+                ("cublasLtMatrixLayoutCreate", [ctypes.POINTER(vp), i32, u64, u64, i64]),
+                ("cublasLtMatmulPreferenceCreate", [ctypes.POINTER(vp)]),
+                ("cublasLtMatmulPreferenceSetAttribute", [vp, i32, vp, sz]),
+                ("cublasLtMatmulAlgoGetHeuristic", [vp, vp, vp, vp, vp, vp, vp, i32,
+                                                    ctypes.POINTER(_HeuristicResult), ctypes.POINTER(i32)]),
+                ("cublasLtMatmulAlgoConfigGetAttribute", [ctypes.POINTER(Algo), i32, vp, sz, ctypes.POINTER(sz)]),
+                ("cublasLtMatmul", [vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, ctypes.POINTER(Algo),
+                                    vp, sz, vp])):
+            fn = getattr(lib, name)
+            fn.argtypes, fn.restype = args, i32
+        _lib = lib
+    return _lib
+
+
+def _check(status: int, what: str) -> None:
+    if status != 0:
+        raise CublasLtError(f"{what} failed: cublasStatus_t {status}")
+
+
+_handles: dict[int, ctypes.c_void_p] = {}
+
+
+def _handle() -> ctypes.c_void_p:
+    dev = torch.cuda.current_device()
+    if dev not in _handles:
+        h = ctypes.c_void_p()
+        _check(library().cublasLtCreate(ctypes.byref(h)), "cublasLtCreate")
+        _handles[dev] = h
+    return _handles[dev]
+
+
+@dataclass(frozen=True)
+class AlgoInfo:
+    index: int           # rank in the heuristic's list (0 = torch's choice)
+    config_id: int
+    tile_id: int
+    stages_id: int
+    split_k: int
+    cluster_shape_id: int
+    workspace_size: int
+
+    def label(self) -> str:
+        return (f"#{self.index} algo {self.config_id} tile {self.tile_id} stages {self.stages_id} "
+                f"splitk {self.split_k} cluster {self.cluster_shape_id} workspace {self.workspace_size}")
+
+
+class Linear:
+    """out[M, N] = epilogue(x[M, K] @ weight[N, K]^T (+ bias)) (+ out, when accumulate), all row-major
+    and contiguous, dtype fixed; one problem shape per object (the descriptors bake it in)."""
+
+    def __init__(self, rows: int, in_features: int, out_features: int, dtype: torch.dtype, *,
+                 epilogue: int = EPILOGUE_DEFAULT, accumulate: bool = False, max_workspace: int = 0):
+        """max_workspace: bytes of workspace the candidates may ask for (0: none, so that no buffer is
+        shared between streams or graphs); calls pass a workspace tensor of at least that size."""
+        lib = library()
+        self.shape = (rows, in_features, out_features)
+        self.dtype, self.epilogue, self.accumulate = dtype, epilogue, accumulate
+        # Column-major view: D^T[N, M] = W[N, K] (row-major = col-major K x N, transposed) @ X^T.
+        self._desc = ctypes.c_void_p()
+        _check(lib.cublasLtMatmulDescCreate(ctypes.byref(self._desc), _COMPUTE_32F, _R_32F), "MatmulDescCreate")
+        for attr, value in ((_DESC_TRANSA, _OP_T), (_DESC_TRANSB, _OP_N), (_DESC_EPILOGUE, epilogue)):
+            v = ctypes.c_int32(value)
+            _check(lib.cublasLtMatmulDescSetAttribute(self._desc, attr, ctypes.byref(v), 4), "MatmulDescSetAttribute")
+        if epilogue != EPILOGUE_DEFAULT:
+            v = ctypes.c_int32(_CUDA_DTYPE[dtype])
+            _check(lib.cublasLtMatmulDescSetAttribute(self._desc, _DESC_BIAS_DATA_TYPE, ctypes.byref(v), 4),
+                   "MatmulDescSetAttribute(bias type)")
+        t = _CUDA_DTYPE[dtype]
+        self._a, self._b, self._d = (ctypes.c_void_p() for _ in range(3))
+        _check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(self._a), t, in_features, out_features, in_features), "A")
+        _check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(self._b), t, in_features, rows, in_features), "B")
+        _check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(self._d), t, out_features, rows, out_features), "D")
+        self._pref = ctypes.c_void_p()
+        _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(self._pref)), "PreferenceCreate")
+        self.max_workspace = max_workspace
+        ws = ctypes.c_uint64(max_workspace)
+        _check(lib.cublasLtMatmulPreferenceSetAttribute(self._pref, _PREF_MAX_WORKSPACE_BYTES, ctypes.byref(ws), 8),
+               "PreferenceSetAttribute")
+        self._alpha, self._beta = ctypes.c_float(1.0), ctypes.c_float(1.0 if accumulate else 0.0)
+        self.algo: Algo | None = None
+
+    def candidates(self, count: int = 32) -> list[tuple[Algo, AlgoInfo]]:
+        lib = library()
+        results = (_HeuristicResult * count)()
+        found = ctypes.c_int(0)
+        _check(lib.cublasLtMatmulAlgoGetHeuristic(_handle(), self._desc, self._a, self._b, self._d, self._d,
+                                                  self._pref, count, results, ctypes.byref(found)),
+               "MatmulAlgoGetHeuristic")
+        out = []
+        for i in range(found.value):
+            r = results[i]
+            if r.state != 0:
+                continue
+            cfg = []
+            for attr in (_CONFIG_ID, _CONFIG_TILE_ID, _CONFIG_STAGES_ID, _CONFIG_SPLITK_NUM, _CONFIG_CLUSTER_SHAPE_ID):
+                v, size = ctypes.c_uint64(0), ctypes.c_size_t(0)
+                # sizeInBytes must be the attribute's own size: ask for it first
+                lib.cublasLtMatmulAlgoConfigGetAttribute(ctypes.byref(r.algo), attr, None, 0, ctypes.byref(size))
+                ok = 0 < size.value <= 8 and lib.cublasLtMatmulAlgoConfigGetAttribute(
+                    ctypes.byref(r.algo), attr, ctypes.byref(v), size.value, ctypes.byref(size)) == 0
+                cfg.append(int(v.value) if ok else -1)
+            algo = Algo()
+            ctypes.memmove(ctypes.byref(algo), ctypes.byref(r.algo), ctypes.sizeof(Algo))
+            out.append((algo, AlgoInfo(i, cfg[0], cfg[1], cfg[2], cfg[3], cfg[4], int(r.workspace_size))))
+        return out
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None = None,
+                 workspace: torch.Tensor | None = None, algo: Algo | None = None) -> torch.Tensor:
+        lib = library()
+        if bias is not None:
+            p = ctypes.c_void_p(bias.data_ptr())
+            _check(lib.cublasLtMatmulDescSetAttribute(self._desc, _DESC_BIAS_POINTER, ctypes.byref(p), 8),
+                   "MatmulDescSetAttribute(bias)")
+        algo = algo if algo is not None else self.algo
+        stream = torch._C._cuda_getCurrentRawStream(x.device.index)
+        ws = workspace.data_ptr() if workspace is not None else None
+        if self.max_workspace and (workspace is None or workspace.numel() * workspace.element_size() < self.max_workspace):
+            raise CublasLtError(f"a workspace of {self.max_workspace} bytes is needed")
+        _check(lib.cublasLtMatmul(_handle(), self._desc, ctypes.byref(self._alpha), weight.data_ptr(), self._a,
+                                  x.data_ptr(), self._b, ctypes.byref(self._beta), out.data_ptr(), self._d,
+                                  out.data_ptr(), self._d, None if algo is None else ctypes.byref(algo),
+                                  ws, self.max_workspace, stream), "cublasLtMatmul")
+        return out

@@ -1,0 +1,111 @@
+"""padfree.torch.cublaslt and padfree.torch.gemms: the encoder's projections through torch or a tuned
+cuBLASLt algorithm, against a float64 reference on fresh random data, outputs poisoned first."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from padfree.torch import gemms as gemms_mod
+from padfree.torch.ffn import FfnUp
+
+gpu = pytest.mark.gpu
+
+
+def reference(x, w, bias=None, acc=None, act=None):
+    y = x.double() @ w.double().t()
+    if bias is not None:
+        y = y + bias.double()
+    if act == "gelu_tanh":
+        y = F.gelu(y, approximate="tanh")
+    elif act == "relu":
+        y = torch.relu(y)
+    if acc is not None:
+        y = y + acc.double()
+    return y
+
+
+def close(got, want, tol):
+    err = ((got.double() - want).norm() / want.norm()).item()
+    assert torch.isfinite(got).all(), "non-finite output (poison left, or overflow)"
+    assert err <= tol, f"relative error {err:.2e} > {tol:.0e}"
+
+
+def operands(rows, k, n, dtype, seed):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    new = dict(device="cuda", dtype=dtype)
+    return (torch.randn(rows, k, generator=gen, **new), torch.randn(n, k, generator=gen, **new) / k ** 0.5,
+            torch.randn(n, generator=gen, **new), torch.randn(rows, n, generator=gen, **new))
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("epilogue,accumulate", [("default", False), ("default", True), ("gelu_bias", False),
+                                                 ("relu_bias", False)])
+@pytest.mark.parametrize("rows", [1, 77, 4160])
+def test_linear_every_candidate(dtype, epilogue, accumulate, rows, seed):
+    """Every candidate the heuristic lists (first 8) computes the same GEMM and epilogue."""
+    from padfree.torch import cublaslt
+    k, n = 256, 384
+    code = {"default": cublaslt.EPILOGUE_DEFAULT, "gelu_bias": cublaslt.EPILOGUE_GELU_BIAS,
+            "relu_bias": cublaslt.EPILOGUE_RELU_BIAS}[epilogue]
+    x, w, bias, acc = operands(rows, k, n, dtype, seed)
+    lin = cublaslt.Linear(rows, k, n, dtype, epilogue=code, accumulate=accumulate)
+    want = reference(x, w, bias if epilogue != "default" else None, acc if accumulate else None,
+                     {"gelu_bias": "gelu_tanh", "relu_bias": "relu"}.get(epilogue))
+    candidates = lin.candidates(8)
+    assert candidates, "cuBLASLt listed no algorithm without workspace"
+    for algo, info in candidates:
+        assert info.workspace_size == 0
+        out = acc.clone() if accumulate else torch.full((rows, n), float("nan"), device="cuda", dtype=dtype)
+        lin(x, w, out, bias if epilogue != "default" else None, None, algo)
+        close(out, want, 1e-2)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_encoder_gemms_tuned(dtype, seed, monkeypatch):
+    """Tuning at a small size (the row floor lowered) picks something for every projection, and each
+    projection computes qkv / out += / act(up + b) / down += against float64."""
+    monkeypatch.setattr(gemms_mod, "KEEP_MARGIN", 10.0)  # take cuBLASLt's best even when torch is faster
+    monkeypatch.setattr(gemms_mod, "_chosen", {})
+    rows, hidden, inter = 320, 128, 512
+    up = FfnUp("tanh", True, None)
+    g = gemms_mod.EncoderGemms(rows, hidden, inter, dtype, torch.device("cuda", torch.cuda.current_device()), up,
+                               tune=True, tune_min_rows=0)
+    assert all(c.startswith("cublaslt") for c in g.choices().values()), g.choices()
+    x, w_qkv, _, _ = operands(rows, hidden, 3 * hidden, dtype, seed)
+    out = torch.full((rows, 3 * hidden), float("nan"), device="cuda", dtype=dtype)
+    g.qkv(x, w_qkv, out)
+    close(out, reference(x, w_qkv), 1e-2)
+    x, w_o, _, acc = operands(rows, hidden, hidden, dtype, seed + 1)
+    want = reference(x, w_o, acc=acc)
+    g.out_residual(x, w_o, acc)
+    close(acc, want, 1e-2)
+    x, w_up, b_up, _ = operands(rows, hidden, inter, dtype, seed + 2)
+    out = torch.full((rows, inter), float("nan"), device="cuda", dtype=dtype)
+    g.up(x, w_up, b_up, out)
+    close(out, reference(x, w_up, b_up, act="gelu_tanh"), 1e-2)
+    x, w_d, _, acc = operands(rows, inter, hidden, dtype, seed + 3)
+    want = reference(x, w_d, acc=acc)
+    g.down_residual(x, w_d, acc)
+    close(acc, want, 1e-2)
+
+
+def test_untuned_gemms_are_torch_calls():
+    """Without tuning (eager runs, fp32, CPU) every projection is torch's own call."""
+    rows, hidden, inter = 5, 8, 16
+    up = FfnUp("relu", False, None)
+    g = gemms_mod.EncoderGemms(rows, hidden, inter, torch.float64, torch.device("cpu"), up, tune=True)
+    assert set(g.choices().values()) == {"torch"}
+    gen = torch.Generator().manual_seed(0)
+    x, w, acc = (torch.randn(rows, hidden, generator=gen, dtype=torch.float64),
+                 torch.randn(3 * hidden, hidden, generator=gen, dtype=torch.float64),
+                 torch.randn(rows, hidden, generator=gen, dtype=torch.float64))
+    out = torch.empty(rows, 3 * hidden, dtype=torch.float64)
+    g.qkv(x, w, out)
+    torch.testing.assert_close(out, x @ w.t())
+    w_o = torch.randn(hidden, hidden, generator=gen, dtype=torch.float64)
+    want = acc + x @ w_o.t()
+    g.out_residual(x, w_o, acc)
+    torch.testing.assert_close(acc, want)
