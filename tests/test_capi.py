@@ -320,7 +320,7 @@ def test_last_error_is_replaced_by_the_next_failure():
 
 def _stats_args(**over):
     return _args(dict(mask=A, mask_bytes=8, ids=A, types=None, id_bytes=8, batch=4, width=16, vocab=100,
-                      type_vocab=2, seqlens=A, stats=A), over)
+                      type_vocab=2, seqlens=A, stats=A, host_stats=None), over)
 
 
 @pytest.mark.parametrize("over, fragments", [

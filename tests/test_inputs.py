@@ -64,6 +64,48 @@ def test_no_mask_means_every_position(seed):
     assert out.cpu().tolist() == [9, 9, 9, 9, 0, 36, 9]
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch, width", [(1, 5), (16, 256), (128, 128)])
+def test_host_stats_is_a_stream_ordered_copy(seed, batch, width):
+    """The pinned host copy of flags / total / longest, read after synchronizing, equals the device's."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths, ids, mask, _, _ = padded_batch(gen, batch, width, torch.int64, torch.int64, False)
+    host = torch.full((3,), POISON, dtype=torch.int32).pin_memory()
+    stats = ops.padded_input_stats(ids, mask, None, VOCAB, 0, host_stats=host)
+    torch.cuda.current_stream().synchronize()
+    assert host.tolist() == [0, int(lengths.sum()), int(lengths.max())] == stats[batch:].tolist()
+    mask[0, 0] = 3  # and a flag arrives too
+    ops.padded_input_stats(ids, mask, None, VOCAB, 0, host_stats=host)
+    torch.cuda.current_stream().synchronize()
+    assert host[0] & FLAG["a mask value other than 0 and 1"]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("make", [lambda: torch.zeros(3, dtype=torch.int32),
+                                  lambda: torch.zeros(4, dtype=torch.int32).pin_memory(),
+                                  lambda: torch.zeros(3, dtype=torch.int64).pin_memory(),
+                                  lambda: torch.zeros(3, dtype=torch.int32, device="cuda")])
+def test_host_stats_must_be_pinned_int32_of_three(make):
+    ids = torch.zeros(2, 4, dtype=torch.int64, device="cuda")
+    with pytest.raises(ops.InputError, match="host_stats: expected a pinned"):
+        ops.padded_input_stats(ids, None, None, VOCAB, 0, host_stats=make())
+
+
+@pytest.mark.gpu
+def test_prechecked_pack_matches_checked_pack(seed):
+    gen = torch.Generator().manual_seed(seed)
+    lengths, ids, mask, type_ids, _ = padded_batch(gen, 9, 40, torch.int32, torch.bool, True)
+    seqlens = ops.padded_input_stats(ids, mask, type_ids, VOCAB, TYPE_VOCAB)[:9]
+    outs = []
+    for pack in (ops.pack_padded_inputs, ops.pack_padded_inputs_prechecked):
+        packed = torch.full((int(lengths.sum()) + 3,), POISON, dtype=torch.int32, device="cuda")
+        types, cu = torch.full_like(packed, POISON), torch.full((17,), POISON, dtype=torch.int32, device="cuda")
+        pack(ids, type_ids, seqlens, packed, types, cu)
+        outs.append(torch.cat([packed, types, cu]).cpu())
+    assert torch.equal(outs[0], outs[1])
+    assert (outs[1][int(lengths.sum()):int(lengths.sum()) + 3] == POISON).all()
+
+
 def _flags(ids, mask, types=None, type_vocab=TYPE_VOCAB) -> int:
     return int(ops.padded_input_stats(ids, mask, types, VOCAB, type_vocab)[ids.shape[0]])
 

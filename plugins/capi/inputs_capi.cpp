@@ -24,7 +24,8 @@ extern "C" {
 padfree_status padfree_padded_input_stats(const void* attention_mask, int32_t mask_bytes, const void* input_ids,
                                           const void* token_type_ids, int32_t id_bytes, int32_t batch,
                                           int32_t padded_seqlen, int64_t vocab_size, int64_t type_vocab_size,
-                                          int32_t* seqlens, int32_t* stats, padfree_stream stream) {
+                                          int32_t* seqlens, int32_t* stats, int32_t* host_stats,
+                                          padfree_stream stream) {
     PADFREE_CAPI_GUARD_BEGIN
     PADFREE_REQUIRE(input_ids != nullptr, "input_ids is NULL");
     PADFREE_REQUIRE(seqlens != nullptr, "seqlens is NULL");
@@ -35,7 +36,7 @@ padfree_status padfree_padded_input_stats(const void* attention_mask, int32_t ma
     PADFREE_REQUIRE(vocab_size >= 0, "vocab_size must be >= 0, got ", vocab_size);
     PADFREE_REQUIRE(type_vocab_size >= 0, "type_vocab_size must be >= 0, got ", type_vocab_size);
     padfree::launch_padded_input_stats(attention_mask, mask_bytes, input_ids, token_type_ids, id_bytes, batch,
-                                       padded_seqlen, vocab_size, type_vocab_size, seqlens, stats,
+                                       padded_seqlen, vocab_size, type_vocab_size, seqlens, stats, host_stats,
                                        padfree::as_cuda_stream(stream));
     return padfree::check_launch("padded_input_stats");
     PADFREE_CAPI_GUARD_END

@@ -33,7 +33,7 @@ extern "C" {
 
 /* Bumped on any incompatible change of a signature below; the bindings refuse a mismatch.
  * 2: remove_padding, rebuild_padding and attention_varlen take total_tokens. */
-#define PADFREE_ABI_VERSION 2
+#define PADFREE_ABI_VERSION 3
 
 typedef enum padfree_status {
     PADFREE_OK = 0,
@@ -103,13 +103,16 @@ enum {
 /* attention_mask [batch, padded_seqlen] (NULL: every position is a token), input_ids and
  * token_type_ids (may be NULL) [batch, padded_seqlen] -> seqlens [batch] int32 (ones per mask row)
  * and stats [3] int32: the OR of PADFREE_INPUT_* flags over all rows, the total and the longest of
- * seqlens. Padding positions may hold any id. */
+ * seqlens. Padding positions may hold any id. host_stats: NULL, or host memory [3] (pinned, for the
+ * copy to be asynchronous) that receives a stream-ordered copy of stats: read it after synchronizing
+ * the stream (one call instead of a launch and a copy: the caller's host time is the latency here). */
 PADFREE_API padfree_status padfree_padded_input_stats(const void* attention_mask, int32_t mask_bytes,
                                                       const void* input_ids, const void* token_type_ids,
                                                       int32_t id_bytes, int32_t batch,
                                                       int32_t padded_seqlen, int64_t vocab_size,
                                                       int64_t type_vocab_size, int32_t* seqlens,
-                                                      int32_t* stats, padfree_stream stream);
+                                                      int32_t* stats, int32_t* host_stats,
+                                                      padfree_stream stream);
 
 /* seqlens from padfree_padded_input_stats -> cu_seqlens [cu_capacity + 1] (entries past batch repeat
  * the total: sequences of length 0, as CUDA-graph buckets want), packed_ids [total] int32 and, where

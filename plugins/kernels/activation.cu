@@ -24,6 +24,7 @@ __device__ __forceinline__ float gelu(float x) {
 // out may alias x: each vector is read, then written, by one thread.
 template <typename T, int kApproximate>
 __global__ void bias_gelu_kernel(const T* x, const T* bias, int64_t rows, int cols, T* out) {
+    wait_on_producer();
     constexpr int V = Vec<T>::size;
     const int nvec = cols / V;
     for (int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; row < rows;
@@ -58,13 +59,10 @@ void launch_bias_gelu(const void* x, const void* bias, int64_t rows, int32_t col
         constexpr int64_t kMaxGrid = 1 << 20;  // beyond this, blocks loop over rows
         const int64_t blocks = ceil_div<int64_t>(rows, block.y);
         const unsigned grid = static_cast<unsigned>(blocks < kMaxGrid ? blocks : kMaxGrid);
-        const T* xt = static_cast<const T*>(x);
-        const T* bt = static_cast<const T*>(bias);
-        T* ot = static_cast<T*>(out);
-        if (approximate == PADFREE_GELU_TANH)
-            bias_gelu_kernel<T, PADFREE_GELU_TANH><<<grid, block, 0, stream>>>(xt, bt, rows, cols, ot);
-        else
-            bias_gelu_kernel<T, PADFREE_GELU_ERF><<<grid, block, 0, stream>>>(xt, bt, rows, cols, ot);
+        auto kernel = approximate == PADFREE_GELU_TANH ? bias_gelu_kernel<T, PADFREE_GELU_TANH>
+                                                       : bias_gelu_kernel<T, PADFREE_GELU_ERF>;
+        launch_kernel(kernel, grid, block, 0, stream, static_cast<const T*>(x), static_cast<const T*>(bias), rows,
+                      cols, static_cast<T*>(out));
     });
 }
 

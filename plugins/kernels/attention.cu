@@ -49,7 +49,7 @@ cudaError_t launch_tc(const AttentionArgs& args, int32_t batch, int32_t max_seql
         if (err != cudaSuccess) return err;
     }
     const dim3 grid(ceil_div<int32_t>(max_seqlen, Cfg::kBlockM), batch, args.num_heads);
-    kernel<<<grid, Cfg::kThreads, Cfg::kSmemBytes, stream>>>(args);
+    launch_kernel(kernel, grid, Cfg::kThreads, Cfg::kSmemBytes, stream, args);  // errors: cudaGetLastError
     return cudaSuccess;
 }
 
@@ -58,7 +58,8 @@ cudaError_t launch_head_dim(const AttentionArgs& args, int32_t batch, int32_t ma
                             padfree_dtype dtype, cudaStream_t stream) {
     if constexpr (std::is_same_v<T, float>) {
         const dim3 grid(ceil_div<int32_t>(max_seqlen, attention_detail::kFp32BlockM), batch, args.num_heads);
-        attention_detail::attention_fp32_kernel<HD><<<grid, attention_detail::kFp32Threads, 0, stream>>>(args);
+        launch_kernel(attention_detail::attention_fp32_kernel<HD>, grid, attention_detail::kFp32Threads, 0, stream,
+                      args);
         return cudaSuccess;
     } else {
         switch (choose_path(max_seqlen, dtype)) {

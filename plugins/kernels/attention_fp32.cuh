@@ -44,6 +44,7 @@ __global__ void __launch_bounds__(kFp32Threads) attention_fp32_kernel(AttentionA
     __shared__ float sK[kFp32BlockN * (HEAD_DIM + 1)];  // +1: lane = key reads hit distinct banks
     __shared__ float sV[kFp32BlockN * HEAD_DIM];
 
+    wait_on_producer();
     const int batch_index = blockIdx.y;
     const int head = blockIdx.z;
     // Clamped to the packed rows so that no cu_seqlens content reads or writes past them.
@@ -110,6 +111,7 @@ __global__ void __launch_bounds__(kFp32Threads) attention_fp32_kernel(AttentionA
         }
     }
 
+    allow_consumers();  // only the epilogue is left
     float* out = static_cast<float*>(args.out);
     const int64_t out_stride = static_cast<int64_t>(nh) * HEAD_DIM;
 #pragma unroll

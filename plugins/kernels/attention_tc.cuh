@@ -119,6 +119,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tc_k
     constexpr uint32_t kStageBytes = BN * HD * 2;
     constexpr uint32_t kGroupBytes = 16 * HD * 2;  // 16 keys of a K or V tile
 
+    wait_on_producer();
     const int batch_index = blockIdx.y;
     const int head = blockIdx.z;
     // Clamped to the packed rows so that no cu_seqlens content reads or writes past them.
@@ -350,6 +351,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tc_k
     int j = 0;
     for (; j < n_full; ++j) key_tile(j, std::true_type{});
     for (; j < n_tiles; ++j) key_tile(j, std::false_type{});
+    allow_consumers();  // only the epilogue is left
 
     if (!active) return;
     const float inv0 = 1.f / l[0];

@@ -1,13 +1,17 @@
-// Device helpers shared by the kernel families: dtype traits, 16-byte vectors, reductions and the
-// one runtime dtype dispatch. Header-only and free of the C ABI plumbing (capi_util.h) so that any
-// kernels/*.cu may include it. Keep this API stable: other families build on it.
+// Helpers shared by the kernel families: dtype traits, 16-byte vectors, reductions, the one runtime
+// dtype dispatch and the launch helper (PDL). Header-only and free of the C ABI plumbing
+// (capi_util.h) so that any kernels/*.cu may include it. Keep this API stable: other families build on it.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
 
 #include "padfree.h"
 
@@ -152,6 +156,60 @@ bool dispatch_dtype(padfree_dtype dtype, F&& f) {
         case PADFREE_BFLOAT16: f(TypeTag<__nv_bfloat16>{}); return true;
     }
     return false;
+}
+
+// ---- programmatic dependent launch (PDL, sm_90+) -----------------------------------------------
+
+// Every kernel launched through launch_kernel calls this before its first global access: with PDL
+// its grid may be resident while the previous kernel still runs, and this returns only once that
+// kernel has completed and its writes are visible.
+__device__ __forceinline__ void wait_on_producer() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// A hint that the next kernel may be scheduled now (else it is when this grid's CTAs exit). Safe
+// anywhere: the next kernel's wait_on_producer still waits for this whole grid.
+__device__ __forceinline__ void allow_consumers() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+// PDL needs compute capability 9.0+; PADFREE_PDL=0 turns it off (to compare, or to rule it out).
+// The capability is queried once per device: launches are on the host's critical path.
+inline bool pdl_enabled() {
+    static const bool allowed = [] {
+        const char* env = std::getenv("PADFREE_PDL");
+        return env == nullptr || std::strcmp(env, "0") != 0;
+    }();
+    if (!allowed) return false;
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return false;
+    constexpr int kMaxDevices = 64;
+    static std::atomic<signed char> known[kMaxDevices];  // 0: not queried yet; 1: PDL; -1: none
+    signed char state = device < kMaxDevices ? known[device].load(std::memory_order_relaxed) : 0;
+    if (state == 0) {
+        int major = 0;
+        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
+        state = major >= 9 ? 1 : -1;
+        if (device < kMaxDevices) known[device].store(state, std::memory_order_relaxed);
+    }
+    return state > 0;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...), with PDL where enabled. The arguments convert to
+// the kernel's parameter types (cudaLaunchKernelEx's template). A launch error is returned and, as
+// for <<<>>>, also left for cudaGetLastError (the C ABI's check_launch).
+template <typename... KArgs, typename... Args>
+cudaError_t launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                          Args&&... args) {
+    cudaLaunchAttribute pdl{};
+    pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    pdl.val.programmaticStreamSerializationAllowed = 1;
+    const cudaLaunchConfig_t config{grid, block, smem, stream, &pdl, pdl_enabled() ? 1u : 0u};
+    return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
 }  // namespace padfree

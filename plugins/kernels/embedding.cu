@@ -37,6 +37,7 @@ embedding_layernorm_kernel(const int32_t* input_ids, const int32_t* token_type_i
                                            const int32_t* cu_seqlens, int32_t batch, int64_t total_tokens,
                                            EmbeddingTables tables, const T* gamma, const T* beta, int hidden,
                                            float eps, T* out) {
+    wait_on_producer();
     constexpr int V = Vec<T>::size;
     const int nvec = hidden / V;
     const int lane = threadIdx.x;
@@ -93,11 +94,10 @@ void launch_embedding_layernorm(const int32_t* input_ids, const int32_t* token_t
         using T = typename decltype(dtype_tag)::type;
         const RowLaunch shape = row_launch(hidden / vec_size<T>());
         dispatch_row_launch(shape, [&](auto n, auto block_row) {
-            embedding_layernorm_kernel<T, decltype(n)::value, decltype(block_row)::value>
-                <<<row_grid(total_tokens, shape), shape.block, 0, stream>>>(
-                    input_ids, token_type_ids, cu_seqlens, batch, total_tokens, tables,
-                    static_cast<const T*>(gamma), static_cast<const T*>(beta), hidden, eps,
-                    static_cast<T*>(out));
+            launch_kernel(embedding_layernorm_kernel<T, decltype(n)::value, decltype(block_row)::value>,
+                          row_grid(total_tokens, shape), shape.block, 0, stream, input_ids, token_type_ids,
+                          cu_seqlens, batch, total_tokens, tables, static_cast<const T*>(gamma),
+                          static_cast<const T*>(beta), hidden, eps, static_cast<T*>(out));
         });
     });
 }

@@ -24,6 +24,7 @@ __global__ void padded_input_stats_kernel(const void* mask, int mask_bytes, cons
                                           const void* types, int id_bytes, int32_t batch, int32_t padded_seqlen,
                                           int64_t vocab_size, int64_t type_vocab_size, int32_t* seqlens,
                                           int32_t* stats) {
+    wait_on_producer();
     __shared__ int ones, row_flags;
     for (int32_t row = blockIdx.x; row < batch; row += gridDim.x) {
         const int64_t base = static_cast<int64_t>(row) * padded_seqlen;
@@ -73,6 +74,7 @@ __global__ void pack_padded_inputs_kernel(const void* ids, const void* types, in
                                           const int32_t* seqlens, int32_t batch, int32_t padded_seqlen,
                                           int32_t cu_capacity, int32_t packed_capacity, int32_t* packed_ids,
                                           int32_t* packed_types, int32_t* cu_seqlens) {
+    wait_on_producer();
     if (blockIdx.x == 0)
         for (int32_t b = batch + 1 + threadIdx.x; b <= cu_capacity; b += blockDim.x) cu_seqlens[b] = cu_seqlens[batch];
     for (int32_t row = blockIdx.x; row < batch; row += gridDim.x) {
@@ -95,11 +97,12 @@ unsigned row_blocks(int32_t batch) { return static_cast<unsigned>(batch < kMaxRo
 void launch_padded_input_stats(const void* mask, int mask_bytes, const void* input_ids,
                                const void* token_type_ids, int id_bytes, int32_t batch,
                                int32_t padded_seqlen, int64_t vocab_size, int64_t type_vocab_size,
-                               int32_t* seqlens, int32_t* stats, cudaStream_t stream) {
+                               int32_t* seqlens, int32_t* stats, int32_t* host_stats, cudaStream_t stream) {
     cudaMemsetAsync(stats, 0, 3 * sizeof(int32_t), stream);
-    padded_input_stats_kernel<<<row_blocks(batch), kRowThreads, 0, stream>>>(
-            mask, mask_bytes, input_ids, token_type_ids, id_bytes, batch, padded_seqlen, vocab_size,
-            type_vocab_size, seqlens, stats);
+    launch_kernel(padded_input_stats_kernel, row_blocks(batch), kRowThreads, 0, stream, mask, mask_bytes, input_ids,
+                  token_type_ids, id_bytes, batch, padded_seqlen, vocab_size, type_vocab_size, seqlens, stats);
+    if (host_stats != nullptr)
+        cudaMemcpyAsync(host_stats, stats, 3 * sizeof(int32_t), cudaMemcpyDeviceToHost, stream);
 }
 
 void launch_pack_padded_inputs(const void* input_ids, const void* token_type_ids, int id_bytes,
@@ -108,9 +111,9 @@ void launch_pack_padded_inputs(const void* input_ids, const void* token_type_ids
                                int32_t* packed_token_type_ids, int32_t* cu_seqlens, cudaStream_t stream) {
     launch_cu_seqlens_from_seqlens(seqlens, batch, cu_seqlens, stream);
     int32_t* packed_types = token_type_ids != nullptr ? packed_token_type_ids : nullptr;
-    pack_padded_inputs_kernel<<<row_blocks(batch), kRowThreads, 0, stream>>>(
-            input_ids, token_type_ids, id_bytes, seqlens, batch, padded_seqlen, cu_capacity, packed_capacity,
-            packed_ids, packed_types, cu_seqlens);
+    launch_kernel(pack_padded_inputs_kernel, row_blocks(batch), kRowThreads, 0, stream, input_ids, token_type_ids,
+                  id_bytes, seqlens, batch, padded_seqlen, cu_capacity, packed_capacity, packed_ids, packed_types,
+                  cu_seqlens);
 }
 
 }  // namespace padfree

@@ -15,11 +15,12 @@ namespace padfree {
 // PADFREE_INPUT_* flags over all rows, stats[1] = sum of seqlens, stats[2] = max of seqlens (stats
 // zeroed first). Ids are range-checked at valid positions only: padding may hold anything.
 // mask_bytes in {1, 4, 8} (bool/uint8, int32, int64), id_bytes in {4, 8} for ids and types.
-// batch >= 1, padded_seqlen >= 1, batch * padded_seqlen <= INT32_MAX.
+// batch >= 1, padded_seqlen >= 1, batch * padded_seqlen <= INT32_MAX. host_stats (may be null): host
+// memory that gets a stream-ordered copy of stats.
 void launch_padded_input_stats(const void* mask, int mask_bytes, const void* input_ids,
                                const void* token_type_ids, int id_bytes, int32_t batch,
                                int32_t padded_seqlen, int64_t vocab_size, int64_t type_vocab_size,
-                               int32_t* seqlens, int32_t* stats, cudaStream_t stream);
+                               int32_t* seqlens, int32_t* stats, int32_t* host_stats, cudaStream_t stream);
 
 // cu_seqlens [cu_capacity + 1] = prefix sum of seqlens, entries past batch repeating the total;
 // packed_ids (and packed_token_type_ids where both type pointers are set) [total] = each row's first

@@ -13,6 +13,7 @@ namespace {
 template <typename T, int N, bool kBlockRow, bool kSkip>
 __device__ __forceinline__ void layernorm_rows(const T* x, const T* residual, const T* bias, const T* gamma,
                                                const T* beta, int64_t rows, int hidden, float eps, T* out) {
+    wait_on_producer();
     constexpr int V = Vec<T>::size;
     const int nvec = hidden / V;
     const int lane = threadIdx.x;
@@ -72,10 +73,9 @@ void launch(const void* x, const void* residual, const void* bias, const void* g
             constexpr int kN = decltype(n)::value;
             constexpr bool kBlockRow = decltype(block_row)::value;
             auto kernel = kSkip ? skip_layernorm_kernel<T, kN, kBlockRow> : layernorm_kernel<T, kN, kBlockRow>;
-            kernel<<<row_grid(rows, shape), shape.block, 0, stream>>>(
-                    static_cast<const T*>(x), static_cast<const T*>(residual), static_cast<const T*>(bias),
-                    static_cast<const T*>(gamma), static_cast<const T*>(beta), rows, hidden, eps,
-                    static_cast<T*>(out));
+            launch_kernel(kernel, row_grid(rows, shape), shape.block, 0, stream, static_cast<const T*>(x),
+                          static_cast<const T*>(residual), static_cast<const T*>(bias), static_cast<const T*>(gamma),
+                          static_cast<const T*>(beta), rows, hidden, eps, static_cast<T*>(out));
         });
     });
 }

@@ -47,6 +47,7 @@ __device__ int block_inclusive_scan(int v, int* warp_totals, int* total) {
 // cu_seqlens[1 + i] = sum of max(lengths[0..i], 0); lengths may alias cu_seqlens + 1 (each thread
 // reads its element before any thread of the chunk writes). One block loops over chunks.
 __global__ void prefix_sum_kernel(const int32_t* lengths, int32_t batch, int32_t* cu_seqlens) {
+    wait_on_producer();
     __shared__ int warp_totals[kWarpSize];
     int carry = 0;
     for (int32_t base = 0; base < batch; base += kScanThreads) {
@@ -65,6 +66,7 @@ __global__ void prefix_sum_kernel(const int32_t* lengths, int32_t batch, int32_t
 // ones followed by zeros. Lengths go to cu_seqlens[1 + row] for the scan that follows.
 __global__ void mask_row_lengths_kernel(const int32_t* mask, int32_t padded_seqlen, int32_t* lengths,
                                         int32_t* invalid_rows) {
+    wait_on_producer();
     __shared__ int count;
     const int32_t* m = mask + static_cast<int64_t>(blockIdx.x) * padded_seqlen;
     if (threadIdx.x == 0) count = 0;
@@ -115,6 +117,7 @@ Chunking chunking(int32_t batch, int32_t padded_seqlen, int64_t row_bytes, int u
 template <typename U>
 __global__ void remove_padding_kernel(const U* padded, const int32_t* cu_seqlens, int32_t total_rows,
                                       int32_t padded_seqlen, Chunking c, U* packed) {
+    wait_on_producer();
     for (int64_t block = blockIdx.x; block < c.blocks; block += gridDim.x) {
         const int32_t b = static_cast<int32_t>(block / c.chunks_per_sequence);
         const int64_t begin = (block % c.chunks_per_sequence) * kCopyChunk;
@@ -131,6 +134,7 @@ __global__ void remove_padding_kernel(const U* padded, const int32_t* cu_seqlens
 template <typename U>
 __global__ void rebuild_padding_kernel(const U* packed, const int32_t* cu_seqlens, int32_t total_rows,
                                        int32_t padded_seqlen, Chunking c, U* padded) {
+    wait_on_producer();
     const int64_t padded_units = static_cast<int64_t>(padded_seqlen) * c.units_per_row;
     for (int64_t block = blockIdx.x; block < c.blocks; block += gridDim.x) {
         const int32_t b = static_cast<int32_t>(block / c.chunks_per_sequence);
@@ -174,15 +178,15 @@ unsigned grid_for(int64_t blocks) { return static_cast<unsigned>(blocks < kMaxGr
 
 void launch_cu_seqlens_from_seqlens(const int32_t* seqlens, int32_t batch, int32_t* cu_seqlens,
                                     cudaStream_t stream) {
-    prefix_sum_kernel<<<1, kScanThreads, 0, stream>>>(seqlens, batch, cu_seqlens);
+    launch_kernel(prefix_sum_kernel, 1, kScanThreads, 0, stream, seqlens, batch, cu_seqlens);
 }
 
 void launch_cu_seqlens_from_mask(const int32_t* mask, int32_t batch, int32_t padded_seqlen,
                                  int32_t* cu_seqlens, int32_t* invalid_rows, cudaStream_t stream) {
     if (batch > 0)
-        mask_row_lengths_kernel<<<batch, kMaskThreads, 0, stream>>>(mask, padded_seqlen, cu_seqlens + 1,
-                                                                    invalid_rows);
-    prefix_sum_kernel<<<1, kScanThreads, 0, stream>>>(cu_seqlens + 1, batch, cu_seqlens);
+        launch_kernel(mask_row_lengths_kernel, batch, kMaskThreads, 0, stream, mask, padded_seqlen, cu_seqlens + 1,
+                      invalid_rows);
+    launch_kernel(prefix_sum_kernel, 1, kScanThreads, 0, stream, cu_seqlens + 1, batch, cu_seqlens);
 }
 
 void launch_remove_padding(const void* padded, const int32_t* cu_seqlens, int32_t batch,
@@ -194,8 +198,8 @@ void launch_remove_padding(const void* padded, const int32_t* cu_seqlens, int32_
     const int32_t total_rows = int32_rows(total_tokens);
     dispatch_unit(unit, [&](auto tag) {
         using U = typename decltype(tag)::type;
-        remove_padding_kernel<U><<<grid_for(c.blocks), kCopyThreads, 0, stream>>>(
-            static_cast<const U*>(padded), cu_seqlens, total_rows, padded_seqlen, c, static_cast<U*>(packed));
+        launch_kernel(remove_padding_kernel<U>, grid_for(c.blocks), kCopyThreads, 0, stream,
+                      static_cast<const U*>(padded), cu_seqlens, total_rows, padded_seqlen, c, static_cast<U*>(packed));
     });
 }
 
@@ -209,8 +213,8 @@ void launch_rebuild_padding(const void* packed, const int32_t* cu_seqlens, int32
     const int32_t total_rows = int32_rows(total_tokens);
     dispatch_unit(unit, [&](auto tag) {
         using U = typename decltype(tag)::type;
-        rebuild_padding_kernel<U><<<grid_for(c.blocks), kCopyThreads, 0, stream>>>(
-            static_cast<const U*>(packed), cu_seqlens, total_rows, padded_seqlen, c, static_cast<U*>(padded));
+        launch_kernel(rebuild_padding_kernel<U>, grid_for(c.blocks), kCopyThreads, 0, stream,
+                      static_cast<const U*>(packed), cu_seqlens, total_rows, padded_seqlen, c, static_cast<U*>(padded));
     });
 }
 

@@ -124,24 +124,25 @@ class DeviceInputs:
                 raise InputError(f"{name}: expected a tensor on {self.device} (or on the CPU), got {where}")
         lim = self.limits
         vocab = INT32_MAX + 1 if lim.vocab_size is None else min(lim.vocab_size, INT32_MAX + 1)
+        if self._readback is None:
+            self._readback = torch.empty(3, dtype=torch.int32, pin_memory=True)
         try:
             stats = self._ops.padded_input_stats(input_ids, attention_mask, token_type_ids, vocab,
-                                                 lim.type_vocab_size or 0, out=self._stats_buffer(input_ids))
+                                                 lim.type_vocab_size or 0, out=self._stats_buffer(input_ids),
+                                                 host_stats=self._readback)
         except (InputError, KernelArgumentError):  # a dtype, layout or size the kernel does not take
             return self._on_host(input_ids, attention_mask, token_type_ids)
         batch, width = input_ids.shape
-        if self._readback is None:
-            self._readback = torch.empty(3, dtype=torch.int32, pin_memory=True)
-        self._readback.copy_(stats[batch:], non_blocking=True)
-        torch.cuda.current_stream(self.device).synchronize()  # also ends the last read of _readback
+        torch.cuda.current_stream(self.device).synchronize()  # the copy into _readback has landed
         flags, total, longest = self._readback.tolist()
         if flags or longest > min(lim.max_seqlen, lim.max_tokens) or total > lim.max_tokens:
             return self._on_host(input_ids, attention_mask, token_type_ids)
         ops, seqlens = self._ops, stats[:batch]
 
         def fill(buf: InputBuffer) -> None:
-            ops.pack_padded_inputs(input_ids, token_type_ids, seqlens, buf.input_ids, buf.token_type_ids,
-                                   buf.cu_seqlens)
+            # padded_input_stats accepted these inputs, and the buffers are the encoder's
+            ops.pack_padded_inputs_prechecked(input_ids, token_type_ids, seqlens, buf.input_ids,
+                                              buf.token_type_ids, buf.cu_seqlens)
 
         return Batch(total, batch, longest, width, token_type_ids is not None, fill)
 
