@@ -25,7 +25,7 @@ step() {  # step NAME COMMAND...: runs it, tees its log, records its exit status
 # Kernel tests only under the sanitizers: the encoder tests add cuBLAS and torch's own kernels,
 # which the tools would also have to walk, without testing padfree's memory accesses any better.
 kernel_tests=(tests/test_padding.py tests/test_layernorm.py tests/test_embedding.py
-              tests/test_activation.py tests/test_attention.py)
+              tests/test_activation.py tests/test_attention.py tests/test_inputs.py)
 sanitize() {
   local tool=$1; shift
   compute-sanitizer --tool "$tool" --error-exitcode 1 --target-processes all \
@@ -41,7 +41,8 @@ for mode in "${modes[@]}"; do
     sanitize|all)
       step memcheck sanitize memcheck "${kernel_tests[@]}"
       # racecheck walks every shared-memory access: the kernels that share tiles, one dtype.
-      step racecheck sanitize racecheck tests/test_attention.py tests/test_layernorm.py -k "float16" ;;&
+      step racecheck sanitize racecheck tests/test_attention.py tests/test_layernorm.py tests/test_inputs.py \
+        -k "${RACECHECK_FILTER:-float16}" ;;&
     bench|all)
       step bench-kernels python3 bench/kernels.py
       step bench-attn python3 bench/attention.py
