@@ -8,38 +8,16 @@ bucket rows at the benchmark shapes (1x128, 16x256, 128x128, 64x512). On the dev
 import argparse
 import datetime
 import json
-import statistics
 import sys
 
 import torch
 
 from padfree.torch import cublaslt
+from padfree.torch.gemms import graph_call_us
 
 CALLS, REPLAYS = 20, 15
 ROWS = (128, 2624, 9344, 21504)
 H, FFN = 768, 3072
-
-
-def graph_ms(fn) -> float:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(CALLS):
-            fn()
-    g.replay()
-    times = []
-    for _ in range(REPLAYS):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / CALLS)
-    return statistics.median(times)
 
 
 def problems(rows: int):
@@ -75,7 +53,7 @@ def main(argv):
         for name, x, w, bias, out, epi, accumulate, torch_call in problems(rows):
             lin = cublaslt.Linear(rows, x.shape[1], w.shape[0], torch.float16, epilogue=epi, accumulate=accumulate,
                                   max_workspace=cublaslt.WORKSPACE_BYTES)
-            t_torch = graph_ms(torch_call) * 1e3
+            t_torch = graph_call_us(torch_call, CALLS, REPLAYS)
             # same numbers as torch's call (fresh output for the non-accumulating ones)
             ref = out.clone()
             torch_call()
@@ -92,7 +70,7 @@ def main(argv):
                 got = out.clone()
                 out.copy_(ref)
                 err = ((got.float() - expect.float()).abs().max() / expect.float().abs().max().clamp(min=1e-6)).item()
-                us = graph_ms(lambda: lin(x, w, out, bias, workspace, algo)) * 1e3
+                us = graph_call_us(lambda: lin(x, w, out, bias, workspace, algo), CALLS, REPLAYS)
                 out.copy_(ref)
                 timed.append({"algo": info.label(), "us": us, "max_rel_diff_vs_torch": err,
                               "workspace": info.workspace_size})

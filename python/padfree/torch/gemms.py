@@ -46,9 +46,10 @@ class _Lt:
 _chosen: dict[tuple[int, Problem], _Lt | None] = {}
 
 
-def _graph_us(fn: Callable[[], object]) -> float:
-    """Median device time of one fn() call, replayed from a graph (the calls are too short to time
-    from the host). Plain capture_begin/end: torch.cuda.graph would collect garbage every time."""
+def graph_call_us(fn: Callable[[], object], calls: int = _CALLS, replays: int = _REPLAYS) -> float:
+    """Median device time in us of one fn() call: `calls` calls captured in a CUDA graph, replayed
+    `replays` times (the calls are too short to time from the host). Plain capture_begin/end:
+    torch.cuda.graph would collect garbage every time."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -56,13 +57,13 @@ def _graph_us(fn: Callable[[], object]) -> float:
         graph = torch.cuda.CUDAGraph()
         graph.capture_begin()
         try:
-            for _ in range(_CALLS):
+            for _ in range(calls):
                 fn()
         finally:
             graph.capture_end()
         graph.replay()
         times = []
-        for _ in range(_REPLAYS):
+        for _ in range(replays):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             graph.replay()
@@ -70,7 +71,7 @@ def _graph_us(fn: Callable[[], object]) -> float:
             end.synchronize()
             times.append(start.elapsed_time(end))
     torch.cuda.current_stream().wait_stream(side)
-    return statistics.median(times) / _CALLS * 1e3
+    return statistics.median(times) / calls * 1e3
 
 
 def _tune(problem: Problem, torch_call: Callable, device: torch.device) -> _Lt | None:
@@ -101,7 +102,7 @@ def _tune(problem: Problem, torch_call: Callable, device: torch.device) -> _Lt |
     best_us = {name: float("inf") for name in calls}
     for _ in range(ROUNDS):
         for name, fn in calls.items():
-            best_us[name] = min(best_us[name], _graph_us(fn))
+            best_us[name] = min(best_us[name], graph_call_us(fn))
     label = min(algos, key=best_us.__getitem__, default=None)
     if label is None or best_us[label] >= best_us["torch"] * KEEP_MARGIN:
         return None
