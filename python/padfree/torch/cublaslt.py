@@ -1,9 +1,8 @@
 """cuBLASLt matmuls with a chosen algorithm, through the cuBLASLt library torch itself loaded.
 
-torch's GEMM entry points ask cuBLASLt's heuristic for one algorithm and run it. On the H100 that
-choice is measurably slow for BERT's FFN up-projection with the bias+GELU epilogue (NOTES-bert.md:
-+37 us per layer at 21504 rows over a plain GEMM). Here the heuristic's candidates are listed and
-timed once per shape (autotune at graph-capture time), and the fastest is kept.
+torch's GEMM entry points run the first algorithm cuBLASLt's heuristic lists. Here the list itself
+is available (Linear.candidates) and a call runs the algorithm it is given, so that a caller can time
+the candidates and keep the fastest (padfree.torch.gemms; bench/gemm_algos.py).
 
 No headers or link step: the few enums and two structs below are cuBLASLt's stable C ABI (cublasLt.h,
 CUDA 12 and 13). The library is the one torch already mapped into the process (so one cuBLASLt, one
@@ -126,8 +125,6 @@ class Linear:
         """max_workspace: bytes of workspace the candidates may ask for (0: none, so that no buffer is
         shared between streams or graphs); calls pass a workspace tensor of at least that size."""
         lib = library()
-        self.shape = (rows, in_features, out_features)
-        self.dtype, self.epilogue, self.accumulate = dtype, epilogue, accumulate
         # Column-major view: D^T[N, M] = W[N, K] (row-major = col-major K x N, transposed) @ X^T.
         self._desc = ctypes.c_void_p()
         _check(lib.cublasLtMatmulDescCreate(ctypes.byref(self._desc), _COMPUTE_32F, _R_32F), "MatmulDescCreate")
@@ -150,7 +147,6 @@ class Linear:
         _check(lib.cublasLtMatmulPreferenceSetAttribute(self._pref, _PREF_MAX_WORKSPACE_BYTES, ctypes.byref(ws), 8),
                "PreferenceSetAttribute")
         self._alpha, self._beta = ctypes.c_float(1.0), ctypes.c_float(1.0 if accumulate else 0.0)
-        self.algo: Algo | None = None
 
     def candidates(self, count: int = 32) -> list[tuple[Algo, AlgoInfo]]:
         lib = library()
@@ -179,12 +175,12 @@ class Linear:
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None = None,
                  workspace: torch.Tensor | None = None, algo: Algo | None = None) -> torch.Tensor:
+        """algo: one of candidates(), or None for cuBLASLt's own pick."""
         lib = library()
         if bias is not None:
             p = ctypes.c_void_p(bias.data_ptr())
             _check(lib.cublasLtMatmulDescSetAttribute(self._desc, _DESC_BIAS_POINTER, ctypes.byref(p), 8),
                    "MatmulDescSetAttribute(bias)")
-        algo = algo if algo is not None else self.algo
         stream = torch._C._cuda_getCurrentRawStream(x.device.index)
         ws = workspace.data_ptr() if workspace is not None else None
         if self.max_workspace and (workspace is None or workspace.numel() * workspace.element_size() < self.max_workspace):

@@ -118,58 +118,50 @@ class EncoderGemms:
 
     def __init__(self, rows: int, hidden: int, intermediate: int, dtype: torch.dtype, device: torch.device,
                  ffn_up, *, tune: bool, tune_min_rows: int = TUNE_MIN_ROWS):
-        self._ffn_up = ffn_up
-        epilogue = cublaslt.EPILOGUE_DEFAULT
-        if ffn_up.use_epilogue:
-            epilogue = cublaslt.EPILOGUE_RELU_BIAS if ffn_up.activation == "relu" else cublaslt.EPILOGUE_GELU_BIAS
-        problems = {"qkv": (Problem(rows, hidden, 3 * hidden, dtype, cublaslt.EPILOGUE_DEFAULT, False), _mm),
-                    "out": (Problem(rows, hidden, hidden, dtype, cublaslt.EPILOGUE_DEFAULT, True), _addmm),
-                    "down": (Problem(rows, intermediate, hidden, dtype, cublaslt.EPILOGUE_DEFAULT, True), _addmm)}
-        if ffn_up.use_epilogue:
-            problems["up"] = (Problem(rows, hidden, intermediate, dtype, epilogue, False),
-                              lambda x, w, b, out: ffn_up(x, w, b, out=out))
-        self._lt: dict[str, _Lt | None] = {name: None for name in ("qkv", "out", "up", "down")}
+        # each projection as f(x, w, bias, out): torch's call unless a tuned algorithm replaces it
+        self._impl: dict[str, Callable] = {"qkv": _mm, "out": _addmm, "down": _addmm,
+                                           "up": lambda x, w, b, out: ffn_up(x, w, b, out=out)}
+        self._labels = {name: "torch" for name in self._impl}
         if not tune or rows < tune_min_rows or dtype == torch.float32 or device.type != "cuda":
             return
         try:
             cublaslt.library()
         except (cublaslt.CublasLtError, OSError):
             return  # torch without a loadable cuBLASLt: torch's calls it is
-        for name, (problem, torch_call) in problems.items():
+        default = cublaslt.EPILOGUE_DEFAULT
+        problems = {"qkv": Problem(rows, hidden, 3 * hidden, dtype, default, False),
+                    "out": Problem(rows, hidden, hidden, dtype, default, True),
+                    "down": Problem(rows, intermediate, hidden, dtype, default, True)}
+        if ffn_up.use_epilogue:  # else it is a GEMM and padfree's bias_gelu: not one cuBLASLt call
+            act = cublaslt.EPILOGUE_RELU_BIAS if ffn_up.activation == "relu" else cublaslt.EPILOGUE_GELU_BIAS
+            problems["up"] = Problem(rows, hidden, intermediate, dtype, act, False)
+        for name, problem in problems.items():
             key = (device.index, problem)
             if key not in _chosen:
-                _chosen[key] = _tune(problem, torch_call, device)
-            self._lt[name] = _chosen[key]
+                _chosen[key] = _tune(problem, self._impl[name], device)
+            lt = _chosen[key]
+            if lt is not None:
+                self._impl[name] = lambda x, w, b, out, lt=lt: lt.linear(x, w, out, b, None, lt.algo)
+                self._labels[name] = f"cublaslt {lt.label}"
 
     def choices(self) -> dict[str, str]:
         """Which implementation each projection runs (for reports)."""
-        return {name: ("torch" if lt is None else f"cublaslt {lt.label}") for name, lt in self._lt.items()}
-
-    def _call(self, name: str, x, w, out, bias=None) -> bool:
-        lt = self._lt[name]
-        if lt is None:
-            return False
-        lt.linear(x, w, out, bias, None, lt.algo)
-        return True
+        return dict(self._labels)
 
     def qkv(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> None:
-        if not self._call("qkv", x, w, out):
-            _mm(x, w, None, out)
+        self._impl["qkv"](x, w, None, out)
 
     def out_residual(self, x: torch.Tensor, w: torch.Tensor, acc: torch.Tensor) -> None:
         """acc += x @ w^T"""
-        if not self._call("out", x, w, acc):
-            _addmm(x, w, None, acc)
+        self._impl["out"](x, w, None, acc)
 
     def up(self, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor, out: torch.Tensor) -> None:
         """out = act(x @ w^T + bias)"""
-        if not self._call("up", x, w, out, bias):
-            self._ffn_up(x, w, bias, out=out)
+        self._impl["up"](x, w, bias, out)
 
     def down_residual(self, x: torch.Tensor, w: torch.Tensor, acc: torch.Tensor) -> None:
         """acc += x @ w^T"""
-        if not self._call("down", x, w, acc):
-            _addmm(x, w, None, acc)
+        self._impl["down"](x, w, None, acc)
 
 
 def _mm(x, w, _bias, out):
