@@ -91,19 +91,63 @@ def test_host_stats_must_be_pinned_int32_of_three(make):
         ops.padded_input_stats(ids, None, None, VOCAB, 0, host_stats=make())
 
 
+def _packer_buffers(tokens, capacity, types):
+    packed = torch.full((tokens,), POISON, dtype=torch.int32, device="cuda")
+    return (packed, torch.full_like(packed, POISON) if types else None,
+            torch.full((capacity + 1,), POISON, dtype=torch.int32, device="cuda"))
+
+
 @pytest.mark.gpu
-def test_prechecked_pack_matches_checked_pack(seed):
+@pytest.mark.parametrize("types", [True, False])
+def test_packer_matches_the_checked_calls_on_every_call(seed, types):
+    """PaddedInputPacker's first call (checked bindings) and later ones (checks skipped for a known
+    layout) both equal padded_input_stats + pack_padded_inputs, batch after fresh batch."""
     gen = torch.Generator().manual_seed(seed)
-    lengths, ids, mask, type_ids, _ = padded_batch(gen, 9, 40, torch.int32, torch.bool, True)
-    seqlens = ops.padded_input_stats(ids, mask, type_ids, VOCAB, TYPE_VOCAB)[:9]
-    outs = []
-    for pack in (ops.pack_padded_inputs, ops.pack_padded_inputs_prechecked):
-        packed = torch.full((int(lengths.sum()) + 3,), POISON, dtype=torch.int32, device="cuda")
-        types, cu = torch.full_like(packed, POISON), torch.full((17,), POISON, dtype=torch.int32, device="cuda")
-        pack(ids, type_ids, seqlens, packed, types, cu)
-        outs.append(torch.cat([packed, types, cu]).cpu())
-    assert torch.equal(outs[0], outs[1])
-    assert (outs[1][int(lengths.sum()):int(lengths.sum()) + 3] == POISON).all()
+    packer = ops.PaddedInputPacker(torch.device("cuda"), VOCAB, TYPE_VOCAB)
+    for _ in range(3):
+        lengths, ids, mask, type_ids, _ = padded_batch(gen, 9, 40, torch.int64, torch.int64, types)
+        total = int(lengths.sum())
+        got = _packer_buffers(total + 3, 16, types)
+        assert packer(ids, mask, type_ids, *got) == (0, total, int(lengths.max()))
+        want = _packer_buffers(total + 3, 16, types)
+        stats = ops.padded_input_stats(ids, mask, type_ids, VOCAB, TYPE_VOCAB)
+        ops.pack_padded_inputs(ids, type_ids, stats[:9], *want)
+        for g, w in zip(got, want):
+            if w is not None:
+                assert torch.equal(g.cpu(), w.cpu())
+        assert (got[0][total:] == POISON).all()
+
+
+@pytest.mark.gpu
+def test_packer_reports_flags_and_cut_batches_and_repacks(seed):
+    gen = torch.Generator().manual_seed(seed)
+    packer = ops.PaddedInputPacker(torch.device("cuda"), VOCAB, TYPE_VOCAB)
+    lengths, ids, mask, _, host_mask = padded_batch(gen, 6, 30, torch.int64, torch.int64, False)
+    total = int(lengths.sum())
+    small = _packer_buffers(total - 1, 6, False)  # one token short: a cut batch, nothing past it
+    assert packer(ids, mask, None, *small) == (0, total, int(lengths.max()))
+    large = _packer_buffers(total + 2, 8, False)
+    packer.repack(ids, None, large[0], None, large[2])
+    assert torch.equal(large[0][:total].cpu(), ids.cpu()[host_mask].to(torch.int32))
+    assert (large[0][total:] == POISON).all()
+    bad = mask.clone()
+    bad[0, 0] = 2  # the same layout, so the unchecked path: the flag still arrives
+    flags, _, _ = packer(ids, bad, None, *small)
+    assert flags & FLAG["a mask value other than 0 and 1"]
+
+
+@pytest.mark.gpu
+def test_packer_checks_each_new_layout():
+    packer = ops.PaddedInputPacker(torch.device("cuda"), VOCAB, TYPE_VOCAB)
+    ids = torch.zeros(2, 4, dtype=torch.int64, device="cuda")
+    bufs = _packer_buffers(8, 2, False)
+    assert packer(ids, None, None, *bufs) == (0, 8, 4)
+    with pytest.raises(ops.InputError, match="input_ids: expected dtype"):
+        packer(ids.double(), None, None, *bufs)
+    with pytest.raises(ops.InputError, match="contiguous"):
+        packer(torch.zeros(4, 2, dtype=torch.int64, device="cuda").t(), None, None, *bufs)
+    with pytest.raises(ops.InputError, match="cu_seqlens"):
+        packer(ids, None, None, bufs[0], None, bufs[2][:2])  # capacity 1 < batch 2
 
 
 def _flags(ids, mask, types=None, type_vocab=TYPE_VOCAB) -> int:

@@ -498,6 +498,28 @@ def test_device_inputs_are_packed_on_the_device(seed, monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("use_graphs", [True, False])
+def test_input_buffer_grows_and_packs_again(seed, monkeypatch, use_graphs):
+    """GPU inputs are packed into the encoder's input buffer before their total is known; a batch that
+    does not fit grows the buffer (dropping the graphs that read the old one) and is packed again.
+    Outputs equal those of host inputs, before and after, for both routes."""
+    import padfree.torch.encoder as encoder_module
+    monkeypatch.setattr(encoder_module, "INPUT_TOKENS", 64)
+    monkeypatch.setattr(encoder_module, "INPUT_BATCH", 2)
+    rng = np.random.default_rng(seed)
+    model = make_model("bert", hidden=128, heads=2, positions=128, seed=seed)
+    encoder = from_hf(model, dtype=torch.float16, use_graphs=use_graphs)
+    for batch, width in ((2, 20), (5, 100), (2, 20), (3, 128)):
+        ids, mask, type_ids = random_batch(model, batch, width, rng, types=True)
+        on_host = encoder(ids, mask, type_ids).last_hidden_state
+        on_gpu = encoder(ids.cuda(), mask.cuda(), type_ids.cuda()).last_hidden_state
+        assert torch.equal(on_gpu, on_host), (batch, width)
+    assert encoder._inputs.input_ids.shape[0] >= int(mask.sum())
+    if use_graphs:
+        assert all(b.tokens <= encoder._inputs.input_ids.shape[0] for b in encoder.graph_buckets)
+
+
+@pytest.mark.gpu
 def test_bad_inputs_on_gpu_raise_input_error(seed):
     model = make_model("bert", hidden=128, heads=2, positions=64, seed=seed)
     encoder = from_hf(model, dtype=torch.float16)

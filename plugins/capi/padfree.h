@@ -7,10 +7,9 @@
  * rows through cu_seqlens also take total_tokens, the packed tensor's row count, and clamp each
  * sequence's rows [cu_seqlens[b], cu_seqlens[b + 1]) to [0, total_tokens]: whatever cu_seqlens
  * holds, no row outside the tensors is read or written (values for an inconsistent cu_seqlens
- * are unspecified). All work is enqueued on
- * `stream`; no call synchronizes the host. Every call returns a status; on failure
- * padfree_last_error() says why (thread-local). Float tensors of one call share one dtype;
- * statistics and accumulation are fp32.
+ * are unspecified). All work is enqueued on `stream`; no call but padfree_stream_synchronize
+ * blocks the host. Every call returns a status; on failure padfree_last_error() says why
+ * (thread-local). Float tensors of one call share one dtype; statistics and accumulation are fp32.
  *
  * Callers: the Python bindings (ctypes), the TensorRT plugins (plugins/trt), and C/C++ users.
  * No C++ types cross this boundary; the stream is a cudaStream_t passed as void*.
@@ -54,6 +53,11 @@ PADFREE_API int padfree_abi_version(void);
 PADFREE_API const char* padfree_version(void);
 PADFREE_API const char* padfree_last_error(void);
 PADFREE_API const char* padfree_status_string(padfree_status status);
+
+/* Waits until `stream` has run everything enqueued on it (cudaStreamSynchronize): the one call that
+ * blocks the host, for callers that read host_stats (below) and have no CUDA runtime of their own
+ * at hand; through ctypes it is one foreign call instead of a framework's stream object. */
+PADFREE_API padfree_status padfree_stream_synchronize(padfree_stream stream);
 
 /* ---- padding: prefix-sum packing (ByteTransformer's remove/rebuild padding) ------------------ */
 

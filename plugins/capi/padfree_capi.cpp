@@ -40,4 +40,11 @@ const char* padfree_status_string(padfree_status status) {
     return "unknown status";
 }
 
+padfree_status padfree_stream_synchronize(padfree_stream stream) {
+    const cudaError_t err = cudaStreamSynchronize(padfree::as_cuda_stream(stream));
+    if (err == cudaSuccess) return PADFREE_OK;
+    return padfree::fail(PADFREE_ERROR_CUDA, "stream_synchronize: ", cudaGetErrorName(err), ": ",
+                         cudaGetErrorString(err));
+}
+
 }  // extern "C"

@@ -119,9 +119,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tc_k
     constexpr uint32_t kStageBytes = BN * HD * 2;
     constexpr uint32_t kGroupBytes = 16 * HD * 2;  // 16 keys of a K or V tile
 
-    wait_on_producer();
     const int batch_index = blockIdx.y;
     const int head = blockIdx.z;
+    // the head's Q and V bias (only those are added, see above): weights, so before the wait; by one
+    // CTA per head (layernorm_row.cuh: prefetch_row_params says why not by all)
+    if (args.qkv_bias != nullptr && blockIdx.x == 0 && batch_index == 0 && threadIdx.x < 2 * HD * 2 / 128) {
+        const int part = threadIdx.x / (HD * 2 / 128) * 2;  // Q (0) or V (2)
+        const int line = threadIdx.x % (HD * 2 / 128);
+        prefetch_l2(static_cast<const char*>(args.qkv_bias) + ((part * args.num_heads + head) * HD) * 2 + line * 128);
+    }
+    wait_on_producer();
     // Clamped to the packed rows so that no cu_seqlens content reads or writes past them.
     const int start = min(max(args.cu_seqlens[batch_index], 0), args.total_rows);
     const int len = min(max(args.cu_seqlens[batch_index + 1], start), args.total_rows) - start;

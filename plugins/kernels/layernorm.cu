@@ -13,11 +13,12 @@ namespace {
 template <typename T, int N, bool kBlockRow, bool kSkip>
 __device__ __forceinline__ void layernorm_rows(const T* x, const T* residual, const T* bias, const T* gamma,
                                                const T* beta, int64_t rows, int hidden, float eps, T* out) {
-    wait_on_producer();
     constexpr int V = Vec<T>::size;
     const int nvec = hidden / V;
     const int lane = threadIdx.x;
     const int threads = blockDim.x;
+    prefetch_row_params(gamma, beta, kSkip ? bias : nullptr, hidden);
+    wait_on_producer();
     for (int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; row < rows;
          row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
         const int64_t offset = row * hidden;

@@ -22,6 +22,7 @@ _SIGNATURES: dict[str, list] = {
     "padfree_version": [],
     "padfree_last_error": [],
     "padfree_status_string": [c_int],
+    "padfree_stream_synchronize": [_p],
     "padfree_cu_seqlens_from_seqlens": [_i32p, c_int32, _i32p, _p],
     "padfree_cu_seqlens_from_mask": [_i32p, c_int32, c_int32, _i32p, _i32p, _p],
     "padfree_remove_padding": [_p, _i32p, c_int32, c_int64, c_int32, c_int64, _p, _p],

@@ -10,4 +10,4 @@ from .attention import attention_varlen  # noqa: F401
 from .layernorm import layernorm, skip_layernorm  # noqa: F401
 from .embedding import embedding_layernorm  # noqa: F401
 from .activation import bias_gelu  # noqa: F401
-from .inputs import pack_padded_inputs, pack_padded_inputs_prechecked, padded_input_stats  # noqa: F401
+from .inputs import PaddedInputPacker, pack_padded_inputs, padded_input_stats, stream_synchronize  # noqa: F401

@@ -1,7 +1,8 @@
 """A right-padded batch of integer model inputs on the GPU -> packed int32 inputs, in two calls
 around one read-back of three ints (plugins/kernels/inputs.h): padded_input_stats measures and checks
 every row, the caller reads the totals to size its buffers (a CUDA graph's bucket), pack_padded_inputs
-writes them. The host never reads the padded tensors themselves."""
+writes them. The host never reads the padded tensors themselves. PaddedInputPacker is the two around
+the read-back as one lean call, for a caller whose packed buffers do not depend on the total."""
 from __future__ import annotations
 
 import torch
@@ -65,18 +66,95 @@ def pack_padded_inputs(input_ids: torch.Tensor, token_type_ids: torch.Tensor | N
     check_int32(padded_seqlen, "input_ids: width", minimum=1)
     check_int32(cu_seqlens.shape[0] - 1, "cu_seqlens: capacity", minimum=batch)
     check_int32(packed_ids.shape[0], "packed_ids: length")
-    pack_padded_inputs_prechecked(input_ids, token_type_ids, seqlens, packed_ids, packed_token_type_ids, cu_seqlens)
-
-
-def pack_padded_inputs_prechecked(input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
-                                  seqlens: torch.Tensor, packed_ids: torch.Tensor,
-                                  packed_token_type_ids: torch.Tensor | None, cu_seqlens: torch.Tensor) -> None:
-    """pack_padded_inputs without its Python-side checks, for a caller that had padded_input_stats
-    accept input_ids / token_type_ids and owns the other buffers (padfree.torch's DeviceInputs): the
-    checks cost ~30 us per call on a slow host, on the path before a CUDA graph can start. The C ABI
-    still checks the sizes, and the kernel writes nothing past the packed buffers."""
-    batch, padded_seqlen = input_ids.shape
-    call_kernel("padfree_pack_padded_inputs", input_ids.device, input_ids.data_ptr(), ptr(token_type_ids),
+    call_kernel("padfree_pack_padded_inputs", device, input_ids.data_ptr(), ptr(token_type_ids),
                 ID_BYTES[input_ids.dtype], seqlens.data_ptr(), batch, padded_seqlen, cu_seqlens.shape[0] - 1,
                 packed_ids.shape[0], packed_ids.data_ptr(), ptr(packed_token_type_ids), cu_seqlens.data_ptr(),
-                stream_handle(input_ids.device))
+                stream_handle(device))
+
+
+def stream_synchronize(device: torch.device) -> None:
+    """Wait for the current stream of `device` (one foreign call: torch's Stream object costs more)."""
+    call_kernel("padfree_stream_synchronize", device, stream_handle(device))
+
+
+def _layout(t):
+    return None if t is None else (t.shape, t.dtype, t.get_device(), t.stride())
+
+
+class PaddedInputPacker:
+    """padded_input_stats, pack_padded_inputs and the read-back of flags / total / longest, with the
+    fewest host instructions: the HF-style call of padfree.torch runs these before its CUDA graph can
+    start, so the GPU idles through every one (NOTES-bert.md v7).
+
+    The first call with a given layout of its six tensors (shapes, dtypes, device, strides) runs the
+    checked bindings above; later calls with that layout skip their Python checks (the C ABI still
+    checks sizes, and the pack kernel writes nothing past the packed buffers). The pack is enqueued
+    before the read-back: when the total exceeds packed_ids, the buffers hold a cut batch and the
+    caller packs again into larger ones with repack().
+    """
+
+    MAX_LAYOUTS = 64  # forgets them all past this (a cache, not a registry)
+
+    def __init__(self, device: torch.device, vocab_size: int, type_vocab_size: int):
+        device = torch.device(device)
+        if device.index is None:  # "cuda": the current device, pinned down now (the layouts record it)
+            device = torch.device(device.type, torch.cuda.current_device())
+        self.device = device
+        self._vocab = (int(vocab_size), int(type_vocab_size))
+        self._host = torch.empty(3, dtype=torch.int32, pin_memory=True)
+        self._host_values = self._host.numpy()
+        self._stats = torch.empty(0, dtype=torch.int32, device=self.device)
+        self._layouts: set = set()
+
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                 token_type_ids: torch.Tensor | None, packed_ids: torch.Tensor,
+                 packed_token_type_ids: torch.Tensor | None, cu_seqlens: torch.Tensor) -> tuple[int, int, int]:
+        """Inputs as padded_input_stats takes them, buffers as pack_padded_inputs does; synchronizes.
+        Returns (flags, total, longest): FLAG_NAMES bits, the token count and the longest length."""
+        from .. import _lib
+
+        tensors = (input_ids, attention_mask, token_type_ids, packed_ids, packed_token_type_ids, cu_seqlens)
+        try:
+            layout = tuple(map(_layout, tensors))
+        except AttributeError:  # not tensors: the checked bindings say what is wrong
+            layout = None
+        if layout not in self._layouts or torch.cuda.current_device() != self.device.index:
+            self._checked(*tensors)
+            if len(self._layouts) >= self.MAX_LAYOUTS:
+                self._layouts.clear()
+            self._layouts.add(layout)
+        else:
+            batch, width = input_ids.shape
+            stats, stream = self._stats_for(batch), stream_handle(self.device)
+            mask_bytes = 0 if attention_mask is None else MASK_BYTES[attention_mask.dtype]
+            id_bytes = ID_BYTES[input_ids.dtype]
+            _lib.call("padfree_padded_input_stats", ptr(attention_mask), mask_bytes, input_ids.data_ptr(),
+                      ptr(token_type_ids), id_bytes, batch, width, *self._vocab, stats.data_ptr(),
+                      stats.data_ptr() + 4 * batch, self._host.data_ptr(), stream)
+            _lib.call("padfree_pack_padded_inputs", input_ids.data_ptr(), ptr(token_type_ids), id_bytes,
+                      stats.data_ptr(), batch, width, cu_seqlens.shape[0] - 1, packed_ids.shape[0],
+                      packed_ids.data_ptr(), ptr(packed_token_type_ids), cu_seqlens.data_ptr(), stream)
+            _lib.call("padfree_stream_synchronize", stream)
+        flags, total, longest = self._host_values.tolist()
+        return flags, total, longest
+
+    def _checked(self, input_ids, attention_mask, token_type_ids, packed_ids, packed_token_type_ids, cu_seqlens):
+        check(input_ids, "input_ids", dtype=tuple(ID_BYTES), shape=[None, None], device=self.device)
+        stats = padded_input_stats(input_ids, attention_mask, token_type_ids, *self._vocab,
+                                   out=self._stats_for(input_ids.shape[0]), host_stats=self._host)
+        pack_padded_inputs(input_ids, token_type_ids, stats[:input_ids.shape[0]], packed_ids,
+                           packed_token_type_ids, cu_seqlens)
+        stream_synchronize(self.device)
+
+    def repack(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, packed_ids: torch.Tensor,
+               packed_token_type_ids: torch.Tensor | None, cu_seqlens: torch.Tensor) -> None:
+        """Pack the last call's inputs again, into other buffers (its seqlens are kept on the device)."""
+        pack_padded_inputs(input_ids, token_type_ids, self._stats[:input_ids.shape[0]], packed_ids,
+                           packed_token_type_ids, cu_seqlens)
+
+    def _stats_for(self, batch: int) -> torch.Tensor:
+        """A reused [batch + 3] buffer: the previous call's pack, its last reader, was enqueued on this
+        stream before this call's stats kernel."""
+        if self._stats.numel() < batch + 3:
+            self._stats = torch.empty(2 * (batch + 3), dtype=torch.int32, device=self.device)
+        return self._stats[:batch + 3]

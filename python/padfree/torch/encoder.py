@@ -28,6 +28,8 @@ from .buckets import LRU, Bucket, bucket_for
 from .ffn import FfnUp, epilogue_matches
 from .gemms import EncoderGemms
 from .inputs import Batch, DeviceInputs, InputBuffer, from_host
+
+INPUT_TOKENS, INPUT_BATCH = 65536, 1024  # the input buffer's first capacity
 from .weights import EncoderWeights
 
 
@@ -36,7 +38,7 @@ class _Graph:
     """One captured forward and the static buffers it reads and writes."""
     bucket: Bucket
     graph: torch.cuda.CUDAGraph
-    inputs: InputBuffer                   # ids, token types, cu_seqlens at the bucket's sizes
+    inputs: InputBuffer                   # the encoder's input buffer, viewed at the bucket's sizes
     hidden: torch.Tensor                  # [tokens, H]: the output
     pooled: torch.Tensor | None           # [batch, H]
     gemms: EncoderGemms | None = None     # the projections' implementations at the bucket's rows
@@ -75,7 +77,8 @@ class PadfreeEncoder:
         self.limits = Limits(max_tokens=INT32_MAX, max_batch=INT32_MAX, max_seqlen=weights.max_seqlen,
                              vocab_size=weights.vocab_size, type_vocab_size=weights.type_vocab_size,
                              dtype=self.dtype)
-        self._device_inputs = DeviceInputs(self.limits, self.device, self._ops)
+        self._inputs: InputBuffer | None = None  # every graph's inputs: views of this one buffer
+        self._device_inputs = DeviceInputs(self.limits, self.device, self._ops, lambda b: self._input_buffer(0, b))
         self.has_pooler = weights.pooler_weight is not None
         self.output_names = ["last_hidden_state"] + (["pooler_output"] if self.has_pooler else [])
         self._graphs: LRU[Bucket, _Graph] = LRU(max_graphs)
@@ -171,7 +174,7 @@ class PadfreeEncoder:
         Returns (hidden [T, H], pooled [B, H] or None, cu_seqlens [B + 1]) on the device."""
         tokens, size = batch.total_tokens, batch.batch
         if not self.use_graphs:
-            buf = InputBuffer.new(tokens, size, batch.token_types, self.device)
+            buf = self._input_buffer(tokens, size).view(tokens, size, batch.token_types)
             batch.fill(buf)
             hidden, pooled = self._outputs(tokens, size)
             self._run(buf.input_ids, buf.token_type_ids, buf.cu_seqlens, batch.max_seqlen, hidden, pooled,
@@ -180,13 +183,29 @@ class PadfreeEncoder:
         bucket = bucket_for(tokens, size, batch.max_seqlen, self.weights.max_seqlen, batch.token_types)
         g = self._graphs.get(bucket)
         if g is None:
-            g = self._capture(bucket)
-            self._graphs.put(bucket, g)  # an evicted graph frees its buffers once unreferenced
-        batch.fill(g.inputs)  # rows past `tokens` are rows of no sequence: never read by a token
+            buf = self._input_buffer(bucket.tokens, bucket.batch)  # may drop every graph
+            inputs = buf.view(bucket.tokens, bucket.batch, bucket.token_types)
+            batch.fill(inputs)
+            g = self._capture(bucket, inputs)
+            self._graphs.put(bucket, g)  # an evicted graph frees its outputs once unreferenced
+        else:
+            batch.fill(g.inputs)  # rows past `tokens` are rows of no sequence: never read by a token
         g.graph.replay()
         g.replays += 1
         return (g.hidden[:tokens], None if g.pooled is None else g.pooled[:size],
                 g.inputs.cu_seqlens[:size + 1])
+
+    def _input_buffer(self, tokens: int, batch: int) -> InputBuffer:
+        """The encoder's input buffer, grown to hold `tokens` and `batch` where it does not. Growing drops
+        every graph (they read the old buffer), so it starts large: 64K tokens and 1K sequences are
+        512 KB."""
+        buf = self._inputs
+        if buf is None or tokens > buf.input_ids.shape[0] or batch >= buf.cu_seqlens.shape[0]:
+            old_tokens, old_batch = (0, 0) if buf is None else (buf.input_ids.shape[0], buf.cu_seqlens.shape[0] - 1)
+            self._graphs.clear()
+            self._inputs = buf = InputBuffer.new(max(tokens, 2 * old_tokens, INPUT_TOKENS),
+                                                 max(batch, 2 * old_batch, INPUT_BATCH), True, self.device)
+        return buf
 
     def _check_packed(self, input_ids, cu_seqlens, max_seqlen, token_type_ids) -> None:
         if token_type_ids is not None and self.weights.token_type_embeddings is None:
@@ -198,19 +217,19 @@ class PadfreeEncoder:
 
     # ---- CUDA graphs ---------------------------------------------------------------------------
 
-    def _capture(self, bucket: Bucket) -> _Graph:
-        # static inputs and outputs live outside the pool: they must survive other captures
+    def _capture(self, bucket: Bucket, inputs: InputBuffer) -> _Graph:
+        """inputs: the bucket's view of the input buffer, holding the batch that asked for the bucket
+        (so the warm-up below computes a real forward, and no stale lengths beyond the bucket's)."""
+        # static outputs live outside the pool: they must survive other captures
         hidden, pooled = self._outputs(bucket.tokens, bucket.batch)
-        g = _Graph(bucket=bucket, graph=torch.cuda.CUDAGraph(),
-                   inputs=InputBuffer.new(bucket.tokens, bucket.batch, bucket.token_types, self.device),
-                   hidden=hidden, pooled=pooled)
+        g = _Graph(bucket=bucket, graph=torch.cuda.CUDAGraph(), inputs=inputs, hidden=hidden, pooled=pooled)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
             self._capture_stream = torch.cuda.Stream(self.device)
         g.gemms = self._gemms(bucket.tokens, tune=True)  # times candidates: before any capture
         args = (g.inputs.input_ids, g.inputs.token_type_ids, g.inputs.cu_seqlens, bucket.max_seqlen,
                 g.hidden, g.pooled, g.gemms)
-        # warm-up outside capture (library handles, workspaces); all sequences are empty here
+        # warm-up outside capture (library handles, workspaces)
         self._capture_stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self._capture_stream):
             self._run(*args)

@@ -23,27 +23,43 @@ from ..runtime.backend import Limits
 
 @dataclass
 class InputBuffer:
-    """One int32 device buffer [ids | token types | cu_seqlens] and its views, so that host-packed
-    inputs arrive in one copy. tokens/batch are its capacity (a bucket's, or a batch's exact size)."""
+    """One int32 device buffer [cu_seqlens | ids | token types] and views of its leading parts.
+
+    tokens / batch are the views' sizes. view() gives smaller views of the same memory: every bucket's
+    graph reads the encoder's one buffer, so that GPU inputs can be packed before the total (and so the
+    bucket) reaches the host. Host-packed inputs arrive in one copy (two with token types)."""
     flat: torch.Tensor
+    ids_at: int                           # offsets in flat; cu_seqlens start at 0
+    types_at: int                         # -1: the buffer has no token types region
     input_ids: torch.Tensor               # [tokens]
     token_type_ids: torch.Tensor | None   # [tokens]
     cu_seqlens: torch.Tensor              # [batch + 1]
 
-    @staticmethod
-    def layout(tokens: int, batch: int, token_types: bool) -> tuple[int, int, int]:
-        """(types offset or -1, cu_seqlens offset, total size) in elements; ids start at 0."""
-        # every part starts 256-byte aligned, as TensorRT and the vectorized kernels want
-        types_at = aligned(tokens) if token_types else -1
-        cu_at = aligned(tokens) * (2 if token_types else 1)
-        return types_at, cu_at, cu_at + batch + 1
-
     @classmethod
     def new(cls, tokens: int, batch: int, token_types: bool, device: torch.device) -> "InputBuffer":
-        types_at, cu_at, size = cls.layout(tokens, batch, token_types)
-        flat = torch.zeros(size, dtype=torch.int32, device=device)
-        return cls(flat, flat[:tokens], flat[types_at:types_at + tokens] if token_types else None,
-                   flat[cu_at:cu_at + batch + 1])
+        # every part starts 256-byte aligned, as TensorRT and the vectorized kernels want
+        ids_at = aligned(batch + 1)
+        types_at = ids_at + aligned(tokens) if token_types else -1
+        flat = torch.zeros(ids_at + aligned(tokens) * (2 if token_types else 1), dtype=torch.int32, device=device)
+        return cls._views(flat, ids_at, types_at, tokens, batch, token_types)
+
+    @classmethod
+    def _views(cls, flat, ids_at, types_at, tokens, batch, token_types) -> "InputBuffer":
+        return cls(flat, ids_at, types_at, flat[ids_at:ids_at + tokens],
+                   flat[types_at:types_at + tokens] if token_types else None, flat[:batch + 1])
+
+    def view(self, tokens: int, batch: int, token_types: bool) -> "InputBuffer":
+        """The first tokens / batch + 1 entries of each part, in the same memory."""
+        if tokens > self.input_ids.shape[0] or batch >= self.cu_seqlens.shape[0] or \
+                (token_types and self.token_type_ids is None):
+            raise ValueError(f"an input buffer of {self.input_ids.shape[0]} tokens and "
+                             f"{self.cu_seqlens.shape[0] - 1} sequences has no view of {tokens} and {batch}"
+                             f"{' with token types' if token_types else ''}")
+        return self._views(self.flat, self.ids_at, self.types_at, tokens, batch, token_types)
+
+    def same_memory(self, other: "InputBuffer") -> bool:
+        """Whether the two are views of one buffer (so that each part starts at the same address)."""
+        return self.flat.data_ptr() == other.flat.data_ptr() and self.ids_at == other.ids_at
 
     def pad_batch(self, batch: int, tokens: int) -> None:
         """Sequences past `batch` (bucket padding) get length 0: cu_seqlens repeats its last value."""
@@ -70,18 +86,22 @@ def from_host(input_ids: Any, attention_mask: Any, token_type_ids: Any, limits: 
 
     def fill(buf: InputBuffer) -> None:
         tokens, cap = buf.input_ids.shape[0], buf.cu_seqlens.shape[0] - 1
-        types_at, cu_at, size = InputBuffer.layout(tokens, cap, types is not None)
         pinned = buf.flat.device.type == "cuda"
-        stage = torch.empty(size, dtype=torch.int32, pin_memory=pinned)
+        # cu_seqlens, the gap to the ids and the ids: one staged copy
+        stage = torch.empty(buf.ids_at + tokens, dtype=torch.int32, pin_memory=pinned)
         a = stage.numpy()
-        a[:total] = host.input_ids  # int64 -> int32: validate() range-checked the ids
-        a[total:tokens] = 0         # rows of no sequence (bucket padding)
+        a[:batch + 1] = host.cu_seqlens
+        a[batch + 1:cap + 1] = total  # sequences of bucket padding are empty
+        a[cap + 1:buf.ids_at] = 0
+        a[buf.ids_at:buf.ids_at + total] = host.input_ids  # int64 -> int32: validate() range-checked the ids
+        a[buf.ids_at + total:] = 0  # rows of no sequence (bucket padding)
+        buf.flat[:buf.ids_at + tokens].copy_(stage, non_blocking=pinned)
         if types is not None:
-            a[types_at:types_at + total] = types
-            a[types_at + total:types_at + tokens] = 0
-        a[cu_at:cu_at + batch + 1] = host.cu_seqlens
-        a[cu_at + batch + 1:size] = total
-        buf.flat.copy_(stage, non_blocking=pinned)
+            stage = torch.empty(tokens, dtype=torch.int32, pin_memory=pinned)
+            a = stage.numpy()
+            a[:total] = types
+            a[total:] = 0
+            buf.token_type_ids.copy_(stage, non_blocking=pinned)
 
     return Batch(total, batch, int(host.lengths.max()), host.padded_width, types is not None, fill)
 
@@ -89,60 +109,53 @@ def from_host(input_ids: Any, attention_mask: Any, token_type_ids: Any, limits: 
 class DeviceInputs:
     """Padded inputs already on the GPU -> a Batch, reading back three ints instead of the tensors.
 
-    padfree.ops.padded_input_stats checks every row on the device (mask values and right padding,
-    empty rows, id ranges at valid positions) and sums the lengths; the host reads flags, total and
-    longest (the one synchronization: the total picks the graph) and fill() packs on the device
-    straight into the graph's input buffer. Anything the fast route does not take (a flag, an
+    padfree.ops.PaddedInputPacker checks every row on the device (mask values and right padding, empty
+    rows, id ranges at valid positions), sums the lengths and packs straight into the encoder's input
+    buffer, which every graph reads; then the host reads flags, total and longest (the one
+    synchronization: the total picks the graph). Anything this route does not take (a flag, an
     over-long sequence, an unusual dtype or layout) goes the host route, which then raises with the
-    exact message (padfree.runtime's rules). Measured on the H100 (NOTES-bert.md v4): the host route
-    spent 0.25-0.45 ms of Python and numpy per call before the graph could start.
+    exact message (padfree.runtime's rules). Measured on the H100 (NOTES-bert.md v4, v7): the host
+    route spent 0.25-0.45 ms of Python and numpy per call before the graph could start, this one
+    ~0.05 ms.
     """
 
-    def __init__(self, limits: Limits, device: torch.device, ops):
+    def __init__(self, limits: Limits, device: torch.device, ops, buffer: Callable[[int], InputBuffer]):
+        """buffer(batch): the encoder's input buffer, with room for at least `batch` sequences."""
         self.limits = limits
         self.device = device
         self._ops = ops
-        self._readback: torch.Tensor | None = None  # flags, total, longest: pinned on first use
-        self._stats = torch.empty(0, dtype=torch.int32, device=device)
-
-    def _stats_buffer(self, input_ids: torch.Tensor) -> torch.Tensor | None:
-        """A reused [B + 3] device buffer (None for a shape padded_input_stats refuses anyway).
-        Reuse is safe: the previous call's pack kernel, the last reader of its seqlens, was enqueued
-        on this stream before this call's stats kernel."""
-        if input_ids.dim() != 2:
-            return None
-        n = input_ids.shape[0] + 3
-        if self._stats.numel() < n:
-            self._stats = torch.empty(2 * n, dtype=torch.int32, device=self.device)
-        return self._stats[:n]
+        self._buffer = buffer
+        self._packer = None  # pinned memory: made on first use
 
     def __call__(self, input_ids, attention_mask, token_type_ids) -> Batch:
         for name, t in (("input_ids", input_ids), ("attention_mask", attention_mask),
                         ("token_type_ids", token_type_ids)):
-            if t is not None and (not isinstance(t, torch.Tensor) or t.device != self.device):
+            if t is not None and (not isinstance(t, torch.Tensor) or t.get_device() != self.device.index):
                 where = t.device if isinstance(t, torch.Tensor) else type(t).__name__
                 raise InputError(f"{name}: expected a tensor on {self.device} (or on the CPU), got {where}")
         lim = self.limits
-        vocab = INT32_MAX + 1 if lim.vocab_size is None else min(lim.vocab_size, INT32_MAX + 1)
-        if self._readback is None:
-            self._readback = torch.empty(3, dtype=torch.int32, pin_memory=True)
-        try:
-            stats = self._ops.padded_input_stats(input_ids, attention_mask, token_type_ids, vocab,
-                                                 lim.type_vocab_size or 0, out=self._stats_buffer(input_ids),
-                                                 host_stats=self._readback)
-        except (InputError, KernelArgumentError):  # a dtype, layout or size the kernel does not take
+        if self._packer is None:
+            vocab = INT32_MAX + 1 if lim.vocab_size is None else min(lim.vocab_size, INT32_MAX + 1)
+            self._packer = self._ops.PaddedInputPacker(self.device, vocab, lim.type_vocab_size or 0)
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
             return self._on_host(input_ids, attention_mask, token_type_ids)
         batch, width = input_ids.shape
-        torch.cuda.current_stream(self.device).synchronize()  # the copy into _readback has landed
-        flags, total, longest = self._readback.tolist()
+        packed = self._buffer(batch)
+        types = packed.token_type_ids if token_type_ids is not None else None
+        try:
+            flags, total, longest = self._packer(input_ids, attention_mask, token_type_ids, packed.input_ids,
+                                                 types, packed.cu_seqlens)
+        except (InputError, KernelArgumentError):  # a dtype, layout or size the kernels do not take
+            return self._on_host(input_ids, attention_mask, token_type_ids)
         if flags or longest > min(lim.max_seqlen, lim.max_tokens) or total > lim.max_tokens:
             return self._on_host(input_ids, attention_mask, token_type_ids)
-        ops, seqlens = self._ops, stats[:batch]
+        complete = total <= packed.input_ids.shape[0]
+        packer = self._packer
 
         def fill(buf: InputBuffer) -> None:
-            # padded_input_stats accepted these inputs, and the buffers are the encoder's
-            ops.pack_padded_inputs_prechecked(input_ids, token_type_ids, seqlens, buf.input_ids,
-                                              buf.token_type_ids, buf.cu_seqlens)
+            if complete and buf.same_memory(packed):
+                return  # packed there before the read-back
+            packer.repack(input_ids, token_type_ids, buf.input_ids, buf.token_type_ids, buf.cu_seqlens)
 
         return Batch(total, batch, longest, width, token_type_ids is not None, fill)
 
