@@ -99,19 +99,20 @@ def _packer_buffers(tokens, capacity, types):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("types", [True, False])
-def test_packer_matches_the_checked_calls_on_every_call(seed, types):
-    """PaddedInputPacker's first call (checked bindings) and later ones (checks skipped for a known
-    layout) both equal padded_input_stats + pack_padded_inputs, batch after fresh batch."""
+@pytest.mark.parametrize("batch, width", [(9, 40), (1, 1), (70, 512), (1000, 8)])  # 70x512: past one CTA
+def test_packer_matches_the_checked_calls_on_every_call(seed, types, batch, width):
+    """PaddedInputPacker's first call (checked bindings) and later ones (one prepare_padded_inputs call
+    for a known layout) both equal padded_input_stats + pack_padded_inputs, batch after fresh batch."""
     gen = torch.Generator().manual_seed(seed)
     packer = ops.PaddedInputPacker(torch.device("cuda"), VOCAB, TYPE_VOCAB)
     for _ in range(3):
-        lengths, ids, mask, type_ids, _ = padded_batch(gen, 9, 40, torch.int64, torch.int64, types)
+        lengths, ids, mask, type_ids, _ = padded_batch(gen, batch, width, torch.int64, torch.int64, types)
         total = int(lengths.sum())
-        got = _packer_buffers(total + 3, 16, types)
+        got = _packer_buffers(total + 3, batch + 7, types)
         assert packer(ids, mask, type_ids, *got) == (0, total, int(lengths.max()))
-        want = _packer_buffers(total + 3, 16, types)
+        want = _packer_buffers(total + 3, batch + 7, types)
         stats = ops.padded_input_stats(ids, mask, type_ids, VOCAB, TYPE_VOCAB)
-        ops.pack_padded_inputs(ids, type_ids, stats[:9], *want)
+        ops.pack_padded_inputs(ids, type_ids, stats[:batch], *want)
         for g, w in zip(got, want):
             if w is not None:
                 assert torch.equal(g.cpu(), w.cpu())
@@ -130,10 +131,18 @@ def test_packer_reports_flags_and_cut_batches_and_repacks(seed):
     packer.repack(ids, None, large[0], None, large[2])
     assert torch.equal(large[0][:total].cpu(), ids.cpu()[host_mask].to(torch.int32))
     assert (large[0][total:] == POISON).all()
-    bad = mask.clone()
-    bad[0, 0] = 2  # the same layout, so the unchecked path: the flag still arrives
-    flags, _, _ = packer(ids, bad, None, *small)
-    assert flags & FLAG["a mask value other than 0 and 1"]
+    # the same layout, so one prepare call (one CTA at this size): every flag still arrives
+    bad_value, empty, holed, bad_id = mask.clone(), mask.clone(), mask.clone(), ids.clone()
+    bad_value[5, 3] = 2  # row 5 is full (random_lengths), so each change below flags only itself
+    empty[2] = 0
+    holed[5, 0] = 0
+    bad_id[5, 0] = VOCAB
+    flags, _, _ = packer(ids, bad_value, None, *small)
+    assert flags & FLAG["a mask value other than 0 and 1"]  # and the row is not ones then zeros
+    for m, i, flag in ((empty, ids, "an empty sequence"), (holed, ids, "a mask row that is not ones then zeros"),
+                       (mask, bad_id, "a token id out of range")):
+        flags, _, _ = packer(i, m, None, *small)
+        assert flags == FLAG[flag], flag
 
 
 @pytest.mark.gpu

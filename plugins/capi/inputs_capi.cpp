@@ -17,6 +17,36 @@ padfree_status check_padded_shape(int32_t id_bytes, int32_t batch, int32_t padde
     return PADFREE_OK;
 }
 
+padfree_status check_stats_args(const void* attention_mask, int32_t mask_bytes, const void* input_ids,
+                                int32_t id_bytes, int32_t batch, int32_t padded_seqlen, int64_t vocab_size,
+                                int64_t type_vocab_size, const int32_t* seqlens, const int32_t* stats) {
+    PADFREE_REQUIRE(input_ids != nullptr, "input_ids is NULL");
+    PADFREE_REQUIRE(seqlens != nullptr, "seqlens is NULL");
+    PADFREE_REQUIRE(stats != nullptr, "stats is NULL");
+    PADFREE_REQUIRE(attention_mask == nullptr || mask_bytes == 1 || mask_bytes == 4 || mask_bytes == 8,
+                    "mask_bytes must be 1 (bool, uint8), 4 (int32) or 8 (int64), got ", mask_bytes);
+    PADFREE_CHECK(check_padded_shape(id_bytes, batch, padded_seqlen));
+    PADFREE_REQUIRE(vocab_size >= 0, "vocab_size must be >= 0, got ", vocab_size);
+    PADFREE_REQUIRE(type_vocab_size >= 0, "type_vocab_size must be >= 0, got ", type_vocab_size);
+    return PADFREE_OK;
+}
+
+padfree_status check_pack_args(const void* input_ids, const void* token_type_ids, int32_t id_bytes,
+                               const int32_t* seqlens, int32_t batch, int32_t padded_seqlen, int32_t cu_capacity,
+                               int32_t packed_capacity, const int32_t* packed_ids,
+                               const int32_t* packed_token_type_ids, const int32_t* cu_seqlens) {
+    PADFREE_REQUIRE(input_ids != nullptr, "input_ids is NULL");
+    PADFREE_REQUIRE(seqlens != nullptr, "seqlens is NULL");
+    PADFREE_REQUIRE(packed_ids != nullptr, "packed_ids is NULL");
+    PADFREE_REQUIRE(cu_seqlens != nullptr, "cu_seqlens is NULL");
+    PADFREE_REQUIRE(token_type_ids == nullptr || packed_token_type_ids != nullptr,
+                    "packed_token_type_ids is NULL while token_type_ids is given");
+    PADFREE_CHECK(check_padded_shape(id_bytes, batch, padded_seqlen));
+    PADFREE_REQUIRE(cu_capacity >= batch, "cu_capacity must be >= batch (", batch, "), got ", cu_capacity);
+    PADFREE_REQUIRE(packed_capacity >= 0, "packed_capacity must be >= 0, got ", packed_capacity);
+    return PADFREE_OK;
+}
+
 }  // namespace
 
 extern "C" {
@@ -27,14 +57,8 @@ padfree_status padfree_padded_input_stats(const void* attention_mask, int32_t ma
                                           int32_t* seqlens, int32_t* stats, int32_t* host_stats,
                                           padfree_stream stream) {
     PADFREE_CAPI_GUARD_BEGIN
-    PADFREE_REQUIRE(input_ids != nullptr, "input_ids is NULL");
-    PADFREE_REQUIRE(seqlens != nullptr, "seqlens is NULL");
-    PADFREE_REQUIRE(stats != nullptr, "stats is NULL");
-    PADFREE_REQUIRE(attention_mask == nullptr || mask_bytes == 1 || mask_bytes == 4 || mask_bytes == 8,
-                    "mask_bytes must be 1 (bool, uint8), 4 (int32) or 8 (int64), got ", mask_bytes);
-    PADFREE_CHECK(check_padded_shape(id_bytes, batch, padded_seqlen));
-    PADFREE_REQUIRE(vocab_size >= 0, "vocab_size must be >= 0, got ", vocab_size);
-    PADFREE_REQUIRE(type_vocab_size >= 0, "type_vocab_size must be >= 0, got ", type_vocab_size);
+    PADFREE_CHECK(check_stats_args(attention_mask, mask_bytes, input_ids, id_bytes, batch, padded_seqlen, vocab_size,
+                                   type_vocab_size, seqlens, stats));
     padfree::launch_padded_input_stats(attention_mask, mask_bytes, input_ids, token_type_ids, id_bytes, batch,
                                        padded_seqlen, vocab_size, type_vocab_size, seqlens, stats, host_stats,
                                        padfree::as_cuda_stream(stream));
@@ -48,19 +72,32 @@ padfree_status padfree_pack_padded_inputs(const void* input_ids, const void* tok
                                           int32_t* packed_token_type_ids, int32_t* cu_seqlens,
                                           padfree_stream stream) {
     PADFREE_CAPI_GUARD_BEGIN
-    PADFREE_REQUIRE(input_ids != nullptr, "input_ids is NULL");
-    PADFREE_REQUIRE(seqlens != nullptr, "seqlens is NULL");
-    PADFREE_REQUIRE(packed_ids != nullptr, "packed_ids is NULL");
-    PADFREE_REQUIRE(cu_seqlens != nullptr, "cu_seqlens is NULL");
-    PADFREE_REQUIRE(token_type_ids == nullptr || packed_token_type_ids != nullptr,
-                    "packed_token_type_ids is NULL while token_type_ids is given");
-    PADFREE_CHECK(check_padded_shape(id_bytes, batch, padded_seqlen));
-    PADFREE_REQUIRE(cu_capacity >= batch, "cu_capacity must be >= batch (", batch, "), got ", cu_capacity);
-    PADFREE_REQUIRE(packed_capacity >= 0, "packed_capacity must be >= 0, got ", packed_capacity);
+    PADFREE_CHECK(check_pack_args(input_ids, token_type_ids, id_bytes, seqlens, batch, padded_seqlen, cu_capacity,
+                                  packed_capacity, packed_ids, packed_token_type_ids, cu_seqlens));
     padfree::launch_pack_padded_inputs(input_ids, token_type_ids, id_bytes, seqlens, batch, padded_seqlen,
                                        cu_capacity, packed_capacity, packed_ids, packed_token_type_ids,
                                        cu_seqlens, padfree::as_cuda_stream(stream));
     return padfree::check_launch("pack_padded_inputs");
+    PADFREE_CAPI_GUARD_END
+}
+
+padfree_status padfree_prepare_padded_inputs(const void* attention_mask, int32_t mask_bytes, const void* input_ids,
+                                             const void* token_type_ids, int32_t id_bytes, int32_t batch,
+                                             int32_t padded_seqlen, int64_t vocab_size, int64_t type_vocab_size,
+                                             int32_t* seqlens, int32_t* stats, int32_t* host_stats,
+                                             int32_t cu_capacity, int32_t packed_capacity, int32_t* packed_ids,
+                                             int32_t* packed_token_type_ids, int32_t* cu_seqlens,
+                                             padfree_stream stream) {
+    PADFREE_CAPI_GUARD_BEGIN
+    PADFREE_CHECK(check_stats_args(attention_mask, mask_bytes, input_ids, id_bytes, batch, padded_seqlen, vocab_size,
+                                   type_vocab_size, seqlens, stats));
+    PADFREE_CHECK(check_pack_args(input_ids, token_type_ids, id_bytes, seqlens, batch, padded_seqlen, cu_capacity,
+                                  packed_capacity, packed_ids, packed_token_type_ids, cu_seqlens));
+    padfree::launch_prepare_padded_inputs(attention_mask, mask_bytes, input_ids, token_type_ids, id_bytes, batch,
+                                          padded_seqlen, vocab_size, type_vocab_size, seqlens, stats, host_stats,
+                                          cu_capacity, packed_capacity, packed_ids, packed_token_type_ids,
+                                          cu_seqlens, padfree::as_cuda_stream(stream));
+    return padfree::check_launch("prepare_padded_inputs");
     PADFREE_CAPI_GUARD_END
 }
 

@@ -129,6 +129,20 @@ PADFREE_API padfree_status padfree_pack_padded_inputs(const void* input_ids, con
                                                       int32_t* packed_ids, int32_t* packed_token_type_ids,
                                                       int32_t* cu_seqlens, padfree_stream stream);
 
+/* padfree_padded_input_stats and padfree_pack_padded_inputs in one call, with their arguments and
+ * results (host_stats filled once the stream gets there), for callers whose packed buffers do not
+ * depend on the total: up to 32K positions in two GPU operations instead of five (a host write
+ * through host_stats' mapped address instead of a copy), the latency in front of an HF-style call's
+ * CUDA graph. When the total exceeds packed_capacity the buffers hold a cut batch: pack again. */
+PADFREE_API padfree_status padfree_prepare_padded_inputs(const void* attention_mask, int32_t mask_bytes,
+                                                         const void* input_ids, const void* token_type_ids,
+                                                         int32_t id_bytes, int32_t batch, int32_t padded_seqlen,
+                                                         int64_t vocab_size, int64_t type_vocab_size,
+                                                         int32_t* seqlens, int32_t* stats, int32_t* host_stats,
+                                                         int32_t cu_capacity, int32_t packed_capacity,
+                                                         int32_t* packed_ids, int32_t* packed_token_type_ids,
+                                                         int32_t* cu_seqlens, padfree_stream stream);
+
 /* ---- fused multi-head attention over variable-length sequences ------------------------------ */
 
 enum { PADFREE_ATTENTION_CAUSAL = 1 }; /* flags: reserved for the decoder half */

@@ -25,6 +25,10 @@ struct AttentionArgs {
     float softmax_scale;
     float scale_log2;  // softmax_scale * log2(e), filled in by the launcher (exp2 softmax)
     bool causal;
+    // Grid order, set by the launcher: false = (query tile, sequence, head), the tiles of one
+    // sequence and head side by side (their K/V shared in L2); true = (head, sequence, query tile
+    // from the last), the CTAs of the longest sequences first (attention.cu says when).
+    bool tiles_last_first;
 };
 
 // The head sizes kernels are built for (64 and 128).

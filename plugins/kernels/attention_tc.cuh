@@ -106,7 +106,7 @@ __device__ __forceinline__ float quad_max(float v) {
     return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
-// Grid: (query tiles of the longest sequence, batch, heads).
+// Grid: (query tiles of the longest sequence, batch, heads), or with args.tiles_last_first (heads, batch, tiles).
 template <typename T, class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tc_kernel(AttentionArgs args) {
     using Op = MmaOp<T>;
@@ -120,10 +120,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tc_k
     constexpr uint32_t kGroupBytes = 16 * HD * 2;  // 16 keys of a K or V tile
 
     const int batch_index = blockIdx.y;
-    const int head = blockIdx.z;
+    const int head = args.tiles_last_first ? blockIdx.x : blockIdx.z;
+    const int q_tile = args.tiles_last_first ? gridDim.z - 1 - blockIdx.z : blockIdx.x;
     // the head's Q and V bias (only those are added, see above): weights, so before the wait; by one
     // CTA per head (layernorm_row.cuh: prefetch_row_params says why not by all)
-    if (args.qkv_bias != nullptr && blockIdx.x == 0 && batch_index == 0 && threadIdx.x < 2 * HD * 2 / 128) {
+    if (args.qkv_bias != nullptr && q_tile == 0 && batch_index == 0 && threadIdx.x < 2 * HD * 2 / 128) {
         const int part = threadIdx.x / (HD * 2 / 128) * 2;  // Q (0) or V (2)
         const int line = threadIdx.x % (HD * 2 / 128);
         prefetch_l2(static_cast<const char*>(args.qkv_bias) + ((part * args.num_heads + head) * HD) * 2 + line * 128);
@@ -132,7 +133,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tc_k
     // Clamped to the packed rows so that no cu_seqlens content reads or writes past them.
     const int start = min(max(args.cu_seqlens[batch_index], 0), args.total_rows);
     const int len = min(max(args.cu_seqlens[batch_index + 1], start), args.total_rows) - start;
-    const int q0 = blockIdx.x * BM;
+    const int q0 = q_tile * BM;
     if (q0 >= len) return;  // tiles past this sequence's end (and empty sequences) do no work
 
     extern __shared__ __align__(16) unsigned char smem[];

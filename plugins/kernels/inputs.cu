@@ -11,6 +11,11 @@ namespace {
 
 constexpr int kRowThreads = 128;
 constexpr int32_t kMaxRowBlocks = 1 << 16;
+constexpr int kWarpsPerStatsBlock = 4;
+// Batches of up to this many positions are measured by one CTA of kOneBlockThreads, which also
+// writes cu_seqlens and the host's copy of the totals (prepare_padded_inputs).
+constexpr int kOneBlockThreads = 1024;
+constexpr int64_t kOneBlockMaxPositions = 1 << 15;
 
 __device__ __forceinline__ int64_t load_int(const void* base, int bytes, int64_t i) {
     switch (bytes) {
@@ -20,52 +25,111 @@ __device__ __forceinline__ int64_t load_int(const void* base, int bytes, int64_t
     }
 }
 
-__global__ void padded_input_stats_kernel(const void* mask, int mask_bytes, const void* ids,
-                                          const void* types, int id_bytes, int32_t batch, int32_t padded_seqlen,
-                                          int64_t vocab_size, int64_t type_vocab_size, int32_t* seqlens,
-                                          int32_t* stats) {
+struct PaddedInputs {
+    const void* mask;  // null: every position is a token
+    int mask_bytes;
+    const void* ids;
+    const void* types;  // may be null
+    int id_bytes;
+    int32_t batch;
+    int32_t padded_seqlen;
+    int64_t vocab_size;
+    int64_t type_vocab_size;
+};
+
+struct RowStats {
+    int32_t length;
+    int flags;
+};
+
+// One warp measures and checks one row; every lane gets the result.
+__device__ RowStats check_row(const PaddedInputs& in, int32_t row, int lane) {
+    const int64_t base = static_cast<int64_t>(row) * in.padded_seqlen;
+    int flags = 0;
+    int count = 0;
+    if (in.mask == nullptr) {
+        count = lane == 0 ? in.padded_seqlen : 0;
+    } else {
+        for (int32_t j = lane; j < in.padded_seqlen; j += kWarpSize) {
+            const int64_t m = load_int(in.mask, in.mask_bytes, base + j);
+            count += m == 1;
+            if (m != 0 && m != 1) flags |= PADFREE_INPUT_MASK_VALUE;
+        }
+    }
+    const int32_t length = __reduce_add_sync(0xffffffffu, count);
+    for (int32_t j = lane; j < in.padded_seqlen; j += kWarpSize) {
+        const bool valid = j < length;
+        if (in.mask != nullptr && (load_int(in.mask, in.mask_bytes, base + j) == 1) != valid)
+            flags |= PADFREE_INPUT_MASK_ALIGN;  // a one after a zero: not right padding
+        if (!valid) continue;
+        const int64_t id = load_int(in.ids, in.id_bytes, base + j);
+        if (id < 0 || id >= in.vocab_size) flags |= PADFREE_INPUT_ID_RANGE;
+        if (in.types != nullptr) {
+            const int64_t type = load_int(in.types, in.id_bytes, base + j);
+            if (type < 0 || type >= in.type_vocab_size) flags |= PADFREE_INPUT_TYPE_RANGE;
+        }
+    }
+    if (length == 0) flags |= PADFREE_INPUT_EMPTY_ROW;
+    return {length, static_cast<int>(__reduce_or_sync(0xffffffffu, static_cast<unsigned>(flags)))};
+}
+
+// A warp per row, grid-strided; totals by atomics into stats (zeroed before).
+__global__ void padded_input_stats_kernel(PaddedInputs in, int32_t* seqlens, int32_t* stats) {
     wait_on_producer();
-    __shared__ int ones, row_flags;
-    for (int32_t row = blockIdx.x; row < batch; row += gridDim.x) {
-        const int64_t base = static_cast<int64_t>(row) * padded_seqlen;
-        if (threadIdx.x == 0) ones = row_flags = 0;
-        __syncthreads();
-        int flags = 0;
-        int count = 0;
-        if (mask == nullptr) {
-            count = threadIdx.x == 0 ? padded_seqlen : 0;
-        } else {
-            for (int32_t j = threadIdx.x; j < padded_seqlen; j += blockDim.x) {
-                const int64_t m = load_int(mask, mask_bytes, base + j);
-                count += m == 1;
-                if (m != 0 && m != 1) flags |= PADFREE_INPUT_MASK_VALUE;
-            }
+    const int lane = threadIdx.x % kWarpSize;
+    const int warps = blockDim.x / kWarpSize;
+    for (int32_t row = blockIdx.x * warps + threadIdx.x / kWarpSize; row < in.batch; row += gridDim.x * warps) {
+        const RowStats r = check_row(in, row, lane);
+        if (lane == 0) {
+            seqlens[row] = r.length;
+            if (r.flags) atomicOr(&stats[0], r.flags);
+            atomicAdd(&stats[1], r.length);
+            atomicMax(&stats[2], r.length);
         }
-        atomicAdd(&ones, count);
-        __syncthreads();
-        const int32_t length = ones;
-        for (int32_t j = threadIdx.x; j < padded_seqlen; j += blockDim.x) {
-            const bool valid = j < length;
-            if (mask != nullptr && (load_int(mask, mask_bytes, base + j) == 1) != valid)
-                flags |= PADFREE_INPUT_MASK_ALIGN;  // a one after a zero: not right padding
-            if (!valid) continue;
-            const int64_t id = load_int(ids, id_bytes, base + j);
-            if (id < 0 || id >= vocab_size) flags |= PADFREE_INPUT_ID_RANGE;
-            if (types != nullptr) {
-                const int64_t type = load_int(types, id_bytes, base + j);
-                if (type < 0 || type >= type_vocab_size) flags |= PADFREE_INPUT_TYPE_RANGE;
-            }
+    }
+}
+
+// The same for a small batch in one CTA, which then has every length: it also writes the totals
+// (no memset first), their host copy (a store to mapped host memory instead of a copy launch) and,
+// where cu_seqlens is given, the prefix sum with its capacity tail (no scan launch). In front of the
+// HF-style call's graph, each launch saved is latency the GPU idles through.
+__global__ void __launch_bounds__(kOneBlockThreads) one_block_stats_kernel(PaddedInputs in, int32_t* seqlens,
+                                                                          int32_t* stats, int32_t* host_stats,
+                                                                          int32_t cu_capacity, int32_t* cu_seqlens) {
+    wait_on_producer();
+    __shared__ int flags, longest;
+    __shared__ int warp_totals[kWarpSize];
+    if (threadIdx.x == 0) flags = longest = 0;
+    __syncthreads();
+    const int lane = threadIdx.x % kWarpSize;
+    const int warps = blockDim.x / kWarpSize;
+    for (int32_t row = threadIdx.x / kWarpSize; row < in.batch; row += warps) {
+        const RowStats r = check_row(in, row, lane);
+        if (lane == 0) {
+            seqlens[row] = r.length;
+            if (r.flags) atomicOr(&flags, r.flags);
+            atomicMax(&longest, r.length);
         }
-        if (length == 0) flags |= PADFREE_INPUT_EMPTY_ROW;
-        if (flags) atomicOr(&row_flags, flags);
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            seqlens[row] = length;
-            if (row_flags) atomicOr(&stats[0], row_flags);
-            atomicAdd(&stats[1], length);
-            atomicMax(&stats[2], length);
+    }
+    __syncthreads();  // seqlens (global) and the shared totals are complete and visible to the block
+    int carry = 0;
+    for (int32_t base = 0; base < in.batch; base += blockDim.x) {
+        const int32_t i = base + static_cast<int32_t>(threadIdx.x);
+        int chunk_total;
+        const int inclusive = block_inclusive_scan(i < in.batch ? seqlens[i] : 0, warp_totals, &chunk_total);
+        if (cu_seqlens != nullptr && i < in.batch) cu_seqlens[i + 1] = carry + inclusive;
+        carry += chunk_total;
+    }
+    if (cu_seqlens != nullptr)
+        for (int32_t b = in.batch + 1 + threadIdx.x; b <= cu_capacity; b += blockDim.x) cu_seqlens[b] = carry;
+    if (threadIdx.x == 0) {
+        if (cu_seqlens != nullptr) cu_seqlens[0] = 0;
+        const int totals[3] = {flags, carry, longest};
+        for (int k = 0; k < 3; ++k) {
+            stats[k] = totals[k];
+            if (host_stats != nullptr) host_stats[k] = totals[k];
         }
-        __syncthreads();  // the shared counters are reset for the next row
+        __threadfence_system();
     }
 }
 
@@ -92,15 +156,37 @@ __global__ void pack_padded_inputs_kernel(const void* ids, const void* types, in
 
 unsigned row_blocks(int32_t batch) { return static_cast<unsigned>(batch < kMaxRowBlocks ? batch : kMaxRowBlocks); }
 
+void launch_pack(const void* input_ids, const void* token_type_ids, int id_bytes, const int32_t* seqlens,
+                 int32_t batch, int32_t padded_seqlen, int32_t cu_capacity, int32_t packed_capacity,
+                 int32_t* packed_ids, int32_t* packed_token_type_ids, int32_t* cu_seqlens, cudaStream_t stream) {
+    int32_t* packed_types = token_type_ids != nullptr ? packed_token_type_ids : nullptr;
+    launch_kernel(pack_padded_inputs_kernel, row_blocks(batch), kRowThreads, 0, stream, input_ids, token_type_ids,
+                  id_bytes, seqlens, batch, padded_seqlen, cu_capacity, packed_capacity, packed_ids, packed_types,
+                  cu_seqlens);
+}
+
+// host_stats as a pointer kernels may store to: pinned host memory is mapped under unified
+// addressing (every 64-bit CUDA platform); null where it is not, and the caller copies instead.
+int32_t* device_view_of_host(int32_t* host_stats) {
+    void* device = nullptr;
+    if (host_stats == nullptr || cudaHostGetDevicePointer(&device, host_stats, 0) != cudaSuccess) {
+        cudaGetLastError();  // not mapped (pageable memory): not an error of this call
+        return nullptr;
+    }
+    return static_cast<int32_t*>(device);
+}
+
 }  // namespace
 
 void launch_padded_input_stats(const void* mask, int mask_bytes, const void* input_ids,
                                const void* token_type_ids, int id_bytes, int32_t batch,
                                int32_t padded_seqlen, int64_t vocab_size, int64_t type_vocab_size,
                                int32_t* seqlens, int32_t* stats, int32_t* host_stats, cudaStream_t stream) {
+    const PaddedInputs in{mask, mask_bytes, input_ids, token_type_ids, id_bytes, batch, padded_seqlen,
+                          vocab_size, type_vocab_size};
     cudaMemsetAsync(stats, 0, 3 * sizeof(int32_t), stream);
-    launch_kernel(padded_input_stats_kernel, row_blocks(batch), kRowThreads, 0, stream, mask, mask_bytes, input_ids,
-                  token_type_ids, id_bytes, batch, padded_seqlen, vocab_size, type_vocab_size, seqlens, stats);
+    const unsigned blocks = row_blocks(ceil_div<int32_t>(batch, kWarpsPerStatsBlock));
+    launch_kernel(padded_input_stats_kernel, blocks, kWarpsPerStatsBlock * kWarpSize, 0, stream, in, seqlens, stats);
     if (host_stats != nullptr)
         cudaMemcpyAsync(host_stats, stats, 3 * sizeof(int32_t), cudaMemcpyDeviceToHost, stream);
 }
@@ -110,10 +196,31 @@ void launch_pack_padded_inputs(const void* input_ids, const void* token_type_ids
                                int32_t cu_capacity, int32_t packed_capacity, int32_t* packed_ids,
                                int32_t* packed_token_type_ids, int32_t* cu_seqlens, cudaStream_t stream) {
     launch_cu_seqlens_from_seqlens(seqlens, batch, cu_seqlens, stream);
-    int32_t* packed_types = token_type_ids != nullptr ? packed_token_type_ids : nullptr;
-    launch_kernel(pack_padded_inputs_kernel, row_blocks(batch), kRowThreads, 0, stream, input_ids, token_type_ids,
-                  id_bytes, seqlens, batch, padded_seqlen, cu_capacity, packed_capacity, packed_ids, packed_types,
+    launch_pack(input_ids, token_type_ids, id_bytes, seqlens, batch, padded_seqlen, cu_capacity, packed_capacity,
+                packed_ids, packed_token_type_ids, cu_seqlens, stream);
+}
+
+void launch_prepare_padded_inputs(const void* mask, int mask_bytes, const void* input_ids,
+                                  const void* token_type_ids, int id_bytes, int32_t batch, int32_t padded_seqlen,
+                                  int64_t vocab_size, int64_t type_vocab_size, int32_t* seqlens, int32_t* stats,
+                                  int32_t* host_stats, int32_t cu_capacity, int32_t packed_capacity,
+                                  int32_t* packed_ids, int32_t* packed_token_type_ids, int32_t* cu_seqlens,
+                                  cudaStream_t stream) {
+    const bool small = static_cast<int64_t>(batch) * padded_seqlen <= kOneBlockMaxPositions;
+    int32_t* mapped = small ? device_view_of_host(host_stats) : nullptr;
+    if (!small || (host_stats != nullptr && mapped == nullptr)) {  // large, or unmapped: separate launches
+        launch_padded_input_stats(mask, mask_bytes, input_ids, token_type_ids, id_bytes, batch, padded_seqlen,
+                                  vocab_size, type_vocab_size, seqlens, stats, host_stats, stream);
+        launch_pack_padded_inputs(input_ids, token_type_ids, id_bytes, seqlens, batch, padded_seqlen, cu_capacity,
+                                  packed_capacity, packed_ids, packed_token_type_ids, cu_seqlens, stream);
+        return;
+    }
+    const PaddedInputs in{mask, mask_bytes, input_ids, token_type_ids, id_bytes, batch, padded_seqlen,
+                          vocab_size, type_vocab_size};
+    launch_kernel(one_block_stats_kernel, 1, kOneBlockThreads, 0, stream, in, seqlens, stats, mapped, cu_capacity,
                   cu_seqlens);
+    launch_pack(input_ids, token_type_ids, id_bytes, seqlens, batch, padded_seqlen, cu_capacity, packed_capacity,
+                packed_ids, packed_token_type_ids, cu_seqlens, stream);
 }
 
 }  // namespace padfree

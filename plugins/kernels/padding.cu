@@ -15,35 +15,6 @@ constexpr int kCopyUnitsPerThread = 8;
 constexpr int kCopyChunk = kCopyThreads * kCopyUnitsPerThread;  // units per block and chunk
 constexpr int64_t kMaxGrid = 1 << 20;                           // beyond this, blocks loop
 
-// Inclusive scan over the block (Hillis-Steele within warps, then over warp totals). Returns the
-// block's total in *total; `warp_totals` is 32 ints of shared memory.
-__device__ int block_inclusive_scan(int v, int* warp_totals, int* total) {
-    const int lane = threadIdx.x % kWarpSize;
-    const int warp = threadIdx.x / kWarpSize;
-    const int warps = blockDim.x / kWarpSize;
-#pragma unroll
-    for (int offset = 1; offset < kWarpSize; offset *= 2) {
-        const int n = __shfl_up_sync(0xffffffffu, v, offset);
-        if (lane >= offset) v += n;
-    }
-    if (lane == kWarpSize - 1) warp_totals[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        int t = lane < warps ? warp_totals[lane] : 0;
-#pragma unroll
-        for (int offset = 1; offset < kWarpSize; offset *= 2) {
-            const int n = __shfl_up_sync(0xffffffffu, t, offset);
-            if (lane >= offset) t += n;
-        }
-        warp_totals[lane] = t;
-    }
-    __syncthreads();
-    if (warp > 0) v += warp_totals[warp - 1];
-    *total = warp_totals[warps - 1];
-    __syncthreads();  // the next call rewrites warp_totals
-    return v;
-}
-
 // cu_seqlens[1 + i] = sum of max(lengths[0..i], 0); lengths may alias cu_seqlens + 1 (each thread
 // reads its element before any thread of the chunk writes). One block loops over chunks.
 __global__ void prefix_sum_kernel(const int32_t* lengths, int32_t batch, int32_t* cu_seqlens) {

@@ -38,6 +38,8 @@ _SIGNATURES: dict[str, list] = {
                                    _i32p, _i32p, _p],
     "padfree_pack_padded_inputs": [_p, _p, c_int32, _i32p, c_int32, c_int32, c_int32, c_int32, _i32p, _i32p,
                                    _i32p, _p],
+    "padfree_prepare_padded_inputs": [_p, c_int32, _p, _p, c_int32, c_int32, c_int32, c_int64, c_int64, _i32p,
+                                      _i32p, _i32p, c_int32, c_int32, _i32p, _i32p, _i32p, _p],
 }
 _RESTYPES = {
     "padfree_abi_version": c_int,

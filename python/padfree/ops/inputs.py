@@ -87,8 +87,9 @@ class PaddedInputPacker:
     start, so the GPU idles through every one (NOTES-bert.md v7).
 
     The first call with a given layout of its six tensors (shapes, dtypes, device, strides) runs the
-    checked bindings above; later calls with that layout skip their Python checks (the C ABI still
-    checks sizes, and the pack kernel writes nothing past the packed buffers). The pack is enqueued
+    checked bindings above; later calls with that layout skip their Python checks and make one C call
+    (padfree_prepare_padded_inputs: the same results in two GPU operations where the batch is small;
+    the C ABI still checks sizes, and the pack kernel writes nothing past the packed buffers). The pack is enqueued
     before the read-back: when the total exceeds packed_ids, the buffers hold a cut batch and the
     caller packs again into larger ones with repack().
     """
@@ -128,12 +129,11 @@ class PaddedInputPacker:
             stats, stream = self._stats_for(batch), stream_handle(self.device)
             mask_bytes = 0 if attention_mask is None else MASK_BYTES[attention_mask.dtype]
             id_bytes = ID_BYTES[input_ids.dtype]
-            _lib.call("padfree_padded_input_stats", ptr(attention_mask), mask_bytes, input_ids.data_ptr(),
+            _lib.call("padfree_prepare_padded_inputs", ptr(attention_mask), mask_bytes, input_ids.data_ptr(),
                       ptr(token_type_ids), id_bytes, batch, width, *self._vocab, stats.data_ptr(),
-                      stats.data_ptr() + 4 * batch, self._host.data_ptr(), stream)
-            _lib.call("padfree_pack_padded_inputs", input_ids.data_ptr(), ptr(token_type_ids), id_bytes,
-                      stats.data_ptr(), batch, width, cu_seqlens.shape[0] - 1, packed_ids.shape[0],
-                      packed_ids.data_ptr(), ptr(packed_token_type_ids), cu_seqlens.data_ptr(), stream)
+                      stats.data_ptr() + 4 * batch, self._host.data_ptr(), cu_seqlens.shape[0] - 1,
+                      packed_ids.shape[0], packed_ids.data_ptr(), ptr(packed_token_type_ids), cu_seqlens.data_ptr(),
+                      stream)
             _lib.call("padfree_stream_synchronize", stream)
         flags, total, longest = self._host_values.tolist()
         return flags, total, longest
