@@ -8,6 +8,7 @@ every real sequence stays within it).
 """
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from typing import Generic, Hashable, NamedTuple, TypeVar
 
@@ -50,6 +51,7 @@ class Bucket(NamedTuple):
     token_types: bool  # whether the graph reads token_type_ids (else type 0 everywhere)
 
 
+@functools.lru_cache(maxsize=4096)  # on the host path in front of every replay: ~0.3 us instead of ~5
 def bucket_for(total_tokens: int, batch: int, max_seqlen: int, seqlen_cap: int,
                token_types: bool) -> Bucket:
     return Bucket(round_tokens(total_tokens), round_batch(batch),
