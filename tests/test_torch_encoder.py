@@ -484,16 +484,18 @@ def test_graph_lru_evicts(seed):
 
 @pytest.mark.gpu
 def test_device_inputs_are_packed_on_the_device(seed, monkeypatch):
-    """Valid GPU inputs of every accepted dtype never take the host route, and match host inputs."""
+    """Valid padded tensors (on the GPU or the CPU) of every accepted dtype never take the host route,
+    and match the host route's output (numpy inputs)."""
     rng = np.random.default_rng(seed)
     model = make_model("bert", hidden=128, heads=2, positions=128, seed=seed)
     encoder = from_hf(model, dtype=torch.float16)
     ids, mask, type_ids = random_batch(model, 6, 100, rng, types=True)
-    expected = encoder(ids, mask, type_ids).last_hidden_state  # host inputs
+    expected = encoder(ids.numpy(), mask.numpy(), type_ids.numpy()).last_hidden_state  # the host route
     monkeypatch.setattr(encoder._device_inputs, "_on_host", lambda *a: pytest.fail("took the host route"))
     for id_dtype, mask_dtype in ((torch.int64, torch.int64), (torch.int32, torch.bool), (torch.int64, torch.uint8)):
-        got = encoder(ids.to(id_dtype).cuda(), mask.to(mask_dtype).cuda(), type_ids.to(id_dtype).cuda())
-        assert torch.equal(got.last_hidden_state, expected), (id_dtype, mask_dtype)
+        for where in ("cuda", "cpu"):
+            got = encoder(ids.to(where, id_dtype), mask.to(where, mask_dtype), type_ids.to(where, id_dtype))
+            assert torch.equal(got.last_hidden_state, expected), (id_dtype, mask_dtype, where)
     assert torch.equal(encoder(ids.cuda()).last_hidden_state, encoder(ids).last_hidden_state)  # no mask
 
 
@@ -511,7 +513,7 @@ def test_input_buffer_grows_and_packs_again(seed, monkeypatch, use_graphs):
     encoder = from_hf(model, dtype=torch.float16, use_graphs=use_graphs)
     for batch, width in ((2, 20), (5, 100), (2, 20), (3, 128)):
         ids, mask, type_ids = random_batch(model, batch, width, rng, types=True)
-        on_host = encoder(ids, mask, type_ids).last_hidden_state
+        on_host = encoder(ids.numpy(), mask.numpy(), type_ids.numpy()).last_hidden_state  # numpy: the host route
         on_gpu = encoder(ids.cuda(), mask.cuda(), type_ids.cuda()).last_hidden_state
         assert torch.equal(on_gpu, on_host), (batch, width)
     assert encoder._inputs.input_ids.shape[0] >= int(mask.sum())
@@ -520,11 +522,12 @@ def test_input_buffer_grows_and_packs_again(seed, monkeypatch, use_graphs):
 
 
 @pytest.mark.gpu
-def test_bad_inputs_on_gpu_raise_input_error(seed):
+@pytest.mark.parametrize("where", ["cuda", "cpu"])  # CPU tensors are checked on the GPU too
+def test_bad_inputs_on_gpu_raise_input_error(seed, where):
     model = make_model("bert", hidden=128, heads=2, positions=64, seed=seed)
     encoder = from_hf(model, dtype=torch.float16)
-    ids = torch.randint(1, 90, (2, 8), device="cuda")
-    ones = torch.ones(2, 8, dtype=torch.int64, device="cuda")
+    ids = torch.randint(1, 90, (2, 8), device=where)
+    ones = torch.ones(2, 8, dtype=torch.int64, device=where)
     holed = ones.clone()
     holed[0, 2] = 0
     with pytest.raises(InputError, match="row 0 is not left-aligned"):
@@ -534,7 +537,7 @@ def test_bad_inputs_on_gpu_raise_input_error(seed):
     with pytest.raises(InputError, match="sequence 1 is empty"):
         encoder(ids, empty)
     with pytest.raises(InputError, match="more than"):
-        encoder(torch.randint(1, 90, (1, 65), device="cuda"))
+        encoder(torch.randint(1, 90, (1, 65), device=where))
     bad = ids.clone()
     bad[1, 5] = -1
     with pytest.raises(InputError, match="sequence 1, position 5"):

@@ -254,12 +254,20 @@ class PadfreeEncoder:
     # ---- the HF-style call -----------------------------------------------------------------------
 
     def prepare(self, input_ids, attention_mask=None, token_type_ids=None) -> Batch:
-        """Validate HF-style inputs (see __call__): on the GPU when they are there, else on the host."""
+        """Validate HF-style inputs (see __call__) and say how to pack them: padded tensors are checked
+        and packed on the GPU (CPU tensors, as tokenizers return them, copied there as they are: a few
+        KB), lists and arrays on the host. Measured on the H100 (NOTES-bert.md v7), the GPU route was
+        0.1-0.28 ms faster per call than the host's numpy checks and packing."""
         if isinstance(input_ids, torch.Tensor) and input_ids.device.type != "cpu":
             return self._device_inputs(input_ids, attention_mask, token_type_ids)
-        for name, t in (("attention_mask", attention_mask), ("token_type_ids", token_type_ids)):
+        others = (attention_mask, token_type_ids)
+        for name, t in zip(("attention_mask", "token_type_ids"), others):
             if isinstance(t, torch.Tensor) and t.device.type != "cpu":
                 raise InputError(f"{name} is on {t.device} but input_ids on the CPU; pass them on one device")
+        if self.device.type == "cuda" and isinstance(input_ids, torch.Tensor) and \
+                all(t is None or isinstance(t, torch.Tensor) for t in others):
+            return self._device_inputs(*(None if t is None else t.to(self.device, non_blocking=True)
+                                         for t in (input_ids, *others)))
         return from_host(input_ids, attention_mask, token_type_ids, self.limits)
 
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None):
