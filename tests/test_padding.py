@@ -154,6 +154,23 @@ def test_remove_and_rebuild_padding(seed, dtype, trailing, batch, padded_seqlen,
     assert (rebuilt[~valid] == 0).all(), "padded rows must hold zeros"
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("width", [1, 3])
+def test_rebuild_padding_narrower_than_sequences_keeps_their_first_rows(seed, width):
+    """padded_seqlen below the longest sequence cuts each one to its first rows (width 1: each
+    sequence's first token, as the encoder's pooler takes them); empty sequences give zero rows."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor([4, 1, 0, 9, 2])
+    total = int(lengths.sum())
+    packed = random_rows(gen, (total, 24), torch.float16).cuda()
+    rebuilt = ops.rebuild_padding(packed, cu_of(lengths).cuda(), width, out=poison((5, width, 24), torch.float16))
+    starts = cu_of(lengths)[:-1].tolist()
+    for b, (n, start) in enumerate(zip(lengths.tolist(), starts)):
+        kept = min(n, width)
+        assert torch.equal(rebuilt[b, :kept], packed[start:start + kept]), b
+        assert (rebuilt[b, kept:] == 0).all(), b
+
+
 GUARD_ROWS = 3  # rows on either side of a tensor inside a larger buffer, to catch stray accesses
 
 

@@ -153,7 +153,8 @@ def _ref_bias_gelu(x, bias=None, approximate="none", out=None):
 def _ref_rebuild_padding(packed, cu, padded_seqlen, out=None):
     padded = packed.new_zeros(len(cu) - 1, padded_seqlen, *packed.shape[1:])
     for i, (a, b) in enumerate(_segments(cu)):
-        padded[i, :b - a] = packed[a:b]
+        n = min(b - a, padded_seqlen)  # longer sequences keep their first rows, as the kernel's
+        padded[i, :n] = packed[a:a + n]
     return padded
 
 

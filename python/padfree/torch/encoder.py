@@ -122,8 +122,9 @@ class PadfreeEncoder:
             ops.skip_layernorm(mid, None, lw.ffn_ln_weight, lw.ffn_ln_bias, bias=lw.down_bias,
                                eps=lw.ffn_ln_eps, out=hidden)
         if pooled is not None:
-            # each sequence's first token; bucket padding's empty sequences start at `rows` at most
-            first = hidden.index_select(0, cu_seqlens[:-1].clamp(max=rows - 1))
+            # each sequence's first token (zeros for bucket padding's empty sequences) in one kernel,
+            # where index_select needed a clamp of cu_seqlens first: two latency-bound launches
+            first = ops.rebuild_padding(hidden, cu_seqlens, 1).view(-1, h)
             torch.addmm(w.pooler_bias, first, w.pooler_weight.t(), out=pooled).tanh_()
 
     def forward_packed(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
