@@ -43,13 +43,14 @@ struct RowStats {
 };
 
 // One warp measures and checks one row; every lane gets the result.
-__device__ RowStats check_row(const PaddedInputs& in, int32_t row, int lane) {
+__device__ __forceinline__ RowStats check_row(const PaddedInputs& in, int32_t row, int lane) {
     const int64_t base = static_cast<int64_t>(row) * in.padded_seqlen;
     int flags = 0;
     int count = 0;
     if (in.mask == nullptr) {
         count = lane == 0 ? in.padded_seqlen : 0;
     } else {
+#pragma unroll 4  // independent loads in flight: a row is a few dependent round trips otherwise
         for (int32_t j = lane; j < in.padded_seqlen; j += kWarpSize) {
             const int64_t m = load_int(in.mask, in.mask_bytes, base + j);
             count += m == 1;
@@ -57,6 +58,7 @@ __device__ RowStats check_row(const PaddedInputs& in, int32_t row, int lane) {
         }
     }
     const int32_t length = __reduce_add_sync(0xffffffffu, count);
+#pragma unroll 4
     for (int32_t j = lane; j < in.padded_seqlen; j += kWarpSize) {
         const bool valid = j < length;
         if (in.mask != nullptr && (load_int(in.mask, in.mask_bytes, base + j) == 1) != valid)
@@ -71,6 +73,28 @@ __device__ RowStats check_row(const PaddedInputs& in, int32_t row, int lane) {
     }
     if (length == 0) flags |= PADFREE_INPUT_EMPTY_ROW;
     return {length, static_cast<int>(__reduce_or_sync(0xffffffffu, static_cast<unsigned>(flags)))};
+}
+
+struct PackedOutputs {
+    int32_t cu_capacity;      // cu_seqlens has cu_capacity + 1 entries
+    int32_t packed_capacity;  // packed_ids (and packed_types) length
+    int32_t* packed_ids;
+    int32_t* packed_types;    // null: types are not packed
+    int32_t* cu_seqlens;
+};
+
+// `threads` threads (this one is `rank`) copy row `row`'s first `seqlen` ids (and types) to packed
+// position `start` onwards, clamped to the packed buffers whatever seqlen holds: memory stays safe.
+__device__ __forceinline__ void pack_row(const PaddedInputs& in, int32_t row, int32_t seqlen, int32_t start,
+                                         const PackedOutputs& out, int rank, int threads) {
+    const int64_t base = static_cast<int64_t>(row) * in.padded_seqlen;
+    const int32_t length = min(min(max(seqlen, 0), in.padded_seqlen), max(out.packed_capacity - start, 0));
+#pragma unroll 4
+    for (int32_t j = rank; j < length; j += threads) {
+        out.packed_ids[start + j] = static_cast<int32_t>(load_int(in.ids, in.id_bytes, base + j));
+        if (out.packed_types != nullptr)
+            out.packed_types[start + j] = static_cast<int32_t>(load_int(in.types, in.id_bytes, base + j));
+    }
 }
 
 // A warp per row, grid-strided; totals by atomics into stats (zeroed before).
@@ -89,21 +113,22 @@ __global__ void padded_input_stats_kernel(PaddedInputs in, int32_t* seqlens, int
     }
 }
 
-// The same for a small batch in one CTA, which then has every length: it also writes the totals
-// (no memset first), their host copy (a store to mapped host memory instead of a copy launch) and,
-// where cu_seqlens is given, the prefix sum with its capacity tail (no scan launch). In front of the
+// The whole prepare step for a small batch in one CTA, which has every length: the totals (no memset
+// first), cu_seqlens with its capacity tail (no scan launch), the pack (no pack launch), and last the
+// totals' host copy (a store to mapped host memory instead of a copy launch). In front of the
 // HF-style call's graph, each launch saved is latency the GPU idles through.
-__global__ void __launch_bounds__(kOneBlockThreads) one_block_stats_kernel(PaddedInputs in, int32_t* seqlens,
-                                                                          int32_t* stats, int32_t* host_stats,
-                                                                          int32_t cu_capacity, int32_t* cu_seqlens) {
+__global__ void __launch_bounds__(kOneBlockThreads) one_block_prepare_kernel(PaddedInputs in, int32_t* seqlens,
+                                                                            int32_t* stats, int32_t* host_stats,
+                                                                            PackedOutputs out) {
     wait_on_producer();
     __shared__ int flags, longest;
     __shared__ int warp_totals[kWarpSize];
     if (threadIdx.x == 0) flags = longest = 0;
     __syncthreads();
     const int lane = threadIdx.x % kWarpSize;
+    const int warp = threadIdx.x / kWarpSize;
     const int warps = blockDim.x / kWarpSize;
-    for (int32_t row = threadIdx.x / kWarpSize; row < in.batch; row += warps) {
+    for (int32_t row = warp; row < in.batch; row += warps) {
         const RowStats r = check_row(in, row, lane);
         if (lane == 0) {
             seqlens[row] = r.length;
@@ -117,52 +142,49 @@ __global__ void __launch_bounds__(kOneBlockThreads) one_block_stats_kernel(Padde
         const int32_t i = base + static_cast<int32_t>(threadIdx.x);
         int chunk_total;
         const int inclusive = block_inclusive_scan(i < in.batch ? seqlens[i] : 0, warp_totals, &chunk_total);
-        if (cu_seqlens != nullptr && i < in.batch) cu_seqlens[i + 1] = carry + inclusive;
+        if (i < in.batch) out.cu_seqlens[i + 1] = carry + inclusive;
         carry += chunk_total;
     }
-    if (cu_seqlens != nullptr)
-        for (int32_t b = in.batch + 1 + threadIdx.x; b <= cu_capacity; b += blockDim.x) cu_seqlens[b] = carry;
+    for (int32_t b = in.batch + 1 + threadIdx.x; b <= out.cu_capacity; b += blockDim.x) out.cu_seqlens[b] = carry;
+    if (threadIdx.x == 0) out.cu_seqlens[0] = 0;
+    __syncthreads();  // cu_seqlens complete
+    for (int32_t row = warp; row < in.batch; row += warps)
+        pack_row(in, row, seqlens[row], out.cu_seqlens[row], out, lane, kWarpSize);
     if (threadIdx.x == 0) {
-        if (cu_seqlens != nullptr) cu_seqlens[0] = 0;
-        const int totals[3] = {flags, carry, longest};
-        for (int k = 0; k < 3; ++k) {
-            stats[k] = totals[k];
-            if (host_stats != nullptr) host_stats[k] = totals[k];
+        stats[0] = flags;
+        stats[1] = carry;
+        stats[2] = longest;
+        if (host_stats != nullptr) {
+            host_stats[0] = flags;
+            host_stats[1] = carry;
+            host_stats[2] = longest;
+            __threadfence_system();
         }
-        __threadfence_system();
     }
 }
 
 // Block per row: copies its ids to cu_seqlens[row] onwards; block 0 also writes the capacity tail.
-__global__ void pack_padded_inputs_kernel(const void* ids, const void* types, int id_bytes,
-                                          const int32_t* seqlens, int32_t batch, int32_t padded_seqlen,
-                                          int32_t cu_capacity, int32_t packed_capacity, int32_t* packed_ids,
-                                          int32_t* packed_types, int32_t* cu_seqlens) {
+__global__ void pack_padded_inputs_kernel(PaddedInputs in, const int32_t* seqlens, PackedOutputs out) {
     wait_on_producer();
     if (blockIdx.x == 0)
-        for (int32_t b = batch + 1 + threadIdx.x; b <= cu_capacity; b += blockDim.x) cu_seqlens[b] = cu_seqlens[batch];
-    for (int32_t row = blockIdx.x; row < batch; row += gridDim.x) {
-        const int64_t base = static_cast<int64_t>(row) * padded_seqlen;
-        const int32_t start = cu_seqlens[row];
-        // clamped to the packed buffers, whatever seqlens holds: memory stays safe
-        const int32_t length = min(min(max(seqlens[row], 0), padded_seqlen), max(packed_capacity - start, 0));
-        for (int32_t j = threadIdx.x; j < length; j += blockDim.x) {
-            packed_ids[start + j] = static_cast<int32_t>(load_int(ids, id_bytes, base + j));
-            if (packed_types != nullptr)
-                packed_types[start + j] = static_cast<int32_t>(load_int(types, id_bytes, base + j));
-        }
-    }
+        for (int32_t b = in.batch + 1 + threadIdx.x; b <= out.cu_capacity; b += blockDim.x)
+            out.cu_seqlens[b] = out.cu_seqlens[in.batch];
+    for (int32_t row = blockIdx.x; row < in.batch; row += gridDim.x)
+        pack_row(in, row, seqlens[row], out.cu_seqlens[row], out, threadIdx.x, blockDim.x);
 }
 
 unsigned row_blocks(int32_t batch) { return static_cast<unsigned>(batch < kMaxRowBlocks ? batch : kMaxRowBlocks); }
 
-void launch_pack(const void* input_ids, const void* token_type_ids, int id_bytes, const int32_t* seqlens,
-                 int32_t batch, int32_t padded_seqlen, int32_t cu_capacity, int32_t packed_capacity,
-                 int32_t* packed_ids, int32_t* packed_token_type_ids, int32_t* cu_seqlens, cudaStream_t stream) {
-    int32_t* packed_types = token_type_ids != nullptr ? packed_token_type_ids : nullptr;
-    launch_kernel(pack_padded_inputs_kernel, row_blocks(batch), kRowThreads, 0, stream, input_ids, token_type_ids,
-                  id_bytes, seqlens, batch, padded_seqlen, cu_capacity, packed_capacity, packed_ids, packed_types,
-                  cu_seqlens);
+PaddedInputs padded_inputs(const void* mask, int mask_bytes, const void* input_ids, const void* token_type_ids,
+                           int id_bytes, int32_t batch, int32_t padded_seqlen, int64_t vocab_size,
+                           int64_t type_vocab_size) {
+    return {mask, mask_bytes, input_ids, token_type_ids, id_bytes, batch, padded_seqlen, vocab_size, type_vocab_size};
+}
+
+PackedOutputs packed_outputs(const void* token_type_ids, int32_t cu_capacity, int32_t packed_capacity,
+                             int32_t* packed_ids, int32_t* packed_token_type_ids, int32_t* cu_seqlens) {
+    return {cu_capacity, packed_capacity, packed_ids, token_type_ids != nullptr ? packed_token_type_ids : nullptr,
+            cu_seqlens};
 }
 
 // host_stats as a pointer kernels may store to: pinned host memory is mapped under unified
@@ -182,8 +204,8 @@ void launch_padded_input_stats(const void* mask, int mask_bytes, const void* inp
                                const void* token_type_ids, int id_bytes, int32_t batch,
                                int32_t padded_seqlen, int64_t vocab_size, int64_t type_vocab_size,
                                int32_t* seqlens, int32_t* stats, int32_t* host_stats, cudaStream_t stream) {
-    const PaddedInputs in{mask, mask_bytes, input_ids, token_type_ids, id_bytes, batch, padded_seqlen,
-                          vocab_size, type_vocab_size};
+    const PaddedInputs in = padded_inputs(mask, mask_bytes, input_ids, token_type_ids, id_bytes, batch,
+                                          padded_seqlen, vocab_size, type_vocab_size);
     cudaMemsetAsync(stats, 0, 3 * sizeof(int32_t), stream);
     const unsigned blocks = row_blocks(ceil_div<int32_t>(batch, kWarpsPerStatsBlock));
     launch_kernel(padded_input_stats_kernel, blocks, kWarpsPerStatsBlock * kWarpSize, 0, stream, in, seqlens, stats);
@@ -196,8 +218,10 @@ void launch_pack_padded_inputs(const void* input_ids, const void* token_type_ids
                                int32_t cu_capacity, int32_t packed_capacity, int32_t* packed_ids,
                                int32_t* packed_token_type_ids, int32_t* cu_seqlens, cudaStream_t stream) {
     launch_cu_seqlens_from_seqlens(seqlens, batch, cu_seqlens, stream);
-    launch_pack(input_ids, token_type_ids, id_bytes, seqlens, batch, padded_seqlen, cu_capacity, packed_capacity,
-                packed_ids, packed_token_type_ids, cu_seqlens, stream);
+    const PaddedInputs in = padded_inputs(nullptr, 0, input_ids, token_type_ids, id_bytes, batch, padded_seqlen, 0, 0);
+    launch_kernel(pack_padded_inputs_kernel, row_blocks(batch), kRowThreads, 0, stream, in, seqlens,
+                  packed_outputs(token_type_ids, cu_capacity, packed_capacity, packed_ids, packed_token_type_ids,
+                                 cu_seqlens));
 }
 
 void launch_prepare_padded_inputs(const void* mask, int mask_bytes, const void* input_ids,
@@ -215,12 +239,12 @@ void launch_prepare_padded_inputs(const void* mask, int mask_bytes, const void* 
                                   packed_capacity, packed_ids, packed_token_type_ids, cu_seqlens, stream);
         return;
     }
-    const PaddedInputs in{mask, mask_bytes, input_ids, token_type_ids, id_bytes, batch, padded_seqlen,
-                          vocab_size, type_vocab_size};
-    launch_kernel(one_block_stats_kernel, 1, kOneBlockThreads, 0, stream, in, seqlens, stats, mapped, cu_capacity,
-                  cu_seqlens);
-    launch_pack(input_ids, token_type_ids, id_bytes, seqlens, batch, padded_seqlen, cu_capacity, packed_capacity,
-                packed_ids, packed_token_type_ids, cu_seqlens, stream);
+    launch_kernel(one_block_prepare_kernel, 1, kOneBlockThreads, 0, stream,
+                  padded_inputs(mask, mask_bytes, input_ids, token_type_ids, id_bytes, batch, padded_seqlen,
+                                vocab_size, type_vocab_size),
+                  seqlens, stats, mapped,
+                  packed_outputs(token_type_ids, cu_capacity, packed_capacity, packed_ids, packed_token_type_ids,
+                                 cu_seqlens));
 }
 
 }  // namespace padfree

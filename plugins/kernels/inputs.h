@@ -32,8 +32,8 @@ void launch_pack_padded_inputs(const void* input_ids, const void* token_type_ids
                                int32_t* packed_token_type_ids, int32_t* cu_seqlens, cudaStream_t stream);
 
 // Both of the above, same results (cu_seqlens written, host_stats filled when the stream gets there),
-// in as few GPU operations as the size allows: for up to 32K positions one CTA measures, sums, scans
-// and stores to host_stats through its mapped address, then the pack; beyond, the five operations of
+// in as few GPU operations as the size allows: for up to 32K positions one CTA measures, sums, scans,
+// packs and stores to host_stats through its mapped address; beyond, the five operations of
 // the two calls above.
 void launch_prepare_padded_inputs(const void* mask, int mask_bytes, const void* input_ids,
                                   const void* token_type_ids, int id_bytes, int32_t batch, int32_t padded_seqlen,

@@ -88,8 +88,8 @@ class PaddedInputPacker:
 
     The first call with a given layout of its six tensors (shapes, dtypes, device, strides) runs the
     checked bindings above; later calls with that layout skip their Python checks and make one C call
-    (padfree_prepare_padded_inputs: the same results in two GPU operations where the batch is small;
-    the C ABI still checks sizes, and the pack kernel writes nothing past the packed buffers). The pack is enqueued
+    (padfree_prepare_padded_inputs: the same results, in one kernel where the batch is small; the C
+    ABI still checks sizes, and packing writes nothing past the packed buffers). The pack is enqueued
     before the read-back: when the total exceeds packed_ids, the buffers hold a cut batch and the
     caller packs again into larger ones with repack().
     """
