@@ -105,18 +105,25 @@ def test_packer_matches_the_checked_calls_on_every_call(seed, types, batch, widt
     for a known layout) both equal padded_input_stats + pack_padded_inputs, batch after fresh batch."""
     gen = torch.Generator().manual_seed(seed)
     packer = ops.PaddedInputPacker(torch.device("cuda"), VOCAB, TYPE_VOCAB)
+    checked = []
+    checked_call = packer._checked
+    packer._checked = lambda *args: (checked.append(1), checked_call(*args))
+    got = _packer_buffers(batch * width + 3, batch + 7, types)  # the same buffers every call
     for _ in range(3):
         lengths, ids, mask, type_ids, _ = padded_batch(gen, batch, width, torch.int64, torch.int64, types)
         total = int(lengths.sum())
-        got = _packer_buffers(total + 3, batch + 7, types)
+        for g in got:
+            if g is not None:
+                g.fill_(POISON)
         assert packer(ids, mask, type_ids, *got) == (0, total, int(lengths.max()))
-        want = _packer_buffers(total + 3, batch + 7, types)
+        want = _packer_buffers(batch * width + 3, batch + 7, types)
         stats = ops.padded_input_stats(ids, mask, type_ids, VOCAB, TYPE_VOCAB)
         ops.pack_padded_inputs(ids, type_ids, stats[:batch], *want)
         for g, w in zip(got, want):
             if w is not None:
                 assert torch.equal(g.cpu(), w.cpu())
         assert (got[0][total:] == POISON).all()
+    assert len(checked) == 1, "later calls with the same layout and buffers skip the checked path"
 
 
 @pytest.mark.gpu

@@ -86,8 +86,9 @@ class PaddedInputPacker:
     fewest host instructions: the HF-style call of padfree.torch runs these before its CUDA graph can
     start, so the GPU idles through every one (NOTES-bert.md v7).
 
-    The first call with a given layout of its six tensors (shapes, dtypes, device, strides) runs the
-    checked bindings above; later calls with that layout skip their Python checks and make one C call
+    The first call with a given layout of its inputs (shapes, dtypes, device, strides) and packed
+    buffers (the same tensor objects) runs the checked bindings above; later calls with both skip their
+    Python checks and make one C call
     (padfree_prepare_padded_inputs: the same results, in one kernel where the batch is small; the C
     ABI still checks sizes, and packing writes nothing past the packed buffers). The pack is enqueued
     before the read-back: when the total exceeds packed_ids, the buffers hold a cut batch and the
@@ -105,6 +106,11 @@ class PaddedInputPacker:
         self._host = torch.empty(3, dtype=torch.int32, pin_memory=True)
         self._host_values = self._host.numpy()
         self._stats = torch.empty(0, dtype=torch.int32, device=self.device)
+        self._stats_view = (0, self._stats)  # (batch, the [batch + 3] view of _stats)
+        # The packed buffers the accepted layouts were checked with, kept alive (so identity is a
+        # sound test), and their sizes and addresses as the C call takes them.
+        self._buffers: tuple = ()
+        self._buffer_args: tuple = ()
         self._layouts: set = set()
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
@@ -114,25 +120,29 @@ class PaddedInputPacker:
         Returns (flags, total, longest): FLAG_NAMES bits, the token count and the longest length."""
         from .. import _lib
 
-        tensors = (input_ids, attention_mask, token_type_ids, packed_ids, packed_token_type_ids, cu_seqlens)
+        buffers = (packed_ids, packed_token_type_ids, cu_seqlens)
+        if len(self._buffers) != 3 or any(a is not b for a, b in zip(buffers, self._buffers)):
+            self._layouts.clear()  # accepted with other buffers (their sizes are part of the checks)
+            self._buffers = ()
         try:
-            layout = tuple(map(_layout, tensors))
+            layout = (_layout(input_ids), _layout(attention_mask), _layout(token_type_ids))
         except AttributeError:  # not tensors: the checked bindings say what is wrong
             layout = None
         if layout not in self._layouts or torch.cuda.current_device() != self.device.index:
-            self._checked(*tensors)
+            self._checked(input_ids, attention_mask, token_type_ids, *buffers)
             if len(self._layouts) >= self.MAX_LAYOUTS:
                 self._layouts.clear()
             self._layouts.add(layout)
+            self._buffers = buffers
+            self._buffer_args = (cu_seqlens.shape[0] - 1, packed_ids.shape[0], packed_ids.data_ptr(),
+                                 ptr(packed_token_type_ids), cu_seqlens.data_ptr())
         else:
             batch, width = input_ids.shape
             stats, stream = self._stats_for(batch), stream_handle(self.device)
             mask_bytes = 0 if attention_mask is None else MASK_BYTES[attention_mask.dtype]
-            id_bytes = ID_BYTES[input_ids.dtype]
             _lib.call("padfree_prepare_padded_inputs", ptr(attention_mask), mask_bytes, input_ids.data_ptr(),
-                      ptr(token_type_ids), id_bytes, batch, width, *self._vocab, stats.data_ptr(),
-                      stats.data_ptr() + 4 * batch, self._host.data_ptr(), cu_seqlens.shape[0] - 1,
-                      packed_ids.shape[0], packed_ids.data_ptr(), ptr(packed_token_type_ids), cu_seqlens.data_ptr(),
+                      ptr(token_type_ids), ID_BYTES[input_ids.dtype], batch, width, *self._vocab,
+                      stats.data_ptr(), stats.data_ptr() + 4 * batch, self._host.data_ptr(), *self._buffer_args,
                       stream)
             _lib.call("padfree_stream_synchronize", stream)
         flags, total, longest = self._host_values.tolist()
@@ -155,6 +165,8 @@ class PaddedInputPacker:
     def _stats_for(self, batch: int) -> torch.Tensor:
         """A reused [batch + 3] buffer: the previous call's pack, its last reader, was enqueued on this
         stream before this call's stats kernel."""
-        if self._stats.numel() < batch + 3:
-            self._stats = torch.empty(2 * (batch + 3), dtype=torch.int32, device=self.device)
-        return self._stats[:batch + 3]
+        if self._stats_view[0] != batch:
+            if self._stats.numel() < batch + 3:
+                self._stats = torch.empty(2 * (batch + 3), dtype=torch.int32, device=self.device)
+            self._stats_view = (batch, self._stats[:batch + 3])
+        return self._stats_view[1]
