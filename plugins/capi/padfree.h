@@ -82,8 +82,9 @@ PADFREE_API padfree_status padfree_remove_padding(const void* padded, const int3
 
 /* packed: [total_tokens, row_bytes] -> padded: [batch, padded_seqlen, row_bytes], zero bytes in
  * every row at or past its sequence's length; a sequence longer than padded_seqlen keeps its first
- * padded_seqlen rows (padded_seqlen 1: each sequence's first token). total_tokens >= 0: packed rows past it are never read; the padded rows of a sequence reaching
- * past it that are not copied hold zeros. */
+ * padded_seqlen rows (padded_seqlen 1: each sequence's first token). total_tokens >= 0: packed
+ * rows past it are never read; the padded rows of a sequence reaching past it that are not copied
+ * hold zeros. */
 PADFREE_API padfree_status padfree_rebuild_padding(const void* packed, const int32_t* cu_seqlens,
                                                    int32_t batch, int64_t total_tokens,
                                                    int32_t padded_seqlen, int64_t row_bytes,

@@ -28,9 +28,9 @@ from .buckets import LRU, Bucket, bucket_for
 from .ffn import FfnUp, epilogue_matches
 from .gemms import EncoderGemms
 from .inputs import Batch, DeviceInputs, InputBuffer, from_host
+from .weights import EncoderWeights
 
 INPUT_TOKENS, INPUT_BATCH = 65536, 1024  # the input buffer's first capacity
-from .weights import EncoderWeights
 
 
 @dataclass
