@@ -43,9 +43,10 @@ Path choose_path(int32_t max_seqlen, padfree_dtype dtype) {
 // A CTA's work grows with its sequence's length, and most of a grid of a few waves is its last wave:
 // there, CTAs of long sequences dispatched last leave the other SMs idle at the end. Dispatching the
 // query tiles from the last one first (only sequences longer than a tile's start have that tile) gives
-// roughly longest-first order for free: measured -8% at BERT 16x256 (~1.5 waves) in session 1, where
-// a per-CTA computed order lost more than it saved at 64x512 (~11 waves, NOTES-attention.md). With
-// many waves the default order keeps a sequence's tiles side by side, sharing its K/V in L2.
+// roughly longest-first order at no per-CTA cost (a computed order cost more than it saved, v6 (a) of
+// NOTES-attention.md): H100, BERT 16x256 (~1.5 waves) 13.8 -> 12.4 us, 8x512 22.2 -> 19.9. With many
+// waves the default order keeps a sequence's tiles side by side, sharing its K/V in L2: tiles first
+// took 64x512 (~11 waves) from 127 to 171 us.
 constexpr double kTilesLastFirstMaxWaves = 3.0;
 
 bool tiles_last_first(int64_t ctas, int ctas_per_sm) {
