@@ -167,6 +167,24 @@ __device__ __forceinline__ int block_inclusive_scan(int v, int* warp_totals, int
     return v;
 }
 
+// cu_seqlens[1 + i] = sum of max(lengths[0..i], 0) and cu_seqlens[0] = 0, by the whole (one-dimensional)
+// block looping over chunks of blockDim.x; returns the total to every thread. Negative lengths count
+// as 0 so that cu_seqlens never decreases (memory safety downstream). lengths may alias cu_seqlens + 1
+// (each thread reads its element before any thread of the chunk writes).
+__device__ __forceinline__ int block_prefix_sum(const int32_t* lengths, int32_t batch, int32_t* cu_seqlens) {
+    __shared__ int warp_totals[kWarpSize];
+    int carry = 0;
+    for (int32_t base = 0; base < batch; base += blockDim.x) {
+        const int32_t i = base + static_cast<int32_t>(threadIdx.x);
+        int chunk_total;
+        const int inclusive = block_inclusive_scan(i < batch ? max(lengths[i], 0) : 0, warp_totals, &chunk_total);
+        if (i < batch) cu_seqlens[i + 1] = carry + inclusive;
+        carry += chunk_total;
+    }
+    if (threadIdx.x == 0) cu_seqlens[0] = 0;
+    return carry;
+}
+
 // ---- runtime dtype dispatch --------------------------------------------------------------------
 
 template <typename T>

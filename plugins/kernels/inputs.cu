@@ -1,6 +1,7 @@
-// Padded integer inputs -> packed int32 inputs, in two passes around one small read-back (inputs.h).
-// Rows are short (a few hundred ids): one block per row, grid-strided, loads widened to int64 by a
-// runtime element size, since these kernels move kilobytes and the dispatch would only add code.
+// Padded integer inputs -> packed int32 inputs, in two passes around one small read-back (inputs.h),
+// or for small batches in one CTA that does both. Rows are short (a few hundred ids): a warp checks a
+// row, a block packs one; loads are widened to int64 by a runtime element size, since these kernels
+// move kilobytes and the dispatch would only add code.
 #include "inputs.h"
 
 #include "common.cuh"
@@ -122,7 +123,6 @@ __global__ void __launch_bounds__(kOneBlockThreads) one_block_prepare_kernel(Pad
                                                                             PackedOutputs out) {
     wait_on_producer();
     __shared__ int flags, longest;
-    __shared__ int warp_totals[kWarpSize];
     if (threadIdx.x == 0) flags = longest = 0;
     __syncthreads();
     const int lane = threadIdx.x % kWarpSize;
@@ -137,26 +137,18 @@ __global__ void __launch_bounds__(kOneBlockThreads) one_block_prepare_kernel(Pad
         }
     }
     __syncthreads();  // seqlens (global) and the shared totals are complete and visible to the block
-    int carry = 0;
-    for (int32_t base = 0; base < in.batch; base += blockDim.x) {
-        const int32_t i = base + static_cast<int32_t>(threadIdx.x);
-        int chunk_total;
-        const int inclusive = block_inclusive_scan(i < in.batch ? seqlens[i] : 0, warp_totals, &chunk_total);
-        if (i < in.batch) out.cu_seqlens[i + 1] = carry + inclusive;
-        carry += chunk_total;
-    }
-    for (int32_t b = in.batch + 1 + threadIdx.x; b <= out.cu_capacity; b += blockDim.x) out.cu_seqlens[b] = carry;
-    if (threadIdx.x == 0) out.cu_seqlens[0] = 0;
+    const int total = block_prefix_sum(seqlens, in.batch, out.cu_seqlens);
+    for (int32_t b = in.batch + 1 + threadIdx.x; b <= out.cu_capacity; b += blockDim.x) out.cu_seqlens[b] = total;
     __syncthreads();  // cu_seqlens complete
     for (int32_t row = warp; row < in.batch; row += warps)
         pack_row(in, row, seqlens[row], out.cu_seqlens[row], out, lane, kWarpSize);
     if (threadIdx.x == 0) {
         stats[0] = flags;
-        stats[1] = carry;
+        stats[1] = total;
         stats[2] = longest;
         if (host_stats != nullptr) {
             host_stats[0] = flags;
-            host_stats[1] = carry;
+            host_stats[1] = total;
             host_stats[2] = longest;
             __threadfence_system();
         }
@@ -174,12 +166,6 @@ __global__ void pack_padded_inputs_kernel(PaddedInputs in, const int32_t* seqlen
 }
 
 unsigned row_blocks(int32_t batch) { return static_cast<unsigned>(batch < kMaxRowBlocks ? batch : kMaxRowBlocks); }
-
-PaddedInputs padded_inputs(const void* mask, int mask_bytes, const void* input_ids, const void* token_type_ids,
-                           int id_bytes, int32_t batch, int32_t padded_seqlen, int64_t vocab_size,
-                           int64_t type_vocab_size) {
-    return {mask, mask_bytes, input_ids, token_type_ids, id_bytes, batch, padded_seqlen, vocab_size, type_vocab_size};
-}
 
 PackedOutputs packed_outputs(const void* token_type_ids, int32_t cu_capacity, int32_t packed_capacity,
                              int32_t* packed_ids, int32_t* packed_token_type_ids, int32_t* cu_seqlens) {
@@ -204,8 +190,8 @@ void launch_padded_input_stats(const void* mask, int mask_bytes, const void* inp
                                const void* token_type_ids, int id_bytes, int32_t batch,
                                int32_t padded_seqlen, int64_t vocab_size, int64_t type_vocab_size,
                                int32_t* seqlens, int32_t* stats, int32_t* host_stats, cudaStream_t stream) {
-    const PaddedInputs in = padded_inputs(mask, mask_bytes, input_ids, token_type_ids, id_bytes, batch,
-                                          padded_seqlen, vocab_size, type_vocab_size);
+    const PaddedInputs in{mask, mask_bytes, input_ids, token_type_ids, id_bytes, batch, padded_seqlen, vocab_size,
+                          type_vocab_size};
     cudaMemsetAsync(stats, 0, 3 * sizeof(int32_t), stream);
     const unsigned blocks = row_blocks(ceil_div<int32_t>(batch, kWarpsPerStatsBlock));
     launch_kernel(padded_input_stats_kernel, blocks, kWarpsPerStatsBlock * kWarpSize, 0, stream, in, seqlens, stats);
@@ -218,7 +204,7 @@ void launch_pack_padded_inputs(const void* input_ids, const void* token_type_ids
                                int32_t cu_capacity, int32_t packed_capacity, int32_t* packed_ids,
                                int32_t* packed_token_type_ids, int32_t* cu_seqlens, cudaStream_t stream) {
     launch_cu_seqlens_from_seqlens(seqlens, batch, cu_seqlens, stream);
-    const PaddedInputs in = padded_inputs(nullptr, 0, input_ids, token_type_ids, id_bytes, batch, padded_seqlen, 0, 0);
+    const PaddedInputs in{nullptr, 0, input_ids, token_type_ids, id_bytes, batch, padded_seqlen, 0, 0};
     launch_kernel(pack_padded_inputs_kernel, row_blocks(batch), kRowThreads, 0, stream, in, seqlens,
                   packed_outputs(token_type_ids, cu_capacity, packed_capacity, packed_ids, packed_token_type_ids,
                                  cu_seqlens));
@@ -240,8 +226,8 @@ void launch_prepare_padded_inputs(const void* mask, int mask_bytes, const void* 
         return;
     }
     launch_kernel(one_block_prepare_kernel, 1, kOneBlockThreads, 0, stream,
-                  padded_inputs(mask, mask_bytes, input_ids, token_type_ids, id_bytes, batch, padded_seqlen,
-                                vocab_size, type_vocab_size),
+                  PaddedInputs{mask, mask_bytes, input_ids, token_type_ids, id_bytes, batch, padded_seqlen,
+                               vocab_size, type_vocab_size},
                   seqlens, stats, mapped,
                   packed_outputs(token_type_ids, cu_capacity, packed_capacity, packed_ids, packed_token_type_ids,
                                  cu_seqlens));

@@ -15,22 +15,10 @@ constexpr int kCopyUnitsPerThread = 8;
 constexpr int kCopyChunk = kCopyThreads * kCopyUnitsPerThread;  // units per block and chunk
 constexpr int64_t kMaxGrid = 1 << 20;                           // beyond this, blocks loop
 
-// cu_seqlens[1 + i] = sum of max(lengths[0..i], 0); lengths may alias cu_seqlens + 1 (each thread
-// reads its element before any thread of the chunk writes). One block loops over chunks.
+// One block: cu_seqlens from lengths (common.cuh: block_prefix_sum).
 __global__ void prefix_sum_kernel(const int32_t* lengths, int32_t batch, int32_t* cu_seqlens) {
     wait_on_producer();
-    __shared__ int warp_totals[kWarpSize];
-    int carry = 0;
-    for (int32_t base = 0; base < batch; base += kScanThreads) {
-        const int32_t i = base + static_cast<int32_t>(threadIdx.x);
-        // Negative lengths count as 0 so that cu_seqlens never decreases (memory safety downstream).
-        const int v = i < batch ? max(lengths[i], 0) : 0;
-        int total;
-        const int inclusive = block_inclusive_scan(v, warp_totals, &total);
-        if (i < batch) cu_seqlens[i + 1] = carry + inclusive;
-        carry += total;
-    }
-    if (threadIdx.x == 0) cu_seqlens[0] = 0;
+    block_prefix_sum(lengths, batch, cu_seqlens);
 }
 
 // One block per mask row: length = number of ones; the row is valid when it is exactly `length`
