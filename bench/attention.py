@@ -162,7 +162,7 @@ def bench_shape(name, batch, max_seqlen, num_heads, head_dim, ceilings, varlen, 
     row["floor_ms"] = max(bytes_moved / ceilings["copy_bytes_per_s"], flops / ceilings["fp16_gemm_flop_per_s"]) * 1e3
     row["floor_bound"] = "memory" if bytes_moved / ceilings["copy_bytes_per_s"] > flops / ceilings["fp16_gemm_flop_per_s"] else "compute"
     if with_paths:
-        for path in ("resident", "tiled"):
+        for path in ("resident", "tiled", "wgmma"):
             if path == "resident" and max_len > 128:
                 continue
             os.environ["PADFREE_ATTENTION_PATH"] = path
@@ -183,7 +183,7 @@ def run_once(shapes) -> int:
         lengths = lengths_for(batch, max_seqlen)
         qkv = torch.randn(sum(lengths), 3 * num_heads * head_dim, device="cuda", dtype=torch.float16)
         cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32).cuda()
-        for path in ("resident", "tiled"):
+        for path in ("resident", "tiled", "wgmma"):
             if path == "resident" and max(lengths) > 128:
                 continue
             os.environ["PADFREE_ATTENTION_PATH"] = path

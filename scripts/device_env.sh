@@ -1,7 +1,7 @@
-# Source on the device machine (from the repository root): builds the kernel library for sm_90
+# Source on the device machine (from the repository root): builds the kernel library for sm_90a
 # into build/device and points the Python package at it. Usage: source scripts/device_env.sh
 set -e
-cmake -S . -B build/device -G Ninja -DCMAKE_CUDA_ARCHITECTURES=90 -DPADFREE_BUILD_TRT_PLUGINS=${PADFREE_BUILD_TRT_PLUGINS:-OFF} ${PADFREE_CMAKE_ARGS:-} >/dev/null
+cmake -S . -B build/device -G Ninja -DCMAKE_CUDA_ARCHITECTURES=90a-real -DPADFREE_BUILD_TRT_PLUGINS=${PADFREE_BUILD_TRT_PLUGINS:-OFF} ${PADFREE_CMAKE_ARGS:-} >/dev/null
 cmake --build build/device -j 16
 export PADFREE_LIBRARY=$PWD/build/device/libpadfree_kernels.so
 [ -f build/device/plugins/trt/libpadfree_trt.so ] && export PADFREE_TRT_LIBRARY=$PWD/build/device/plugins/trt/libpadfree_trt.so

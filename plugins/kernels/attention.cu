@@ -1,5 +1,6 @@
 // Kernel choice for fused varlen attention: the one place runtime sizes become template arguments.
-// Instantiations: {fp16, bf16} x {64, 128} x {resident, tiled} + fp32 x {64, 128}.
+// Instantiations: {fp16, bf16} x {64, 128} x {resident, tiled, wgmma (two for head_dim 64)} + fp32 x
+// {64, 128}.
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
@@ -7,12 +8,16 @@
 #include "attention.h"
 #include "attention_fp32.cuh"
 #include "attention_tc.cuh"
+#include "attention_wgmma.cuh"
 #include "common.cuh"
 
 namespace padfree {
 namespace {
 
+using attention_detail::attention_tc_kernel;
+using attention_detail::attention_wgmma_kernel;
 using attention_detail::TileConfig;
+using attention_detail::WgmmaConfig;
 
 // Up to this length a sequence's whole K/V fits one 128-key tile: one exact softmax, no rescaling.
 // Longer sequences take the tiled online-softmax path. Both use 64-row query tiles (4 warps of 16
@@ -20,15 +25,27 @@ using attention_detail::TileConfig;
 // on short ones (more CTAs, fewer rows wasted past each sequence's end); see bench/NOTES-attention.md.
 constexpr int kResidentMaxSeqlen = 128;
 
-enum class Path { kResident, kTiled, kFp32 };
+enum class Path { kResident, kTiled, kWgmma, kFp32 };
 
-// PADFREE_ATTENTION_PATH=resident|tiled overrides the choice by max_seqlen, so that a
-// benchmark can time every path on one build ("resident" only where the sequences fit it).
+// The wgmma kernel runs where the library holds sm_90a code (CMakeLists.txt defines
+// PADFREE_HAS_SM90A only when it holds no plain sm_90 code the driver could load instead) and the
+// device is compute capability 9.0 (wgmma is not in later chips' instruction sets).
+bool wgmma_available() {
+#if defined(PADFREE_HAS_SM90A)
+    return current_compute_capability() == 90;
+#else
+    return false;
+#endif
+}
+
+// PADFREE_ATTENTION_PATH=resident|tiled|wgmma overrides the choice, so that a benchmark can time
+// every path on one build ("resident" only where the sequences fit it, "wgmma" where it runs).
 bool forced_path(int32_t max_seqlen, Path* path) {
     const char* name = std::getenv("PADFREE_ATTENTION_PATH");
     if (name == nullptr) return false;
     if (std::strcmp(name, "resident") == 0 && max_seqlen <= kResidentMaxSeqlen) *path = Path::kResident;
     else if (std::strcmp(name, "tiled") == 0) *path = Path::kTiled;
+    else if (std::strcmp(name, "wgmma") == 0 && wgmma_available()) *path = Path::kWgmma;
     else return false;
     return true;
 }
@@ -37,6 +54,7 @@ Path choose_path(int32_t max_seqlen, padfree_dtype dtype) {
     if (dtype == PADFREE_FLOAT32) return Path::kFp32;
     Path path;
     if (forced_path(max_seqlen, &path)) return path;
+    if (wgmma_available()) return Path::kWgmma;
     return max_seqlen <= kResidentMaxSeqlen ? Path::kResident : Path::kTiled;
 }
 
@@ -61,9 +79,10 @@ bool tiles_last_first(int64_t ctas, int ctas_per_sm) {
     return static_cast<double>(ctas) <= kTilesLastFirstMaxWaves * sms * ctas_per_sm;
 }
 
-template <typename T, class Cfg>
-cudaError_t launch_tc(AttentionArgs args, int32_t batch, int32_t max_seqlen, cudaStream_t stream) {
-    auto kernel = attention_detail::attention_tc_kernel<T, Cfg>;
+// Either tensor-core kernel (attention_tc_kernel or attention_wgmma_kernel) with its configuration.
+template <class Cfg>
+cudaError_t launch_tiles(void (*kernel)(AttentionArgs), AttentionArgs args, int32_t batch, int32_t max_seqlen,
+                         cudaStream_t stream) {
     if (Cfg::kSmemBytes > 48 * 1024) {
         const cudaError_t err =
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
@@ -77,6 +96,26 @@ cudaError_t launch_tc(AttentionArgs args, int32_t batch, int32_t max_seqlen, cud
     return cudaSuccess;
 }
 
+// Head_dim 64: sequences that fit one 128-key tile take a single-buffered configuration (40 KB of
+// shared memory, exact softmax); longer ones 64-key tiles, double-buffered (40 KB), four CTAs per SM
+// (H100, BERT shapes: 128-key tiles there, at two CTAs per SM by registers, were 10-35% slower;
+// 64-key tiles on short sequences 10-30% slower). Head_dim 128: 64-key tiles, double-buffered
+// (80 KB: two CTAs per SM), for every length. ONE_BARRIER: WgmmaConfig says where it pays.
+template <typename T, int HD>
+cudaError_t launch_wgmma(const AttentionArgs& args, int32_t batch, int32_t max_seqlen, cudaStream_t stream) {
+    if constexpr (HD == 64) {
+        if (max_seqlen <= 128) {
+            using Cfg = WgmmaConfig<HD, 128, 1, 4, false>;
+            return launch_tiles<Cfg>(attention_wgmma_kernel<T, Cfg>, args, batch, max_seqlen, stream);
+        }
+        using Cfg = WgmmaConfig<HD, 64, 2, 4, true>;
+        return launch_tiles<Cfg>(attention_wgmma_kernel<T, Cfg>, args, batch, max_seqlen, stream);
+    } else {
+        using Cfg = WgmmaConfig<HD, 64, 2, 2, false>;
+        return launch_tiles<Cfg>(attention_wgmma_kernel<T, Cfg>, args, batch, max_seqlen, stream);
+    }
+}
+
 template <typename T, int HD>
 cudaError_t launch_head_dim(const AttentionArgs& args, int32_t batch, int32_t max_seqlen,
                             padfree_dtype dtype, cudaStream_t stream) {
@@ -87,10 +126,16 @@ cudaError_t launch_head_dim(const AttentionArgs& args, int32_t batch, int32_t ma
         return cudaSuccess;
     } else {
         switch (choose_path(max_seqlen, dtype)) {
-            case Path::kResident:
-                return launch_tc<T, TileConfig<HD, 4, kResidentMaxSeqlen, true>>(args, batch, max_seqlen, stream);
-            default:
-                return launch_tc<T, TileConfig<HD, 4, 64, false>>(args, batch, max_seqlen, stream);
+            case Path::kResident: {
+                using Cfg = TileConfig<HD, 4, kResidentMaxSeqlen, true>;
+                return launch_tiles<Cfg>(attention_tc_kernel<T, Cfg>, args, batch, max_seqlen, stream);
+            }
+            case Path::kWgmma:
+                return launch_wgmma<T, HD>(args, batch, max_seqlen, stream);
+            default: {
+                using Cfg = TileConfig<HD, 4, 64, false>;
+                return launch_tiles<Cfg>(attention_tc_kernel<T, Cfg>, args, batch, max_seqlen, stream);
+            }
         }
     }
 }

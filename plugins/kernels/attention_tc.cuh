@@ -18,6 +18,7 @@
 
 #include "attention.h"
 #include "attention_ptx.cuh"
+#include "attention_tiles.cuh"
 #include "common.cuh"
 
 namespace padfree {
@@ -39,73 +40,6 @@ struct TileConfig {
     static_assert(HEAD_DIM % 16 == 0 && BLOCK_N % 16 == 0, "mma tiles are 16 wide");
 };
 
-// Element offset of (row, col) in a [rows][HEAD_DIM] 16-bit tile whose 16-byte chunks are XOR-
-// swizzled by row: the 8 rows one ldmatrix phase reads land in 8 distinct bank groups.
-template <int HEAD_DIM>
-__device__ __forceinline__ int swizzle(int row, int col) {
-    return row * HEAD_DIM + ((((col >> 3) ^ (row & 7)) << 3) | (col & 7));
-}
-
-// A thread's share of copying ROWS x HEAD_DIM tiles, with its addresses computed once: thread i
-// always moves 16-byte chunk i % C of rows i / C + k * (THREADS / C). THREADS / C is a multiple of
-// 8, so a row's swizzle (row & 7) is the same for all of a thread's rows and the shared offsets
-// differ by compile-time constants. Sources are given as this thread's pointer (from()) into a
-// tile's first row.
-template <int HEAD_DIM, int THREADS, int ROWS>
-struct TileLoader {
-    static constexpr int kChunks = HEAD_DIM / 8;
-    static constexpr int kRowStep = THREADS / kChunks;
-    static_assert(kRowStep % 8 == 0, "the row step must keep row & 7");
-    int row;           // first row
-    uint32_t smem;     // byte offset of (row, chunk) in a swizzled tile
-    int64_t gmem;      // element offset of (row, chunk) in the strided source
-    int64_t gstep;     // element offset of kRowStep rows
-
-    __device__ __forceinline__ TileLoader(int64_t stride) {
-        row = threadIdx.x / kChunks;
-        const int chunk = threadIdx.x % kChunks;
-        smem = 2u * static_cast<uint32_t>(swizzle<HEAD_DIM>(row, chunk * 8));
-        gmem = row * stride + chunk * 8;
-        gstep = kRowStep * stride;
-    }
-
-    template <typename T>
-    __device__ __forceinline__ const T* from(const T* tile_src) const { return tile_src + gmem; }
-
-    // A tile all ROWS of which are valid: no row checks.
-    template <typename T>
-    __device__ __forceinline__ void load_full(uint32_t tile, const T* from) const {
-#pragma unroll
-        for (int k = 0; k < ROWS / kRowStep; ++k) {
-            cp_async_16_full(tile + smem + k * kRowStep * HEAD_DIM * 2, from);
-            from += gstep;
-        }
-    }
-
-    // rows_load rows (a multiple of 16, so every ldmatrix reads written memory): the first
-    // rows_valid copied, the rest zero-filled by plain shared stores (published by the same
-    // barrier that publishes the copies). Zeros keep masked scores finite and make padded V rows
-    // contribute nothing.
-    template <typename T>
-    __device__ __forceinline__ void load(uint32_t tile, const T* from, int rows_valid, int rows_load) const {
-#pragma unroll
-        for (int k = 0; k < ROWS / kRowStep; ++k) {
-            const int r = row + k * kRowStep;
-            const uint32_t dst = tile + smem + k * kRowStep * HEAD_DIM * 2;
-            if (r < rows_valid) cp_async_16_full(dst, from);
-            else if (r < rows_load) st_shared_zero_16(dst);
-            from += gstep;
-        }
-    }
-};
-
-__device__ __forceinline__ int round_up_16(int x) { return (x + 15) & ~15; }
-
-__device__ __forceinline__ float quad_max(float v) {
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
-
 // Grid: (query tiles of the longest sequence, batch, heads), or with args.tiles_last_first (heads, batch, tiles).
 template <typename T, class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tc_kernel(AttentionArgs args) {
@@ -119,22 +53,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tc_k
     constexpr uint32_t kStageBytes = BN * HD * 2;
     constexpr uint32_t kGroupBytes = 16 * HD * 2;  // 16 keys of a K or V tile
 
-    const int batch_index = blockIdx.y;
-    const int head = args.tiles_last_first ? blockIdx.x : blockIdx.z;
-    const int q_tile = args.tiles_last_first ? gridDim.z - 1 - blockIdx.z : blockIdx.x;
-    // the head's Q and V bias (only those are added, see above): weights, so before the wait; by one
-    // CTA per head (layernorm_row.cuh: prefetch_row_params says why not by all)
-    if (args.qkv_bias != nullptr && q_tile == 0 && batch_index == 0 && threadIdx.x < 2 * HD * 2 / 128) {
-        const int part = threadIdx.x / (HD * 2 / 128) * 2;  // Q (0) or V (2)
-        const int line = threadIdx.x % (HD * 2 / 128);
-        prefetch_l2(static_cast<const char*>(args.qkv_bias) + ((part * args.num_heads + head) * HD) * 2 + line * 128);
-    }
-    wait_on_producer();
-    // Clamped to the packed rows so that no cu_seqlens content reads or writes past them.
-    const int start = min(max(args.cu_seqlens[batch_index], 0), args.total_rows);
-    const int len = min(max(args.cu_seqlens[batch_index + 1], start), args.total_rows) - start;
-    const int q0 = q_tile * BM;
-    if (q0 >= len) return;  // tiles past this sequence's end (and empty sequences) do no work
+    QueryTile tile;
+    if (!locate_query_tile<HD>(args, BM, tile)) return;  // tiles past this sequence's end do no work
+    const int start = tile.start;
+    const int len = tile.len;
+    const int q0 = tile.q0;
+    const int head = tile.head;
 
     extern __shared__ __align__(16) unsigned char smem[];
     T* sQ = reinterpret_cast<T*>(smem);
@@ -145,13 +69,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tc_k
     const int warp = threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     const int g = lane / 4;  // accumulator row within the warp's 16 (and g + 8)
-    const int t = lane % 4;  // accumulator column pair
 
     const int nh = args.num_heads;
     const int64_t stride = 3LL * nh * HD;
     const T* seq = static_cast<const T*>(args.qkv) + static_cast<int64_t>(start) * stride;
-    const T* gK = seq + static_cast<int64_t>(nh + head) * HD;
-    const T* gV = seq + static_cast<int64_t>(2 * nh + head) * HD;
     const T* bias = static_cast<const T*>(args.qkv_bias);
 
     const int q_rows = min(BM, len - q0);
@@ -166,49 +87,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tc_k
     // guards barely slow down.
     const int n_full = (Cfg::kSingleTile || args.causal) ? 0 : min(n_tiles, keys_end / BN);
 
-    {
-        const TileLoader<HD, Cfg::kThreads, BM> q_loader(stride);
-        q_loader.load(sQ_addr, q_loader.from(seq + static_cast<int64_t>(q0) * stride + head * HD), q_rows,
-                      round_up_16(q_rows));
-    }
+    load_query_rows<T, HD, Cfg::kThreads, BM, RowSwizzled<HD>>(sQ_addr, seq, stride, tile, q_rows,
+                                                               round_up_16(q_rows));
     cp_async_commit();
-    const TileLoader<HD, Cfg::kThreads, BN> kv_loader(stride);
-    const T* k_from = kv_loader.from(gK);
-    const T* v_from = kv_loader.from(gV);
-    // K or V rows [jn * BN, jn * BN + BN) into the stage buffer at `tile`.
-    auto load_kv = [&](uint32_t tile, const T* from, int jn) {
-        from += static_cast<int64_t>(jn * BN) * stride;
-        if (jn < n_full) {
-            kv_loader.load_full(tile, from);
-        } else {
-            const int valid = min(BN, keys_end - jn * BN);
-            kv_loader.load(tile, from, valid, round_up_16(valid));
-        }
-        cp_async_commit();
-    };
-    load_kv(sK_addr, k_from, 0);
-    load_kv(sV_addr, v_from, 0);
+    const KeyValueTiles<T, HD, Cfg::kThreads, BN, RowSwizzled<HD>> kv(seq, head, nh, stride, n_full, keys_end);
+    kv.load(sK_addr, false, 0);
+    kv.load(sV_addr, true, 0);
     cp_async_wait<2>();
     __syncthreads();
 
     uint32_t qf[KC][4];
-    if (active) {
-#pragma unroll
-        for (int kk = 0; kk < KC; ++kk) {
-            ldmatrix_x4(qf[kk], sQ + swizzle<HD>(warp * 16 + (lane & 15), kk * 16 + (lane >> 4) * 8));
-            if (bias != nullptr) {
-                const T* bq = bias + head * HD + kk * 16 + 2 * t;
-                const float2 b0 = Op::unpack(*reinterpret_cast<const uint32_t*>(bq));
-                const float2 b1 = Op::unpack(*reinterpret_cast<const uint32_t*>(bq + 8));
-#pragma unroll
-                for (int r = 0; r < 4; ++r) {
-                    const float2 q = Op::unpack(qf[kk][r]);
-                    const float2 b = r < 2 ? b0 : b1;  // regs 0,1: columns 2t; regs 2,3: 8 + 2t
-                    qf[kk][r] = Op::pack(q.x + b.x, q.y + b.y);
-                }
-            }
-        }
-    }
+    if (active) load_q_fragments<T, HD, RowSwizzled<HD>>(qf, sQ_addr, warp * 16, bias, head);
 
     // ldmatrix addresses of this lane in stage 0; the key group p adds p * kGroupBytes, a
     // compile-time offset. Row & 7 is lane & 7 for every p, so the swizzle XOR folds into the
@@ -256,7 +145,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tc_k
         cp_async_wait<1>();  // K_j has landed; V_j may still be in flight
         __syncthreads();
         // Every warp is past tile j-1, so its K buffer is free.
-        if (j + 1 < n_tiles) load_kv(sK_addr + next_stage, k_from, j + 1);
+        if (j + 1 < n_tiles) kv.load(sK_addr + next_stage, false, j + 1);
 
         float s[NB][4];
         if (active) {
@@ -274,55 +163,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tc_k
                     }
                 }
             }
-            // Mask keys past the end (zero-filled rows and 16-groups never computed) and, for
-            // causal attention, keys after the query.
-            if (!FULL && (valid < BN || (args.causal && kbase + BN - 1 > q0 + warp * 16))) {
-#pragma unroll
-                for (int nb = 0; nb < NB; ++nb) {
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int key = kbase + nb * 8 + 2 * t + (e & 1);
-                        const int row = row0 + (e >= 2 ? 8 : 0);
-                        if (key >= keys_end || (args.causal && key > row)) s[nb][e] = -INFINITY;
-                    }
-                }
-            }
-
-            float mx0 = m0, mx1 = m1;
-#pragma unroll
-            for (int nb = 0; nb < NB; ++nb) {
-                mx0 = fmaxf(mx0, fmaxf(s[nb][0], s[nb][1]));
-                mx1 = fmaxf(mx1, fmaxf(s[nb][2], s[nb][3]));
-            }
-            // Finite: key 0 of tile 0 is unmasked for every row, so each row has a finite score.
-            mx0 = quad_max(mx0);
-            mx1 = quad_max(mx1);
-            const float ms0 = mx0 * sl2;
-            const float ms1 = mx1 * sl2;
-            if (!Cfg::kSingleTile) {
-                const float alpha0 = fast_exp2(m0 * sl2 - ms0);  // 0 on the first tile (m = -inf)
-                const float alpha1 = fast_exp2(m1 * sl2 - ms1);
-                l[0] *= alpha0;
-                l[2] *= alpha1;
-#pragma unroll
-                for (int db = 0; db < DB; ++db) {
-                    o[db][0] *= alpha0;
-                    o[db][1] *= alpha0;
-                    o[db][2] *= alpha1;
-                    o[db][3] *= alpha1;
-                }
-            }
-            m0 = mx0;
-            m1 = mx1;
-#pragma unroll
-            for (int nb = 0; nb < NB; ++nb) {
-                if (FULL || nb / 2 < n16) {
-                    s[nb][0] = fast_exp2(fmaf(s[nb][0], sl2, -ms0));
-                    s[nb][1] = fast_exp2(fmaf(s[nb][1], sl2, -ms0));
-                    s[nb][2] = fast_exp2(fmaf(s[nb][2], sl2, -ms1));
-                    s[nb][3] = fast_exp2(fmaf(s[nb][3], sl2, -ms1));
-                }
-            }
+            if (!FULL && (valid < BN || (args.causal && kbase + BN - 1 > q0 + warp * 16)))
+                mask_scores(s, kbase, keys_end, args.causal, row0);
+            softmax_step<Cfg::kSingleTile>(s, o, l, m0, m1, sl2, FULL ? NB : 2 * n16);
         }
 
         if (j + 1 < n_tiles) {
@@ -332,18 +175,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tc_k
         }
         __syncthreads();
         // Every warp is past P.V of tile j-1, so its V buffer is free.
-        if (j + 1 < n_tiles) load_kv(sV_addr + next_stage, v_from, j + 1);
+        if (j + 1 < n_tiles) kv.load(sV_addr + next_stage, true, j + 1);
 
         if (active) {
 #pragma unroll
             for (int p = 0; p < NB / 2; ++p) {
                 if (FULL || p < n16) {
-                    // The S accumulators of key blocks 2p, 2p+1 are exactly the A fragment of
-                    // keys 16p..16p+15: P never leaves registers.
-                    const uint32_t pa[4] = {Op::pack(s[2 * p][0], s[2 * p][1]),
-                                            Op::pack(s[2 * p][2], s[2 * p][3]),
-                                            Op::pack(s[2 * p + 1][0], s[2 * p + 1][1]),
-                                            Op::pack(s[2 * p + 1][2], s[2 * p + 1][3])};
+                    uint32_t pa[4];
+                    pack_p_fragment<T>(pa, s, p);
                     Op::run(l, pa, Op::kOnePair, Op::kOnePair);
 #pragma unroll
                     for (int dp = 0; dp < DB / 2; ++dp) {
@@ -364,35 +203,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tc_k
     if (!active) return;
     const float inv0 = 1.f / l[0];
     const float inv1 = 1.f / l[2];
-    // Stage the warp's 16 output rows in its own (already consumed) Q rows, then write 16-byte
-    // vectors: each output row is one contiguous head_dim span of [T, num_heads, head_dim].
-    T* stage = sQ;
-    const int srow = warp * 16 + g;
-#pragma unroll
-    for (int db = 0; db < DB; ++db) {
-        const int d = db * 8 + 2 * t;
-        float2 bv = make_float2(0.f, 0.f);
-        if (bias != nullptr)
-            bv = Op::unpack(*reinterpret_cast<const uint32_t*>(bias + (2 * nh + head) * HD + d));
-        *reinterpret_cast<uint32_t*>(stage + swizzle<HD>(srow, d)) =
-            Op::pack(fmaf(o[db][0], inv0, bv.x), fmaf(o[db][1], inv0, bv.y));
-        *reinterpret_cast<uint32_t*>(stage + swizzle<HD>(srow + 8, d)) =
-            Op::pack(fmaf(o[db][2], inv1, bv.x), fmaf(o[db][3], inv1, bv.y));
-    }
-    __syncwarp();
-    constexpr int kChunks = HD / 8;
-    T* out = static_cast<T*>(args.out);
-    const int64_t out_stride = static_cast<int64_t>(nh) * HD;
-#pragma unroll
-    for (int i = lane; i < 16 * kChunks; i += 32) {
-        const int r = i / kChunks;
-        const int chunk = i % kChunks;
-        const int row = q0 + warp * 16 + r;
-        if (row < len) {
-            *reinterpret_cast<uint4*>(out + (start + row) * out_stride + head * HD + chunk * 8) =
-                *reinterpret_cast<const uint4*>(stage + swizzle<HD>(warp * 16 + r, chunk * 8));
-        }
-    }
+    store_output_rows<T, HD, RowSwizzled<HD>>(o, inv0, inv1, args, tile, sQ, warp * 16);
 }
 
 }  // namespace attention_detail

@@ -232,26 +232,32 @@ __device__ __forceinline__ void allow_consumers() {
 #endif
 }
 
+// The current device's compute capability as 10 * major + minor (0 where it cannot be read), queried
+// once per device: kernel choices that depend on it sit on the host's launch path.
+inline int current_compute_capability() {
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return 0;
+    constexpr int kMaxDevices = 64;
+    static std::atomic<int> known[kMaxDevices];  // 0: not queried yet
+    int capability = device < kMaxDevices ? known[device].load(std::memory_order_relaxed) : 0;
+    if (capability == 0) {
+        int major = 0, minor = 0;
+        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+            cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
+            return 0;
+        capability = 10 * major + minor;
+        if (device < kMaxDevices) known[device].store(capability, std::memory_order_relaxed);
+    }
+    return capability;
+}
+
 // PDL needs compute capability 9.0+; PADFREE_PDL=0 turns it off (to compare, or to rule it out).
-// The capability is queried once per device: launches are on the host's critical path.
 inline bool pdl_enabled() {
     static const bool allowed = [] {
         const char* env = std::getenv("PADFREE_PDL");
         return env == nullptr || std::strcmp(env, "0") != 0;
     }();
-    if (!allowed) return false;
-    int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess) return false;
-    constexpr int kMaxDevices = 64;
-    static std::atomic<signed char> known[kMaxDevices];  // 0: not queried yet; 1: PDL; -1: none
-    signed char state = device < kMaxDevices ? known[device].load(std::memory_order_relaxed) : 0;
-    if (state == 0) {
-        int major = 0;
-        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
-        state = major >= 9 ? 1 : -1;
-        if (device < kMaxDevices) known[device].store(state, std::memory_order_relaxed);
-    }
-    return state > 0;
+    return allowed && current_compute_capability() >= 90;
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...), with PDL where enabled. The arguments convert to

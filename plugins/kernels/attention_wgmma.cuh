@@ -1,0 +1,222 @@
+// Tensor-core attention for Hopper (sm_90a): attention_tc.cuh's algorithm (FlashAttention-2's
+// forward on packed varlen tokens; Q's bias on its fragments, K's and V's folded away as that file
+// says) with both matrix products on wgmma.
+//
+// One warpgroup (4 warps) per CTA owns a 64-row query tile. Each warp keeps its 16 rows' Q
+// fragments, scores and O in registers, in the mma.sync kernel's layout, so the softmax and the
+// epilogue are that kernel's (attention_tiles.cuh). Per K/V tile: S = Q.K^T as wgmma m64n64k16 with
+// Q from registers and K from shared memory; the online softmax; then O += P.V with P from registers
+// (the S accumulators, rounded) and V from shared memory as stored (MN-major). mma.sync needs each
+// warp to bring its own K and V fragments through ldmatrix, 4 warps reading every tile 4 times;
+// wgmma reads each shared operand once per warpgroup. K/V tiles arrive by cp.async in wgmma's
+// 128-byte-swizzle layout, double-buffered.
+#pragma once
+
+#include <cmath>
+#include <type_traits>
+
+#include "attention.h"
+#include "attention_ptx.cuh"
+#include "attention_tiles.cuh"
+#include "common.cuh"
+#include "wgmma_ptx.cuh"
+
+namespace padfree {
+namespace attention_detail {
+
+// STAGES = 1: the sequences fit one tile (max_seqlen <= BLOCK_N), whose softmax is exact.
+// One warpgroup per CTA: two sharing each K/V tile (128 query rows) measured slower at every BERT
+// shape (H100, 16x256 12.2 -> 15.5 us, 64x512 109 -> 115; bench/NOTES-attention.md, session 5).
+// ONE_BARRIER: tile j+1's K and V are both requested at the start of tile j, behind one barrier per
+// tile; otherwise V_{j+1} waits for a second barrier after the softmax (H100, one barrier: head_dim
+// 64 2-3% faster on long sequences, head_dim 128 7-9% slower).
+template <int HEAD_DIM, int BLOCK_N, int STAGES, int MIN_BLOCKS, bool ONE_BARRIER>
+struct WgmmaConfig {
+    static constexpr bool kOneBarrier = ONE_BARRIER;
+    static constexpr int kHeadDim = HEAD_DIM;
+    static constexpr int kThreads = 128;  // one warpgroup
+    static constexpr int kBlockM = 64;    // wgmma's M
+    static constexpr int kBlockN = BLOCK_N;
+    static constexpr int kStages = STAGES;
+    static constexpr bool kSingleTile = STAGES == 1;
+    static constexpr int kMinBlocks = MIN_BLOCKS;  // CTAs per SM the registers must allow
+    static constexpr int kQBytes = kBlockM * HEAD_DIM * 2;
+    static constexpr int kTileBytes = BLOCK_N * HEAD_DIM * 2;
+    // + 1024: the swizzle pattern repeats every 1024 bytes and wgmma expects tiles aligned to it;
+    // dynamic shared memory is only 16-byte aligned.
+    static constexpr int kSmemBytes = kQBytes + 2 * kStages * kTileBytes + 1024;
+    static_assert(HEAD_DIM % 64 == 0 && BLOCK_N % 64 == 0, "64-column panels, 64-key wgmma blocks");
+};
+
+// The 32 accumulators of one m64n64 product: 8-column blocks [b, b + 8) of a [blocks][4] array
+// (b a constant once the loops are unrolled, so the view stays in registers).
+template <int R>
+__device__ __forceinline__ float (&blocks8(float (&a)[R][4], int b))[32] {
+    return *reinterpret_cast<float(*)[32]>(&a[b][0]);
+}
+template <int R>
+__device__ __forceinline__ float (&flat(float (&a)[R][4]))[R * 4] {
+    return *reinterpret_cast<float(*)[R * 4]>(&a[0][0]);
+}
+template <int R>
+__device__ __forceinline__ uint32_t (&flat(uint32_t (&a)[R][4]))[R * 4] {
+    return *reinterpret_cast<uint32_t(*)[R * 4]>(&a[0][0]);
+}
+
+// Grid: as attention_tc_kernel's. Launched only where the library holds sm_90a code (attention.cu).
+template <typename T, class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_wgmma_kernel(AttentionArgs args) {
+#if defined(PADFREE_WGMMA_DEVICE)
+    constexpr int HD = Cfg::kHeadDim;
+    constexpr int BM = Cfg::kBlockM;
+    constexpr int BN = Cfg::kBlockN;
+    constexpr int KC = HD / 16;  // 16-wide k chunks of Q.K^T
+    constexpr int NB = BN / 8;   // 8-key column blocks of S
+    constexpr int DB = HD / 8;   // 8-wide column blocks of O
+    constexpr int KG = BN / 16;  // 16-key groups: P's A fragments, the k steps of P.V
+    using QLayout = Panels128<BM>;
+    using KVLayout = Panels128<BN>;
+
+    QueryTile tile;
+    if (!locate_query_tile<HD>(args, BM, tile)) return;  // tiles past this sequence's end do no work
+
+    extern __shared__ __align__(16) unsigned char smem[];
+    const uint32_t sQ_addr = (smem_addr(smem) + 1023u) & ~1023u;
+    T* sQ = reinterpret_cast<T*>(smem + (sQ_addr - smem_addr(smem)));
+    const uint32_t sK_addr = sQ_addr + Cfg::kQBytes;
+    const uint32_t sV_addr = sK_addr + Cfg::kStages * Cfg::kTileBytes;
+
+    const int warp = threadIdx.x / 32;
+    const int nh = args.num_heads;
+    const int64_t stride = 3LL * nh * HD;
+    const T* seq = static_cast<const T*>(args.qkv) + static_cast<int64_t>(tile.start) * stride;
+    const int q_rows = min(BM, tile.len - tile.q0);
+    // Causal: no key past this tile's last query matters to any row of it.
+    const int keys_end = args.causal ? min(tile.len, tile.q0 + BM) : tile.len;
+    const int n_tiles = Cfg::kSingleTile ? 1 : ceil_div(keys_end, BN);
+    const int n_full = (Cfg::kSingleTile || args.causal) ? 0 : min(n_tiles, keys_end / BN);
+
+    // All 64 Q rows, the ones past the sequence zero-filled: every warp takes part in each wgmma.
+    load_query_rows<T, HD, Cfg::kThreads, BM, QLayout>(sQ_addr, seq, stride, tile, q_rows, BM);
+    cp_async_commit();
+    const KeyValueTiles<T, HD, Cfg::kThreads, BN, KVLayout> kv(seq, tile.head, nh, stride, n_full, keys_end);
+    kv.load(sK_addr, false, 0);
+    kv.load(sV_addr, true, 0);
+    cp_async_wait<2>();
+    __syncthreads();
+    uint32_t qf[KC][4];
+    load_q_fragments<T, HD, QLayout>(qf, sQ_addr, warp * 16, static_cast<const T*>(args.qkv_bias), tile.head);
+
+    // K is the B operand of Q.K^T as stored (K-major: a key's head_dim is contiguous), one panel per
+    // 64 of head_dim; V that of P.V, MN-major, its panels the leading-offset steps of one n64 block.
+    const uint64_t k_desc = sw128_descriptor(sK_addr, KVLayout::kPanelBytes);
+    const uint64_t v_desc = sw128_descriptor(sV_addr, KVLayout::kPanelBytes);
+    const float sl2 = args.scale_log2;
+    const int row0 = tile.q0 + warp * 16 + (threadIdx.x % 32) / 4;  // this thread's rows: row0, row0 + 8
+    float o[DB][4];
+#pragma unroll
+    for (int db = 0; db < DB; ++db) o[db][0] = o[db][1] = o[db][2] = o[db][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY;  // running row maxima, in raw score units
+    // Row sums of this thread's columns, [0]: row g, [2]: row g + 8; the quad's are added at the end.
+    float l[4] = {0.f, 0.f, 0.f, 0.f};
+
+    auto key_tile = [&](int j, auto full_tag) {
+        constexpr bool FULL = decltype(full_tag)::value;
+        const int kbase = j * BN;
+        const int valid = FULL ? BN : min(BN, keys_end - kbase);
+        const int n16 = FULL ? KG : ceil_div(valid, 16);  // 16-key groups holding any key
+        const int n64 = FULL ? BN / 64 : ceil_div(valid, 64);
+        const uint32_t stage = (j % Cfg::kStages) * Cfg::kTileBytes;
+        const uint32_t next_stage = ((j + 1) % Cfg::kStages) * Cfg::kTileBytes;
+
+        if (Cfg::kOneBarrier) cp_async_wait<0>();
+        else cp_async_wait<1>();  // K_j has landed; V_j may still be in flight
+        fence_shared_to_async_proxy();
+        __syncthreads();
+        // The products of tile j-1 completed before every thread's waits: its K and V buffers are free.
+        if (j + 1 < n_tiles) {
+            kv.load(sK_addr + next_stage, false, j + 1);
+            if (Cfg::kOneBarrier) kv.load(sV_addr + next_stage, true, j + 1);
+        }
+
+        uint32_t pa[KG][4];  // P's A fragments
+        {  // S's registers end with this block
+            float s[NB][4];
+            wgmma_fence();
+#pragma unroll
+            for (int kb = 0; kb < BN / 64; ++kb) {
+                if (FULL || kb < n64) {
+#pragma unroll
+                    for (int kk = 0; kk < KC; ++kk) {
+                        const uint32_t at = stage + (kk / 4) * KVLayout::kPanelBytes + kb * 64 * 128 + (kk % 4) * 32;
+                        wgmma_m64n64k16<T, 0>(blocks8(s, 8 * kb), qf[kk], descriptor_at(k_desc, at), kk);
+                    }
+                }
+            }
+            wgmma_commit();
+            wgmma_wait<0>();
+            keep_registers(flat(s));
+
+            if (!FULL && (valid < BN || (args.causal && kbase + BN - 1 > tile.q0 + warp * 16)))
+                mask_scores(s, kbase, keys_end, args.causal, row0);
+            softmax_step<Cfg::kSingleTile>(s, o, l, m0, m1, sl2, FULL ? NB : 2 * n16);
+#pragma unroll
+            for (int nb = 0; nb < NB; ++nb) {
+                if (FULL || nb < 2 * n16) {
+                    l[0] += s[nb][0] + s[nb][1];
+                    l[2] += s[nb][2] + s[nb][3];
+                }
+            }
+#pragma unroll
+            for (int p = 0; p < KG; ++p)
+                if (FULL || p < n16) pack_p_fragment<T>(pa[p], s, p);
+        }
+
+        if (!Cfg::kOneBarrier) {
+            if (j + 1 < n_tiles) {
+                cp_async_wait<1>();  // V_j has landed; K_{j+1} may still be in flight
+            } else {
+                cp_async_wait<0>();
+            }
+            fence_shared_to_async_proxy();
+            __syncthreads();
+            if (j + 1 < n_tiles) kv.load(sV_addr + next_stage, true, j + 1);
+        }
+
+        wgmma_fence();
+#pragma unroll
+        for (int p = 0; p < KG; ++p) {
+            if (FULL || p < n16) {
+#pragma unroll
+                for (int dp = 0; dp < HD / 64; ++dp) {
+                    const uint32_t at = stage + dp * KVLayout::kPanelBytes + p * 16 * 128;
+                    wgmma_m64n64k16<T, 1>(blocks8(o, 8 * dp), pa[p], descriptor_at(v_desc, at), 1);
+                }
+            }
+        }
+        wgmma_commit();
+        // Waiting here rather than after the next tile's Q.K^T frees P's registers (an overlap
+        // that left too few for the accumulators: ptxas serialized the wgmmas and spilled);
+        // other CTAs on the SM fill the tensor cores meanwhile.
+        wgmma_wait<0>();
+        keep_registers(flat(o));
+        keep_registers(flat(pa));
+    };
+    int j = 0;
+    for (; j < n_full; ++j) key_tile(j, std::true_type{});
+    for (; j < n_tiles; ++j) key_tile(j, std::false_type{});
+    allow_consumers();  // only the epilogue is left
+
+#pragma unroll
+    for (int r = 0; r < 4; r += 2) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    }
+    store_output_rows<T, HD, QLayout>(o, 1.f / l[0], 1.f / l[2], args, tile, sQ, warp * 16);
+#else
+    __trap();  // attention.cu launches this only where the library holds sm_90a code
+#endif
+}
+
+}  // namespace attention_detail
+}  // namespace padfree
