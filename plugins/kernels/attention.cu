@@ -104,10 +104,9 @@ cudaError_t launch_tiles(void (*kernel)(AttentionArgs), AttentionArgs args, int3
 template <typename T, int HD>
 cudaError_t launch_wgmma(const AttentionArgs& args, int32_t batch, int32_t max_seqlen, cudaStream_t stream) {
     if constexpr (HD == 64) {
-        if (max_seqlen <= 128) {
-            using Cfg = WgmmaConfig<HD, 128, 1, 4, false>;
-            return launch_tiles<Cfg>(attention_wgmma_kernel<T, Cfg>, args, batch, max_seqlen, stream);
-        }
+        using SingleTile = WgmmaConfig<HD, 128, 1, 4, false>;
+        if (max_seqlen <= SingleTile::kBlockN)
+            return launch_tiles<SingleTile>(attention_wgmma_kernel<T, SingleTile>, args, batch, max_seqlen, stream);
         using Cfg = WgmmaConfig<HD, 64, 2, 4, true>;
         return launch_tiles<Cfg>(attention_wgmma_kernel<T, Cfg>, args, batch, max_seqlen, stream);
     } else {
