@@ -122,15 +122,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tc_k
 
     const float sl2 = args.scale_log2;
     const int row0 = q0 + warp * 16 + g;  // this thread's query rows: row0 and row0 + 8
-    float o[DB][4];
-#pragma unroll
-    for (int db = 0; db < DB; ++db) o[db][0] = o[db][1] = o[db][2] = o[db][3] = 0.f;
-    float m0 = -INFINITY, m1 = -INFINITY;  // running row maxima, in raw score units
     // Row sums of P as one more mma per 16 keys, P . ones: the sum over the whole row lands in every
-    // lane of the quad (no shuffles), in [0] for row g and [2] for row g + 8 ([1], [3]: copies, left
-    // unscaled and unused). It replaces 32 FADD per tile and sums exactly the 16-bit P that
+    // lane of the quad (no shuffles), in l[0] for row g and l[2] for row g + 8 ([1], [3]: copies,
+    // left unscaled and unused). It replaces 32 FADD per tile and sums exactly the 16-bit P that
     // multiplies V.
-    float l[4] = {0.f, 0.f, 0.f, 0.f};
+    SoftmaxRows<DB> rows;
 
     // One K/V tile. FULL: all BN keys valid and unmasked, so the 16-key-group guards and the mask
     // fold away at compile time.
@@ -165,7 +161,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tc_k
             }
             if (!FULL && (valid < BN || (args.causal && kbase + BN - 1 > q0 + warp * 16)))
                 mask_scores(s, kbase, keys_end, args.causal, row0);
-            softmax_step<Cfg::kSingleTile>(s, o, l, m0, m1, sl2, FULL ? NB : 2 * n16);
+            rows.step<Cfg::kSingleTile>(s, sl2, FULL ? NB : 2 * n16);
         }
 
         if (j + 1 < n_tiles) {
@@ -183,13 +179,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tc_k
                 if (FULL || p < n16) {
                     uint32_t pa[4];
                     pack_p_fragment<T>(pa, s, p);
-                    Op::run(l, pa, Op::kOnePair, Op::kOnePair);
+                    Op::run(rows.l, pa, Op::kOnePair, Op::kOnePair);
 #pragma unroll
                     for (int dp = 0; dp < DB / 2; ++dp) {
                         uint32_t vb[4];
                         ldmatrix_x4_trans_addr(vb, v_addr[dp] + stage + p * kGroupBytes);
-                        Op::run(o[2 * dp], pa, vb[0], vb[1]);
-                        Op::run(o[2 * dp + 1], pa, vb[2], vb[3]);
+                        Op::run(rows.o[2 * dp], pa, vb[0], vb[1]);
+                        Op::run(rows.o[2 * dp + 1], pa, vb[2], vb[3]);
                     }
                 }
             }
@@ -201,9 +197,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tc_k
     allow_consumers();  // only the epilogue is left
 
     if (!active) return;
-    const float inv0 = 1.f / l[0];
-    const float inv1 = 1.f / l[2];
-    store_output_rows<T, HD, RowSwizzled<HD>>(o, inv0, inv1, args, tile, sQ, warp * 16);
+    store_output_rows<T, HD, RowSwizzled<HD>>(rows.o, 1.f / rows.l[0], 1.f / rows.l[2], args, tile, sQ, warp * 16);
 }
 
 }  // namespace attention_detail

@@ -218,49 +218,64 @@ __device__ __forceinline__ void mask_scores(float (&s)[NB][4], int kbase, int ke
     }
 }
 
-// One key tile's online-softmax step on a warp's scores (raw units, masked ones -inf): the running
-// row maxima m0 / m1 move to the tile's, O and the row sums l ([0]: row g, [2]: row g + 8) are
-// rescaled unless this is the sequence's only tile (SINGLE_TILE), and s becomes
-// 2^(s * scale_log2 - max), in the 8-key blocks below nb_end only (the rest are never used).
-template <bool SINGLE_TILE, int NB, int DB>
-__device__ __forceinline__ void softmax_step(float (&s)[NB][4], float (&o)[DB][4], float (&l)[4], float& m0,
-                                             float& m1, float sl2, int nb_end) {
-    float mx0 = m0, mx1 = m1;
+// A warp's running softmax over the key tiles: O (the m16n8 accumulator layout), the row maxima in
+// raw score units and the row sums l ([0]: row g, [2]: row g + 8; how they are summed, and what
+// [1] and [3] hold, is the kernel's).
+template <int DB>
+struct SoftmaxRows {
+    float o[DB][4];
+    float m0 = -INFINITY;
+    float m1 = -INFINITY;
+    float l[4] = {0.f, 0.f, 0.f, 0.f};
+
+    __device__ __forceinline__ SoftmaxRows() {
 #pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
-        mx0 = fmaxf(mx0, fmaxf(s[nb][0], s[nb][1]));
-        mx1 = fmaxf(mx1, fmaxf(s[nb][2], s[nb][3]));
+        for (int db = 0; db < DB; ++db) o[db][0] = o[db][1] = o[db][2] = o[db][3] = 0.f;
     }
-    // Finite: key 0 of tile 0 is unmasked for every row, so each row has a finite score.
-    mx0 = quad_max(mx0);
-    mx1 = quad_max(mx1);
-    const float ms0 = mx0 * sl2;
-    const float ms1 = mx1 * sl2;
-    if (!SINGLE_TILE) {
-        const float alpha0 = fast_exp2(m0 * sl2 - ms0);  // 0 on the first tile (m = -inf)
-        const float alpha1 = fast_exp2(m1 * sl2 - ms1);
-        l[0] *= alpha0;
-        l[2] *= alpha1;
+
+    // One key tile's step on the warp's scores s (raw units, masked ones -inf): the maxima move to
+    // the tile's, O and l are rescaled unless this is the sequence's only tile (SINGLE_TILE), and s
+    // becomes 2^(s * scale_log2 - max), in the 8-key blocks below nb_end only (the rest are never
+    // used).
+    template <bool SINGLE_TILE, int NB>
+    __device__ __forceinline__ void step(float (&s)[NB][4], float sl2, int nb_end) {
+        float mx0 = m0, mx1 = m1;
 #pragma unroll
-        for (int db = 0; db < DB; ++db) {
-            o[db][0] *= alpha0;
-            o[db][1] *= alpha0;
-            o[db][2] *= alpha1;
-            o[db][3] *= alpha1;
+        for (int nb = 0; nb < NB; ++nb) {
+            mx0 = fmaxf(mx0, fmaxf(s[nb][0], s[nb][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[nb][2], s[nb][3]));
+        }
+        // Finite: key 0 of tile 0 is unmasked for every row, so each row has a finite score.
+        mx0 = quad_max(mx0);
+        mx1 = quad_max(mx1);
+        const float ms0 = mx0 * sl2;
+        const float ms1 = mx1 * sl2;
+        if (!SINGLE_TILE) {
+            const float alpha0 = fast_exp2(m0 * sl2 - ms0);  // 0 on the first tile (m = -inf)
+            const float alpha1 = fast_exp2(m1 * sl2 - ms1);
+            l[0] *= alpha0;
+            l[2] *= alpha1;
+#pragma unroll
+            for (int db = 0; db < DB; ++db) {
+                o[db][0] *= alpha0;
+                o[db][1] *= alpha0;
+                o[db][2] *= alpha1;
+                o[db][3] *= alpha1;
+            }
+        }
+        m0 = mx0;
+        m1 = mx1;
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) {
+            if (nb < nb_end) {
+                s[nb][0] = fast_exp2(fmaf(s[nb][0], sl2, -ms0));
+                s[nb][1] = fast_exp2(fmaf(s[nb][1], sl2, -ms0));
+                s[nb][2] = fast_exp2(fmaf(s[nb][2], sl2, -ms1));
+                s[nb][3] = fast_exp2(fmaf(s[nb][3], sl2, -ms1));
+            }
         }
     }
-    m0 = mx0;
-    m1 = mx1;
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
-        if (nb < nb_end) {
-            s[nb][0] = fast_exp2(fmaf(s[nb][0], sl2, -ms0));
-            s[nb][1] = fast_exp2(fmaf(s[nb][1], sl2, -ms0));
-            s[nb][2] = fast_exp2(fmaf(s[nb][2], sl2, -ms1));
-            s[nb][3] = fast_exp2(fmaf(s[nb][3], sl2, -ms1));
-        }
-    }
-}
+};
 
 // P's A fragment for keys 16p .. 16p + 15: the S accumulators of key blocks 2p and 2p + 1 are
 // exactly that fragment, so P never leaves registers.

@@ -113,12 +113,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_wgmm
     const uint64_t v_desc = sw128_descriptor(sV_addr, KVLayout::kPanelBytes);
     const float sl2 = args.scale_log2;
     const int row0 = tile.q0 + warp * 16 + (threadIdx.x % 32) / 4;  // this thread's rows: row0, row0 + 8
-    float o[DB][4];
-#pragma unroll
-    for (int db = 0; db < DB; ++db) o[db][0] = o[db][1] = o[db][2] = o[db][3] = 0.f;
-    float m0 = -INFINITY, m1 = -INFINITY;  // running row maxima, in raw score units
-    // Row sums of this thread's columns, [0]: row g, [2]: row g + 8; the quad's are added at the end.
-    float l[4] = {0.f, 0.f, 0.f, 0.f};
+    // l: row sums of this thread's columns; the quad's are added at the end.
+    SoftmaxRows<DB> rows;
 
     auto key_tile = [&](int j, auto full_tag) {
         constexpr bool FULL = decltype(full_tag)::value;
@@ -159,12 +155,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_wgmm
 
             if (!FULL && (valid < BN || (args.causal && kbase + BN - 1 > tile.q0 + warp * 16)))
                 mask_scores(s, kbase, keys_end, args.causal, row0);
-            softmax_step<Cfg::kSingleTile>(s, o, l, m0, m1, sl2, FULL ? NB : 2 * n16);
+            rows.step<Cfg::kSingleTile>(s, sl2, FULL ? NB : 2 * n16);
 #pragma unroll
             for (int nb = 0; nb < NB; ++nb) {
                 if (FULL || nb < 2 * n16) {
-                    l[0] += s[nb][0] + s[nb][1];
-                    l[2] += s[nb][2] + s[nb][3];
+                    rows.l[0] += s[nb][0] + s[nb][1];
+                    rows.l[2] += s[nb][2] + s[nb][3];
                 }
             }
 #pragma unroll
@@ -190,7 +186,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_wgmm
 #pragma unroll
                 for (int dp = 0; dp < HD / 64; ++dp) {
                     const uint32_t at = stage + dp * KVLayout::kPanelBytes + p * 16 * 128;
-                    wgmma_m64n64k16<T, 1>(blocks8(o, 8 * dp), pa[p], descriptor_at(v_desc, at), 1);
+                    wgmma_m64n64k16<T, 1>(blocks8(rows.o, 8 * dp), pa[p], descriptor_at(v_desc, at), 1);
                 }
             }
         }
@@ -199,7 +195,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_wgmm
         // that left too few for the accumulators: ptxas serialized the wgmmas and spilled);
         // other CTAs on the SM fill the tensor cores meanwhile.
         wgmma_wait<0>();
-        keep_registers(flat(o));
+        keep_registers(flat(rows.o));
         keep_registers(flat(pa));
     };
     int j = 0;
@@ -209,10 +205,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_wgmm
 
 #pragma unroll
     for (int r = 0; r < 4; r += 2) {
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        rows.l[r] += __shfl_xor_sync(0xffffffffu, rows.l[r], 1);
+        rows.l[r] += __shfl_xor_sync(0xffffffffu, rows.l[r], 2);
     }
-    store_output_rows<T, HD, QLayout>(o, 1.f / l[0], 1.f / l[2], args, tile, sQ, warp * 16);
+    store_output_rows<T, HD, QLayout>(rows.o, 1.f / rows.l[0], 1.f / rows.l[2], args, tile, sQ, warp * 16);
 #else
     __trap();  // attention.cu launches this only where the library holds sm_90a code
 #endif
