@@ -10,6 +10,7 @@ from padfree.torch import gemms as gemms_mod
 from padfree.torch.ffn import FfnUp
 
 gpu = pytest.mark.gpu
+ENUM_SAMPLE = 24  # enumerated configurations run per test (of ~1400 on the H100)
 
 
 def reference(x, w, bias=None, acc=None, act=None):
@@ -64,15 +65,47 @@ def test_linear_every_candidate(dtype, epilogue, accumulate, rows, seed):
 
 @gpu
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_encoder_gemms_tuned(dtype, seed, monkeypatch):
+@pytest.mark.parametrize("epilogue,accumulate", [("default", True), ("gelu_bias", False)])
+def test_linear_enumerated_configurations(dtype, epilogue, accumulate, seed):
+    """Configurations beyond the heuristic's list (Linear.enumerate), a spread of ENUM_SAMPLE of them
+    with the workspace they ask for, compute the same GEMM and epilogue."""
+    from padfree.torch import cublaslt
+    rows, k, n = 4160, 256, 384
+    code = cublaslt.EPILOGUE_GELU_BIAS if epilogue == "gelu_bias" else cublaslt.EPILOGUE_DEFAULT
+    x, w, bias, acc = operands(rows, k, n, dtype, seed)
+    lin = cublaslt.Linear(rows, k, n, dtype, epilogue=code, accumulate=accumulate, max_workspace=1 << 20)
+    workspace = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+    want = reference(x, w, bias if epilogue != "default" else None, acc if accumulate else None,
+                     "gelu_tanh" if epilogue == "gelu_bias" else None)
+    configs = lin.enumerate()
+    assert len(configs) > len(lin.candidates(8)), "enumeration found no more than the heuristic lists"
+    assert all(info.index == -1 and info.workspace_size <= 1 << 20 for _, info in configs)
+    step = max(1, len(configs) // ENUM_SAMPLE)
+    for algo, info in configs[seed % step::step]:
+        out = acc.clone() if accumulate else torch.full((rows, n), float("nan"), device="cuda", dtype=dtype)
+        try:
+            lin(x, w, out, bias if epilogue != "default" else None, workspace, algo)
+        except cublaslt.CublasLtError:
+            continue  # accepted by AlgoCheck, refused at the call: the tuner skips these too
+        close(out, want, 1e-2)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("search", ["heuristic", "exhaustive"])
+def test_encoder_gemms_tuned(dtype, search, seed, monkeypatch):
     """Tuning at a small size (the row floor lowered) picks something for every projection, and each
-    projection computes qkv / out += / act(up + b) / down += against float64."""
+    projection computes qkv / out += / act(up + b) / down += against float64. The exhaustive search
+    screens a spread of the enumerated configurations (all of them take seconds per problem)."""
+    from padfree.torch import cublaslt
     monkeypatch.setattr(gemms_mod, "KEEP_MARGIN", 10.0)  # take cuBLASLt's best even when torch is faster
     monkeypatch.setattr(gemms_mod, "_chosen", {})
+    enumerate_all = cublaslt.Linear.enumerate
+    monkeypatch.setattr(cublaslt.Linear, "enumerate", lambda self: enumerate_all(self)[seed % 7::ENUM_SAMPLE])
     rows, hidden, inter = 320, 128, 512
     up = FfnUp("tanh", True, None)
     g = gemms_mod.EncoderGemms(rows, hidden, inter, dtype, torch.device("cuda", torch.cuda.current_device()), up,
-                               tune=True, tune_min_rows=0)
+                               tune=True, tune_min_rows=0, search=search)
     assert all(c.startswith("cublaslt") for c in g.choices().values()), g.choices()
     x, w_qkv, _, _ = operands(rows, hidden, 3 * hidden, dtype, seed)
     out = torch.full((rows, 3 * hidden), float("nan"), device="cuda", dtype=dtype)
@@ -109,3 +142,9 @@ def test_untuned_gemms_are_torch_calls():
     want = acc + x @ w_o.t()
     g.out_residual(x, w_o, acc)
     torch.testing.assert_close(acc, want)
+
+
+def test_unknown_gemm_search_is_refused():
+    with pytest.raises(ValueError, match="search"):
+        gemms_mod.EncoderGemms(5, 8, 16, torch.float64, torch.device("cpu"), FfnUp("relu", False, None), tune=True,
+                               search="fastest")

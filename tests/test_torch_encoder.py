@@ -566,3 +566,24 @@ def test_fp32_uses_exact_gelu_and_fp16_the_epilogue():
     assert not from_hf(model, dtype=torch.float32).ffn_up.use_epilogue
     assert from_hf(model, dtype=torch.float16).ffn_up.use_epilogue
     assert math.isclose(from_hf(model, dtype=torch.float16).softmax_scale, 1 / 8)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not hasattr(torch._C, "_cuda_clearCublasWorkspaces"), reason="torch without the cuBLAS workspace cache")
+def test_graphs_survive_cublas_workspace_clearing(seed):
+    """torch.compile's CUDA graphs (and torch's graph teardown) clear torch's cuBLAS workspace cache and
+    release the memory; a captured forward must not be left writing to it. BERT-base's width at ~20K
+    tokens, where torch's GEMM picks on the H100 take a workspace (a replay faulted there before)."""
+    rng = np.random.default_rng(seed)
+    model = make_model("bert", hidden=768, heads=12, layers=1, positions=512, seed=seed)
+    encoder = from_hf(model, dtype=torch.float16)
+    ids, mask, _ = random_batch(model, 48, 512, rng, lengths=rng.integers(300, 513, 48).tolist())
+    ids, mask = ids.cuda(), mask.cuda()
+    first = encoder(ids, mask).last_hidden_state.clone()
+    torch._C._cuda_clearCublasWorkspaces()  # what torch.compile(mode="reduce-overhead") does around a recording
+    torch.cuda.empty_cache()
+    poison_allocator(1024)
+    again = encoder(ids, mask).last_hidden_state
+    torch.cuda.synchronize()
+    assert torch.isfinite(again).all()
+    assert torch.equal(again, first)

@@ -10,6 +10,9 @@ Columns per shape (batch x max_seqlen, lengths uniform in [0.2*max, max], torch.
   padfree_packed        forward_packed on already packed inputs (what padfree.runtime calls)
   ..._with_varlen_attn  (--varlen-attn, diagnostic) forward_packed with torch's varlen_attn as attention
   floor                 the 12 layers' four projection GEMMs on the valid tokens only, one CUDA graph
+                        (torch's calls: cuBLASLt's first heuristic pick, no epilogue, no residual)
+The encoder tunes its GEMMs when a bucket is first captured (--gemm-search, default exhaustive: every
+cuBLASLt configuration screened, like an engine build's tactic search); first_call_s is that call.
 Timing: CUDA events around each call after a warm-up, median of --reps. The padfree call on device
 inputs synchronizes once inside (the token count must reach the host), and that wait is in its time.
 The profile (--profile) is a torch.profiler trace of one forward_packed, kernel time by name.
@@ -25,6 +28,7 @@ import os
 import re
 import statistics
 import sys
+import time
 
 SHAPES = ((1, 128), (16, 256), (64, 512), (128, 128))
 # (shape) -> the issue's "done" targets: padfree <= 1.5x floor and >= 2x faster than compile, or a latency
@@ -52,6 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-hf", action="store_true", help="skip the HF eager and sdpa columns")
     p.add_argument("--profile", action="store_true", help="kernel time by name of one padfree forward per shape")
     p.add_argument("--layers", type=int, default=12, help="encoder layers (default 12: BERT-base)")
+    p.add_argument("--gemm-search", default="exhaustive", choices=("heuristic", "exhaustive"),
+                   help="how the encoder tunes a bucket's GEMMs at capture (padfree.torch.from_hf)")
     p.add_argument("--varlen-attn", action="store_true",
                    help="diagnostic column: the packed forward with torch's varlen_attn as its attention")
 
@@ -174,7 +180,7 @@ def _group(name: str) -> str:
     return "other"
 
 
-def build_models(layers: int, with_hf: bool):
+def build_models(layers: int, with_hf: bool, gemm_search: str = "heuristic"):
     """BERT-base with random weights (seed 0) in fp16 on the GPU: HF eager and sdpa copies, padfree."""
     import torch
     import transformers
@@ -189,7 +195,7 @@ def build_models(layers: int, with_hf: bool):
                                                                    attn_implementation=impl))
             model.load_state_dict(source.state_dict())
             models[impl] = model.to(device="cuda", dtype=torch.float16).eval()
-    encoder = pt.from_hf(source, dtype=torch.float16, device="cuda")
+    encoder = pt.from_hf(source, dtype=torch.float16, device="cuda", gemm_search=gemm_search)
     return models, encoder
 
 
@@ -205,6 +211,10 @@ def bench_shape(batch: int, max_seqlen: int, models: dict, encoder, args, compil
            "padding_fraction": 1 - tokens / (batch * max_seqlen), "ms": {}}
     ms = row["ms"]
     with torch.no_grad():
+        t0 = time.perf_counter()
+        encoder(ids, mask)  # captures the bucket's graph, tuning its GEMMs first
+        torch.cuda.synchronize()
+        row["first_call_s"] = time.perf_counter() - t0
         for impl, model in models.items():
             ms[f"hf_{impl}"] = time_ms(lambda: model(input_ids=ids, attention_mask=mask), args.reps, args.warmup)
         if compiled is not None:
@@ -231,6 +241,7 @@ def bench_shape(batch: int, max_seqlen: int, models: dict, encoder, args, compil
             ref = fa_encoder(ids, mask).last_hidden_state.float()
             row["rel_err_vs_varlen_attn_variant"] = float((ours[valid] - ref[valid]).norm() / ref[valid].norm())
         row["bucket"] = encoder.graph_buckets[-1]._asdict()
+        row["gemms"] = encoder.gemm_choices(encoder.graph_buckets[-1])
         if args.profile:
             row["profile_mode"], row["profile"] = kernel_profile(encoder, packed)
     ratios = row["ratios"] = {"padfree_over_floor": ms["padfree"] / ms["floor"],
@@ -282,7 +293,7 @@ def run(args) -> int:
         return 1
     import transformers
     shapes = [_shape(s) for s in args.shapes.split(",") if s]
-    models, encoder = build_models(args.layers, not args.no_hf)
+    models, encoder = build_models(args.layers, not args.no_hf, args.gemm_search)
     compiled = None
     if not args.no_compile:
         sdpa = models.get("sdpa") or build_models(args.layers, True)[0]["sdpa"]

@@ -22,12 +22,14 @@ _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def from_hf(model: torch.nn.Module, dtype: torch.dtype = torch.float16, device: str | torch.device = "cuda",
-            *, use_graphs: bool = True, max_graphs: int = 8) -> PadfreeEncoder:
+            *, use_graphs: bool = True, max_graphs: int = 8, gemm_search: str = "heuristic") -> PadfreeEncoder:
     """A PadfreeEncoder with a copy of `model`'s weights in `dtype` on `device` (a CUDA device).
 
     model: BertModel, RobertaModel, DistilBertModel or one of the same architecture (a task model
       gives its base model). use_graphs=False runs eagerly (for debugging); max_graphs bounds the
-      captured graphs kept (least recently used evicted).
+      captured graphs kept (least recently used evicted). gemm_search="exhaustive" makes each new
+      bucket's capture screen every cuBLASLt configuration for its GEMMs (seconds per row count,
+      once per process; faster GEMMs on large buckets) instead of the heuristic's short list.
     Raises UnsupportedModelError for an architecture or configuration it cannot run, or sizes the
     kernels are not built for (padfree.kernel_sizes: head_dim, hidden).
     """
@@ -41,4 +43,5 @@ def from_hf(model: torch.nn.Module, dtype: torch.dtype = torch.float16, device: 
     weights = extract(model, dtype, device)
     check_kernel_sizes(weights)
     base = getattr(model, "base_model", model)
-    return PadfreeEncoder(weights, base.config, use_graphs=use_graphs, max_graphs=max_graphs)
+    return PadfreeEncoder(weights, base.config, use_graphs=use_graphs, max_graphs=max_graphs,
+                          gemm_search=gemm_search)

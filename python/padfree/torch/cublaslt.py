@@ -25,6 +25,10 @@ _OP_N, _OP_T = 0, 1
 EPILOGUE_DEFAULT, EPILOGUE_BIAS, EPILOGUE_RELU_BIAS, EPILOGUE_GELU_BIAS = 1, 4, 6, 36
 _PREF_MAX_WORKSPACE_BYTES = 1
 _CONFIG_ID, _CONFIG_TILE_ID, _CONFIG_SPLITK_NUM, _CONFIG_STAGES_ID, _CONFIG_CLUSTER_SHAPE_ID = 0, 1, 2, 6, 8
+_CAP_TILE_IDS, _CAP_STAGES_IDS = 6, 13
+# cublasLtClusterShape_t ids searched: auto, 1x1, 2x1, 4x1, 1x2, 2x2, 1x4 (larger clusters do not pay
+# for GEMMs of these sizes and multiply the search)
+_CLUSTER_SHAPE_IDS = (0, 2, 3, 4, 5, 6, 8)
 WORKSPACE_BYTES = 32 << 20
 
 
@@ -76,6 +80,13 @@ def library() -> ctypes.CDLL:
                 ("cublasLtMatmulAlgoGetHeuristic", [vp, vp, vp, vp, vp, vp, vp, i32,
                                                     ctypes.POINTER(_HeuristicResult), ctypes.POINTER(i32)]),
                 ("cublasLtMatmulAlgoConfigGetAttribute", [ctypes.POINTER(Algo), i32, vp, sz, ctypes.POINTER(sz)]),
+                ("cublasLtMatmulAlgoConfigSetAttribute", [ctypes.POINTER(Algo), i32, vp, sz]),
+                ("cublasLtMatmulAlgoCapGetAttribute", [ctypes.POINTER(Algo), i32, vp, sz, ctypes.POINTER(sz)]),
+                ("cublasLtMatmulAlgoGetIds", [vp, i32, i32, i32, i32, i32, i32, i32, ctypes.POINTER(i32),
+                                              ctypes.POINTER(i32)]),
+                ("cublasLtMatmulAlgoInit", [vp, i32, i32, i32, i32, i32, i32, i32, ctypes.POINTER(Algo)]),
+                ("cublasLtMatmulAlgoCheck", [vp, vp, vp, vp, vp, vp, ctypes.POINTER(Algo),
+                                             ctypes.POINTER(_HeuristicResult)]),
                 ("cublasLtMatmul", [vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, ctypes.POINTER(Algo),
                                     vp, sz, vp])):
             fn = getattr(lib, name)
@@ -103,7 +114,7 @@ def _handle() -> ctypes.c_void_p:
 
 @dataclass(frozen=True)
 class AlgoInfo:
-    index: int           # rank in the heuristic's list (0 = torch's choice)
+    index: int           # rank in the heuristic's list (0 = torch's choice), -1: from Linear.enumerate
     config_id: int
     tile_id: int
     stages_id: int
@@ -112,8 +123,43 @@ class AlgoInfo:
     workspace_size: int
 
     def label(self) -> str:
-        return (f"#{self.index} algo {self.config_id} tile {self.tile_id} stages {self.stages_id} "
+        rank = f"#{self.index}" if self.index >= 0 else "enum"
+        return (f"{rank} algo {self.config_id} tile {self.tile_id} stages {self.stages_id} "
                 f"splitk {self.split_k} cluster {self.cluster_shape_id} workspace {self.workspace_size}")
+
+
+def _config(algo: Algo, attr: int) -> int:
+    v, size = ctypes.c_uint64(0), ctypes.c_size_t(0)
+    # sizeInBytes must be the attribute's own size: ask for it first
+    library().cublasLtMatmulAlgoConfigGetAttribute(ctypes.byref(algo), attr, None, 0, ctypes.byref(size))
+    ok = 0 < size.value <= 8 and library().cublasLtMatmulAlgoConfigGetAttribute(
+        ctypes.byref(algo), attr, ctypes.byref(v), size.value, ctypes.byref(size)) == 0
+    return int(v.value) if ok else -1
+
+
+def _set_config(algo: Algo, attr: int, value: int, size: int) -> bool:
+    v = ctypes.c_uint64(value)  # little-endian: the low `size` bytes are the value
+    return library().cublasLtMatmulAlgoConfigSetAttribute(ctypes.byref(algo), attr, ctypes.byref(v), size) == 0
+
+
+def _cap_ids(algo: Algo, cap: int) -> list[int]:
+    """A capability that is an array of uint32 ids (tile or stage ids)."""
+    size = ctypes.c_size_t(0)
+    if library().cublasLtMatmulAlgoCapGetAttribute(ctypes.byref(algo), cap, None, 0, ctypes.byref(size)) != 0:
+        return []
+    n = size.value // 4
+    if n == 0:
+        return []
+    ids = (ctypes.c_uint32 * n)()
+    if library().cublasLtMatmulAlgoCapGetAttribute(ctypes.byref(algo), cap, ids, n * 4, ctypes.byref(size)) != 0:
+        return []
+    return list(ids[:size.value // 4])
+
+
+def _info(algo: Algo, index: int, workspace_size: int) -> "AlgoInfo":
+    cfg = [_config(algo, attr) for attr in
+           (_CONFIG_ID, _CONFIG_TILE_ID, _CONFIG_STAGES_ID, _CONFIG_SPLITK_NUM, _CONFIG_CLUSTER_SHAPE_ID)]
+    return AlgoInfo(index, *cfg, workspace_size)
 
 
 class Linear:
@@ -135,7 +181,7 @@ class Linear:
             v = ctypes.c_int32(_CUDA_DTYPE[dtype])
             _check(lib.cublasLtMatmulDescSetAttribute(self._desc, _DESC_BIAS_DATA_TYPE, ctypes.byref(v), 4),
                    "MatmulDescSetAttribute(bias type)")
-        t = _CUDA_DTYPE[dtype]
+        t = self._dtype_id = _CUDA_DTYPE[dtype]
         self._a, self._b, self._d = (ctypes.c_void_p() for _ in range(3))
         _check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(self._a), t, in_features, out_features, in_features), "A")
         _check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(self._b), t, in_features, rows, in_features), "B")
@@ -160,17 +206,45 @@ class Linear:
             r = results[i]
             if r.state != 0:
                 continue
-            cfg = []
-            for attr in (_CONFIG_ID, _CONFIG_TILE_ID, _CONFIG_STAGES_ID, _CONFIG_SPLITK_NUM, _CONFIG_CLUSTER_SHAPE_ID):
-                v, size = ctypes.c_uint64(0), ctypes.c_size_t(0)
-                # sizeInBytes must be the attribute's own size: ask for it first
-                lib.cublasLtMatmulAlgoConfigGetAttribute(ctypes.byref(r.algo), attr, None, 0, ctypes.byref(size))
-                ok = 0 < size.value <= 8 and lib.cublasLtMatmulAlgoConfigGetAttribute(
-                    ctypes.byref(r.algo), attr, ctypes.byref(v), size.value, ctypes.byref(size)) == 0
-                cfg.append(int(v.value) if ok else -1)
             algo = Algo()
             ctypes.memmove(ctypes.byref(algo), ctypes.byref(r.algo), ctypes.sizeof(Algo))
-            out.append((algo, AlgoInfo(i, cfg[0], cfg[1], cfg[2], cfg[3], cfg[4], int(r.workspace_size))))
+            out.append((algo, _info(algo, i, int(r.workspace_size))))
+        return out
+
+    def enumerate(self, max_workspace: int | None = None) -> list[tuple[Algo, AlgoInfo]]:
+        """Every configuration cuBLASLt accepts for this problem beyond the heuristic's ranked list: each
+        algorithm id x its tile and stage ids x cluster shapes (split-K off), kept where
+        cublasLtMatmulAlgoCheck passes with at most max_workspace bytes (default: this object's).
+        Host-only but not cheap (thousands of checks): for offline search (bench/gemm_algos.py)."""
+        lib, t = library(), self._dtype_id
+        limit = self.max_workspace if max_workspace is None else max_workspace
+        ids, found = (ctypes.c_int * 256)(), ctypes.c_int(0)
+        _check(lib.cublasLtMatmulAlgoGetIds(_handle(), _COMPUTE_32F, _R_32F, t, t, t, t, 256, ids,
+                                            ctypes.byref(found)), "MatmulAlgoGetIds")
+        out = []
+        for algo_id in ids[:found.value]:
+            base = Algo()
+            if lib.cublasLtMatmulAlgoInit(_handle(), _COMPUTE_32F, _R_32F, t, t, t, t, algo_id,
+                                          ctypes.byref(base)) != 0:
+                continue
+            tiles = _cap_ids(base, _CAP_TILE_IDS) or [0]
+            stages = _cap_ids(base, _CAP_STAGES_IDS) or [0]
+            clusters = _CLUSTER_SHAPE_IDS if _set_config(Algo.from_buffer_copy(base), _CONFIG_CLUSTER_SHAPE_ID, 0, 2) \
+                else (None,)
+            for tile in tiles:
+                for stage in stages:
+                    for cluster in clusters:
+                        algo = Algo.from_buffer_copy(base)
+                        if not (_set_config(algo, _CONFIG_TILE_ID, tile, 4) and
+                                _set_config(algo, _CONFIG_STAGES_ID, stage, 4) and
+                                (cluster is None or _set_config(algo, _CONFIG_CLUSTER_SHAPE_ID, cluster, 2))):
+                            continue
+                        result = _HeuristicResult()
+                        if lib.cublasLtMatmulAlgoCheck(_handle(), self._desc, self._a, self._b, self._d, self._d,
+                                                       ctypes.byref(algo), ctypes.byref(result)) != 0:
+                            continue
+                        if result.workspace_size <= limit:
+                            out.append((algo, _info(algo, -1, int(result.workspace_size))))
         return out
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None = None,

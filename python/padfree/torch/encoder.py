@@ -26,7 +26,7 @@ from ..ops._tensors import INT32_MAX, InputError
 from ..runtime.backend import Limits, check_packed
 from .buckets import LRU, Bucket, bucket_for
 from .ffn import FfnUp, epilogue_matches
-from .gemms import EncoderGemms
+from .gemms import SEARCHES, EncoderGemms
 from .inputs import Batch, DeviceInputs, InputBuffer, from_host
 from .weights import EncoderWeights
 
@@ -45,6 +45,26 @@ class _Graph:
     replays: int = 0
 
 
+@contextlib.contextmanager
+def _cublas_workspaces_in_pool():
+    """torch's GEMMs take a cuBLAS workspace that torch caches per (handle, stream) and that a captured
+    graph references by address. Left as it is, a capture reuses the one its stream's warm-up made in
+    the ordinary pool, and the next code that clears that cache (torch.compile's CUDA graphs clear it
+    around every recording) frees memory the graph still writes: a later replay faulted with an
+    illegal address on the H100 (BERT-base at 64x512, where torch's picks use a workspace, once a
+    reduce-overhead model had recorded after the capture). Cleared before the capture, the workspace
+    is allocated in the graph's own pool, which lives as long as the graphs; cleared after it, no
+    eager GEMM runs on that pool memory. The same protocol as torch's cudagraph_trees."""
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+    try:
+        yield
+    finally:
+        if clear is not None:
+            clear()
+
+
 class PadfreeEncoder:
     """A HF encoder's forward on packed tokens. Build it with padfree.torch.from_hf.
 
@@ -59,10 +79,16 @@ class PadfreeEncoder:
     """
 
     def __init__(self, weights: EncoderWeights, config: Any = None, *, use_graphs: bool = True,
-                 max_graphs: int = 8, use_epilogue: bool | None = None, ops=None):
+                 max_graphs: int = 8, use_epilogue: bool | None = None, gemm_search: str = "heuristic",
+                 ops=None):
         """weights: from padfree.torch.weights.extract. config: the HF config, kept for callers
         (padfree.runtime reads it). use_epilogue: None probes whether the cuBLASLt epilogue computes
-        the model's activation to the dtype's precision. ops: the kernel bindings (padfree.ops)."""
+        the model's activation to the dtype's precision. gemm_search: how a bucket's capture tunes
+        its GEMMs (gemms.EncoderGemms: "heuristic", or "exhaustive", seconds per new row count).
+        ops: the kernel bindings (padfree.ops)."""
+        if gemm_search not in SEARCHES:
+            raise InputError(f"gemm_search: expected one of {', '.join(SEARCHES)}, got {gemm_search!r}")
+        self.gemm_search = gemm_search
         self.weights = weights
         self.config = config
         self._ops = ops or _default_ops
@@ -90,7 +116,7 @@ class PadfreeEncoder:
     def _gemms(self, rows: int, tune: bool) -> EncoderGemms:
         w = self.weights
         return EncoderGemms(rows, w.hidden_size, w.intermediate_size, self.dtype, self.device, self.ffn_up,
-                            tune=tune)
+                            tune=tune, search=self.gemm_search)
 
     def _run(self, input_ids, token_type_ids, cu_seqlens, max_seqlen: int, hidden: torch.Tensor,
              pooled: torch.Tensor | None, gemms: EncoderGemms) -> None:
@@ -235,7 +261,7 @@ class PadfreeEncoder:
         with torch.cuda.stream(self._capture_stream):
             self._run(*args)
         torch.cuda.current_stream(self.device).wait_stream(self._capture_stream)
-        with torch.cuda.graph(g.graph, pool=self._pool, stream=self._capture_stream):
+        with _cublas_workspaces_in_pool(), torch.cuda.graph(g.graph, pool=self._pool, stream=self._capture_stream):
             self._run(*args)
         return g
 
@@ -243,6 +269,13 @@ class PadfreeEncoder:
     def graph_buckets(self) -> list[Bucket]:
         """The buckets with a captured graph, least recently used first."""
         return self._graphs.keys()
+
+    def gemm_choices(self, bucket: Bucket) -> dict[str, str]:
+        """Which GEMM implementation each projection of a captured bucket runs (for reports)."""
+        graph = self._graphs.get(bucket)
+        if graph is None or graph.gemms is None:
+            raise KeyError(f"no captured graph for {bucket}")
+        return graph.gemms.choices()
 
     def clear_graphs(self) -> None:
         self._graphs.clear()
