@@ -74,6 +74,8 @@ def main(argv):
     p.add_argument("--enumerate", action="store_true",
                    help="also every configuration cublasLtMatmulAlgoCheck accepts (Linear.enumerate): screened "
                         "in one short round, the fastest FINALISTS re-timed against torch in ROUNDS rounds")
+    p.add_argument("--split-k", type=int, nargs="*", default=[1],
+                   help="with --enumerate: split-K factors to enumerate too (each reduction scheme)")
     args = p.parse_args(argv)
     workspace = torch.empty(cublaslt.WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
     report = {"device": torch.cuda.get_device_name(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
@@ -91,7 +93,7 @@ def main(argv):
             row = {"gemm": name, "rows": rows}
             if args.enumerate:
                 t0 = time.perf_counter()
-                extra = lin.enumerate()
+                extra = lin.enumerate(split_ks=tuple(args.split_k))
                 row["enumerated"] = len(extra)
                 row["enumerate_s"] = time.perf_counter() - t0
                 pairs = pairs + extra

@@ -11,6 +11,7 @@ version), found through /proc/self/maps.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 from dataclasses import dataclass
 
@@ -25,7 +26,9 @@ _OP_N, _OP_T = 0, 1
 EPILOGUE_DEFAULT, EPILOGUE_BIAS, EPILOGUE_RELU_BIAS, EPILOGUE_GELU_BIAS = 1, 4, 6, 36
 _PREF_MAX_WORKSPACE_BYTES = 1
 _CONFIG_ID, _CONFIG_TILE_ID, _CONFIG_SPLITK_NUM, _CONFIG_STAGES_ID, _CONFIG_CLUSTER_SHAPE_ID = 0, 1, 2, 6, 8
-_CAP_TILE_IDS, _CAP_STAGES_IDS = 6, 13
+_CONFIG_REDUCTION_SCHEME = 3
+_CAP_SPLITK_SUPPORT, _CAP_REDUCTION_SCHEME_MASK, _CAP_TILE_IDS, _CAP_STAGES_IDS = 0, 1, 6, 13
+_REDUCTION_SCHEMES = (1, 2, 4)  # in place, in the compute type, in the output type
 # cublasLtClusterShape_t ids searched: auto, 1x1, 2x1, 4x1, 1x2, 2x2, 1x4 (larger clusters do not pay
 # for GEMMs of these sizes and multiply the search)
 _CLUSTER_SHAPE_IDS = (0, 2, 3, 4, 5, 6, 8)
@@ -156,6 +159,14 @@ def _cap_ids(algo: Algo, cap: int) -> list[int]:
     return list(ids[:size.value // 4])
 
 
+def _cap_value(algo: Algo, cap: int) -> int:
+    """A capability that is one int32/uint32 (0 where it cannot be read)."""
+    v, size = ctypes.c_uint32(0), ctypes.c_size_t(0)
+    ok = library().cublasLtMatmulAlgoCapGetAttribute(ctypes.byref(algo), cap, ctypes.byref(v), 4,
+                                                     ctypes.byref(size)) == 0
+    return int(v.value) if ok else 0
+
+
 def _info(algo: Algo, index: int, workspace_size: int) -> "AlgoInfo":
     cfg = [_config(algo, attr) for attr in
            (_CONFIG_ID, _CONFIG_TILE_ID, _CONFIG_STAGES_ID, _CONFIG_SPLITK_NUM, _CONFIG_CLUSTER_SHAPE_ID)]
@@ -211,11 +222,12 @@ class Linear:
             out.append((algo, _info(algo, i, int(r.workspace_size))))
         return out
 
-    def enumerate(self, max_workspace: int | None = None) -> list[tuple[Algo, AlgoInfo]]:
+    def enumerate(self, max_workspace: int | None = None, split_ks: tuple[int, ...] = (1,)
+                  ) -> list[tuple[Algo, AlgoInfo]]:
         """Every configuration cuBLASLt accepts for this problem beyond the heuristic's ranked list: each
-        algorithm id x its tile and stage ids x cluster shapes (split-K off), kept where
-        cublasLtMatmulAlgoCheck passes with at most max_workspace bytes (default: this object's).
-        Host-only but not cheap (thousands of checks): for offline search (bench/gemm_algos.py)."""
+        algorithm id x its tile and stage ids x cluster shapes x split_ks (a split above 1 with each
+        reduction scheme the algorithm supports), kept where cublasLtMatmulAlgoCheck passes with at
+        most max_workspace bytes (default: this object's). Host-only, ~1 ms per thousand checks."""
         lib, t = library(), self._dtype_id
         limit = self.max_workspace if max_workspace is None else max_workspace
         ids, found = (ctypes.c_int * 256)(), ctypes.c_int(0)
@@ -227,24 +239,26 @@ class Linear:
             if lib.cublasLtMatmulAlgoInit(_handle(), _COMPUTE_32F, _R_32F, t, t, t, t, algo_id,
                                           ctypes.byref(base)) != 0:
                 continue
-            tiles = _cap_ids(base, _CAP_TILE_IDS) or [0]
-            stages = _cap_ids(base, _CAP_STAGES_IDS) or [0]
-            clusters = _CLUSTER_SHAPE_IDS if _set_config(Algo.from_buffer_copy(base), _CONFIG_CLUSTER_SHAPE_ID, 0, 2) \
-                else (None,)
-            for tile in tiles:
-                for stage in stages:
-                    for cluster in clusters:
-                        algo = Algo.from_buffer_copy(base)
-                        if not (_set_config(algo, _CONFIG_TILE_ID, tile, 4) and
-                                _set_config(algo, _CONFIG_STAGES_ID, stage, 4) and
-                                (cluster is None or _set_config(algo, _CONFIG_CLUSTER_SHAPE_ID, cluster, 2))):
-                            continue
-                        result = _HeuristicResult()
-                        if lib.cublasLtMatmulAlgoCheck(_handle(), self._desc, self._a, self._b, self._d, self._d,
-                                                       ctypes.byref(algo), ctypes.byref(result)) != 0:
-                            continue
-                        if result.workspace_size <= limit:
-                            out.append((algo, _info(algo, -1, int(result.workspace_size))))
+            settings = [[(_CONFIG_TILE_ID, tile, 4) for tile in _cap_ids(base, _CAP_TILE_IDS)] or [None],
+                        [(_CONFIG_STAGES_ID, stage, 4) for stage in _cap_ids(base, _CAP_STAGES_IDS)] or [None]]
+            if _set_config(Algo.from_buffer_copy(base), _CONFIG_CLUSTER_SHAPE_ID, 0, 2):
+                settings.append([(_CONFIG_CLUSTER_SHAPE_ID, c, 2) for c in _CLUSTER_SHAPE_IDS])
+            splits = [None]
+            if _cap_value(base, _CAP_SPLITK_SUPPORT):
+                schemes = [bit for bit in _REDUCTION_SCHEMES if _cap_value(base, _CAP_REDUCTION_SCHEME_MASK) & bit]
+                splits += [((_CONFIG_SPLITK_NUM, k, 4), (_CONFIG_REDUCTION_SCHEME, scheme, 4))
+                           for k in split_ks if k > 1 for scheme in schemes]
+            for choice in itertools.product(*settings, splits):
+                algo = Algo.from_buffer_copy(base)
+                flat = [c for c in choice[:-1] if c is not None] + list(choice[-1] or ())
+                if not all(_set_config(algo, attr, value, size) for attr, value, size in flat):
+                    continue
+                result = _HeuristicResult()
+                if lib.cublasLtMatmulAlgoCheck(_handle(), self._desc, self._a, self._b, self._d, self._d,
+                                               ctypes.byref(algo), ctypes.byref(result)) != 0:
+                    continue
+                if result.workspace_size <= limit:
+                    out.append((algo, _info(algo, -1, int(result.workspace_size))))
         return out
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None = None,
