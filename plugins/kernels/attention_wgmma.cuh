@@ -63,6 +63,28 @@ __device__ __forceinline__ uint32_t (&flat(uint32_t (&a)[R][4]))[R * 4] {
     return *reinterpret_cast<uint32_t(*)[R * 4]>(&a[0][0]);
 }
 
+// One key tile's online-softmax step on a warp's scores s (kbase: the tile's first key; warp_q0: the
+// warp's first query row), which become P's A fragments pa. A function rather than a generic lambda
+// in the kernel: CUDA 13.0's cicc crashed on that lambda called from another.
+template <typename T, bool SINGLE_TILE, bool FULL, int BN, int NB, int KG, int DB>
+__device__ __forceinline__ void scores_to_p(float (&s)[NB][4], uint32_t (&pa)[KG][4], SoftmaxRows<DB>& rows,
+                                            int kbase, int keys_end, bool causal, int warp_q0, int row0, float sl2) {
+    const int valid = FULL ? BN : min(BN, keys_end - kbase);
+    const int n16 = FULL ? KG : ceil_div(valid, 16);  // 16-key groups holding any key
+    if (!FULL && (valid < BN || (causal && kbase + BN - 1 > warp_q0))) mask_scores(s, kbase, keys_end, causal, row0);
+    rows.template step<SINGLE_TILE>(s, sl2, FULL ? NB : 2 * n16);
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+        if (FULL || nb < 2 * n16) {
+            rows.l[0] += s[nb][0] + s[nb][1];
+            rows.l[2] += s[nb][2] + s[nb][3];
+        }
+    }
+#pragma unroll
+    for (int p = 0; p < KG; ++p)
+        if (FULL || p < n16) pack_p_fragment<T>(pa[p], s, p);
+}
+
 // Grid: as attention_tc_kernel's. Launched only where the library holds sm_90a code (attention.cu).
 template <typename T, class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_wgmma_kernel(AttentionArgs args) {
@@ -116,12 +138,42 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_wgmm
     // l: row sums of this thread's columns; the quad's are added at the end.
     SoftmaxRows<DB> rows;
 
+    // S = Q.K^T for the K tile at `stage`, its first n64 64-key blocks: committed, not waited for.
+    auto issue_scores = [&](float (&s)[NB][4], uint32_t stage, int n64) {
+        wgmma_fence();
+#pragma unroll
+        for (int kb = 0; kb < BN / 64; ++kb) {
+            // Block 0 holds a key in every tile: issued unconditionally, else ptxas serializes the
+            // whole wgmma group (C7515; H100, 64-key tiles: 16x256 11.0 -> 10.8 us, with Q's bias
+            // 64x512 102-104 -> 95-96 us).
+            if (kb == 0 || kb < n64) {
+#pragma unroll
+                for (int kk = 0; kk < KC; ++kk) {
+                    const uint32_t at = stage + (kk / 4) * KVLayout::kPanelBytes + kb * 64 * 128 + (kk % 4) * 32;
+                    wgmma_m64n64k16<T, 0>(blocks8(s, 8 * kb), qf[kk], descriptor_at(k_desc, at), kk);
+                }
+            }
+        }
+        wgmma_commit();
+    };
+    // O += P.V for the V tile at `stage`, its first n16 16-key groups: committed, not waited for.
+    auto issue_values = [&](uint32_t (&pa)[KG][4], uint32_t stage, int n16) {
+        wgmma_fence();
+#pragma unroll
+        for (int p = 0; p < KG; ++p) {
+            if (p < n16) {
+#pragma unroll
+                for (int dp = 0; dp < HD / 64; ++dp) {
+                    const uint32_t at = stage + dp * KVLayout::kPanelBytes + p * 16 * 128;
+                    wgmma_m64n64k16<T, 1>(blocks8(rows.o, 8 * dp), pa[p], descriptor_at(v_desc, at), 1);
+                }
+            }
+        }
+        wgmma_commit();
+    };
     auto key_tile = [&](int j, auto full_tag) {
         constexpr bool FULL = decltype(full_tag)::value;
-        const int kbase = j * BN;
-        const int valid = FULL ? BN : min(BN, keys_end - kbase);
-        const int n16 = FULL ? KG : ceil_div(valid, 16);  // 16-key groups holding any key
-        const int n64 = FULL ? BN / 64 : ceil_div(valid, 64);
+        const int n64 = FULL ? BN / 64 : ceil_div(min(BN, keys_end - j * BN), 64);
         const uint32_t stage = (j % Cfg::kStages) * Cfg::kTileBytes;
         const uint32_t next_stage = ((j + 1) % Cfg::kStages) * Cfg::kTileBytes;
 
@@ -138,34 +190,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_wgmm
         uint32_t pa[KG][4];  // P's A fragments
         {  // S's registers end with this block
             float s[NB][4];
-            wgmma_fence();
-#pragma unroll
-            for (int kb = 0; kb < BN / 64; ++kb) {
-                if (FULL || kb < n64) {
-#pragma unroll
-                    for (int kk = 0; kk < KC; ++kk) {
-                        const uint32_t at = stage + (kk / 4) * KVLayout::kPanelBytes + kb * 64 * 128 + (kk % 4) * 32;
-                        wgmma_m64n64k16<T, 0>(blocks8(s, 8 * kb), qf[kk], descriptor_at(k_desc, at), kk);
-                    }
-                }
-            }
-            wgmma_commit();
+            issue_scores(s, stage, n64);
             wgmma_wait<0>();
             keep_registers(flat(s));
-
-            if (!FULL && (valid < BN || (args.causal && kbase + BN - 1 > tile.q0 + warp * 16)))
-                mask_scores(s, kbase, keys_end, args.causal, row0);
-            rows.step<Cfg::kSingleTile>(s, sl2, FULL ? NB : 2 * n16);
-#pragma unroll
-            for (int nb = 0; nb < NB; ++nb) {
-                if (FULL || nb < 2 * n16) {
-                    rows.l[0] += s[nb][0] + s[nb][1];
-                    rows.l[2] += s[nb][2] + s[nb][3];
-                }
-            }
-#pragma unroll
-            for (int p = 0; p < KG; ++p)
-                if (FULL || p < n16) pack_p_fragment<T>(pa[p], s, p);
+            scores_to_p<T, Cfg::kSingleTile, FULL, BN>(s, pa, rows, j * BN, keys_end, args.causal, tile.q0 + warp * 16,
+                                                       row0, sl2);
         }
 
         if (!Cfg::kOneBarrier) {
@@ -179,18 +208,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_wgmm
             if (j + 1 < n_tiles) kv.load(sV_addr + next_stage, true, j + 1);
         }
 
-        wgmma_fence();
-#pragma unroll
-        for (int p = 0; p < KG; ++p) {
-            if (FULL || p < n16) {
-#pragma unroll
-                for (int dp = 0; dp < HD / 64; ++dp) {
-                    const uint32_t at = stage + dp * KVLayout::kPanelBytes + p * 16 * 128;
-                    wgmma_m64n64k16<T, 1>(blocks8(rows.o, 8 * dp), pa[p], descriptor_at(v_desc, at), 1);
-                }
-            }
-        }
-        wgmma_commit();
+        issue_values(pa, stage, FULL ? KG : ceil_div(min(BN, keys_end - j * BN), 16));
         // Waiting here rather than after the next tile's Q.K^T frees P's registers (an overlap
         // that left too few for the accumulators: ptxas serialized the wgmmas and spilled);
         // other CTAs on the SM fill the tensor cores meanwhile.
@@ -198,6 +216,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_wgmm
         keep_registers(flat(rows.o));
         keep_registers(flat(pa));
     };
+
     int j = 0;
     for (; j < n_full; ++j) key_tile(j, std::true_type{});
     for (; j < n_tiles; ++j) key_tile(j, std::false_type{});
