@@ -284,6 +284,12 @@ def test_extract_refuses_other_architectures():
         extract(torch.nn.Linear(4, 4), torch.float32, torch.device("cpu"))
 
 
+def test_unknown_gemm_search_is_refused():
+    weights = extract(make_model("bert", hidden=64), torch.float64, torch.device("cpu"))
+    with pytest.raises(InputError, match="gemm_search"):
+        PadfreeEncoder(weights, ops=REFERENCE_OPS, use_epilogue=False, gemm_search="fastest")
+
+
 def test_from_hf_refuses_cpu_and_bad_dtype():
     model = make_model("bert", hidden=64)
     with pytest.raises(InputError, match="CUDA"):

@@ -36,6 +36,9 @@ def register(subparsers) -> None:
                    help="write the outputs (per-sequence form: packed [T, H] plus cu_seqlens)")
     p.add_argument("--dtype", choices=DTYPES, default="fp16", help="PyTorch path precision (default fp16)")
     p.add_argument("--device", default="cuda", help="PyTorch path device (default cuda)")
+    p.add_argument("--gemm-search", choices=("heuristic", "exhaustive"), default="heuristic",
+                   help="PyTorch path: how each new size bucket tunes its GEMMs (exhaustive: every cuBLASLt "
+                        "configuration, seconds per bucket; padfree.torch.from_hf)")
     p.add_argument("--max-batch", type=int, help="split batches into chunks of at most this many sequences")
     p.add_argument("--max-tokens", type=int, help="split batches into chunks of at most this many tokens")
     p.set_defaults(func=main)
@@ -92,7 +95,7 @@ def _open_runtime(args: argparse.Namespace):
                          " device here")
     dtype = PRECISION_DTYPES[args.dtype]
     log.info("serving %s through the PyTorch path (%s on %s)", type(model).__name__, args.dtype, args.device)
-    return Runtime(from_hf(model, dtype=dtype, device=args.device), **limits)
+    return Runtime(from_hf(model, dtype=dtype, device=args.device, gemm_search=args.gemm_search), **limits)
 
 
 def read_batch(path: Path) -> dict[str, Any]:
