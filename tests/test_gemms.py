@@ -2,6 +2,8 @@
 cuBLASLt algorithm, against a float64 reference on fresh random data, outputs poisoned first."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -148,3 +150,42 @@ def test_unknown_gemm_search_is_refused():
     with pytest.raises(ValueError, match="search"):
         gemms_mod.EncoderGemms(5, 8, 16, torch.float64, torch.device("cpu"), FfnUp("relu", False, None), tune=True,
                                search="fastest")
+
+
+@gpu
+def test_tuning_file_round_trip(tmp_path, seed, monkeypatch):
+    """save_tuning then load_tuning in a fresh process state gives the same choices without timing
+    anything, and the loaded algorithms compute the projection; another device's file gives none."""
+    from padfree.torch.gemms import load_tuning, save_tuning
+    monkeypatch.setattr(gemms_mod, "KEEP_MARGIN", 10.0)
+    monkeypatch.setattr(gemms_mod, "_chosen", {})
+    device = torch.device("cuda", torch.cuda.current_device())
+    rows, hidden, inter = 320, 128, 512
+    up = FfnUp("tanh", True, None)
+    tuned = gemms_mod.EncoderGemms(rows, hidden, inter, torch.float16, device, up, tune=True, tune_min_rows=0)
+    path = tmp_path / "tuning.json"
+    assert save_tuning(path, device) == 4
+    monkeypatch.setattr(gemms_mod, "_chosen", {})
+    monkeypatch.setattr(gemms_mod, "_tune", lambda *a: pytest.fail("tuned again instead of loading"))
+    assert load_tuning(path, device) == 4
+    loaded = gemms_mod.EncoderGemms(rows, hidden, inter, torch.float16, device, up, tune=True, tune_min_rows=0)
+    assert loaded.choices() == tuned.choices()
+    x, w, _, _ = operands(rows, hidden, 3 * hidden, torch.float16, seed)
+    out = torch.full((rows, 3 * hidden), float("nan"), device="cuda", dtype=torch.float16)
+    loaded.qkv(x, w, out)
+    close(out, reference(x, w), 1e-2)
+    doc = json.loads(path.read_text())
+    doc["device"] = "another GPU"
+    path.write_text(json.dumps(doc))
+    monkeypatch.setattr(gemms_mod, "_chosen", {})
+    assert load_tuning(path, device) == 0
+
+
+@pytest.mark.parametrize("text", ["not json", '{"format": "something else", "entries": []}',
+                                  '{"format": "padfree-gemm-tuning/1"}'])
+def test_tuning_file_that_is_not_one_is_refused(tmp_path, text):
+    from padfree.torch.gemms import load_tuning
+    path = tmp_path / "tuning.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match="not a usable padfree GEMM tuning file"):
+        load_tuning(path, torch.device("cuda", 0))

@@ -593,3 +593,22 @@ def test_graphs_survive_cublas_workspace_clearing(seed):
     torch.cuda.synchronize()
     assert torch.isfinite(again).all()
     assert torch.equal(again, first)
+
+
+@pytest.mark.gpu
+def test_gemm_tuning_file_written_and_checked(tmp_path, seed):
+    """gemm_tuning: each capture rewrites the file (a tuning file another encoder then loads); a file
+    that is not one is refused when the encoder is built."""
+    import json
+    model = make_model("bert", hidden=128, heads=2, positions=128, seed=seed)
+    path = tmp_path / "gemms.json"
+    encoder = from_hf(model, dtype=torch.float16, gemm_tuning=path)
+    assert not path.exists()
+    ids = torch.randint(2, 90, (2, 40), device="cuda")
+    out = encoder(ids).last_hidden_state
+    assert json.loads(path.read_text())["format"] == "padfree-gemm-tuning/1"
+    again = from_hf(model, dtype=torch.float16, gemm_tuning=path)  # loads the file
+    assert torch.equal(again(ids).last_hidden_state, out)
+    path.write_text("{}")
+    with pytest.raises(ValueError, match="tuning file"):
+        from_hf(model, dtype=torch.float16, gemm_tuning=path)

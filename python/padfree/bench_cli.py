@@ -58,6 +58,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layers", type=int, default=12, help="encoder layers (default 12: BERT-base)")
     p.add_argument("--gemm-search", default="exhaustive", choices=("heuristic", "exhaustive"),
                    help="how the encoder tunes a bucket's GEMMs at capture (padfree.torch.from_hf)")
+    p.add_argument("--gemm-tuning", metavar="FILE.json",
+                   help="keep the encoder's GEMM choices in this file (read if it exists, rewritten after tuning)")
     p.add_argument("--varlen-attn", action="store_true",
                    help="diagnostic column: the packed forward with torch's varlen_attn as its attention")
 
@@ -180,7 +182,7 @@ def _group(name: str) -> str:
     return "other"
 
 
-def build_models(layers: int, with_hf: bool, gemm_search: str = "heuristic"):
+def build_models(layers: int, with_hf: bool, gemm_search: str = "heuristic", gemm_tuning: str | None = None):
     """BERT-base with random weights (seed 0) in fp16 on the GPU: HF eager and sdpa copies, padfree."""
     import torch
     import transformers
@@ -195,7 +197,8 @@ def build_models(layers: int, with_hf: bool, gemm_search: str = "heuristic"):
                                                                    attn_implementation=impl))
             model.load_state_dict(source.state_dict())
             models[impl] = model.to(device="cuda", dtype=torch.float16).eval()
-    encoder = pt.from_hf(source, dtype=torch.float16, device="cuda", gemm_search=gemm_search)
+    encoder = pt.from_hf(source, dtype=torch.float16, device="cuda", gemm_search=gemm_search,
+                         gemm_tuning=gemm_tuning)
     return models, encoder
 
 
@@ -293,7 +296,7 @@ def run(args) -> int:
         return 1
     import transformers
     shapes = [_shape(s) for s in args.shapes.split(",") if s]
-    models, encoder = build_models(args.layers, not args.no_hf, args.gemm_search)
+    models, encoder = build_models(args.layers, not args.no_hf, args.gemm_search, args.gemm_tuning)
     compiled = None
     if not args.no_compile:
         sdpa = models.get("sdpa") or build_models(args.layers, True)[0]["sdpa"]

@@ -39,6 +39,8 @@ def register(subparsers) -> None:
     p.add_argument("--gemm-search", choices=("heuristic", "exhaustive"), default="heuristic",
                    help="PyTorch path: how each new size bucket tunes its GEMMs (exhaustive: every cuBLASLt "
                         "configuration, seconds per bucket; padfree.torch.from_hf)")
+    p.add_argument("--gemm-tuning", metavar="FILE.json",
+                   help="PyTorch path: keep the GEMM choices in this file across runs (read if it exists)")
     p.add_argument("--max-batch", type=int, help="split batches into chunks of at most this many sequences")
     p.add_argument("--max-tokens", type=int, help="split batches into chunks of at most this many tokens")
     p.set_defaults(func=main)
@@ -95,7 +97,8 @@ def _open_runtime(args: argparse.Namespace):
                          " device here")
     dtype = PRECISION_DTYPES[args.dtype]
     log.info("serving %s through the PyTorch path (%s on %s)", type(model).__name__, args.dtype, args.device)
-    return Runtime(from_hf(model, dtype=dtype, device=args.device, gemm_search=args.gemm_search), **limits)
+    return Runtime(from_hf(model, dtype=dtype, device=args.device, gemm_search=args.gemm_search,
+                           gemm_tuning=args.gemm_tuning), **limits)
 
 
 def read_batch(path: Path) -> dict[str, Any]:

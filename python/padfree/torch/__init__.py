@@ -9,6 +9,8 @@ replayed from CUDA graphs per size bucket.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from ..ops._tensors import InputError
@@ -22,14 +24,17 @@ _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def from_hf(model: torch.nn.Module, dtype: torch.dtype = torch.float16, device: str | torch.device = "cuda",
-            *, use_graphs: bool = True, max_graphs: int = 8, gemm_search: str = "heuristic") -> PadfreeEncoder:
+            *, use_graphs: bool = True, max_graphs: int = 8, gemm_search: str = "heuristic",
+            gemm_tuning: str | os.PathLike | None = None) -> PadfreeEncoder:
     """A PadfreeEncoder with a copy of `model`'s weights in `dtype` on `device` (a CUDA device).
 
     model: BertModel, RobertaModel, DistilBertModel or one of the same architecture (a task model
       gives its base model). use_graphs=False runs eagerly (for debugging); max_graphs bounds the
       captured graphs kept (least recently used evicted). gemm_search="exhaustive" makes each new
       bucket's capture screen every cuBLASLt configuration for its GEMMs (seconds per row count,
-      once per process; faster GEMMs on large buckets) instead of the heuristic's short list.
+      once per process; faster GEMMs on large buckets) instead of the heuristic's short list;
+      gemm_tuning names a JSON file that keeps those choices across processes (read where it exists,
+      rewritten after each capture that tuned; valid for the same GPU and cuBLASLt only).
     Raises UnsupportedModelError for an architecture or configuration it cannot run, or sizes the
     kernels are not built for (padfree.kernel_sizes: head_dim, hidden).
     """
@@ -44,4 +49,4 @@ def from_hf(model: torch.nn.Module, dtype: torch.dtype = torch.float16, device: 
     check_kernel_sizes(weights)
     base = getattr(model, "base_model", model)
     return PadfreeEncoder(weights, base.config, use_graphs=use_graphs, max_graphs=max_graphs,
-                          gemm_search=gemm_search)
+                          gemm_search=gemm_search, gemm_tuning=gemm_tuning)

@@ -48,6 +48,11 @@ class CublasLtError(RuntimeError):
     pass
 
 
+def version() -> int:
+    """cuBLASLt's version (e.g. 130100 for 13.1.0): saved algorithms are only valid for the same one."""
+    return int(library().cublasLtGetVersion())
+
+
 def _loaded_library_path() -> str | None:
     with open("/proc/self/maps") as maps:
         for line in maps:
@@ -90,10 +95,12 @@ def library() -> ctypes.CDLL:
                 ("cublasLtMatmulAlgoInit", [vp, i32, i32, i32, i32, i32, i32, i32, ctypes.POINTER(Algo)]),
                 ("cublasLtMatmulAlgoCheck", [vp, vp, vp, vp, vp, vp, ctypes.POINTER(Algo),
                                              ctypes.POINTER(_HeuristicResult)]),
+                ("cublasLtGetVersion", []),
                 ("cublasLtMatmul", [vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, ctypes.POINTER(Algo),
                                     vp, sz, vp])):
             fn = getattr(lib, name)
             fn.argtypes, fn.restype = args, i32
+        lib.cublasLtGetVersion.restype = sz
         _lib = lib
     return _lib
 
@@ -253,13 +260,18 @@ class Linear:
                 flat = [c for c in choice[:-1] if c is not None] + list(choice[-1] or ())
                 if not all(_set_config(algo, attr, value, size) for attr, value, size in flat):
                     continue
-                result = _HeuristicResult()
-                if lib.cublasLtMatmulAlgoCheck(_handle(), self._desc, self._a, self._b, self._d, self._d,
-                                               ctypes.byref(algo), ctypes.byref(result)) != 0:
-                    continue
-                if result.workspace_size <= limit:
-                    out.append((algo, _info(algo, -1, int(result.workspace_size))))
+                workspace = self.check(algo)
+                if workspace is not None and workspace <= limit:
+                    out.append((algo, _info(algo, -1, workspace)))
         return out
+
+    def check(self, algo: Algo) -> int | None:
+        """The workspace bytes `algo` needs for this problem, or None where cuBLASLt refuses it (an
+        algorithm saved by another cuBLASLt or for another device)."""
+        result = _HeuristicResult()
+        status = library().cublasLtMatmulAlgoCheck(_handle(), self._desc, self._a, self._b, self._d, self._d,
+                                                   ctypes.byref(algo), ctypes.byref(result))
+        return int(result.workspace_size) if status == 0 else None
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None = None,
                  workspace: torch.Tensor | None = None, algo: Algo | None = None) -> torch.Tensor:

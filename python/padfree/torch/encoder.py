@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +27,7 @@ from ..ops._tensors import INT32_MAX, InputError
 from ..runtime.backend import Limits, check_packed
 from .buckets import LRU, Bucket, bucket_for
 from .ffn import FfnUp, epilogue_matches
-from .gemms import SEARCHES, EncoderGemms
+from .gemms import SEARCHES, EncoderGemms, load_tuning, save_tuning
 from .inputs import Batch, DeviceInputs, InputBuffer, from_host
 from .weights import EncoderWeights
 
@@ -80,15 +81,18 @@ class PadfreeEncoder:
 
     def __init__(self, weights: EncoderWeights, config: Any = None, *, use_graphs: bool = True,
                  max_graphs: int = 8, use_epilogue: bool | None = None, gemm_search: str = "heuristic",
-                 ops=None):
+                 gemm_tuning: str | os.PathLike | None = None, ops=None):
         """weights: from padfree.torch.weights.extract. config: the HF config, kept for callers
         (padfree.runtime reads it). use_epilogue: None probes whether the cuBLASLt epilogue computes
         the model's activation to the dtype's precision. gemm_search: how a bucket's capture tunes
         its GEMMs (gemms.EncoderGemms: "heuristic", or "exhaustive", seconds per new row count).
+        gemm_tuning: a JSON file of GEMM choices (gemms.save_tuning), read here where it exists and
+        rewritten after each capture that tuned, so that a search runs once per machine.
         ops: the kernel bindings (padfree.ops)."""
         if gemm_search not in SEARCHES:
             raise InputError(f"gemm_search: expected one of {', '.join(SEARCHES)}, got {gemm_search!r}")
         self.gemm_search = gemm_search
+        self.gemm_tuning = gemm_tuning
         self.weights = weights
         self.config = config
         self._ops = ops or _default_ops
@@ -110,6 +114,8 @@ class PadfreeEncoder:
         self._graphs: LRU[Bucket, _Graph] = LRU(max_graphs)
         self._pool = None
         self._capture_stream = None
+        if gemm_tuning is not None and self.device.type == "cuda" and os.path.exists(gemm_tuning):
+            load_tuning(gemm_tuning, self.device)
 
     # ---- the packed forward ------------------------------------------------------------------
 
@@ -254,6 +260,8 @@ class PadfreeEncoder:
             self._pool = torch.cuda.graph_pool_handle()
             self._capture_stream = torch.cuda.Stream(self.device)
         g.gemms = self._gemms(bucket.tokens, tune=True)  # times candidates: before any capture
+        if self.gemm_tuning is not None:
+            save_tuning(self.gemm_tuning, self.device)
         args = (g.inputs.input_ids, g.inputs.token_type_ids, g.inputs.cu_seqlens, bucket.max_seqlen,
                 g.hidden, g.pooled, g.gemms)
         # warm-up outside capture (library handles, workspaces)

@@ -16,6 +16,9 @@ that found 5-8% faster kernels than the heuristic's best for the QKV and FFN-up 
 """
 from __future__ import annotations
 
+import ctypes
+import json
+import os
 import statistics
 from dataclasses import dataclass
 from typing import Callable
@@ -202,6 +205,72 @@ class EncoderGemms:
     def down_residual(self, x: torch.Tensor, w: torch.Tensor, acc: torch.Tensor) -> None:
         """acc += x @ w^T"""
         self._impl["down"](x, w, None, acc)
+
+
+TUNING_FORMAT = "padfree-gemm-tuning/1"
+_TUNING_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def save_tuning(path: str | os.PathLike, device: torch.device) -> int:
+    """Writes what the tuning chose on `device` so far (every problem and search, torch's call
+    included) to a JSON file, replacing it atomically; returns the number of entries. The algorithms
+    are cuBLASLt's opaque descriptors: load_tuning takes them back only for the same device name and
+    cuBLASLt version, and re-checks each."""
+    entries = []
+    for (index, problem, search), lt in _chosen.items():
+        if index != device.index:
+            continue
+        entries.append({"rows": problem.rows, "in_features": problem.in_features,
+                        "out_features": problem.out_features, "dtype": str(problem.dtype).removeprefix("torch."),
+                        "epilogue": problem.epilogue, "accumulate": problem.accumulate, "search": search,
+                        "algo": None if lt is None else bytes(lt.algo).hex(),
+                        "label": "torch" if lt is None else lt.label})
+    doc = {"format": TUNING_FORMAT, "device": torch.cuda.get_device_name(device),
+           "cublaslt_version": cublaslt.version(), "entries": entries}
+    tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+    os.replace(tmp, path)
+    return len(entries)
+
+
+def load_tuning(path: str | os.PathLike, device: torch.device) -> int:
+    """Takes the choices of a save_tuning file for `device` (those not made in this process yet);
+    returns how many. A file from another device or cuBLASLt version gives none; an entry cuBLASLt
+    no longer accepts is skipped (its problem is tuned again when needed). Raises ValueError for a file
+    that is not a tuning file."""
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+        if doc.get("format") != TUNING_FORMAT or not isinstance(doc.get("entries"), list):
+            raise ValueError(f"format is not {TUNING_FORMAT!r}")
+        if doc.get("device") != torch.cuda.get_device_name(device) or doc.get("cublaslt_version") != cublaslt.version():
+            return 0
+        loaded = 0
+        for e in doc["entries"]:
+            problem = Problem(int(e["rows"]), int(e["in_features"]), int(e["out_features"]), _TUNING_DTYPES[e["dtype"]],
+                              int(e["epilogue"]), bool(e["accumulate"]))
+            key = (device.index, problem, e["search"])
+            if e["search"] not in SEARCHES or key in _chosen:
+                continue
+            lt = None
+            if e["algo"] is not None:
+                raw = bytes.fromhex(e["algo"])
+                if len(raw) != ctypes.sizeof(cublaslt.Algo):
+                    raise ValueError(f"an algorithm of {len(raw)} bytes")
+                linear = cublaslt.Linear(problem.rows, problem.in_features, problem.out_features, problem.dtype,
+                                         epilogue=problem.epilogue, accumulate=problem.accumulate,
+                                         max_workspace=WORKSPACE_BYTES)
+                algo = cublaslt.Algo.from_buffer_copy(raw)
+                workspace = linear.check(algo)
+                if workspace is None or workspace > WORKSPACE_BYTES:
+                    continue
+                lt = _Lt(linear, algo, str(e["label"]))
+            _chosen[key] = lt
+            loaded += 1
+        return loaded
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"{os.fspath(path)}: not a usable padfree GEMM tuning file ({err})") from err
 
 
 def _mm(x, w, _bias, out):
