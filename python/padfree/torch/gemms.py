@@ -125,12 +125,11 @@ def _tune(problem: Problem, torch_call: Callable, device: torch.device, search: 
         scale = expect.float().abs().max().clamp(min=1e-6)
         return bool(((out.float() - expect.float()).abs().max() / scale) <= MAX_REL_DIFF)
 
-    pairs = [(algo, info.label()) for algo, info in linear.candidates(CANDIDATES)]
+    algos = {info.label(): algo for algo, info in linear.candidates(CANDIDATES) if reproduces(algo)}
     if search == "exhaustive":
-        screened = [(graph_call_us(call(algo), SCREEN_CALLS, SCREEN_REPLAYS), algo, info.label())
+        screened = [(graph_call_us(call(algo), SCREEN_CALLS, SCREEN_REPLAYS), info.label(), algo)
                     for algo, info in linear.enumerate() if reproduces(algo)]
-        pairs += [(algo, label) for _, algo, label in sorted(screened, key=lambda t: t[0])[:FINALISTS]]
-    algos = {label: algo for algo, label in pairs if reproduces(algo)}
+        algos.update((label, algo) for _, label, algo in sorted(screened, key=lambda t: t[0])[:FINALISTS])
     calls: dict[str, Callable] = {"torch": lambda: torch_call(x, w, bias, out)}
     calls.update({label: call(algo) for label, algo in algos.items()})
     best_us = {name: float("inf") for name in calls}
