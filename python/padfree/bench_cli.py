@@ -59,7 +59,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gemm-search", default="exhaustive", choices=("heuristic", "exhaustive"),
                    help="how the encoder tunes a bucket's GEMMs at capture (padfree.torch.from_hf)")
     p.add_argument("--gemm-tuning", metavar="FILE.json",
-                   help="keep the encoder's GEMM choices in this file (read if it exists, rewritten after tuning)")
+                   help="keep the encoder's GEMM choices in this file (read if it exists, rewritten after each capture)")
     p.add_argument("--varlen-attn", action="store_true",
                    help="diagnostic column: the packed forward with torch's varlen_attn as its attention")
 

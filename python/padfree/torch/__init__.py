@@ -34,7 +34,7 @@ def from_hf(model: torch.nn.Module, dtype: torch.dtype = torch.float16, device: 
       bucket's capture screen every cuBLASLt configuration for its GEMMs (seconds per row count,
       once per process; faster GEMMs on large buckets) instead of the heuristic's short list;
       gemm_tuning names a JSON file that keeps those choices across processes (read where it exists,
-      rewritten after each capture that tuned; valid for the same GPU and cuBLASLt only).
+      rewritten after each capture; valid for the same GPU and cuBLASLt only).
     Raises UnsupportedModelError for an architecture or configuration it cannot run, or sizes the
     kernels are not built for (padfree.kernel_sizes: head_dim, hidden).
     """

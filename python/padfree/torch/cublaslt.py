@@ -252,7 +252,8 @@ class Linear:
                 settings.append([(_CONFIG_CLUSTER_SHAPE_ID, c, 2) for c in _CLUSTER_SHAPE_IDS])
             splits = [None]
             if _cap_value(base, _CAP_SPLITK_SUPPORT):
-                schemes = [bit for bit in _REDUCTION_SCHEMES if _cap_value(base, _CAP_REDUCTION_SCHEME_MASK) & bit]
+                mask = _cap_value(base, _CAP_REDUCTION_SCHEME_MASK)
+                schemes = [bit for bit in _REDUCTION_SCHEMES if mask & bit]
                 splits += [((_CONFIG_SPLITK_NUM, k, 4), (_CONFIG_REDUCTION_SCHEME, scheme, 4))
                            for k in split_ks if k > 1 for scheme in schemes]
             for choice in itertools.product(*settings, splits):

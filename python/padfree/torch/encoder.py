@@ -87,7 +87,7 @@ class PadfreeEncoder:
         the model's activation to the dtype's precision. gemm_search: how a bucket's capture tunes
         its GEMMs (gemms.EncoderGemms: "heuristic", or "exhaustive", seconds per new row count).
         gemm_tuning: a JSON file of GEMM choices (gemms.save_tuning), read here where it exists and
-        rewritten after each capture that tuned, so that a search runs once per machine.
+        rewritten after each capture, so that a search runs once per machine.
         ops: the kernel bindings (padfree.ops)."""
         if gemm_search not in SEARCHES:
             raise InputError(f"gemm_search: expected one of {', '.join(SEARCHES)}, got {gemm_search!r}")
