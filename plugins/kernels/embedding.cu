@@ -38,6 +38,7 @@ embedding_layernorm_kernel(const int32_t* input_ids, const int32_t* token_type_i
                                            EmbeddingTables tables, const T* gamma, const T* beta, int hidden,
                                            float eps, T* out) {
     wait_on_producer();
+    allow_consumers();
     constexpr int V = Vec<T>::size;
     const int nvec = hidden / V;
     const int lane = threadIdx.x;

@@ -19,6 +19,7 @@ __device__ __forceinline__ void layernorm_rows(const T* x, const T* residual, co
     const int threads = blockDim.x;
     prefetch_row_params(gamma, beta, kSkip ? bias : nullptr, hidden);
     wait_on_producer();
+    allow_consumers();
     for (int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; row < rows;
          row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
         const int64_t offset = row * hidden;
