@@ -612,3 +612,60 @@ def test_gemm_tuning_file_written_and_checked(tmp_path, seed):
     path.write_text("{}")
     with pytest.raises(ValueError, match="tuning file"):
         from_hf(model, dtype=torch.float16, gemm_tuning=path)
+
+
+@pytest.mark.gpu
+def test_speculative_calls_match_ordinary_calls(seed, no_tf32, monkeypatch):
+    """GPU inputs shaped as an earlier call's launch that call's graph behind a device-side guard: a
+    batch of the same bucket is served by it without _execute (outputs equal to the ordinary call's),
+    a batch of another bucket is skipped on the device and runs the ordinary way, after which its own
+    graph is the guess."""
+    rng = np.random.default_rng(seed)
+    model = make_model("bert", hidden=128, heads=2, positions=128, seed=seed)
+    encoder = from_hf(model, dtype=torch.float32)
+    executed = []
+    execute = encoder._execute
+    monkeypatch.setattr(encoder, "_execute", lambda batch: (executed.append(batch.total_tokens), execute(batch))[1])
+    short = [30, 25, 40, 33, 28]  # 156 tokens, longest 40: bucket (192, 8, 64)
+    long = [120, 128, 100, 90, 110]  # 548 tokens, longest 128: another bucket
+    poison_allocator()
+    results = []
+    for lengths in (short, short, short, long, long, short):
+        ids, mask, type_ids = random_batch(model, 5, 128, rng, lengths=lengths, types=True)
+        out = encoder(ids.cuda(), mask.cuda(), type_ids.cuda())
+        ref_hidden, ref_pooled = hf_reference(model, ids, mask, type_ids, "cuda", torch.float32)
+        check_padded_output(out, ref_hidden, ref_pooled, mask, 1e-4)
+        results.append((ids, mask, type_ids, out.last_hidden_state.clone()))
+    # ordinary calls: the first short one (no guess yet), then each batch whose bucket is not the guess's
+    assert executed == [sum(short), sum(long), sum(short)], executed
+    assert len(encoder.graph_buckets) == 2
+    assert all(encoder._graphs.get(b).guarded for b in encoder.graph_buckets)
+    # a speculative call computes what an ordinary one does: same graph, same inputs, same bits
+    ids, mask, type_ids, out = results[2]
+    encoder.clear_graphs()  # no guesses: ordinary calls
+    again = encoder(ids.cuda(), mask.cuda(), type_ids.cuda()).last_hidden_state
+    assert torch.equal(again, out)
+
+
+@pytest.mark.gpu
+def test_speculative_call_with_bad_inputs_raises_and_skips_the_graph(seed):
+    rng = np.random.default_rng(seed)
+    model = make_model("bert", hidden=128, heads=2, positions=64, seed=seed)
+    encoder = from_hf(model, dtype=torch.float16)
+    ids, mask, _ = random_batch(model, 3, 48, rng, lengths=[48, 20, 33])
+    ids, mask = ids.cuda(), mask.cuda()
+    first = encoder(ids, mask).last_hidden_state
+    graph = encoder._graphs.get(encoder.graph_buckets[0])
+    static = graph.hidden.clone()
+    holed = mask.clone()
+    holed[1, 5] = 0
+    with pytest.raises(InputError, match="row 1 is not left-aligned"):
+        encoder(ids.flip(1), holed)
+    bad = ids.clone()
+    bad[2, 7] = 10**6
+    with pytest.raises(InputError, match="sequence 2, position 7"):
+        encoder(bad, mask)
+    torch.cuda.synchronize()
+    assert torch.equal(graph.hidden, static), "a flagged batch must not run the graph"
+    assert graph.guarded, "the calls above were speculative"
+    assert torch.equal(encoder(ids, mask).last_hidden_state, first)

@@ -31,8 +31,8 @@ extern "C" {
 #endif
 
 /* Bumped on any incompatible change of a signature below; the bindings refuse a mismatch.
- * 2: remove_padding, rebuild_padding and attention_varlen take total_tokens. */
-#define PADFREE_ABI_VERSION 3
+ * 2: remove_padding, rebuild_padding and attention_varlen take total_tokens. 4: guarded graphs. */
+#define PADFREE_ABI_VERSION 4
 
 typedef enum padfree_status {
     PADFREE_OK = 0,
@@ -143,6 +143,23 @@ PADFREE_API padfree_status padfree_prepare_padded_inputs(const void* attention_m
                                                          int32_t cu_capacity, int32_t packed_capacity,
                                                          int32_t* packed_ids, int32_t* packed_token_type_ids,
                                                          int32_t* cu_seqlens, padfree_stream stream);
+
+/* ---- guarded CUDA graphs --------------------------------------------------------------------- */
+
+/* A graph that runs `body` (a cudaGraph_t, cloned: the caller keeps it) only where the device int32
+ * stats [3] (flags, total, longest, as padfree_prepare_padded_inputs writes them) show flags == 0,
+ * min_total <= total <= max_total and min_longest <= longest <= max_longest when the stream reaches
+ * it; otherwise one one-thread kernel runs and the body is skipped. A caller that captured a forward for a bucket of
+ * sizes can so launch it right behind the prepare call, before the totals reach the host, and check
+ * them afterwards (the same predicate) instead of synchronizing in between. The body may hold
+ * kernel, memset, memcpy, empty and child-graph nodes (CUDA's rule for conditional bodies);
+ * create fails with PADFREE_ERROR_CUDA otherwise, or where the driver has no conditional nodes. */
+typedef struct padfree_guarded_graph padfree_guarded_graph;
+PADFREE_API padfree_status padfree_guarded_graph_create(void* body, const int32_t* stats, int32_t min_total,
+                                                        int32_t max_total, int32_t min_longest, int32_t max_longest,
+                                                        padfree_guarded_graph** out);
+PADFREE_API padfree_status padfree_guarded_graph_launch(padfree_guarded_graph* graph, padfree_stream stream);
+PADFREE_API padfree_status padfree_guarded_graph_destroy(padfree_guarded_graph* graph);
 
 /* ---- fused multi-head attention over variable-length sequences ------------------------------ */
 

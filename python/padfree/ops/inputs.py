@@ -105,8 +105,9 @@ class PaddedInputPacker:
         self._vocab = (int(vocab_size), int(type_vocab_size))
         self._host = torch.empty(3, dtype=torch.int32, pin_memory=True)
         self._host_values = self._host.numpy()
-        self._stats = torch.empty(0, dtype=torch.int32, device=self.device)
-        self._stats_view = (0, self._stats)  # (batch, the [batch + 3] view of _stats)
+        self._seqlens = torch.empty(0, dtype=torch.int32, device=self.device)
+        self._totals = torch.empty(3, dtype=torch.int32, device=self.device)
+        self._prepared = torch.cuda.Event() if self.device.type == "cuda" else None
         # The packed buffers the accepted layouts were checked with, kept alive (so identity is a
         # sound test), and their sizes and addresses as the C call takes them.
         self._buffers: tuple = ()
@@ -120,53 +121,85 @@ class PaddedInputPacker:
         Returns (flags, total, longest): FLAG_NAMES bits, the token count and the longest length."""
         from .. import _lib
 
+        if self.enqueue(input_ids, attention_mask, token_type_ids, packed_ids, packed_token_type_ids, cu_seqlens):
+            _lib.call("padfree_stream_synchronize", stream_handle(self.device))
+        else:
+            self._checked(input_ids, attention_mask, token_type_ids, packed_ids, packed_token_type_ids, cu_seqlens)
+        flags, total, longest = self._host_values.tolist()
+        return flags, total, longest
+
+    def enqueue(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                token_type_ids: torch.Tensor | None, packed_ids: torch.Tensor,
+                packed_token_type_ids: torch.Tensor | None, cu_seqlens: torch.Tensor, *,
+                mark: bool = False) -> bool:
+        """The one C call without the read-back, where the inputs and buffers are laid out as in an
+        earlier call (True: enqueued, its flags / total / longest land in `totals` on the device and
+        are read with results() where mark is set); False where they are not, and nothing ran (the
+        caller then calls the packer, which checks them). Lets a caller enqueue work that reads
+        `totals` (padfree.ops.GuardedGraph) before the read-back."""
+        from .. import _lib
+
         buffers = (packed_ids, packed_token_type_ids, cu_seqlens)
         if len(self._buffers) != 3 or any(a is not b for a, b in zip(buffers, self._buffers)):
             self._layouts.clear()  # accepted with other buffers (their sizes are part of the checks)
             self._buffers = ()
+            return False
         try:
             layout = (_layout(input_ids), _layout(attention_mask), _layout(token_type_ids))
         except AttributeError:  # not tensors: the checked bindings say what is wrong
-            layout = None
+            return False
         if layout not in self._layouts or torch.cuda.current_device() != self.device.index:
-            self._checked(input_ids, attention_mask, token_type_ids, *buffers)
-            if len(self._layouts) >= self.MAX_LAYOUTS:
-                self._layouts.clear()
-            self._layouts.add(layout)
-            self._buffers = buffers
-            self._buffer_args = (cu_seqlens.shape[0] - 1, packed_ids.shape[0], packed_ids.data_ptr(),
-                                 ptr(packed_token_type_ids), cu_seqlens.data_ptr())
-        else:
-            batch, width = input_ids.shape
-            stats, stream = self._stats_for(batch), stream_handle(self.device)
-            mask_bytes = 0 if attention_mask is None else MASK_BYTES[attention_mask.dtype]
-            _lib.call("padfree_prepare_padded_inputs", ptr(attention_mask), mask_bytes, input_ids.data_ptr(),
-                      ptr(token_type_ids), ID_BYTES[input_ids.dtype], batch, width, *self._vocab,
-                      stats.data_ptr(), stats.data_ptr() + 4 * batch, self._host.data_ptr(), *self._buffer_args,
-                      stream)
-            _lib.call("padfree_stream_synchronize", stream)
+            return False
+        batch, width = input_ids.shape
+        stream = stream_handle(self.device)
+        mask_bytes = 0 if attention_mask is None else MASK_BYTES[attention_mask.dtype]
+        _lib.call("padfree_prepare_padded_inputs", ptr(attention_mask), mask_bytes, input_ids.data_ptr(),
+                  ptr(token_type_ids), ID_BYTES[input_ids.dtype], batch, width, *self._vocab,
+                  self._seqlens_for(batch).data_ptr(), self._totals.data_ptr(), self._host.data_ptr(),
+                  *self._buffer_args, stream)
+        if mark:
+            self._prepared.record()
+        return True
+
+    @property
+    def totals(self) -> torch.Tensor:
+        """int32 [3] on the device: flags, total, longest of the last enqueue(), at a fixed address."""
+        return self._totals
+
+    def results(self) -> tuple[int, int, int]:
+        """(flags, total, longest) of the last enqueue(mark=True): waits for that call's GPU work
+        only, not for what was enqueued behind it."""
+        self._prepared.synchronize()
         flags, total, longest = self._host_values.tolist()
         return flags, total, longest
 
     def _checked(self, input_ids, attention_mask, token_type_ids, packed_ids, packed_token_type_ids, cu_seqlens):
+        """The checked bindings (first call with a layout); on success the layout is accepted."""
         check(input_ids, "input_ids", dtype=tuple(ID_BYTES), shape=[None, None], device=self.device)
-        stats = padded_input_stats(input_ids, attention_mask, token_type_ids, *self._vocab,
-                                   out=self._stats_for(input_ids.shape[0]), host_stats=self._host)
-        pack_padded_inputs(input_ids, token_type_ids, stats[:input_ids.shape[0]], packed_ids,
-                           packed_token_type_ids, cu_seqlens)
+        batch = input_ids.shape[0]
+        stats = torch.empty(batch + 3, dtype=torch.int32, device=self.device)
+        padded_input_stats(input_ids, attention_mask, token_type_ids, *self._vocab, out=stats,
+                           host_stats=self._host)
+        seqlens = self._seqlens_for(batch)[:batch]
+        seqlens.copy_(stats[:batch])
+        pack_padded_inputs(input_ids, token_type_ids, seqlens, packed_ids, packed_token_type_ids, cu_seqlens)
         stream_synchronize(self.device)
+        if len(self._layouts) >= self.MAX_LAYOUTS:
+            self._layouts.clear()
+        self._layouts.add((_layout(input_ids), _layout(attention_mask), _layout(token_type_ids)))
+        self._buffers = (packed_ids, packed_token_type_ids, cu_seqlens)
+        self._buffer_args = (cu_seqlens.shape[0] - 1, packed_ids.shape[0], packed_ids.data_ptr(),
+                             ptr(packed_token_type_ids), cu_seqlens.data_ptr())
 
     def repack(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, packed_ids: torch.Tensor,
                packed_token_type_ids: torch.Tensor | None, cu_seqlens: torch.Tensor) -> None:
         """Pack the last call's inputs again, into other buffers (its seqlens are kept on the device)."""
-        pack_padded_inputs(input_ids, token_type_ids, self._stats[:input_ids.shape[0]], packed_ids,
+        pack_padded_inputs(input_ids, token_type_ids, self._seqlens[:input_ids.shape[0]], packed_ids,
                            packed_token_type_ids, cu_seqlens)
 
-    def _stats_for(self, batch: int) -> torch.Tensor:
-        """A reused [batch + 3] buffer: the previous call's pack, its last reader, was enqueued on this
+    def _seqlens_for(self, batch: int) -> torch.Tensor:
+        """A reused [>= batch] buffer: the previous call's pack, its last reader, was enqueued on this
         stream before this call's stats kernel."""
-        if self._stats_view[0] != batch:
-            if self._stats.numel() < batch + 3:
-                self._stats = torch.empty(2 * (batch + 3), dtype=torch.int32, device=self.device)
-            self._stats_view = (batch, self._stats[:batch + 3])
-        return self._stats_view[1]
+        if self._seqlens.numel() < batch:
+            self._seqlens = torch.empty(2 * batch, dtype=torch.int32, device=self.device)
+        return self._seqlens

@@ -23,15 +23,17 @@ from typing import Any
 import torch
 
 from .. import ops as _default_ops
+from .._lib import PadfreeError
 from ..ops._tensors import INT32_MAX, InputError
 from ..runtime.backend import Limits, check_packed
-from .buckets import LRU, Bucket, bucket_for
+from .buckets import LRU, Bucket, bucket_for, round_seqlen, round_tokens
 from .ffn import FfnUp, epilogue_matches
 from .gemms import SEARCHES, EncoderGemms, load_tuning, save_tuning
 from .inputs import Batch, DeviceInputs, InputBuffer, from_host
 from .weights import EncoderWeights
 
 INPUT_TOKENS, INPUT_BATCH = 65536, 1024  # the input buffer's first capacity
+GUESSES = 64  # padded input shapes whose last graph is remembered for speculative launches
 
 
 @dataclass
@@ -44,6 +46,7 @@ class _Graph:
     pooled: torch.Tensor | None           # [batch, H]
     gemms: EncoderGemms | None = None     # the projections' implementations at the bucket's rows
     replays: int = 0
+    guarded: Any = None                   # its GuardedGraph (None: not made yet, False: cannot be)
 
 
 @contextlib.contextmanager
@@ -64,6 +67,28 @@ def _cublas_workspaces_in_pool():
     finally:
         if clear is not None:
             clear()
+
+
+def _keeping_cuda_graph() -> torch.cuda.CUDAGraph:
+    """A CUDAGraph that keeps its cudaGraph_t after instantiation (GuardedGraph clones it); a plain
+    one where this torch cannot."""
+    try:
+        return torch.cuda.CUDAGraph(keep_graph=True)
+    except TypeError:
+        return torch.cuda.CUDAGraph()
+
+
+def _preimage(rounding, rounded: int, high: int) -> tuple[int, int]:
+    """The inclusive range [low, high] of n with rounding(n) == rounded, for a non-decreasing
+    rounding with rounding(high) == rounded (binary search for low)."""
+    low, top = 1, high
+    while low < top:
+        mid = (low + top) // 2
+        if rounding(mid) < rounded:
+            low = mid + 1
+        else:
+            top = mid
+    return low, high
 
 
 class PadfreeEncoder:
@@ -112,6 +137,8 @@ class PadfreeEncoder:
         self.has_pooler = weights.pooler_weight is not None
         self.output_names = ["last_hidden_state"] + (["pooler_output"] if self.has_pooler else [])
         self._graphs: LRU[Bucket, _Graph] = LRU(max_graphs)
+        # (padded shape, token types) of GPU inputs -> the graph that served the last such call
+        self._guesses: LRU[tuple, _Graph] = LRU(GUESSES)
         self._pool = None
         self._capture_stream = None
         if gemm_tuning is not None and self.device.type == "cuda" and os.path.exists(gemm_tuning):
@@ -224,9 +251,13 @@ class PadfreeEncoder:
         else:
             batch.fill(g.inputs)  # rows past `tokens` are rows of no sequence: never read by a token
         g.graph.replay()
+        return self._served(g, batch)
+
+    @staticmethod
+    def _served(g: _Graph, batch: Batch):
         g.replays += 1
-        return (g.hidden[:tokens], None if g.pooled is None else g.pooled[:size],
-                g.inputs.cu_seqlens[:size + 1])
+        return (g.hidden[:batch.total_tokens], None if g.pooled is None else g.pooled[:batch.batch],
+                g.inputs.cu_seqlens[:batch.batch + 1])
 
     def _input_buffer(self, tokens: int, batch: int) -> InputBuffer:
         """The encoder's input buffer, grown to hold `tokens` and `batch` where it does not. Growing drops
@@ -255,7 +286,7 @@ class PadfreeEncoder:
         (so the warm-up below computes a real forward, and no stale lengths beyond the bucket's)."""
         # static outputs live outside the pool: they must survive other captures
         hidden, pooled = self._outputs(bucket.tokens, bucket.batch)
-        g = _Graph(bucket=bucket, graph=torch.cuda.CUDAGraph(), inputs=inputs, hidden=hidden, pooled=pooled)
+        g = _Graph(bucket=bucket, graph=_keeping_cuda_graph(), inputs=inputs, hidden=hidden, pooled=pooled)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
             self._capture_stream = torch.cuda.Stream(self.device)
@@ -287,6 +318,7 @@ class PadfreeEncoder:
 
     def clear_graphs(self) -> None:
         self._graphs.clear()
+        self._guesses.clear()
 
     def _device_guard(self):
         if self.device.type == "cuda" and torch.cuda.current_device() != self.device.index:
@@ -317,17 +349,74 @@ class PadfreeEncoder:
         attention_mask [B, S] (right padding: ones then zeros), or a list of token sequences
         (token_type_ids then a list too). Returns a transformers BaseModelOutputWithPooling (or
         BaseModelOutput for models without a pooler): last_hidden_state [B, S, H] with zeros in padded
-        rows (S = the input's width, or the longest sequence of a list). Synchronizes where inputs are
-        on the GPU (their token count must reach the host) and where a new bucket's graph is captured."""
-        batch = self.prepare(input_ids, attention_mask, token_type_ids)
+        rows (S = the input's width, or the longest sequence of a list). Waits where inputs are on
+        the GPU (their token count must reach the host) and where a new bucket's graph is captured;
+        GPU inputs shaped as an earlier call's launch that call's graph first, behind a device-side
+        check that they fit it (_speculate), so the GPU need not idle through the wait."""
         with self._device_guard():
-            hidden, pooled, cu_seqlens = self._execute(batch)
+            batch, outputs = self._speculate(input_ids, attention_mask, token_type_ids)
+            if outputs is None:
+                if batch is None:
+                    batch = self.prepare(input_ids, attention_mask, token_type_ids)
+                outputs = self._execute(batch)
+                self._remember(input_ids, token_type_ids, batch)
+            hidden, pooled, cu_seqlens = outputs
             last = self._ops.rebuild_padding(hidden, cu_seqlens, batch.padded_width)
             pooled = None if pooled is None else pooled.clone()
         from transformers.modeling_outputs import BaseModelOutput, BaseModelOutputWithPooling
         if self.has_pooler:
             return BaseModelOutputWithPooling(last_hidden_state=last, pooler_output=pooled)
         return BaseModelOutput(last_hidden_state=last)
+
+    # ---- speculative launches ------------------------------------------------------------------
+
+    def _speculate(self, input_ids, attention_mask, token_type_ids):
+        """For GPU inputs shaped as an earlier call's: enqueue the packing, then that call's graph
+        behind a guard that runs it only if this batch fits its bucket (padfree.ops.GuardedGraph),
+        then read the totals back. Returns (batch, outputs): outputs where the graph ran; batch alone
+        where it was skipped (the inputs are validated and packed: the caller executes it); (None, None)
+        where nothing was enqueued. Bad inputs raise InputError (their flags skipped the graph)."""
+        g = self._guesses.get(self._guess_key(input_ids, token_type_ids))
+        if g is None or self._graphs.get(g.bucket) is not g:  # none, or evicted since
+            return None, None
+        guarded = self._guarded(g)
+        if guarded is None or not self._device_inputs.enqueue(input_ids, attention_mask, token_type_ids):
+            return None, None
+        guarded.launch()
+        batch = self._device_inputs.finish()
+        if guarded.fits(0, batch.total_tokens, batch.max_seqlen):
+            return batch, self._served(g, batch)
+        return batch, None
+
+    def _guess_key(self, input_ids, token_type_ids):
+        if not self.use_graphs or not isinstance(input_ids, torch.Tensor) or input_ids.device.type != "cuda":
+            return None
+        return tuple(input_ids.shape), token_type_ids is not None
+
+    def _remember(self, input_ids, token_type_ids, batch: Batch) -> None:
+        key = self._guess_key(input_ids, token_type_ids)
+        if key is not None:
+            g = self._graphs.get(bucket_for(batch.total_tokens, batch.batch, batch.max_seqlen,
+                                            self.weights.max_seqlen, batch.token_types))
+            if g is not None:
+                self._guesses.put(key, g)
+
+    def _guarded(self, g: _Graph):
+        """g's GuardedGraph over the packer's totals, made on first use: it runs for exactly the
+        batches (of the guessed shape) that bucket_for maps to g's bucket, so a speculative call runs
+        the graph an ordinary call would. None where it cannot be made (a torch without keep_graph,
+        a driver without conditional graph nodes)."""
+        if g.guarded is None:
+            totals, lim, b = self._device_inputs.totals, self.limits, g.bucket
+            cap = self.weights.max_seqlen
+            try:
+                g.guarded = False if totals is None else self._ops.GuardedGraph(
+                    g.graph, totals, _preimage(round_tokens, b.tokens, min(b.tokens, lim.max_tokens)),
+                    _preimage(lambda n: round_seqlen(n, cap), b.max_seqlen,
+                              min(b.max_seqlen, lim.max_seqlen, lim.max_tokens)))
+            except (PadfreeError, RuntimeError, AttributeError):
+                g.guarded = False
+        return g.guarded or None
 
     forward = __call__
 

@@ -126,6 +126,7 @@ class DeviceInputs:
         self._ops = ops
         self._buffer = buffer
         self._packer = None  # pinned memory: made on first use
+        self._pending = None  # enqueue()'s inputs, for finish()
 
     def __call__(self, input_ids, attention_mask, token_type_ids) -> Batch:
         for name, t in (("input_ids", input_ids), ("attention_mask", attention_mask),
@@ -139,7 +140,7 @@ class DeviceInputs:
             self._packer = self._ops.PaddedInputPacker(self.device, vocab, lim.type_vocab_size or 0)
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
             return self._on_host(input_ids, attention_mask, token_type_ids)
-        batch, width = input_ids.shape
+        batch = input_ids.shape[0]
         packed = self._buffer(batch)
         types = packed.token_type_ids if token_type_ids is not None else None
         try:
@@ -147,6 +148,34 @@ class DeviceInputs:
                                                  types, packed.cu_seqlens)
         except (InputError, KernelArgumentError):  # a dtype, layout or size the kernels do not take
             return self._on_host(input_ids, attention_mask, token_type_ids)
+        return self._batch(flags, total, longest, input_ids, attention_mask, token_type_ids, packed)
+
+    def enqueue(self, input_ids, attention_mask, token_type_ids) -> bool:
+        """The packer's one C call without its read-back (PaddedInputPacker.enqueue), where the inputs
+        are laid out as in an earlier call: True (then finish() reads back and makes the Batch), or
+        False and nothing ran. Work enqueued in between may read `totals` on the device."""
+        if self._packer is None or not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+            return False
+        packed = self._buffer(input_ids.shape[0])
+        types = packed.token_type_ids if token_type_ids is not None else None
+        if not self._packer.enqueue(input_ids, attention_mask, token_type_ids, packed.input_ids, types,
+                                    packed.cu_seqlens, mark=True):
+            return False
+        self._pending = (input_ids, attention_mask, token_type_ids, packed)
+        return True
+
+    def finish(self) -> Batch:
+        """The Batch of the last enqueue() (raises InputError for bad inputs, as a call does)."""
+        pending, self._pending = self._pending, None
+        return self._batch(*self._packer.results(), *pending)
+
+    @property
+    def totals(self) -> torch.Tensor | None:
+        """Where enqueue() leaves flags, total and longest on the device (None before the first call)."""
+        return None if self._packer is None else self._packer.totals
+
+    def _batch(self, flags, total, longest, input_ids, attention_mask, token_type_ids, packed) -> Batch:
+        lim = self.limits
         if flags or longest > min(lim.max_seqlen, lim.max_tokens) or total > lim.max_tokens:
             return self._on_host(input_ids, attention_mask, token_type_ids)
         complete = total <= packed.input_ids.shape[0]
@@ -157,6 +186,7 @@ class DeviceInputs:
                 return  # packed there before the read-back
             packer.repack(input_ids, token_type_ids, buf.input_ids, buf.token_type_ids, buf.cu_seqlens)
 
+        batch, width = input_ids.shape
         return Batch(total, batch, longest, width, token_type_ids is not None, fill)
 
     def _on_host(self, input_ids, attention_mask, token_type_ids) -> Batch:
