@@ -76,7 +76,7 @@ def test_packer_enqueue_writes_totals_for_a_known_layout(seed):
         lengths, ids, mask, _, host_mask = padded_batch(gen, 40, 30, torch.int64, torch.int64, False)
         packer.totals.fill_(-1)
         buffers[0].fill_(-7)
-        assert packer.enqueue(ids, mask, None, *buffers, mark=True)
+        assert packer.enqueue(ids, mask, None, *buffers)
         expected = (0, int(lengths.sum()), int(lengths.max()))
         assert packer.results() == expected
         assert tuple(packer.totals.tolist()) == expected

@@ -5,6 +5,8 @@ writes them. The host never reads the padded tensors themselves. PaddedInputPack
 the read-back as one lean call, for a caller whose packed buffers do not depend on the total."""
 from __future__ import annotations
 
+import time
+
 import torch
 
 from ._tensors import InputError, call_kernel, check, check_int32, ptr, stream_handle
@@ -96,6 +98,7 @@ class PaddedInputPacker:
     """
 
     MAX_LAYOUTS = 64  # forgets them all past this (a cache, not a registry)
+    RESULTS_WAIT_S = 1.0
 
     def __init__(self, device: torch.device, vocab_size: int, type_vocab_size: int):
         device = torch.device(device)
@@ -107,7 +110,6 @@ class PaddedInputPacker:
         self._host_values = self._host.numpy()
         self._seqlens = torch.empty(0, dtype=torch.int32, device=self.device)
         self._totals = torch.empty(3, dtype=torch.int32, device=self.device)
-        self._prepared = torch.cuda.Event() if self.device.type == "cuda" else None
         # The packed buffers the accepted layouts were checked with, kept alive (so identity is a
         # sound test), and their sizes and addresses as the C call takes them.
         self._buffers: tuple = ()
@@ -130,13 +132,12 @@ class PaddedInputPacker:
 
     def enqueue(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                 token_type_ids: torch.Tensor | None, packed_ids: torch.Tensor,
-                packed_token_type_ids: torch.Tensor | None, cu_seqlens: torch.Tensor, *,
-                mark: bool = False) -> bool:
+                packed_token_type_ids: torch.Tensor | None, cu_seqlens: torch.Tensor) -> bool:
         """The one C call without the read-back, where the inputs and buffers are laid out as in an
         earlier call (True: enqueued, its flags / total / longest land in `totals` on the device and
-        are read with results() where mark is set); False where they are not, and nothing ran (the
-        caller then calls the packer, which checks them). Lets a caller enqueue work that reads
-        `totals` (padfree.ops.GuardedGraph) before the read-back."""
+        are read with results()); False where they are not, and nothing ran (the caller then calls
+        the packer, which checks them). Lets a caller enqueue work that reads `totals`
+        (padfree.ops.GuardedGraph) before the read-back."""
         from .. import _lib
 
         buffers = (packed_ids, packed_token_type_ids, cu_seqlens)
@@ -153,12 +154,11 @@ class PaddedInputPacker:
         batch, width = input_ids.shape
         stream = stream_handle(self.device)
         mask_bytes = 0 if attention_mask is None else MASK_BYTES[attention_mask.dtype]
+        self._host_values.fill(-1)  # results() waits until all three are written
         _lib.call("padfree_prepare_padded_inputs", ptr(attention_mask), mask_bytes, input_ids.data_ptr(),
                   ptr(token_type_ids), ID_BYTES[input_ids.dtype], batch, width, *self._vocab,
                   self._seqlens_for(batch).data_ptr(), self._totals.data_ptr(), self._host.data_ptr(),
                   *self._buffer_args, stream)
-        if mark:
-            self._prepared.record()
         return True
 
     @property
@@ -167,11 +167,23 @@ class PaddedInputPacker:
         return self._totals
 
     def results(self) -> tuple[int, int, int]:
-        """(flags, total, longest) of the last enqueue(mark=True): waits for that call's GPU work
-        only, not for what was enqueued behind it."""
-        self._prepared.synchronize()
-        flags, total, longest = self._host_values.tolist()
-        return flags, total, longest
+        """(flags, total, longest) of the last enqueue(): waits for that call's GPU work only, not
+        for what was enqueued behind it, by watching the pinned values the prepare step writes
+        (none of them negative once written; cheaper than recording and waiting on an event). Past
+        RESULTS_WAIT_S it synchronizes the stream instead, which surfaces a CUDA error if one
+        kept the values from coming."""
+        values = self._host_values
+        deadline = None
+        while True:
+            flags, total, longest = values.tolist()
+            if min(flags, total, longest) >= 0:
+                return flags, total, longest
+            if deadline is None:
+                deadline = time.perf_counter() + self.RESULTS_WAIT_S
+            elif time.perf_counter() > deadline:
+                stream_synchronize(self.device)
+                flags, total, longest = values.tolist()
+                return flags, total, longest
 
     def _checked(self, input_ids, attention_mask, token_type_ids, packed_ids, packed_token_type_ids, cu_seqlens):
         """The checked bindings (first call with a layout); on success the layout is accepted."""

@@ -159,7 +159,7 @@ class DeviceInputs:
         packed = self._buffer(input_ids.shape[0])
         types = packed.token_type_ids if token_type_ids is not None else None
         if not self._packer.enqueue(input_ids, attention_mask, token_type_ids, packed.input_ids, types,
-                                    packed.cu_seqlens, mark=True):
+                                    packed.cu_seqlens):
             return False
         self._pending = (input_ids, attention_mask, token_type_ids, packed)
         return True
