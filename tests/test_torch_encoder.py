@@ -669,3 +669,26 @@ def test_speculative_call_with_bad_inputs_raises_and_skips_the_graph(seed):
     assert torch.equal(graph.hidden, static), "a flagged batch must not run the graph"
     assert graph.guarded, "the calls above were speculative"
     assert torch.equal(encoder(ids, mask).last_hidden_state, first)
+
+
+@pytest.mark.gpu
+def test_evicted_graphs_are_released_despite_guesses(seed):
+    """A shape's guess names a bucket, not a graph: an evicted graph (its static outputs, its
+    GuardedGraph) is freed, and the shape's next call recaptures and speculates again."""
+    import gc
+    import weakref
+    model = make_model("bert", hidden=128, heads=2, positions=128, seed=seed)
+    encoder = from_hf(model, dtype=torch.float16, max_graphs=1)
+    short = torch.randint(2, 90, (2, 20), device="cuda")
+    first = encoder(short).last_hidden_state
+    encoder(short)  # speculative: makes the guarded graph
+    evicted = encoder._graphs.get(encoder.graph_buckets[0])
+    assert evicted.guarded
+    released = weakref.ref(evicted)
+    del evicted
+    encoder(torch.randint(2, 90, (2, 100), device="cuda"))  # another bucket: the first is evicted
+    gc.collect()
+    assert released() is None, "the evicted graph is still referenced"
+    assert torch.equal(encoder(short).last_hidden_state, first)  # recaptured (ordinary)
+    assert torch.equal(encoder(short).last_hidden_state, first)  # speculative on the new graph
+    assert encoder._graphs.get(encoder.graph_buckets[0]).guarded

@@ -137,8 +137,9 @@ class PadfreeEncoder:
         self.has_pooler = weights.pooler_weight is not None
         self.output_names = ["last_hidden_state"] + (["pooler_output"] if self.has_pooler else [])
         self._graphs: LRU[Bucket, _Graph] = LRU(max_graphs)
-        # (padded shape, token types) of GPU inputs -> the graph that served the last such call
-        self._guesses: LRU[tuple, _Graph] = LRU(GUESSES)
+        # (padded shape, token types) of GPU inputs -> the bucket of the last such call (buckets, not
+        # graphs: an evicted graph must free its memory, and a recaptured one serves as well)
+        self._guesses: LRU[tuple, Bucket] = LRU(GUESSES)
         self._pool = None
         self._capture_stream = None
         if gemm_tuning is not None and self.device.type == "cuda" and os.path.exists(gemm_tuning):
@@ -376,8 +377,9 @@ class PadfreeEncoder:
         then read the totals back. Returns (batch, outputs): outputs where the graph ran; batch alone
         where it was skipped (the inputs are validated and packed: the caller executes it); (None, None)
         where nothing was enqueued. Bad inputs raise InputError (their flags skipped the graph)."""
-        g = self._guesses.get(self._guess_key(input_ids, token_type_ids))
-        if g is None or self._graphs.get(g.bucket) is not g:  # none, or evicted since
+        bucket = self._guesses.get(self._guess_key(input_ids, token_type_ids))
+        g = None if bucket is None else self._graphs.get(bucket)
+        if g is None:  # no guess, or its graph was evicted since
             return None, None
         guarded = self._guarded(g)
         if guarded is None or not self._device_inputs.enqueue(input_ids, attention_mask, token_type_ids):
@@ -396,10 +398,8 @@ class PadfreeEncoder:
     def _remember(self, input_ids, token_type_ids, batch: Batch) -> None:
         key = self._guess_key(input_ids, token_type_ids)
         if key is not None:
-            g = self._graphs.get(bucket_for(batch.total_tokens, batch.batch, batch.max_seqlen,
-                                            self.weights.max_seqlen, batch.token_types))
-            if g is not None:
-                self._guesses.put(key, g)
+            self._guesses.put(key, bucket_for(batch.total_tokens, batch.batch, batch.max_seqlen,
+                                              self.weights.max_seqlen, batch.token_types))
 
     def _guarded(self, g: _Graph):
         """g's GuardedGraph over the packer's totals, made on first use: it runs for exactly the
