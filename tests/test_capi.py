@@ -356,3 +356,43 @@ def _pack_inputs_args(**over):
 ])
 def test_pack_padded_inputs_refuses(over, fragments):
     expect_invalid("padfree_pack_padded_inputs", _pack_inputs_args(**over), *fragments)
+
+
+def _plan_args(**over):
+    return tuple({**dict(mask_bytes=8, id_bytes=8, types=0, batch=4, width=16, vocab=100, type_vocab=2, seqlens=A,
+                         stats=A, host_stats=None, cu_capacity=4, packed_capacity=64, packed_ids=A,
+                         packed_types=None, cu=A), **over}.values())
+
+
+@pytest.mark.parametrize("over, fragments", [
+    (dict(seqlens=None), ["seqlens is NULL"]),
+    (dict(stats=None), ["stats is NULL"]),
+    (dict(mask_bytes=3), ["mask_bytes must be 1 (bool, uint8), 4 (int32) or 8 (int64)", "3"]),
+    (dict(id_bytes=2), ["id_bytes must be 4 (int32) or 8 (int64)"]),
+    (dict(batch=0), ["batch must be >= 1"]),
+    (dict(cu_capacity=3), ["cu_capacity must be >= batch (4)", "3"]),
+    (dict(types=1), ["packed_token_type_ids is NULL while token_type_ids is given"]),
+    (dict(packed_ids=None), ["packed_ids is NULL"]),
+])
+def test_input_plan_create_refuses(over, fragments):
+    handle = ctypes.c_void_p()
+    status, message = raw("padfree_input_plan_create", *_plan_args(**over), ctypes.byref(handle))
+    assert status == INVALID and all(f in message for f in fragments), message
+    assert not handle.value, "nothing made"
+
+
+@pytest.mark.parametrize("plan_over, launch, fragment", [
+    (dict(), (None, A, None), "attention_mask must be given exactly where the plan has mask_bytes != 0"),
+    (dict(mask_bytes=0), (A, A, None), "attention_mask must be given exactly"),
+    (dict(), (A, A, A), "token_type_ids must be given exactly where the plan was made with token types"),
+    (dict(types=1, packed_types=A), (A, A, None), "token_type_ids must be given exactly"),
+    (dict(), (A, None, None), "input_ids is NULL"),
+])
+def test_input_plan_launch_refuses_inputs_it_was_not_made_for(plan_over, launch, fragment):
+    handle = ctypes.c_void_p()
+    assert raw("padfree_input_plan_create", *_plan_args(**plan_over), ctypes.byref(handle))[0] == 0
+    try:
+        expect_invalid("padfree_input_plan_launch", (handle, *launch, None, None), fragment)
+    finally:
+        _lib.call("padfree_input_plan_destroy", handle)
+    expect_invalid("padfree_input_plan_launch", (None, A, A, None, None, None), "plan is NULL")

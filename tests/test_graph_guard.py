@@ -82,3 +82,28 @@ def test_packer_enqueue_writes_totals_for_a_known_layout(seed):
         assert tuple(packer.totals.tolist()) == expected
         assert torch.equal(buffers[0][:expected[1]].cpu(), ids.cpu()[host_mask].to(torch.int32))
     assert not packer.enqueue(ids[:, :20].contiguous(), mask[:, :20].contiguous(), None, *buffers)
+
+
+@pytest.mark.gpu
+def test_packer_enqueue_launches_a_guarded_graph_behind_the_prepare(seed):
+    """enqueue(..., then=guarded): the prepare step and the guarded graph in one C call; the graph
+    reads the totals that this call's prepare step wrote, so it runs for good inputs only."""
+    gen = torch.Generator().manual_seed(seed)
+    packer = ops.PaddedInputPacker(torch.device("cuda"), VOCAB, TYPE_VOCAB)
+    buffers = _packer_buffers(40 * 30, 50, False)
+    _, ids, mask, _, _ = padded_batch(gen, 40, 30, torch.int64, torch.int64, False)
+    packer(ids, mask, None, *buffers)
+    counter = torch.zeros(1, device="cuda")
+    guarded = ops.GuardedGraph(_counting_graph(counter), packer.totals, (1, 40 * 30), (1, 30))
+    for bad in (False, True, False):
+        lengths, ids, mask, _, _ = padded_batch(gen, 40, 30, torch.int64, torch.int64, False)
+        if bad:
+            mask[3, 0] = 2
+        counter.fill_(-5.0)  # poisoned: a skipped graph leaves it so
+        assert packer.enqueue(ids, mask, None, *buffers, then=guarded)
+        flags, total, longest = packer.results()
+        torch.cuda.synchronize()
+        assert (flags != 0) == bad and total == int(lengths.sum()) - bad
+        assert float(counter) == (-5.0 if bad else -4.0)
+        assert guarded.fits(flags, total, longest) == (not bad)
+    guarded.close()

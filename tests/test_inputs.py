@@ -167,6 +167,26 @@ def test_packer_checks_each_new_layout():
         packer(ids, None, None, bufs[0], None, bufs[2][:2])  # capacity 1 < batch 2
 
 
+@pytest.mark.gpu
+def test_packer_repacks_the_last_calls_lengths_after_its_scratch_grew(seed):
+    """Each layout's input plan keeps the lengths buffer it was made with; a larger batch's layout
+    grows the packer's buffer; repack() must still read where the last call wrote."""
+    gen = torch.Generator().manual_seed(seed)
+    packer = ops.PaddedInputPacker(torch.device("cuda"), VOCAB, TYPE_VOCAB)
+    bufs = _packer_buffers(50 * 20, 60, False)
+    small = padded_batch(gen, 3, 20, torch.int64, torch.int64, False)
+    packer(small[1], small[2], None, *bufs)  # plan for 3 rows, on a 6-row lengths buffer
+    packer(*padded_batch(gen, 50, 20, torch.int64, torch.int64, False)[1:3], None, *bufs)  # grows it
+    lengths, ids, mask, _, host_mask = padded_batch(gen, 3, 20, torch.int64, torch.int64, False)
+    assert packer.enqueue(ids, mask, None, *bufs)
+    total = int(lengths.sum())
+    assert packer.results() == (0, total, int(lengths.max()))
+    other = _packer_buffers(total + 3, 4, False)
+    packer.repack(ids, None, other[0], None, other[2])
+    assert torch.equal(other[0][:total].cpu(), ids.cpu()[host_mask].to(torch.int32))
+    assert torch.equal(other[2].cpu(), torch.cat([cu_of(lengths), torch.tensor([total], dtype=torch.int32)]))
+
+
 def _flags(ids, mask, types=None, type_vocab=TYPE_VOCAB) -> int:
     return int(ops.padded_input_stats(ids, mask, types, VOCAB, type_vocab)[ids.shape[0]])
 

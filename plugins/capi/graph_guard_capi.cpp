@@ -1,11 +1,8 @@
 // C ABI of the guarded CUDA graph (kernels/graph_guard.h): an opaque handle over its graph and
 // executable graph.
-#include "capi_util.h"
-#include "graph_guard.h"
+#include "graph_guard_capi.h"
 
-struct padfree_guarded_graph {
-    padfree::GuardedGraph graph;
-};
+#include "capi_util.h"
 
 namespace {
 
@@ -15,6 +12,17 @@ padfree_status cuda_failure(const char* what, cudaError_t err) {
 }
 
 }  // namespace
+
+namespace padfree {
+
+padfree_status launch_guarded_graph(padfree_guarded_graph* graph, cudaStream_t stream) {
+    PADFREE_REQUIRE(graph != nullptr, "graph is NULL");
+    const cudaError_t err = cudaGraphLaunch(graph->graph.exec, stream);
+    if (err != cudaSuccess) return cuda_failure("guarded_graph_launch", err);
+    return PADFREE_OK;
+}
+
+}  // namespace padfree
 
 extern "C" {
 
@@ -38,10 +46,7 @@ padfree_status padfree_guarded_graph_create(void* body, const int32_t* stats, in
 }
 
 padfree_status padfree_guarded_graph_launch(padfree_guarded_graph* graph, padfree_stream stream) {
-    PADFREE_REQUIRE(graph != nullptr, "graph is NULL");
-    const cudaError_t err = cudaGraphLaunch(graph->graph.exec, padfree::as_cuda_stream(stream));
-    if (err != cudaSuccess) return cuda_failure("guarded_graph_launch", err);
-    return PADFREE_OK;
+    return padfree::launch_guarded_graph(graph, padfree::as_cuda_stream(stream));
 }
 
 padfree_status padfree_guarded_graph_destroy(padfree_guarded_graph* graph) {

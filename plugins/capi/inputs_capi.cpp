@@ -3,7 +3,25 @@
 #include <limits>
 
 #include "capi_util.h"
+#include "graph_guard_capi.h"
 #include "inputs.h"
+
+// A prepare call's fixed arguments (padfree_input_plan_create), host_stats' mapping looked up once.
+struct padfree_input_plan {
+    int32_t mask_bytes;  // 0: no attention_mask
+    int32_t id_bytes;
+    bool token_types;
+    int32_t batch, padded_seqlen;
+    int64_t vocab_size, type_vocab_size;
+    int32_t* seqlens;
+    int32_t* stats;
+    int32_t* host_stats;
+    int32_t* host_stats_mapped;
+    int32_t cu_capacity, packed_capacity;
+    int32_t* packed_ids;
+    int32_t* packed_token_type_ids;
+    int32_t* cu_seqlens;
+};
 
 namespace {
 
@@ -17,13 +35,13 @@ padfree_status check_padded_shape(int32_t id_bytes, int32_t batch, int32_t padde
     return PADFREE_OK;
 }
 
-padfree_status check_stats_args(const void* attention_mask, int32_t mask_bytes, const void* input_ids,
-                                int32_t id_bytes, int32_t batch, int32_t padded_seqlen, int64_t vocab_size,
-                                int64_t type_vocab_size, const int32_t* seqlens, const int32_t* stats) {
-    PADFREE_REQUIRE(input_ids != nullptr, "input_ids is NULL");
+// The sizes and buffers of a stats pass (the inputs' pointers apart).
+padfree_status check_stats_sizes(bool has_mask, int32_t mask_bytes, int32_t id_bytes, int32_t batch,
+                                 int32_t padded_seqlen, int64_t vocab_size, int64_t type_vocab_size,
+                                 const int32_t* seqlens, const int32_t* stats) {
     PADFREE_REQUIRE(seqlens != nullptr, "seqlens is NULL");
     PADFREE_REQUIRE(stats != nullptr, "stats is NULL");
-    PADFREE_REQUIRE(attention_mask == nullptr || mask_bytes == 1 || mask_bytes == 4 || mask_bytes == 8,
+    PADFREE_REQUIRE(!has_mask || mask_bytes == 1 || mask_bytes == 4 || mask_bytes == 8,
                     "mask_bytes must be 1 (bool, uint8), 4 (int32) or 8 (int64), got ", mask_bytes);
     PADFREE_CHECK(check_padded_shape(id_bytes, batch, padded_seqlen));
     PADFREE_REQUIRE(vocab_size >= 0, "vocab_size must be >= 0, got ", vocab_size);
@@ -31,20 +49,37 @@ padfree_status check_stats_args(const void* attention_mask, int32_t mask_bytes, 
     return PADFREE_OK;
 }
 
-padfree_status check_pack_args(const void* input_ids, const void* token_type_ids, int32_t id_bytes,
-                               const int32_t* seqlens, int32_t batch, int32_t padded_seqlen, int32_t cu_capacity,
-                               int32_t packed_capacity, const int32_t* packed_ids,
-                               const int32_t* packed_token_type_ids, const int32_t* cu_seqlens) {
-    PADFREE_REQUIRE(input_ids != nullptr, "input_ids is NULL");
+// The sizes and buffers of a pack pass (the inputs' pointers apart).
+padfree_status check_pack_sizes(bool has_types, int32_t id_bytes, const int32_t* seqlens, int32_t batch,
+                                int32_t padded_seqlen, int32_t cu_capacity, int32_t packed_capacity,
+                                const int32_t* packed_ids, const int32_t* packed_token_type_ids,
+                                const int32_t* cu_seqlens) {
     PADFREE_REQUIRE(seqlens != nullptr, "seqlens is NULL");
     PADFREE_REQUIRE(packed_ids != nullptr, "packed_ids is NULL");
     PADFREE_REQUIRE(cu_seqlens != nullptr, "cu_seqlens is NULL");
-    PADFREE_REQUIRE(token_type_ids == nullptr || packed_token_type_ids != nullptr,
+    PADFREE_REQUIRE(!has_types || packed_token_type_ids != nullptr,
                     "packed_token_type_ids is NULL while token_type_ids is given");
     PADFREE_CHECK(check_padded_shape(id_bytes, batch, padded_seqlen));
     PADFREE_REQUIRE(cu_capacity >= batch, "cu_capacity must be >= batch (", batch, "), got ", cu_capacity);
     PADFREE_REQUIRE(packed_capacity >= 0, "packed_capacity must be >= 0, got ", packed_capacity);
     return PADFREE_OK;
+}
+
+padfree_status check_stats_args(const void* attention_mask, int32_t mask_bytes, const void* input_ids,
+                                int32_t id_bytes, int32_t batch, int32_t padded_seqlen, int64_t vocab_size,
+                                int64_t type_vocab_size, const int32_t* seqlens, const int32_t* stats) {
+    PADFREE_REQUIRE(input_ids != nullptr, "input_ids is NULL");
+    return check_stats_sizes(attention_mask != nullptr, mask_bytes, id_bytes, batch, padded_seqlen, vocab_size,
+                             type_vocab_size, seqlens, stats);
+}
+
+padfree_status check_pack_args(const void* input_ids, const void* token_type_ids, int32_t id_bytes,
+                               const int32_t* seqlens, int32_t batch, int32_t padded_seqlen, int32_t cu_capacity,
+                               int32_t packed_capacity, const int32_t* packed_ids,
+                               const int32_t* packed_token_type_ids, const int32_t* cu_seqlens) {
+    PADFREE_REQUIRE(input_ids != nullptr, "input_ids is NULL");
+    return check_pack_sizes(token_type_ids != nullptr, id_bytes, seqlens, batch, padded_seqlen, cu_capacity,
+                            packed_capacity, packed_ids, packed_token_type_ids, cu_seqlens);
 }
 
 }  // namespace
@@ -95,10 +130,57 @@ padfree_status padfree_prepare_padded_inputs(const void* attention_mask, int32_t
                                   packed_capacity, packed_ids, packed_token_type_ids, cu_seqlens));
     padfree::launch_prepare_padded_inputs(attention_mask, mask_bytes, input_ids, token_type_ids, id_bytes, batch,
                                           padded_seqlen, vocab_size, type_vocab_size, seqlens, stats, host_stats,
-                                          cu_capacity, packed_capacity, packed_ids, packed_token_type_ids,
-                                          cu_seqlens, padfree::as_cuda_stream(stream));
+                                          padfree::mapped_host_stats(host_stats), cu_capacity, packed_capacity,
+                                          packed_ids, packed_token_type_ids, cu_seqlens,
+                                          padfree::as_cuda_stream(stream));
     return padfree::check_launch("prepare_padded_inputs");
     PADFREE_CAPI_GUARD_END
+}
+
+padfree_status padfree_input_plan_create(int32_t mask_bytes, int32_t id_bytes, int32_t with_token_types,
+                                         int32_t batch, int32_t padded_seqlen, int64_t vocab_size,
+                                         int64_t type_vocab_size, int32_t* seqlens, int32_t* stats,
+                                         int32_t* host_stats, int32_t cu_capacity, int32_t packed_capacity,
+                                         int32_t* packed_ids, int32_t* packed_token_type_ids, int32_t* cu_seqlens,
+                                         padfree_input_plan** out) {
+    PADFREE_CAPI_GUARD_BEGIN
+    PADFREE_REQUIRE(out != nullptr, "out is NULL");
+    PADFREE_CHECK(check_stats_sizes(mask_bytes != 0, mask_bytes, id_bytes, batch, padded_seqlen, vocab_size,
+                                    type_vocab_size, seqlens, stats));
+    PADFREE_CHECK(check_pack_sizes(with_token_types != 0, id_bytes, seqlens, batch, padded_seqlen, cu_capacity,
+                                   packed_capacity, packed_ids, packed_token_type_ids, cu_seqlens));
+    *out = new padfree_input_plan{mask_bytes, id_bytes, with_token_types != 0, batch, padded_seqlen,
+                                  vocab_size, type_vocab_size, seqlens, stats, host_stats,
+                                  padfree::mapped_host_stats(host_stats), cu_capacity, packed_capacity,
+                                  packed_ids, packed_token_type_ids, cu_seqlens};
+    return PADFREE_OK;
+    PADFREE_CAPI_GUARD_END
+}
+
+padfree_status padfree_input_plan_launch(const padfree_input_plan* plan, const void* attention_mask,
+                                         const void* input_ids, const void* token_type_ids,
+                                         padfree_guarded_graph* then, padfree_stream stream) {
+    PADFREE_CAPI_GUARD_BEGIN
+    PADFREE_REQUIRE(plan != nullptr, "plan is NULL");
+    PADFREE_REQUIRE(input_ids != nullptr, "input_ids is NULL");
+    PADFREE_REQUIRE((attention_mask != nullptr) == (plan->mask_bytes != 0),
+                    "attention_mask must be given exactly where the plan has mask_bytes != 0");
+    PADFREE_REQUIRE((token_type_ids != nullptr) == plan->token_types,
+                    "token_type_ids must be given exactly where the plan was made with token types");
+    const cudaStream_t cuda_stream = padfree::as_cuda_stream(stream);
+    padfree::launch_prepare_padded_inputs(attention_mask, plan->mask_bytes, input_ids, token_type_ids, plan->id_bytes,
+                                          plan->batch, plan->padded_seqlen, plan->vocab_size, plan->type_vocab_size,
+                                          plan->seqlens, plan->stats, plan->host_stats, plan->host_stats_mapped,
+                                          plan->cu_capacity, plan->packed_capacity, plan->packed_ids,
+                                          plan->packed_token_type_ids, plan->cu_seqlens, cuda_stream);
+    PADFREE_CHECK(padfree::check_launch("input_plan_launch"));
+    return then == nullptr ? PADFREE_OK : padfree::launch_guarded_graph(then, cuda_stream);
+    PADFREE_CAPI_GUARD_END
+}
+
+padfree_status padfree_input_plan_destroy(padfree_input_plan* plan) {
+    delete plan;
+    return PADFREE_OK;
 }
 
 }  // extern "C"

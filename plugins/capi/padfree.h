@@ -31,8 +31,9 @@ extern "C" {
 #endif
 
 /* Bumped on any incompatible change of a signature below; the bindings refuse a mismatch.
- * 2: remove_padding, rebuild_padding and attention_varlen take total_tokens. 4: guarded graphs. */
-#define PADFREE_ABI_VERSION 4
+ * 2: remove_padding, rebuild_padding and attention_varlen take total_tokens. 4: guarded graphs.
+ * 5: input plans. */
+#define PADFREE_ABI_VERSION 5
 
 typedef enum padfree_status {
     PADFREE_OK = 0,
@@ -160,6 +161,27 @@ PADFREE_API padfree_status padfree_guarded_graph_create(void* body, const int32_
                                                         padfree_guarded_graph** out);
 PADFREE_API padfree_status padfree_guarded_graph_launch(padfree_guarded_graph* graph, padfree_stream stream);
 PADFREE_API padfree_status padfree_guarded_graph_destroy(padfree_guarded_graph* graph);
+
+/* ---- input plans: a prepare call's fixed arguments, for one foreign call per batch ------------ */
+
+/* padfree_prepare_padded_inputs' arguments but the inputs' addresses, checked once (mask_bytes 0:
+ * no attention_mask; with_token_types: token_type_ids are given and packed), with host_stats' mapped
+ * address looked up once: the buffers must outlive the plan. */
+typedef struct padfree_input_plan padfree_input_plan;
+PADFREE_API padfree_status padfree_input_plan_create(int32_t mask_bytes, int32_t id_bytes, int32_t with_token_types,
+                                                     int32_t batch, int32_t padded_seqlen, int64_t vocab_size,
+                                                     int64_t type_vocab_size, int32_t* seqlens, int32_t* stats,
+                                                     int32_t* host_stats, int32_t cu_capacity,
+                                                     int32_t packed_capacity, int32_t* packed_ids,
+                                                     int32_t* packed_token_type_ids, int32_t* cu_seqlens,
+                                                     padfree_input_plan** out);
+/* padfree_prepare_padded_inputs on inputs laid out as the plan says ([batch, padded_seqlen],
+ * contiguous), then, where `then` is not NULL, padfree_guarded_graph_launch(then): the HF-style
+ * call's whole host work in front of a speculative forward, in one call. */
+PADFREE_API padfree_status padfree_input_plan_launch(const padfree_input_plan* plan, const void* attention_mask,
+                                                     const void* input_ids, const void* token_type_ids,
+                                                     padfree_guarded_graph* then, padfree_stream stream);
+PADFREE_API padfree_status padfree_input_plan_destroy(padfree_input_plan* plan);
 
 /* ---- fused multi-head attention over variable-length sequences ------------------------------ */
 

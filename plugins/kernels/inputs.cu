@@ -43,35 +43,37 @@ struct RowStats {
     int flags;
 };
 
-// One warp measures and checks one row; every lane gets the result.
+// One warp measures and checks one row; every lane gets the result. Mask, ids and types are loaded
+// together in one pass, before the length is known: the checks that depend on it (ones form a
+// prefix, ids in range below it) come from the positions of the last one and of the first bad id
+// and type, reduced over the warp, so that no second round of loads waits for the length.
 __device__ __forceinline__ RowStats check_row(const PaddedInputs& in, int32_t row, int lane) {
     const int64_t base = static_cast<int64_t>(row) * in.padded_seqlen;
     int flags = 0;
     int count = 0;
-    if (in.mask == nullptr) {
-        count = lane == 0 ? in.padded_seqlen : 0;
-    } else {
+    int32_t last_one = -1;                                      // the row's last position of a 1
+    int32_t first_bad_id = in.padded_seqlen, first_bad_type = in.padded_seqlen;
 #pragma unroll 4  // independent loads in flight: a row is a few dependent round trips otherwise
-        for (int32_t j = lane; j < in.padded_seqlen; j += kWarpSize) {
-            const int64_t m = load_int(in.mask, in.mask_bytes, base + j);
-            count += m == 1;
-            if (m != 0 && m != 1) flags |= PADFREE_INPUT_MASK_VALUE;
-        }
-    }
-    const int32_t length = __reduce_add_sync(0xffffffffu, count);
-#pragma unroll 4
     for (int32_t j = lane; j < in.padded_seqlen; j += kWarpSize) {
-        const bool valid = j < length;
-        if (in.mask != nullptr && (load_int(in.mask, in.mask_bytes, base + j) == 1) != valid)
-            flags |= PADFREE_INPUT_MASK_ALIGN;  // a one after a zero: not right padding
-        if (!valid) continue;
+        const int64_t m = in.mask == nullptr ? 1 : load_int(in.mask, in.mask_bytes, base + j);
         const int64_t id = load_int(in.ids, in.id_bytes, base + j);
-        if (id < 0 || id >= in.vocab_size) flags |= PADFREE_INPUT_ID_RANGE;
-        if (in.types != nullptr) {
+        if (m == 1) {
+            ++count;
+            last_one = j;
+        } else if (m != 0) {
+            flags |= PADFREE_INPUT_MASK_VALUE;
+        }
+        if ((id < 0 || id >= in.vocab_size) && first_bad_id == in.padded_seqlen) first_bad_id = j;
+        if (in.types != nullptr && first_bad_type == in.padded_seqlen) {
             const int64_t type = load_int(in.types, in.id_bytes, base + j);
-            if (type < 0 || type >= in.type_vocab_size) flags |= PADFREE_INPUT_TYPE_RANGE;
+            if (type < 0 || type >= in.type_vocab_size) first_bad_type = j;
         }
     }
+    const int32_t length = static_cast<int32_t>(__reduce_add_sync(0xffffffffu, count));
+    // right padding: the ones are exactly positions [0, length)
+    if (__reduce_max_sync(0xffffffffu, last_one) != length - 1) flags |= PADFREE_INPUT_MASK_ALIGN;
+    if (__reduce_min_sync(0xffffffffu, first_bad_id) < length) flags |= PADFREE_INPUT_ID_RANGE;
+    if (__reduce_min_sync(0xffffffffu, first_bad_type) < length) flags |= PADFREE_INPUT_TYPE_RANGE;
     if (length == 0) flags |= PADFREE_INPUT_EMPTY_ROW;
     return {length, static_cast<int>(__reduce_or_sync(0xffffffffu, static_cast<unsigned>(flags)))};
 }
@@ -173,9 +175,10 @@ PackedOutputs packed_outputs(const void* token_type_ids, int32_t cu_capacity, in
             cu_seqlens};
 }
 
-// host_stats as a pointer kernels may store to: pinned host memory is mapped under unified
-// addressing (every 64-bit CUDA platform); null where it is not, and the caller copies instead.
-int32_t* device_view_of_host(int32_t* host_stats) {
+}  // namespace
+
+// Pinned host memory is mapped under unified addressing (every 64-bit CUDA platform).
+int32_t* mapped_host_stats(int32_t* host_stats) {
     void* device = nullptr;
     if (host_stats == nullptr || cudaHostGetDevicePointer(&device, host_stats, 0) != cudaSuccess) {
         cudaGetLastError();  // not mapped (pageable memory): not an error of this call
@@ -183,8 +186,6 @@ int32_t* device_view_of_host(int32_t* host_stats) {
     }
     return static_cast<int32_t*>(device);
 }
-
-}  // namespace
 
 void launch_padded_input_stats(const void* mask, int mask_bytes, const void* input_ids,
                                const void* token_type_ids, int id_bytes, int32_t batch,
@@ -213,12 +214,11 @@ void launch_pack_padded_inputs(const void* input_ids, const void* token_type_ids
 void launch_prepare_padded_inputs(const void* mask, int mask_bytes, const void* input_ids,
                                   const void* token_type_ids, int id_bytes, int32_t batch, int32_t padded_seqlen,
                                   int64_t vocab_size, int64_t type_vocab_size, int32_t* seqlens, int32_t* stats,
-                                  int32_t* host_stats, int32_t cu_capacity, int32_t packed_capacity,
-                                  int32_t* packed_ids, int32_t* packed_token_type_ids, int32_t* cu_seqlens,
-                                  cudaStream_t stream) {
+                                  int32_t* host_stats, int32_t* host_stats_mapped, int32_t cu_capacity,
+                                  int32_t packed_capacity, int32_t* packed_ids, int32_t* packed_token_type_ids,
+                                  int32_t* cu_seqlens, cudaStream_t stream) {
     const bool small = static_cast<int64_t>(batch) * padded_seqlen <= kOneBlockMaxPositions;
-    int32_t* mapped = small ? device_view_of_host(host_stats) : nullptr;
-    if (!small || (host_stats != nullptr && mapped == nullptr)) {  // large, or unmapped: separate launches
+    if (!small || (host_stats != nullptr && host_stats_mapped == nullptr)) {  // large, or unmapped: separate launches
         launch_padded_input_stats(mask, mask_bytes, input_ids, token_type_ids, id_bytes, batch, padded_seqlen,
                                   vocab_size, type_vocab_size, seqlens, stats, host_stats, stream);
         launch_pack_padded_inputs(input_ids, token_type_ids, id_bytes, seqlens, batch, padded_seqlen, cu_capacity,
@@ -228,7 +228,7 @@ void launch_prepare_padded_inputs(const void* mask, int mask_bytes, const void* 
     launch_kernel(one_block_prepare_kernel, 1, kOneBlockThreads, 0, stream,
                   PaddedInputs{mask, mask_bytes, input_ids, token_type_ids, id_bytes, batch, padded_seqlen,
                                vocab_size, type_vocab_size},
-                  seqlens, stats, mapped,
+                  seqlens, stats, host_stats_mapped,
                   packed_outputs(token_type_ids, cu_capacity, packed_capacity, packed_ids, packed_token_type_ids,
                                  cu_seqlens));
 }

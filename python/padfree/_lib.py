@@ -11,7 +11,7 @@ import os
 from ctypes import c_char_p, c_float, c_int, c_int32, c_int64, c_uint32, c_void_p
 from pathlib import Path
 
-ABI_VERSION = 4  # must match PADFREE_ABI_VERSION in plugins/capi/padfree.h
+ABI_VERSION = 5  # must match PADFREE_ABI_VERSION in plugins/capi/padfree.h
 
 _p = c_void_p
 _i32p = c_void_p  # device int32 pointers travel as plain addresses
@@ -43,6 +43,10 @@ _SIGNATURES: dict[str, list] = {
     "padfree_guarded_graph_create": [_p, _i32p, c_int32, c_int32, c_int32, c_int32, ctypes.POINTER(c_void_p)],
     "padfree_guarded_graph_launch": [_p, _p],
     "padfree_guarded_graph_destroy": [_p],
+    "padfree_input_plan_create": [c_int32, c_int32, c_int32, c_int32, c_int32, c_int64, c_int64, _i32p, _i32p,
+                                  _i32p, c_int32, c_int32, _i32p, _i32p, _i32p, ctypes.POINTER(c_void_p)],
+    "padfree_input_plan_launch": [_p, _p, _p, _p, _p, _p],
+    "padfree_input_plan_destroy": [_p],
 }
 _RESTYPES = {
     "padfree_abi_version": c_int,

@@ -38,6 +38,11 @@ class GuardedGraph:
         """The device's predicate, for the host to tell afterwards whether the graph ran."""
         return flags == 0 and self.total[0] <= total <= self.total[1] and self.longest[0] <= longest <= self.longest[1]
 
+    @property
+    def handle(self) -> ctypes.c_void_p:
+        """The padfree_guarded_graph* (PaddedInputPacker.enqueue launches it in its own C call)."""
+        return self._handle
+
     def launch(self) -> None:
         """Enqueue on the current stream of the graph's device."""
         call_kernel("padfree_guarded_graph_launch", self.device, self._handle, stream_handle(self.device))

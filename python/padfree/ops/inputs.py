@@ -5,6 +5,7 @@ writes them. The host never reads the padded tensors themselves. PaddedInputPack
 the read-back as one lean call, for a caller whose packed buffers do not depend on the total."""
 from __future__ import annotations
 
+import ctypes
 import time
 
 import torch
@@ -83,18 +84,37 @@ def _layout(t):
     return None if t is None else (t.shape, t.dtype, t.get_device(), t.stride())
 
 
+class _InputPlan:
+    """A padfree_input_plan (the prepare call's fixed arguments) and the seqlens buffer it writes."""
+
+    def __init__(self, seqlens: torch.Tensor, *args):
+        from .. import _lib
+
+        handle = ctypes.c_void_p()
+        _lib.call("padfree_input_plan_create", *args, ctypes.byref(handle))
+        self.handle, self.seqlens = handle, seqlens
+
+    def __del__(self):
+        try:
+            from .. import _lib
+            _lib.call("padfree_input_plan_destroy", self.handle)
+        except Exception:  # interpreter shutdown: the library may be gone already
+            pass
+
+
 class PaddedInputPacker:
     """padded_input_stats, pack_padded_inputs and the read-back of flags / total / longest, with the
     fewest host instructions: the HF-style call of padfree.torch runs these before its CUDA graph can
     start, so the GPU idles through every one (NOTES-bert.md v7).
 
     The first call with a given layout of its inputs (shapes, dtypes, device, strides) and packed
-    buffers (the same tensor objects) runs the checked bindings above; later calls with both skip their
-    Python checks and make one C call
-    (padfree_prepare_padded_inputs: the same results, in one kernel where the batch is small; the C
-    ABI still checks sizes, and packing writes nothing past the packed buffers). The pack is enqueued
-    before the read-back: when the total exceeds packed_ids, the buffers hold a cut batch and the
-    caller packs again into larger ones with repack().
+    buffers (the same tensor objects) runs the checked bindings above and makes an input plan for the
+    layout (padfree_input_plan_create: the prepare call's other arguments, checked once); later calls
+    with both skip their Python checks and make one C call with the inputs' addresses
+    (padfree_input_plan_launch: padfree_prepare_padded_inputs' results, in one kernel where the batch
+    is small; packing writes nothing past the packed buffers). The pack is enqueued before the
+    read-back: when the total exceeds packed_ids, the buffers hold a cut batch and the caller packs
+    again into larger ones with repack().
     """
 
     MAX_LAYOUTS = 64  # forgets them all past this (a cache, not a registry)
@@ -109,12 +129,11 @@ class PaddedInputPacker:
         self._host = torch.empty(3, dtype=torch.int32, pin_memory=True)
         self._host_values = self._host.numpy()
         self._seqlens = torch.empty(0, dtype=torch.int32, device=self.device)
+        self._last_seqlens = self._seqlens  # where the last call's lengths are (repack reads them)
         self._totals = torch.empty(3, dtype=torch.int32, device=self.device)
-        # The packed buffers the accepted layouts were checked with, kept alive (so identity is a
-        # sound test), and their sizes and addresses as the C call takes them.
+        # The packed buffers the plans were made for, kept alive (so identity is a sound test).
         self._buffers: tuple = ()
-        self._buffer_args: tuple = ()
-        self._layouts: set = set()
+        self._plans: dict = {}  # layout of (input_ids, attention_mask, token_type_ids) -> _InputPlan
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                  token_type_ids: torch.Tensor | None, packed_ids: torch.Tensor,
@@ -132,33 +151,29 @@ class PaddedInputPacker:
 
     def enqueue(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                 token_type_ids: torch.Tensor | None, packed_ids: torch.Tensor,
-                packed_token_type_ids: torch.Tensor | None, cu_seqlens: torch.Tensor) -> bool:
+                packed_token_type_ids: torch.Tensor | None, cu_seqlens: torch.Tensor, then=None) -> bool:
         """The one C call without the read-back, where the inputs and buffers are laid out as in an
         earlier call (True: enqueued, its flags / total / longest land in `totals` on the device and
         are read with results()); False where they are not, and nothing ran (the caller then calls
-        the packer, which checks them). Lets a caller enqueue work that reads `totals`
-        (padfree.ops.GuardedGraph) before the read-back."""
+        the packer, which checks them). then: a padfree.ops.GuardedGraph over `totals` to launch in
+        the same C call, right behind (only where True is returned)."""
         from .. import _lib
 
         buffers = (packed_ids, packed_token_type_ids, cu_seqlens)
         if len(self._buffers) != 3 or any(a is not b for a, b in zip(buffers, self._buffers)):
-            self._layouts.clear()  # accepted with other buffers (their sizes are part of the checks)
+            self._plans.clear()  # made with other buffers (their sizes are part of the checks)
             self._buffers = ()
             return False
         try:
-            layout = (_layout(input_ids), _layout(attention_mask), _layout(token_type_ids))
+            plan = self._plans.get((_layout(input_ids), _layout(attention_mask), _layout(token_type_ids)))
         except AttributeError:  # not tensors: the checked bindings say what is wrong
             return False
-        if layout not in self._layouts or torch.cuda.current_device() != self.device.index:
+        if plan is None or torch.cuda.current_device() != self.device.index:
             return False
-        batch, width = input_ids.shape
-        stream = stream_handle(self.device)
-        mask_bytes = 0 if attention_mask is None else MASK_BYTES[attention_mask.dtype]
         self._host_values.fill(-1)  # results() waits until all three are written
-        _lib.call("padfree_prepare_padded_inputs", ptr(attention_mask), mask_bytes, input_ids.data_ptr(),
-                  ptr(token_type_ids), ID_BYTES[input_ids.dtype], batch, width, *self._vocab,
-                  self._seqlens_for(batch).data_ptr(), self._totals.data_ptr(), self._host.data_ptr(),
-                  *self._buffer_args, stream)
+        self._last_seqlens = plan.seqlens
+        _lib.call("padfree_input_plan_launch", plan.handle, ptr(attention_mask), input_ids.data_ptr(),
+                  ptr(token_type_ids), None if then is None else then.handle, stream_handle(self.device))
         return True
 
     @property
@@ -186,27 +201,35 @@ class PaddedInputPacker:
                 return flags, total, longest
 
     def _checked(self, input_ids, attention_mask, token_type_ids, packed_ids, packed_token_type_ids, cu_seqlens):
-        """The checked bindings (first call with a layout); on success the layout is accepted."""
+        """The checked bindings (first call with a layout); on success the layout gets a plan."""
         check(input_ids, "input_ids", dtype=tuple(ID_BYTES), shape=[None, None], device=self.device)
-        batch = input_ids.shape[0]
+        batch, width = input_ids.shape
         stats = torch.empty(batch + 3, dtype=torch.int32, device=self.device)
         padded_input_stats(input_ids, attention_mask, token_type_ids, *self._vocab, out=stats,
                            host_stats=self._host)
-        seqlens = self._seqlens_for(batch)[:batch]
-        seqlens.copy_(stats[:batch])
-        pack_padded_inputs(input_ids, token_type_ids, seqlens, packed_ids, packed_token_type_ids, cu_seqlens)
+        seqlens = self._seqlens_for(batch)
+        seqlens[:batch].copy_(stats[:batch])
+        pack_padded_inputs(input_ids, token_type_ids, seqlens[:batch], packed_ids, packed_token_type_ids,
+                           cu_seqlens)
+        self._last_seqlens = seqlens
         stream_synchronize(self.device)
-        if len(self._layouts) >= self.MAX_LAYOUTS:
-            self._layouts.clear()
-        self._layouts.add((_layout(input_ids), _layout(attention_mask), _layout(token_type_ids)))
+        if self._buffers != () and any(a is not b for a, b in
+                                       zip((packed_ids, packed_token_type_ids, cu_seqlens), self._buffers)):
+            self._plans.clear()
+        if len(self._plans) >= self.MAX_LAYOUTS:
+            self._plans.clear()
+        mask_bytes = 0 if attention_mask is None else MASK_BYTES[attention_mask.dtype]
+        self._plans[(_layout(input_ids), _layout(attention_mask), _layout(token_type_ids))] = _InputPlan(
+            seqlens, mask_bytes, ID_BYTES[input_ids.dtype], int(token_type_ids is not None), batch, width,
+            *self._vocab, seqlens.data_ptr(), self._totals.data_ptr(), self._host.data_ptr(),
+            cu_seqlens.shape[0] - 1, packed_ids.shape[0], packed_ids.data_ptr(), ptr(packed_token_type_ids),
+            cu_seqlens.data_ptr())
         self._buffers = (packed_ids, packed_token_type_ids, cu_seqlens)
-        self._buffer_args = (cu_seqlens.shape[0] - 1, packed_ids.shape[0], packed_ids.data_ptr(),
-                             ptr(packed_token_type_ids), cu_seqlens.data_ptr())
 
     def repack(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, packed_ids: torch.Tensor,
                packed_token_type_ids: torch.Tensor | None, cu_seqlens: torch.Tensor) -> None:
         """Pack the last call's inputs again, into other buffers (its seqlens are kept on the device)."""
-        pack_padded_inputs(input_ids, token_type_ids, self._seqlens[:input_ids.shape[0]], packed_ids,
+        pack_padded_inputs(input_ids, token_type_ids, self._last_seqlens[:input_ids.shape[0]], packed_ids,
                            packed_token_type_ids, cu_seqlens)
 
     def _seqlens_for(self, batch: int) -> torch.Tensor:

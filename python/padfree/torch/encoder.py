@@ -382,9 +382,8 @@ class PadfreeEncoder:
         if g is None:  # no guess, or its graph was evicted since
             return None, None
         guarded = self._guarded(g)
-        if guarded is None or not self._device_inputs.enqueue(input_ids, attention_mask, token_type_ids):
+        if guarded is None or not self._device_inputs.enqueue(input_ids, attention_mask, token_type_ids, guarded):
             return None, None
-        guarded.launch()
         batch = self._device_inputs.finish()
         if guarded.fits(0, batch.total_tokens, batch.max_seqlen):
             return batch, self._served(g, batch)

@@ -150,16 +150,17 @@ class DeviceInputs:
             return self._on_host(input_ids, attention_mask, token_type_ids)
         return self._batch(flags, total, longest, input_ids, attention_mask, token_type_ids, packed)
 
-    def enqueue(self, input_ids, attention_mask, token_type_ids) -> bool:
+    def enqueue(self, input_ids, attention_mask, token_type_ids, then=None) -> bool:
         """The packer's one C call without its read-back (PaddedInputPacker.enqueue), where the inputs
         are laid out as in an earlier call: True (then finish() reads back and makes the Batch), or
-        False and nothing ran. Work enqueued in between may read `totals` on the device."""
+        False and nothing ran. then: a GuardedGraph over `totals`, launched in the same C call; work
+        enqueued later may read `totals` on the device too."""
         if self._packer is None or not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
             return False
         packed = self._buffer(input_ids.shape[0])
         types = packed.token_type_ids if token_type_ids is not None else None
         if not self._packer.enqueue(input_ids, attention_mask, token_type_ids, packed.input_ids, types,
-                                    packed.cu_seqlens):
+                                    packed.cu_seqlens, then):
             return False
         self._pending = (input_ids, attention_mask, token_type_ids, packed)
         return True
