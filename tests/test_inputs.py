@@ -97,10 +97,10 @@ def _packer_buffers(tokens, capacity, types):
             torch.full((capacity + 1,), POISON, dtype=torch.int32, device="cuda"))
 
 
-# 70x512 is past one CTA's 32K positions; 2000 rows make the one CTA scan in two chunks
+# 70x512 is past one CTA's 32K positions, 3000 rows past its 2048; 2048 rows make it scan in two chunks
 @pytest.mark.gpu
 @pytest.mark.parametrize("types", [True, False])
-@pytest.mark.parametrize("batch, width", [(9, 40), (1, 1), (70, 512), (1000, 8), (2000, 4)])
+@pytest.mark.parametrize("batch, width", [(9, 40), (1, 1), (70, 512), (1000, 8), (2048, 4), (3000, 4)])
 def test_packer_matches_the_checked_calls_on_every_call(seed, types, batch, width):
     """PaddedInputPacker's first call (checked bindings) and later ones (one prepare_padded_inputs call
     for a known layout) both equal padded_input_stats + pack_padded_inputs, batch after fresh batch."""

@@ -133,7 +133,7 @@ PADFREE_API padfree_status padfree_pack_padded_inputs(const void* input_ids, con
 
 /* padfree_padded_input_stats and padfree_pack_padded_inputs in one call, with their arguments and
  * results (host_stats filled once the stream gets there), for callers whose packed buffers do not
- * depend on the total: up to 32K positions in one GPU operation instead of five (a host write
+ * depend on the total: up to 32K positions (2048 rows) in one GPU operation instead of five (a host write
  * through host_stats' mapped address instead of a copy), the latency in front of an HF-style call's
  * CUDA graph. When the total exceeds packed_capacity the buffers hold a cut batch: pack again. */
 PADFREE_API padfree_status padfree_prepare_padded_inputs(const void* attention_mask, int32_t mask_bytes,

@@ -17,6 +17,7 @@ constexpr int kWarpsPerStatsBlock = 4;
 // writes cu_seqlens and the host's copy of the totals (prepare_padded_inputs).
 constexpr int kOneBlockThreads = 1024;
 constexpr int64_t kOneBlockMaxPositions = 1 << 15;
+constexpr int32_t kOneBlockMaxRows = 2048;  // lengths and starts in shared memory (16 KB)
 
 __device__ __forceinline__ int64_t load_int(const void* base, int bytes, int64_t i) {
     switch (bytes) {
@@ -117,14 +118,18 @@ __global__ void padded_input_stats_kernel(PaddedInputs in, int32_t* seqlens, int
 }
 
 // The whole prepare step for a small batch in one CTA, which has every length: the totals (no memset
-// first), cu_seqlens with its capacity tail (no scan launch), the pack (no pack launch), and last the
+// first), cu_seqlens with its capacity tail (no scan launch), the pack (no pack launch), and the
 // totals' host copy (a store to mapped host memory instead of a copy launch). In front of the
-// HF-style call's graph, each launch saved is latency the GPU idles through.
-__global__ void __launch_bounds__(kOneBlockThreads) one_block_prepare_kernel(PaddedInputs in, int32_t* seqlens,
+// HF-style call's graph, each launch saved is latency the GPU idles through; inside, lengths and
+// starts stay in shared memory, so the scan and the pack wait for no global round trip. The host
+// copy gets no system fence: it is the kernel's last word to a host that polls until all three
+// values are written (set to -1 before), and a fence would only hold the next kernel back.
+__global__ void __launch_bounds__(kOneBlockThreads, 1) one_block_prepare_kernel(PaddedInputs in, int32_t* seqlens,
                                                                             int32_t* stats, int32_t* host_stats,
                                                                             PackedOutputs out) {
     wait_on_producer();
     __shared__ int flags, longest;
+    __shared__ int32_t lengths[kOneBlockMaxRows], starts[kOneBlockMaxRows + 1];
     if (threadIdx.x == 0) flags = longest = 0;
     __syncthreads();
     const int lane = threadIdx.x % kWarpSize;
@@ -133,17 +138,14 @@ __global__ void __launch_bounds__(kOneBlockThreads) one_block_prepare_kernel(Pad
     for (int32_t row = warp; row < in.batch; row += warps) {
         const RowStats r = check_row(in, row, lane);
         if (lane == 0) {
-            seqlens[row] = r.length;
+            lengths[row] = seqlens[row] = r.length;
             if (r.flags) atomicOr(&flags, r.flags);
             atomicMax(&longest, r.length);
         }
     }
-    __syncthreads();  // seqlens (global) and the shared totals are complete and visible to the block
-    const int total = block_prefix_sum(seqlens, in.batch, out.cu_seqlens);
-    for (int32_t b = in.batch + 1 + threadIdx.x; b <= out.cu_capacity; b += blockDim.x) out.cu_seqlens[b] = total;
-    __syncthreads();  // cu_seqlens complete
-    for (int32_t row = warp; row < in.batch; row += warps)
-        pack_row(in, row, seqlens[row], out.cu_seqlens[row], out, lane, kWarpSize);
+    __syncthreads();  // lengths and the shared totals are complete
+    const int total = block_prefix_sum(lengths, in.batch, starts);
+    __syncthreads();  // starts complete
     if (threadIdx.x == 0) {
         stats[0] = flags;
         stats[1] = total;
@@ -152,9 +154,12 @@ __global__ void __launch_bounds__(kOneBlockThreads) one_block_prepare_kernel(Pad
             host_stats[0] = flags;
             host_stats[1] = total;
             host_stats[2] = longest;
-            __threadfence_system();
         }
     }
+    for (int32_t b = threadIdx.x; b <= out.cu_capacity; b += blockDim.x)
+        out.cu_seqlens[b] = b <= in.batch ? starts[b] : total;
+    for (int32_t row = warp; row < in.batch; row += warps)
+        pack_row(in, row, lengths[row], starts[row], out, lane, kWarpSize);
 }
 
 // Block per row: copies its ids to cu_seqlens[row] onwards; block 0 also writes the capacity tail.
@@ -217,7 +222,7 @@ void launch_prepare_padded_inputs(const void* mask, int mask_bytes, const void* 
                                   int32_t* host_stats, int32_t* host_stats_mapped, int32_t cu_capacity,
                                   int32_t packed_capacity, int32_t* packed_ids, int32_t* packed_token_type_ids,
                                   int32_t* cu_seqlens, cudaStream_t stream) {
-    const bool small = static_cast<int64_t>(batch) * padded_seqlen <= kOneBlockMaxPositions;
+    const bool small = static_cast<int64_t>(batch) * padded_seqlen <= kOneBlockMaxPositions && batch <= kOneBlockMaxRows;
     if (!small || (host_stats != nullptr && host_stats_mapped == nullptr)) {  // large, or unmapped: separate launches
         launch_padded_input_stats(mask, mask_bytes, input_ids, token_type_ids, id_bytes, batch, padded_seqlen,
                                   vocab_size, type_vocab_size, seqlens, stats, host_stats, stream);

@@ -36,9 +36,10 @@ void launch_pack_padded_inputs(const void* input_ids, const void* token_type_ids
 int32_t* mapped_host_stats(int32_t* host_stats);
 
 // Both of the above, same results (cu_seqlens written, host_stats filled when the stream gets there),
-// in as few GPU operations as the size allows: for up to 32K positions one CTA measures, sums, scans,
-// packs and stores to host_stats through host_stats_mapped (mapped_host_stats(host_stats)); beyond,
-// or where host_stats is not mapped, the five operations of the two calls above.
+// in as few GPU operations as the size allows: for up to 32K positions in up to 2048 rows one CTA
+// measures, sums, scans, packs and stores to host_stats through host_stats_mapped
+// (mapped_host_stats(host_stats)); beyond, or where host_stats is not mapped, the five operations of
+// the two calls above.
 void launch_prepare_padded_inputs(const void* mask, int mask_bytes, const void* input_ids,
                                   const void* token_type_ids, int id_bytes, int32_t batch, int32_t padded_seqlen,
                                   int64_t vocab_size, int64_t type_vocab_size, int32_t* seqlens, int32_t* stats,

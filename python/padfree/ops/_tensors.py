@@ -77,6 +77,17 @@ def ptr(t: torch.Tensor | None) -> int | None:
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
+# torch's device getter without current_device()'s lazy-init check: 0.2 us against 0.35-1.3 on the
+# H100 machine's CPU, on the HF-style call's path to its first launch (callers hold CUDA tensors, so
+# CUDA is initialized).
+_get_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+
+
+def current_device() -> int:
+    """The current CUDA device's index."""
+    return _get_device()
+
+
 def stream_handle(device: torch.device) -> int:
     """The current torch CUDA stream of `device`, as the raw cudaStream_t the ABI takes."""
     if _raw_stream is not None and device.index is not None:

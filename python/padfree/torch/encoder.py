@@ -24,7 +24,7 @@ import torch
 
 from .. import ops as _default_ops
 from .._lib import PadfreeError
-from ..ops._tensors import INT32_MAX, InputError
+from ..ops._tensors import INT32_MAX, InputError, current_device
 from ..runtime.backend import Limits, check_packed
 from .buckets import LRU, Bucket, bucket_for, round_seqlen, round_tokens
 from .ffn import FfnUp, epilogue_matches
@@ -124,6 +124,7 @@ class PadfreeEncoder:
         self.device = weights.word_embeddings.device
         self.dtype = weights.word_embeddings.dtype
         self.use_graphs = use_graphs and self.device.type == "cuda"
+        self._device_index = self.device.index if self.device.type == "cuda" else None
         self.softmax_scale = 1.0 / math.sqrt(weights.head_dim)
         if use_epilogue is None:
             use_epilogue = epilogue_matches(weights.activation, self.dtype, self.device,
@@ -322,7 +323,7 @@ class PadfreeEncoder:
         self._guesses.clear()
 
     def _device_guard(self):
-        if self.device.type == "cuda" and torch.cuda.current_device() != self.device.index:
+        if self._device_index is not None and current_device() != self._device_index:
             return torch.cuda.device(self.device)
         return contextlib.nullcontext()
 
@@ -354,16 +355,18 @@ class PadfreeEncoder:
         the GPU (their token count must reach the host) and where a new bucket's graph is captured;
         GPU inputs shaped as an earlier call's launch that call's graph first, behind a device-side
         check that they fit it (_speculate), so the GPU need not idle through the wait."""
-        with self._device_guard():
-            batch, outputs = self._speculate(input_ids, attention_mask, token_type_ids)
-            if outputs is None:
-                if batch is None:
-                    batch = self.prepare(input_ids, attention_mask, token_type_ids)
-                outputs = self._execute(batch)
-                self._remember(input_ids, token_type_ids, batch)
-            hidden, pooled, cu_seqlens = outputs
-            last = self._ops.rebuild_padding(hidden, cu_seqlens, batch.padded_width)
-            pooled = None if pooled is None else pooled.clone()
+        if self._device_index is not None and current_device() != self._device_index:
+            with torch.cuda.device(self.device):
+                return self.__call__(input_ids, attention_mask, token_type_ids)
+        batch, outputs = self._speculate(input_ids, attention_mask, token_type_ids)
+        if outputs is None:
+            if batch is None:
+                batch = self.prepare(input_ids, attention_mask, token_type_ids)
+            outputs = self._execute(batch)
+            self._remember(input_ids, token_type_ids, batch)
+        hidden, pooled, cu_seqlens = outputs
+        last = self._ops.rebuild_padding(hidden, cu_seqlens, batch.padded_width)
+        pooled = None if pooled is None else pooled.clone()
         from transformers.modeling_outputs import BaseModelOutput, BaseModelOutputWithPooling
         if self.has_pooler:
             return BaseModelOutputWithPooling(last_hidden_state=last, pooler_output=pooled)
@@ -390,9 +393,9 @@ class PadfreeEncoder:
         return batch, None
 
     def _guess_key(self, input_ids, token_type_ids):
-        if not self.use_graphs or not isinstance(input_ids, torch.Tensor) or input_ids.device.type != "cuda":
+        if not self.use_graphs or not isinstance(input_ids, torch.Tensor) or not input_ids.is_cuda:
             return None
-        return tuple(input_ids.shape), token_type_ids is not None
+        return input_ids.shape, token_type_ids is not None
 
     def _remember(self, input_ids, token_type_ids, batch: Batch) -> None:
         key = self._guess_key(input_ids, token_type_ids)
