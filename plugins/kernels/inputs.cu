@@ -122,8 +122,9 @@ __global__ void padded_input_stats_kernel(PaddedInputs in, int32_t* seqlens, int
 // totals' host copy (a store to mapped host memory instead of a copy launch). In front of the
 // HF-style call's graph, each launch saved is latency the GPU idles through; inside, lengths and
 // starts stay in shared memory, so the scan and the pack wait for no global round trip. The host
-// copy gets no system fence: it is the kernel's last word to a host that polls until all three
-// values are written (set to -1 before), and a fence would only hold the next kernel back.
+// copy is written before the pack and without a system fence: the host polls until all three values
+// are written (it set them to -1) and then only enqueues work behind this kernel, so a fence would
+// only hold the kernel back.
 __global__ void __launch_bounds__(kOneBlockThreads, 1) one_block_prepare_kernel(PaddedInputs in, int32_t* seqlens,
                                                                             int32_t* stats, int32_t* host_stats,
                                                                             PackedOutputs out) {
