@@ -216,9 +216,7 @@ class PaddedInputPacker:
                            cu_seqlens)
         self._last_seqlens = seqlens
         stream_synchronize(self.device)
-        if self._buffers != () and any(a is not b for a, b in
-                                       zip((packed_ids, packed_token_type_ids, cu_seqlens), self._buffers)):
-            self._plans.clear()
+        # (plans made for other buffers were dropped by enqueue(), which always runs first)
         if len(self._plans) >= self.MAX_LAYOUTS:
             self._plans.clear()
         mask_bytes = 0 if attention_mask is None else MASK_BYTES[attention_mask.dtype]

@@ -322,10 +322,12 @@ class PadfreeEncoder:
         self._graphs.clear()
         self._guesses.clear()
 
+    def _off_device(self) -> bool:
+        """Whether the current CUDA device is not the encoder's (kernels launch on the current one)."""
+        return self._device_index is not None and current_device() != self._device_index
+
     def _device_guard(self):
-        if self._device_index is not None and current_device() != self._device_index:
-            return torch.cuda.device(self.device)
-        return contextlib.nullcontext()
+        return torch.cuda.device(self.device) if self._off_device() else contextlib.nullcontext()
 
     # ---- the HF-style call -----------------------------------------------------------------------
 
@@ -355,7 +357,7 @@ class PadfreeEncoder:
         the GPU (their token count must reach the host) and where a new bucket's graph is captured;
         GPU inputs shaped as an earlier call's launch that call's graph first, behind a device-side
         check that they fit it (_speculate), so the GPU need not idle through the wait."""
-        if self._device_index is not None and current_device() != self._device_index:
+        if self._off_device():  # switch and call again: the usual path pays no context manager
             with torch.cuda.device(self.device):
                 return self.__call__(input_ids, attention_mask, token_type_ids)
         batch, outputs = self._speculate(input_ids, attention_mask, token_type_ids)
