@@ -396,3 +396,23 @@ def test_input_plan_launch_refuses_inputs_it_was_not_made_for(plan_over, launch,
     finally:
         _lib.call("padfree_input_plan_destroy", handle)
     expect_invalid("padfree_input_plan_launch", (None, A, A, None, None, None), "plan is NULL")
+
+
+def test_graph_edge_calls_refuse_bad_arguments():
+    count, handle = ctypes.c_int32(), ctypes.c_void_p()
+    functions = (ctypes.c_void_p * 1)(A)
+    expect_invalid("padfree_graph_consumers", (None, None, 0, ctypes.byref(count)), "graph is NULL")
+    expect_invalid("padfree_graph_consumers", (A, None, 0, None), "count is NULL")
+    expect_invalid("padfree_graph_consumers", (A, None, -1, ctypes.byref(count)), "capacity must be >= 0")
+    expect_invalid("padfree_graph_consumers", (A, None, 2, ctypes.byref(count)), "functions is NULL")
+    expect_invalid("padfree_graph_relax_edges", (None, functions, 1, ctypes.byref(count)), "graph is NULL")
+    expect_invalid("padfree_graph_relax_edges", (A, functions, -1, ctypes.byref(count)), "count must be >= 0")
+    expect_invalid("padfree_graph_relax_edges", (A, None, 1, ctypes.byref(count)), "functions is NULL")
+    expect_invalid("padfree_graph_relax_edges", (A, functions, 1, None), "relaxed is NULL")
+    expect_invalid("padfree_graph_exec_create", (None, None, 0, ctypes.byref(count), ctypes.byref(handle)),
+                   "graph is NULL")
+    expect_invalid("padfree_graph_exec_create", (A, None, 1, ctypes.byref(count), ctypes.byref(handle)),
+                   "functions is NULL")
+    expect_invalid("padfree_graph_exec_create", (A, None, 0, ctypes.byref(count), None), "out is NULL")
+    expect_invalid("padfree_graph_exec_launch", (None, None), "exec is NULL")
+    assert raw("padfree_graph_exec_destroy", None)[0] == 0

@@ -32,8 +32,8 @@ extern "C" {
 
 /* Bumped on any incompatible change of a signature below; the bindings refuse a mismatch.
  * 2: remove_padding, rebuild_padding and attention_varlen take total_tokens. 4: guarded graphs.
- * 5: input plans. */
-#define PADFREE_ABI_VERSION 5
+ * 5: input plans. 6: programmatic edges into other libraries' kernels. */
+#define PADFREE_ABI_VERSION 6
 
 typedef enum padfree_status {
     PADFREE_OK = 0,
@@ -161,6 +161,28 @@ PADFREE_API padfree_status padfree_guarded_graph_create(void* body, const int32_
                                                         padfree_guarded_graph** out);
 PADFREE_API padfree_status padfree_guarded_graph_launch(padfree_guarded_graph* graph, padfree_stream stream);
 PADFREE_API padfree_status padfree_guarded_graph_destroy(padfree_guarded_graph* graph);
+
+/* ---- programmatic edges into other libraries' kernels ---------------------------------------- */
+
+/* In a captured graph (a cudaGraph_t), a padfree kernel's consumer from another library (a torch or
+ * cuBLASLt kernel, launched without PDL) hangs on a full edge: it launches only once the padfree
+ * kernel has completed. Such an edge may be programmatic (the consumer launches while its producer
+ * drains) only where the consumer's kernel waits on its producer (griddepcontrol.wait) before it
+ * touches memory, which no API reports: callers decide per consumer function, e.g. by comparing a
+ * relaxed copy's outputs with the captured graph's (padfree_graph_exec_create).
+ * consumers: the distinct functions of kernel nodes fed by a padfree kernel node through a full edge
+ * (up to capacity written; count: how many there are). relax_edges: makes each such edge into a
+ * kernel running one of `functions` programmatic, in place (relaxed: how many). exec_create: an
+ * executable copy of `graph` with those edges relaxed (the graph itself is unchanged). */
+PADFREE_API padfree_status padfree_graph_consumers(void* graph, const void** functions, int32_t capacity,
+                                                   int32_t* count);
+PADFREE_API padfree_status padfree_graph_relax_edges(void* graph, const void* const* functions, int32_t count,
+                                                     int32_t* relaxed);
+typedef struct padfree_graph_exec padfree_graph_exec;
+PADFREE_API padfree_status padfree_graph_exec_create(void* graph, const void* const* functions, int32_t count,
+                                                     int32_t* relaxed, padfree_graph_exec** out);
+PADFREE_API padfree_status padfree_graph_exec_launch(padfree_graph_exec* exec, padfree_stream stream);
+PADFREE_API padfree_status padfree_graph_exec_destroy(padfree_graph_exec* exec);
 
 /* ---- input plans: a prepare call's fixed arguments, for one foreign call per batch ------------ */
 

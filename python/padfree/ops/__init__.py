@@ -12,3 +12,4 @@ from .embedding import embedding_layernorm  # noqa: F401
 from .activation import bias_gelu  # noqa: F401
 from .inputs import PaddedInputPacker, pack_padded_inputs, padded_input_stats, stream_synchronize  # noqa: F401
 from .graph_guard import GuardedGraph  # noqa: F401
+from . import graph_edges  # noqa: F401

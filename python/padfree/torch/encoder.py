@@ -26,6 +26,7 @@ from .. import ops as _default_ops
 from .._lib import PadfreeError
 from ..ops._tensors import INT32_MAX, InputError, current_device
 from ..runtime.backend import Limits, check_packed
+from . import edges
 from .buckets import LRU, Bucket, bucket_for, round_seqlen, round_tokens
 from .ffn import FfnUp, epilogue_matches
 from .gemms import SEARCHES, EncoderGemms, load_tuning, save_tuning
@@ -47,6 +48,7 @@ class _Graph:
     gemms: EncoderGemms | None = None     # the projections' implementations at the bucket's rows
     replays: int = 0
     guarded: Any = None                   # its GuardedGraph (None: not made yet, False: cannot be)
+    relaxed: tuple = ()                   # consumer kernels whose edges were made programmatic (edges.py)
 
 
 @contextlib.contextmanager
@@ -106,18 +108,21 @@ class PadfreeEncoder:
 
     def __init__(self, weights: EncoderWeights, config: Any = None, *, use_graphs: bool = True,
                  max_graphs: int = 8, use_epilogue: bool | None = None, gemm_search: str = "heuristic",
-                 gemm_tuning: str | os.PathLike | None = None, ops=None):
+                 gemm_tuning: str | os.PathLike | None = None, programmatic_edges: bool = True, ops=None):
         """weights: from padfree.torch.weights.extract. config: the HF config, kept for callers
         (padfree.runtime reads it). use_epilogue: None probes whether the cuBLASLt epilogue computes
         the model's activation to the dtype's precision. gemm_search: how a bucket's capture tunes
         its GEMMs (gemms.EncoderGemms: "heuristic", or "exhaustive", seconds per new row count).
         gemm_tuning: a JSON file of GEMM choices (gemms.save_tuning), read here where it exists and
         rewritten after each capture, so that a search runs once per machine.
-        ops: the kernel bindings (padfree.ops)."""
+        programmatic_edges: let each captured forward's GEMMs launch while the padfree kernel before
+        them drains, where a check shows the GEMM waits for it (edges.py; PADFREE_PDL=0 also turns
+        it off). ops: the kernel bindings (padfree.ops)."""
         if gemm_search not in SEARCHES:
             raise InputError(f"gemm_search: expected one of {', '.join(SEARCHES)}, got {gemm_search!r}")
         self.gemm_search = gemm_search
         self.gemm_tuning = gemm_tuning
+        self.programmatic_edges = programmatic_edges
         self.weights = weights
         self.config = config
         self._ops = ops or _default_ops
@@ -304,7 +309,26 @@ class PadfreeEncoder:
         torch.cuda.current_stream(self.device).wait_stream(self._capture_stream)
         with _cublas_workspaces_in_pool(), torch.cuda.graph(g.graph, pool=self._pool, stream=self._capture_stream):
             self._run(*args)
+        if self.programmatic_edges and edges.enabled():
+            self._relax_edges(g)
         return g
+
+    def _relax_edges(self, g: _Graph) -> None:
+        """Before the graph's first replay instantiates it (keep_graph): nothing to do where torch
+        cannot keep it, or where a graph call fails (the graph then runs as captured)."""
+        try:
+            raw = g.graph.raw_cuda_graph()
+        except (RuntimeError, AttributeError):
+            return
+        ids = g.inputs.input_ids
+        batches = [ids.clone()]
+        batches.append((batches[0] + 1) % self.weights.vocab_size)  # every token differs, same lengths
+        outputs = [g.hidden] + ([] if g.pooled is None else [g.pooled])
+        try:
+            g.relaxed = tuple(edges.relax_captured(raw, self._ops, self.device, lambda k: ids.copy_(batches[k]),
+                                                   outputs))
+        except PadfreeError:
+            g.relaxed = ()
 
     @property
     def graph_buckets(self) -> list[Bucket]:

@@ -1,0 +1,100 @@
+// Host code only (graph surgery); in kernels/ beside graph_guard.cu, the other CUDA-graph helper.
+#include "graph_edges.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace padfree {
+namespace {
+
+struct Edge {
+    cudaGraphNode_t from, to;
+    cudaGraphEdgeData data;
+};
+
+cudaError_t edges_of(cudaGraph_t graph, std::vector<Edge>* out) {
+    size_t count = 0;
+    cudaError_t err = cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &count);
+    if (err != cudaSuccess) return err;
+    std::vector<cudaGraphNode_t> from(count), to(count);
+    std::vector<cudaGraphEdgeData> data(count);
+    if (count > 0 && (err = cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &count)) != cudaSuccess)
+        return err;
+    out->clear();
+    for (size_t i = 0; i < count; ++i) out->push_back({from[i], to[i], data[i]});
+    return cudaSuccess;
+}
+
+// The function a kernel node runs, or null for other nodes.
+const void* kernel_function(cudaGraphNode_t node) {
+    cudaGraphNodeType type;
+    if (cudaGraphNodeGetType(node, &type) != cudaSuccess || type != cudaGraphNodeTypeKernel) return nullptr;
+    cudaKernelNodeParams params{};
+    if (cudaGraphKernelNodeGetParams(node, &params) != cudaSuccess) {
+        cudaGetLastError();
+        return nullptr;
+    }
+    return params.func;
+}
+
+// padfree's own kernels: their names are in its namespace (another library's kernel may not have a
+// name the runtime can read; it is not ours either way).
+bool is_padfree_kernel(const void* function) {
+    const char* name = nullptr;
+    if (function == nullptr || cudaFuncGetName(&name, function) != cudaSuccess || name == nullptr) {
+        cudaGetLastError();
+        return false;
+    }
+    return std::strncmp(name, "_ZN7padfree", 11) == 0;
+}
+
+bool full_edge(const cudaGraphEdgeData& data) { return data.type == cudaGraphDependencyTypeDefault; }
+
+// Calls visit(edge, consumer function) for each full edge from a padfree kernel into another kernel.
+template <class Visit>
+cudaError_t for_each_candidate(cudaGraph_t graph, Visit visit) {
+    std::vector<Edge> edges;
+    const cudaError_t err = edges_of(graph, &edges);
+    if (err != cudaSuccess) return err;
+    for (const Edge& e : edges) {
+        if (!full_edge(e.data)) continue;
+        const void* consumer = kernel_function(e.to);
+        if (consumer == nullptr || is_padfree_kernel(consumer) || !is_padfree_kernel(kernel_function(e.from)))
+            continue;
+        const cudaError_t visit_err = visit(e, consumer);
+        if (visit_err != cudaSuccess) return visit_err;
+    }
+    return cudaSuccess;
+}
+
+}  // namespace
+
+cudaError_t graph_consumers(cudaGraph_t graph, std::vector<const void*>* functions) {
+    functions->clear();
+    return for_each_candidate(graph, [&](const Edge&, const void* consumer) {
+        if (std::find(functions->begin(), functions->end(), consumer) == functions->end())
+            functions->push_back(consumer);
+        return cudaSuccess;
+    });
+}
+
+cudaError_t relax_graph_edges(cudaGraph_t graph, const void* const* functions, int32_t count, int32_t* relaxed) {
+    std::vector<Edge> chosen;
+    cudaError_t err = for_each_candidate(graph, [&](const Edge& e, const void* consumer) {
+        if (std::find(functions, functions + count, consumer) != functions + count) chosen.push_back(e);
+        return cudaSuccess;
+    });
+    *relaxed = 0;
+    if (err != cudaSuccess) return err;
+    for (const Edge& e : chosen) {  // edited after the walk: the walk's edge list stays valid
+        cudaGraphEdgeData programmatic{};
+        programmatic.from_port = cudaGraphKernelNodePortProgrammatic;
+        programmatic.type = cudaGraphDependencyTypeProgrammatic;
+        if ((err = cudaGraphRemoveDependencies(graph, &e.from, &e.to, &e.data, 1)) != cudaSuccess) return err;
+        if ((err = cudaGraphAddDependencies(graph, &e.from, &e.to, &programmatic, 1)) != cudaSuccess) return err;
+        ++*relaxed;
+    }
+    return err;
+}
+
+}  // namespace padfree

@@ -1,0 +1,73 @@
+"""Programmatic edges from padfree's kernels into other libraries' kernels in a captured CUDA graph
+(plugins/kernels/graph_edges.h): which consumers there are, an executable relaxed copy to compare
+with the captured graph, and the in-place change once a caller has decided."""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from ._tensors import InputError, call_kernel, stream_handle
+
+
+def _graph_handle(graph: int) -> int:
+    if not isinstance(graph, int) or graph == 0:
+        raise InputError(f"graph: expected a cudaGraph_t address (CUDAGraph.raw_cuda_graph()), got {graph!r}")
+    return graph
+
+
+def _function_array(functions) -> tuple[ctypes.Array, int]:
+    functions = list(functions)
+    return (ctypes.c_void_p * max(1, len(functions)))(*functions), len(functions)
+
+
+def consumers(graph: int, device: torch.device) -> list[int]:
+    """The distinct kernel functions (opaque addresses) that a padfree kernel feeds through a full edge."""
+    handle, count = _graph_handle(graph), ctypes.c_int32()
+    call_kernel("padfree_graph_consumers", device, handle, None, 0, ctypes.byref(count))
+    found = (ctypes.c_void_p * max(1, count.value))()
+    call_kernel("padfree_graph_consumers", device, handle, found, count.value, ctypes.byref(count))
+    return [f for f in found[:count.value]]
+
+
+def relax_edges(graph: int, functions, device: torch.device) -> int:
+    """Makes the full edges from padfree kernels into kernels running `functions` programmatic, in
+    place (only for consumers known to wait on their producer). Returns how many edges changed."""
+    array, count = _function_array(functions)
+    relaxed = ctypes.c_int32()
+    call_kernel("padfree_graph_relax_edges", device, _graph_handle(graph), array, count, ctypes.byref(relaxed))
+    return relaxed.value
+
+
+class GraphExec:
+    """An executable copy of `graph` with the edges into `functions` relaxed (the graph is unchanged).
+    The memory the graph reads and writes must outlive it."""
+
+    def __init__(self, graph: int, functions, device: torch.device):
+        array, count = _function_array(functions)
+        relaxed, handle = ctypes.c_int32(), ctypes.c_void_p()
+        call_kernel("padfree_graph_exec_create", device, _graph_handle(graph), array, count, ctypes.byref(relaxed),
+                    ctypes.byref(handle))
+        self.device, self.relaxed, self._handle = device, relaxed.value, handle
+
+    def launch(self) -> None:
+        """Enqueue on the current stream of the graph's device."""
+        call_kernel("padfree_graph_exec_launch", self.device, self._handle, stream_handle(self.device))
+
+    def close(self) -> None:
+        if self._handle:
+            from .. import _lib
+            _lib.call("padfree_graph_exec_destroy", self._handle)
+            self._handle = ctypes.c_void_p()
+
+    def __enter__(self) -> "GraphExec":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the library may be gone already
+            pass

@@ -1,0 +1,133 @@
+"""Programmatic edges from padfree's kernels into other libraries' kernels (padfree.ops.graph_edges,
+padfree.torch.edges): the check keeps only consumers whose relaxed copy reproduces the graph, a
+relaxed GEMM edge keeps the graph exact, and an encoder's relaxed graphs compute exactly what its
+captured ones do."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from padfree import ops
+from padfree.torch import edges
+
+
+def _capture(x, gamma, beta, w, consumer):
+    """A graph: padfree's LayerNorm of x, then consumer(normalized) (another library's kernel)."""
+    def forward():
+        return consumer(ops.layernorm(x, gamma, beta, 1e-5), w)
+    graph = torch.cuda.CUDAGraph(keep_graph=True)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        forward()  # warm-up outside the capture (cuBLAS handle, workspace)
+    torch.cuda.current_stream().wait_stream(stream)
+    with torch.cuda.graph(graph, stream=stream):
+        out = forward()
+    return graph, out
+
+
+def _sm90():
+    return torch.cuda.get_device_capability() >= (9, 0)
+
+
+class _FakeExec:
+    """GraphExec stand-in: the 'graph' writes batch-dependent values, and a copy relaxed for a
+    function in `racy` writes something else (what a consumer that does not wait would do)."""
+    def __init__(self, state, functions, racy):
+        self.state, self.broken = state, any(f in racy for f in functions)
+
+    def launch(self):
+        self.state["out"].copy_(self.state["x"] * 2 + (1 if self.broken else 0))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+def test_check_relaxes_only_consumers_whose_copy_reproduces_the_graph():
+    x, out = torch.arange(8.0), torch.empty(8)
+    state, racy, relaxed_in_place = {"x": x, "out": out}, {22}, []
+
+    class FakeOps:
+        class graph_edges:
+            consumers = staticmethod(lambda graph, device: [11, 22, 33])
+            GraphExec = staticmethod(lambda graph, functions, device: _FakeExec(state, functions, racy))
+            relax_edges = staticmethod(lambda graph, functions, device: relaxed_in_place.extend(functions))
+
+    batches = [x.clone(), x + 100]
+    kept = edges.relax_captured(1, FakeOps, torch.device("cpu"), lambda k: x.copy_(batches[k]), [out])
+    assert kept == [11, 33] and relaxed_in_place == [11, 33]
+    assert torch.equal(x, batches[0])  # the captured batch is back in place
+    racy.update({11, 33})
+    relaxed_in_place.clear()
+    assert edges.relax_captured(1, FakeOps, torch.device("cpu"), lambda k: x.copy_(batches[k]), [out]) == []
+    assert relaxed_in_place == []
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("consumer, waits", [(lambda h, w: h @ w, True), (lambda h, w: h * 2.0, False)],
+                         ids=["gemm", "elementwise"])
+def test_relaxed_graph_still_computes_its_reference(consumer, waits):
+    torch.manual_seed(0)
+    rows, hidden = 96, 768  # one short wave of LayerNorm: a consumer that does not wait overtakes it
+    x = torch.randn(rows, hidden, device="cuda", dtype=torch.float16)
+    gamma = torch.randn(hidden, device="cuda", dtype=torch.float16)
+    beta = torch.randn(hidden, device="cuda", dtype=torch.float16)
+    w = torch.randn(hidden, hidden, device="cuda", dtype=torch.float16) / 32
+    graph, out = _capture(x, gamma, beta, w, consumer)
+    raw = graph.raw_cuda_graph()
+    found = ops.graph_edges.consumers(raw, x.device)
+    assert len(found) == 1
+    batches = [x.clone(), torch.randn_like(x)]
+    relaxed = edges.relax_captured(raw, ops, x.device, lambda k: x.copy_(batches[k]), [out])
+    assert torch.equal(x, batches[0])
+    if waits and _sm90():
+        assert relaxed == found  # cuBLASLt's GEMM waits on its producer: its edge is relaxed
+    for trial in range(8):  # whatever was relaxed, the graph computes its reference
+        k = trial % 2
+        x.copy_(batches[k])
+        out.fill_(float("nan"))
+        graph.replay()
+        want = consumer(ops.layernorm(batches[k], gamma, beta, 1e-5), w)
+        assert torch.equal(out, want), (trial, relaxed)
+
+
+@pytest.mark.gpu
+def test_graph_exec_relaxes_a_copy_only():
+    x = torch.randn(256, 768, device="cuda", dtype=torch.float16)
+    gamma, beta = torch.ones(768, device="cuda", dtype=torch.float16), torch.zeros(768, device="cuda",
+                                                                                    dtype=torch.float16)
+    w = torch.randn(768, 768, device="cuda", dtype=torch.float16)
+    graph, out = _capture(x, gamma, beta, w, lambda h, w: h @ w)
+    raw = graph.raw_cuda_graph()
+    found = ops.graph_edges.consumers(raw, x.device)
+    with ops.graph_edges.GraphExec(raw, found, x.device) as copy:
+        assert copy.relaxed == 1
+        copy.launch()
+    assert ops.graph_edges.consumers(raw, x.device) == found  # the graph itself kept its full edge
+    assert ops.graph_edges.relax_edges(raw, found, x.device) == 1
+    assert ops.graph_edges.consumers(raw, x.device) == []
+    with pytest.raises(ops.InputError, match="cudaGraph_t"):
+        ops.graph_edges.consumers(0, x.device)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lengths", [[93], [200, 17, 256, 64]], ids=["1 sequence", "4 sequences"])
+def test_encoder_relaxed_graphs_match_captured_ones(lengths):
+    transformers = pytest.importorskip("transformers")
+    from padfree.torch import from_hf
+    torch.manual_seed(0)
+    model = transformers.BertModel(transformers.BertConfig(num_hidden_layers=2)).eval()
+    encoders = [from_hf(model, dtype=torch.float16, device="cuda") for _ in range(2)]
+    encoders[1].programmatic_edges = False
+    seqlen = max(lengths)
+    mask = (torch.arange(seqlen)[None] < torch.tensor(lengths)[:, None]).long().cuda()
+    for trial in range(4):  # the same bucket, new tokens each time: stale rows would show
+        ids = torch.randint(1000, 30000, (len(lengths), seqlen), device="cuda")
+        got, want = (enc(ids, mask) for enc in encoders)
+        assert torch.equal(got.last_hidden_state, want.last_hidden_state), trial
+        assert torch.equal(got.pooler_output, want.pooler_output), trial
+    if _sm90():  # the GEMMs after padfree's kernels were found to wait
+        assert all(len(encoders[0]._graphs.get(b).relaxed) >= 1 for b in encoders[0]._graphs.keys())
