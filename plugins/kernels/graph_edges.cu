@@ -1,6 +1,9 @@
 // Host code only (graph surgery); in kernels/ beside graph_guard.cu, the other CUDA-graph helper.
 #include "graph_edges.h"
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -25,26 +28,48 @@ cudaError_t edges_of(cudaGraph_t graph, std::vector<Edge>* out) {
     return cudaSuccess;
 }
 
-// The function a kernel node runs, or null for other nodes.
-const void* kernel_function(cudaGraphNode_t node) {
-    cudaGraphNodeType type;
-    if (cudaGraphNodeGetType(node, &type) != cudaSuccess || type != cudaGraphNodeTypeKernel) return nullptr;
-    cudaKernelNodeParams params{};
-    if (cudaGraphKernelNodeGetParams(node, &params) != cudaSuccess) {
+// The driver's view of kernel nodes: the runtime cannot describe a node whose kernel another library
+// launched through the driver (cuBLASLt's), so the two driver calls needed are looked up once,
+// without linking libcuda (padfree links only the runtime).
+struct DriverCalls {
+    PFN_cuGraphKernelNodeGetParams_v12000 node_params = nullptr;
+    PFN_cuFuncGetName_v12030 function_name = nullptr;
+
+    DriverCalls() {
+        cudaDriverEntryPointQueryResult found;
+        void* fn = nullptr;
+        if (cudaGetDriverEntryPointByVersion("cuGraphKernelNodeGetParams", &fn, 12000, cudaEnableDefault, &found) ==
+                cudaSuccess && found == cudaDriverEntryPointSuccess)
+            node_params = reinterpret_cast<PFN_cuGraphKernelNodeGetParams_v12000>(fn);
+        if (cudaGetDriverEntryPointByVersion("cuFuncGetName", &fn, 12030, cudaEnableDefault, &found) == cudaSuccess &&
+            found == cudaDriverEntryPointSuccess)
+            function_name = reinterpret_cast<PFN_cuFuncGetName_v12030>(fn);
         cudaGetLastError();
-        return nullptr;
     }
+};
+
+const DriverCalls& driver() {
+    static const DriverCalls calls;
+    return calls;
+}
+
+// The function a kernel node runs, or null for other nodes (or where the driver cannot say).
+CUfunction kernel_function(cudaGraphNode_t node) {
+    cudaGraphNodeType type;
+    if (driver().node_params == nullptr || cudaGraphNodeGetType(node, &type) != cudaSuccess ||
+        type != cudaGraphNodeTypeKernel)
+        return nullptr;
+    CUDA_KERNEL_NODE_PARAMS_v2 params{};
+    if (driver().node_params(reinterpret_cast<CUgraphNode>(node), &params) != CUDA_SUCCESS) return nullptr;
     return params.func;
 }
 
-// padfree's own kernels: their names are in its namespace (another library's kernel may not have a
-// name the runtime can read; it is not ours either way).
-bool is_padfree_kernel(const void* function) {
+// padfree's own kernels: their names are in its namespace.
+bool is_padfree_kernel(CUfunction function) {
     const char* name = nullptr;
-    if (function == nullptr || cudaFuncGetName(&name, function) != cudaSuccess || name == nullptr) {
-        cudaGetLastError();
+    if (function == nullptr || driver().function_name == nullptr || driver().function_name(&name, function) != CUDA_SUCCESS ||
+        name == nullptr)
         return false;
-    }
     return std::strncmp(name, "_ZN7padfree", 11) == 0;
 }
 
@@ -58,7 +83,7 @@ cudaError_t for_each_candidate(cudaGraph_t graph, Visit visit) {
     if (err != cudaSuccess) return err;
     for (const Edge& e : edges) {
         if (!full_edge(e.data)) continue;
-        const void* consumer = kernel_function(e.to);
+        const CUfunction consumer = kernel_function(e.to);
         if (consumer == nullptr || is_padfree_kernel(consumer) || !is_padfree_kernel(kernel_function(e.from)))
             continue;
         const cudaError_t visit_err = visit(e, consumer);
@@ -71,7 +96,7 @@ cudaError_t for_each_candidate(cudaGraph_t graph, Visit visit) {
 
 cudaError_t graph_consumers(cudaGraph_t graph, std::vector<const void*>* functions) {
     functions->clear();
-    return for_each_candidate(graph, [&](const Edge&, const void* consumer) {
+    return for_each_candidate(graph, [&](const Edge&, CUfunction consumer) {
         if (std::find(functions->begin(), functions->end(), consumer) == functions->end())
             functions->push_back(consumer);
         return cudaSuccess;
@@ -80,7 +105,7 @@ cudaError_t graph_consumers(cudaGraph_t graph, std::vector<const void*>* functio
 
 cudaError_t relax_graph_edges(cudaGraph_t graph, const void* const* functions, int32_t count, int32_t* relaxed) {
     std::vector<Edge> chosen;
-    cudaError_t err = for_each_candidate(graph, [&](const Edge& e, const void* consumer) {
+    cudaError_t err = for_each_candidate(graph, [&](const Edge& e, CUfunction consumer) {
         if (std::find(functions, functions + count, consumer) != functions + count) chosen.push_back(e);
         return cudaSuccess;
     });

@@ -3,9 +3,10 @@
 padfree's kernels launch with PDL, so in a captured forward each of them launches while the GEMM
 before it drains; the GEMMs (torch's or cuBLASLt's calls) do not, so every edge from a LayerNorm or
 the attention into the next GEMM is a full dependency. At BERT-base 1x128 that gap, 37 times per
-forward, measured 57 us of a 0.425 ms graph replay (H100, bench/NOTES-bert.md v12). An edge may be
+forward, cost up to 57 us of a 0.425 ms graph replay (H100, bench/NOTES-bert.md v12). An edge may be
 programmatic only where the consumer's kernel waits on its producer before reading its input, and
-no API reports that. cuBLASLt's Hopper GEMMs do; torch's own elementwise and indexing kernels do not.
+no API reports that. On the H100 cuBLASLt's kernels for a few thousand rows and more do; some of its
+small-row kernels do not, nor do torch's own elementwise and indexing kernels.
 
 So each consumer function is checked before its edges are relaxed: the relaxed copy must reproduce
 the captured graph bit for bit on two input batches, each run right after the other one. padfree's
