@@ -122,8 +122,8 @@ def test_encoder_relaxed_graphs_match_captured_ones(lengths):
     from padfree.torch import from_hf
     torch.manual_seed(0)
     model = transformers.BertModel(transformers.BertConfig(num_hidden_layers=2)).eval()
-    encoders = [from_hf(model, dtype=torch.float16, device="cuda") for _ in range(2)]
-    encoders[1].programmatic_edges = False
+    encoders = [from_hf(model, dtype=torch.float16, device="cuda", programmatic_edges=edges_on)
+                for edges_on in (True, False)]
     seqlen = max(lengths)
     mask = (torch.arange(seqlen)[None] < torch.tensor(lengths)[:, None]).long().cuda()
     for trial in range(4):  # the same bucket, new tokens each time: stale rows would show

@@ -60,6 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="how the encoder tunes a bucket's GEMMs at capture (padfree.torch.from_hf)")
     p.add_argument("--gemm-tuning", metavar="FILE.json",
                    help="keep the encoder's GEMM choices in this file (read if it exists, rewritten after each capture)")
+    p.add_argument("--programmatic-edges", action="store_true",
+                   help="experimental: programmatic edges into the GEMMs of each captured forward (from_hf)")
     p.add_argument("--varlen-attn", action="store_true",
                    help="diagnostic column: the packed forward with torch's varlen_attn as its attention")
 
@@ -182,7 +184,8 @@ def _group(name: str) -> str:
     return "other"
 
 
-def build_models(layers: int, with_hf: bool, gemm_search: str = "heuristic", gemm_tuning: str | None = None):
+def build_models(layers: int, with_hf: bool, gemm_search: str = "heuristic", gemm_tuning: str | None = None,
+                 programmatic_edges: bool = False):
     """BERT-base with random weights (seed 0) in fp16 on the GPU: HF eager and sdpa copies, padfree."""
     import torch
     import transformers
@@ -198,7 +201,7 @@ def build_models(layers: int, with_hf: bool, gemm_search: str = "heuristic", gem
             model.load_state_dict(source.state_dict())
             models[impl] = model.to(device="cuda", dtype=torch.float16).eval()
     encoder = pt.from_hf(source, dtype=torch.float16, device="cuda", gemm_search=gemm_search,
-                         gemm_tuning=gemm_tuning)
+                         gemm_tuning=gemm_tuning, programmatic_edges=programmatic_edges)
     return models, encoder
 
 
@@ -296,7 +299,8 @@ def run(args) -> int:
         return 1
     import transformers
     shapes = [_shape(s) for s in args.shapes.split(",") if s]
-    models, encoder = build_models(args.layers, not args.no_hf, args.gemm_search, args.gemm_tuning)
+    models, encoder = build_models(args.layers, not args.no_hf, args.gemm_search, args.gemm_tuning,
+                                   args.programmatic_edges)
     compiled = None
     if not args.no_compile:
         sdpa = models.get("sdpa") or build_models(args.layers, True)[0]["sdpa"]
@@ -315,6 +319,7 @@ def run(args) -> int:
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "torch": torch.__version__, "transformers": transformers.__version__, "cuda": torch.version.cuda,
               "layers": args.layers, "encoder": repr(encoder),
+              "programmatic_edges": args.programmatic_edges,
               "lengths": "uniform in [0.2*max, max], torch.Generator seed 0",
               "timing": f"CUDA events per call, median of {args.reps} after {args.warmup} warm-up calls",
               "rows": rows}

@@ -25,7 +25,7 @@ _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 def from_hf(model: torch.nn.Module, dtype: torch.dtype = torch.float16, device: str | torch.device = "cuda",
             *, use_graphs: bool = True, max_graphs: int = 8, gemm_search: str = "heuristic",
-            gemm_tuning: str | os.PathLike | None = None) -> PadfreeEncoder:
+            gemm_tuning: str | os.PathLike | None = None, programmatic_edges: bool = False) -> PadfreeEncoder:
     """A PadfreeEncoder with a copy of `model`'s weights in `dtype` on `device` (a CUDA device).
 
     model: BertModel, RobertaModel, DistilBertModel or one of the same architecture (a task model
@@ -35,6 +35,9 @@ def from_hf(model: torch.nn.Module, dtype: torch.dtype = torch.float16, device: 
       once per process; faster GEMMs on large buckets) instead of the heuristic's short list;
       gemm_tuning names a JSON file that keeps those choices across processes (read where it exists,
       rewritten after each capture; valid for the same GPU and cuBLASLt only).
+      programmatic_edges=True (experimental, off by default) lets each captured forward's GEMMs
+      launch while the padfree kernel before them drains, where a capture-time check finds that the
+      GEMM waits for it (padfree.torch.edges says why it is not on by default).
     Raises UnsupportedModelError for an architecture or configuration it cannot run, or sizes the
     kernels are not built for (padfree.kernel_sizes: head_dim, hidden).
     """
@@ -49,4 +52,4 @@ def from_hf(model: torch.nn.Module, dtype: torch.dtype = torch.float16, device: 
     check_kernel_sizes(weights)
     base = getattr(model, "base_model", model)
     return PadfreeEncoder(weights, base.config, use_graphs=use_graphs, max_graphs=max_graphs,
-                          gemm_search=gemm_search, gemm_tuning=gemm_tuning)
+                          gemm_search=gemm_search, gemm_tuning=gemm_tuning, programmatic_edges=programmatic_edges)

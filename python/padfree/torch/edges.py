@@ -13,6 +13,14 @@ the captured graph bit for bit on two input batches, each run right after the ot
 producers let their consumers launch at their start (griddepcontrol.launch_dependents), so a
 consumer that does not wait runs during its producer and reads the other batch's stale rows, which
 the comparison sees; outputs are poisoned before every run.
+
+Off by default (PadfreeEncoder(programmatic_edges=True) turns it on): the check is empirical. In
+plain runs it rejected the same consumers every time and relaxed graphs matched captured ones on
+every batch tried (H100: 90 calls and 90 replays at three shapes); but under compute-sanitizer
+memcheck it accepted two more consumers at 93 tokens, and the encoder's HF-style calls (their
+guarded graphs) then differed from the captured graph's. A proof per consumer needs a deterministic
+probe instead: a padfree producer that triggers, then spins for milliseconds before it writes,
+ahead of a copy of the consumer's node (not built yet).
 """
 from __future__ import annotations
 

@@ -108,16 +108,16 @@ class PadfreeEncoder:
 
     def __init__(self, weights: EncoderWeights, config: Any = None, *, use_graphs: bool = True,
                  max_graphs: int = 8, use_epilogue: bool | None = None, gemm_search: str = "heuristic",
-                 gemm_tuning: str | os.PathLike | None = None, programmatic_edges: bool = True, ops=None):
+                 gemm_tuning: str | os.PathLike | None = None, programmatic_edges: bool = False, ops=None):
         """weights: from padfree.torch.weights.extract. config: the HF config, kept for callers
         (padfree.runtime reads it). use_epilogue: None probes whether the cuBLASLt epilogue computes
         the model's activation to the dtype's precision. gemm_search: how a bucket's capture tunes
         its GEMMs (gemms.EncoderGemms: "heuristic", or "exhaustive", seconds per new row count).
         gemm_tuning: a JSON file of GEMM choices (gemms.save_tuning), read here where it exists and
         rewritten after each capture, so that a search runs once per machine.
-        programmatic_edges: let each captured forward's GEMMs launch while the padfree kernel before
-        them drains, where a check shows the GEMM waits for it (edges.py; PADFREE_PDL=0 also turns
-        it off). ops: the kernel bindings (padfree.ops)."""
+        programmatic_edges (experimental, off by default): let each captured forward's GEMMs launch
+        while the padfree kernel before them drains, where a check shows the GEMM waits for it
+        (edges.py; PADFREE_PDL=0 also turns it off). ops: the kernel bindings (padfree.ops)."""
         if gemm_search not in SEARCHES:
             raise InputError(f"gemm_search: expected one of {', '.join(SEARCHES)}, got {gemm_search!r}")
         self.gemm_search = gemm_search
