@@ -29,6 +29,10 @@ padfree_status fail(padfree_status status, const Args&... parts) {
 // After a launch: reports a launch error (bad configuration, no kernel image for this GPU).
 padfree_status check_launch(const char* what);
 
+// A failed CUDA API call as PADFREE_ERROR_CUDA, its error cleared first: a failed graph call may
+// leave it sticky for the next launch check.
+padfree_status cuda_failure(const char* what, cudaError_t err);
+
 }  // namespace padfree
 
 // Returns PADFREE_ERROR_INVALID_ARGUMENT with the condition's text when it does not hold.

@@ -9,11 +9,6 @@ struct padfree_graph_exec {
 
 namespace {
 
-padfree_status cuda_failure(const char* what, cudaError_t err) {
-    cudaGetLastError();  // a failed graph call may leave the error sticky for the next launch check
-    return padfree::fail(PADFREE_ERROR_CUDA, what, ": ", cudaGetErrorName(err), ": ", cudaGetErrorString(err));
-}
-
 padfree_status check_functions(const void* const* functions, int32_t count) {
     PADFREE_REQUIRE(count >= 0, "count must be >= 0, got ", count);
     PADFREE_REQUIRE(count == 0 || functions != nullptr, "functions is NULL");
@@ -32,7 +27,7 @@ padfree_status padfree_graph_consumers(void* graph, const void** functions, int3
     PADFREE_REQUIRE(capacity == 0 || functions != nullptr, "functions is NULL");
     std::vector<const void*> found;
     const cudaError_t err = padfree::graph_consumers(static_cast<cudaGraph_t>(graph), &found);
-    if (err != cudaSuccess) return cuda_failure("graph_consumers", err);
+    if (err != cudaSuccess) return padfree::cuda_failure("graph_consumers", err);
     for (size_t i = 0; i < found.size() && i < static_cast<size_t>(capacity); ++i) functions[i] = found[i];
     *count = static_cast<int32_t>(found.size());
     return PADFREE_OK;
@@ -46,7 +41,7 @@ padfree_status padfree_graph_relax_edges(void* graph, const void* const* functio
     PADFREE_REQUIRE(relaxed != nullptr, "relaxed is NULL");
     PADFREE_CHECK(check_functions(functions, count));
     const cudaError_t err = padfree::relax_graph_edges(static_cast<cudaGraph_t>(graph), functions, count, relaxed);
-    if (err != cudaSuccess) return cuda_failure("graph_relax_edges", err);
+    if (err != cudaSuccess) return padfree::cuda_failure("graph_relax_edges", err);
     return PADFREE_OK;
     PADFREE_CAPI_GUARD_END
 }
@@ -60,12 +55,12 @@ padfree_status padfree_graph_exec_create(void* graph, const void* const* functio
     PADFREE_CHECK(check_functions(functions, count));
     cudaGraph_t copy = nullptr;
     cudaError_t err = cudaGraphClone(&copy, static_cast<cudaGraph_t>(graph));
-    if (err != cudaSuccess) return cuda_failure("graph_exec_create (clone)", err);
+    if (err != cudaSuccess) return padfree::cuda_failure("graph_exec_create (clone)", err);
     cudaGraphExec_t exec = nullptr;
     err = padfree::relax_graph_edges(copy, functions, count, relaxed);
     if (err == cudaSuccess) err = cudaGraphInstantiate(&exec, copy, 0);
     cudaGraphDestroy(copy);  // the executable graph does not need it
-    if (err != cudaSuccess) return cuda_failure("graph_exec_create", err);
+    if (err != cudaSuccess) return padfree::cuda_failure("graph_exec_create", err);
     *out = new padfree_graph_exec{exec};
     return PADFREE_OK;
     PADFREE_CAPI_GUARD_END
@@ -74,7 +69,7 @@ padfree_status padfree_graph_exec_create(void* graph, const void* const* functio
 padfree_status padfree_graph_exec_launch(padfree_graph_exec* exec, padfree_stream stream) {
     PADFREE_REQUIRE(exec != nullptr, "exec is NULL");
     const cudaError_t err = cudaGraphLaunch(exec->exec, padfree::as_cuda_stream(stream));
-    if (err != cudaSuccess) return cuda_failure("graph_exec_launch", err);
+    if (err != cudaSuccess) return padfree::cuda_failure("graph_exec_launch", err);
     return PADFREE_OK;
 }
 

@@ -4,15 +4,6 @@
 
 #include "capi_util.h"
 
-namespace {
-
-padfree_status cuda_failure(const char* what, cudaError_t err) {
-    cudaGetLastError();  // a failed graph call may leave the error sticky for the next launch check
-    return padfree::fail(PADFREE_ERROR_CUDA, what, ": ", cudaGetErrorName(err), ": ", cudaGetErrorString(err));
-}
-
-}  // namespace
-
 namespace padfree {
 
 padfree_status launch_guarded_graph(padfree_guarded_graph* graph, cudaStream_t stream) {
@@ -39,7 +30,7 @@ padfree_status padfree_guarded_graph_create(void* body, const int32_t* stats, in
     padfree::GuardedGraph graph;
     const cudaError_t err = padfree::create_guarded_graph(static_cast<cudaGraph_t>(body), stats,
                                                           {min_total, max_total, min_longest, max_longest}, &graph);
-    if (err != cudaSuccess) return cuda_failure("guarded_graph_create", err);
+    if (err != cudaSuccess) return padfree::cuda_failure("guarded_graph_create", err);
     *out = new padfree_guarded_graph{graph};
     return PADFREE_OK;
     PADFREE_CAPI_GUARD_END

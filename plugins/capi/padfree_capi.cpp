@@ -20,6 +20,11 @@ padfree_status check_launch(const char* what) {
     return fail(PADFREE_ERROR_CUDA, what, ": ", cudaGetErrorName(err), ": ", cudaGetErrorString(err));
 }
 
+padfree_status cuda_failure(const char* what, cudaError_t err) {
+    cudaGetLastError();
+    return fail(PADFREE_ERROR_CUDA, what, ": ", cudaGetErrorName(err), ": ", cudaGetErrorString(err));
+}
+
 }  // namespace padfree
 
 extern "C" {

@@ -161,3 +161,31 @@ def call(name: str, *args) -> None:
              STATUS_UNSUPPORTED: KernelUnsupportedError,
              STATUS_CUDA: CudaError}.get(status, PadfreeError)
     raise error(f"{name}: {message}")
+
+
+class OwnedHandle:
+    """A C object the library made (self._handle): close() or garbage collection destroys it once,
+    with the ABI function named by _DESTROY."""
+    _DESTROY = ""
+    _handle = c_void_p()
+
+    @property
+    def handle(self) -> c_void_p:
+        return self._handle
+
+    def close(self) -> None:
+        if self._handle:
+            call(self._DESTROY, self._handle)
+            self._handle = c_void_p()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the library may be gone already
+            pass

@@ -7,6 +7,7 @@ import ctypes
 
 import torch
 
+from .._lib import OwnedHandle
 from ._tensors import InputError, call_kernel, stream_handle
 
 
@@ -39,9 +40,10 @@ def relax_edges(graph: int, functions, device: torch.device) -> int:
     return relaxed.value
 
 
-class GraphExec:
+class GraphExec(OwnedHandle):
     """An executable copy of `graph` with the edges into `functions` relaxed (the graph is unchanged).
     The memory the graph reads and writes must outlive it."""
+    _DESTROY = "padfree_graph_exec_destroy"
 
     def __init__(self, graph: int, functions, device: torch.device):
         array, count = _function_array(functions)
@@ -53,21 +55,3 @@ class GraphExec:
     def launch(self) -> None:
         """Enqueue on the current stream of the graph's device."""
         call_kernel("padfree_graph_exec_launch", self.device, self._handle, stream_handle(self.device))
-
-    def close(self) -> None:
-        if self._handle:
-            from .. import _lib
-            _lib.call("padfree_graph_exec_destroy", self._handle)
-            self._handle = ctypes.c_void_p()
-
-    def __enter__(self) -> "GraphExec":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # interpreter shutdown: the library may be gone already
-            pass

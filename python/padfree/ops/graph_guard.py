@@ -7,15 +7,18 @@ import ctypes
 
 import torch
 
+from .._lib import OwnedHandle
 from ._tensors import InputError, call_kernel, check, check_int32, stream_handle
 
 
-class GuardedGraph:
+class GuardedGraph(OwnedHandle):
     """graph: a torch.cuda.CUDAGraph captured with keep_graph=True (its cudaGraph_t is cloned; the
     memory it reads and writes must outlive this object, so it is kept referenced). stats: int32 [3]
     on the graph's device (flags, total, longest; PaddedInputPacker.totals). total and longest:
     inclusive (min, max) ranges. The graph runs iff fits(flags, total, longest) holds for the stats
-    when the stream reaches it."""
+    when the stream reaches it. handle: the padfree_guarded_graph* (PaddedInputPacker.enqueue
+    launches it in its own C call)."""
+    _DESTROY = "padfree_guarded_graph_destroy"
 
     def __init__(self, graph: torch.cuda.CUDAGraph, stats: torch.Tensor, total: tuple[int, int],
                  longest: tuple[int, int]):
@@ -38,23 +41,6 @@ class GuardedGraph:
         """The device's predicate, for the host to tell afterwards whether the graph ran."""
         return flags == 0 and self.total[0] <= total <= self.total[1] and self.longest[0] <= longest <= self.longest[1]
 
-    @property
-    def handle(self) -> ctypes.c_void_p:
-        """The padfree_guarded_graph* (PaddedInputPacker.enqueue launches it in its own C call)."""
-        return self._handle
-
     def launch(self) -> None:
         """Enqueue on the current stream of the graph's device."""
         call_kernel("padfree_guarded_graph_launch", self.device, self._handle, stream_handle(self.device))
-
-    def close(self) -> None:
-        if self._handle:
-            from .. import _lib
-            _lib.call("padfree_guarded_graph_destroy", self._handle)
-            self._handle = ctypes.c_void_p()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # interpreter shutdown: the library may be gone already
-            pass

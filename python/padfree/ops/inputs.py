@@ -10,6 +10,7 @@ import time
 
 import torch
 
+from .._lib import OwnedHandle
 from ._tensors import InputError, call_kernel, check, check_int32, current_device, ptr, stream_handle
 
 MASK_BYTES = {torch.bool: 1, torch.uint8: 1, torch.int32: 4, torch.int64: 8}
@@ -84,22 +85,16 @@ def _layout(t):
     return None if t is None else (t.shape, t.dtype, t.get_device(), t.stride())
 
 
-class _InputPlan:
+class _InputPlan(OwnedHandle):
     """A padfree_input_plan (the prepare call's fixed arguments) and the seqlens buffer it writes."""
+    _DESTROY = "padfree_input_plan_destroy"
 
     def __init__(self, seqlens: torch.Tensor, *args):
         from .. import _lib
 
         handle = ctypes.c_void_p()
         _lib.call("padfree_input_plan_create", *args, ctypes.byref(handle))
-        self.handle, self.seqlens = handle, seqlens
-
-    def __del__(self):
-        try:
-            from .. import _lib
-            _lib.call("padfree_input_plan_destroy", self.handle)
-        except Exception:  # interpreter shutdown: the library may be gone already
-            pass
+        self._handle, self.seqlens = handle, seqlens
 
 
 class PaddedInputPacker:
