@@ -1,6 +1,7 @@
 """Programmatic edges from padfree's kernels into other libraries' kernels (padfree.ops.graph_edges,
-padfree.torch.edges): the check keeps only consumers whose relaxed copy reproduces the graph, a
-relaxed GEMM edge keeps the graph exact, and an encoder's relaxed graphs compute exactly what its
+padfree.torch.edges): the probe tells a consumer that waits from one that does not, the check keeps
+only consumers found waiting whose relaxed copy reproduces the graph, a relaxed GEMM edge keeps the
+graph exact, and an encoder's relaxed graphs compute exactly what its
 captured ones do."""
 from __future__ import annotations
 
@@ -46,33 +47,38 @@ class _FakeExec:
         pass
 
 
-def test_check_relaxes_only_consumers_whose_copy_reproduces_the_graph():
+def test_check_relaxes_only_consumers_that_wait_and_whose_copy_reproduces_the_graph():
     x, out = torch.arange(8.0), torch.empty(8)
     state, racy, relaxed_in_place = {"x": x, "out": out}, {22}, []
+    verdicts = {11: True, 22: True, 33: True, 44: False}  # 55: never probed
 
     class FakeOps:
         class graph_edges:
-            consumers = staticmethod(lambda graph, device: [11, 22, 33])
+            consumers = staticmethod(lambda graph, device: [11, 22, 33, 44, 55])
             GraphExec = staticmethod(lambda graph, functions, device: _FakeExec(state, functions, racy))
             relax_edges = staticmethod(lambda graph, functions, device: relaxed_in_place.extend(functions))
 
     batches = [x.clone(), x + 100]
-    kept = edges.relax_captured(1, FakeOps, torch.device("cpu"), lambda k: x.copy_(batches[k]), [out])
+    kept = edges.relax_captured(1, FakeOps, torch.device("cpu"), lambda k: x.copy_(batches[k]), [out], verdicts)
     assert kept == [11, 33] and relaxed_in_place == [11, 33]
     assert torch.equal(x, batches[0])  # the captured batch is back in place
     racy.update({11, 33})
     relaxed_in_place.clear()
-    assert edges.relax_captured(1, FakeOps, torch.device("cpu"), lambda k: x.copy_(batches[k]), [out]) == []
+    assert edges.relax_captured(1, FakeOps, torch.device("cpu"), lambda k: x.copy_(batches[k]), [out], verdicts) == []
     assert relaxed_in_place == []
 
 
+_CONSUMERS = {"gemm": (lambda h, w: h @ w, lambda h, w, out: torch.matmul(h, w, out=out)),
+              "elementwise": (lambda h, w: h * 2.0, lambda h, w, out: torch.mul(h, 2.0, out=out))}
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("consumer, waits", [(lambda h, w: h @ w, True), (lambda h, w: h * 2.0, False)],
-                         ids=["gemm", "elementwise"])
-def test_relaxed_graph_still_computes_its_reference(consumer, waits):
+@pytest.mark.parametrize("name", list(_CONSUMERS))
+def test_probe_and_check_keep_the_graph_exact(name):
+    consumer, consume_into = _CONSUMERS[name]
     torch.manual_seed(0)
-    # cuBLASLt's kernel for 2048 rows waits on its producer; some of its small-row kernels do not
-    # (H100: the check rejected the one for 96 rows), which is why each consumer is checked
+    # cuBLASLt's kernel for 2048 rows waits on its producer (H100); torch's elementwise kernels do
+    # not, and some of cuBLASLt's small-row kernels do not either (96 rows, session 9)
     rows, hidden = 2048, 768
     x = torch.randn(rows, hidden, device="cuda", dtype=torch.float16)
     gamma = torch.randn(hidden, device="cuda", dtype=torch.float16)
@@ -82,18 +88,45 @@ def test_relaxed_graph_still_computes_its_reference(consumer, waits):
     raw = graph.raw_cuda_graph()
     found = ops.graph_edges.consumers(raw, x.device)
     assert len(found) == 1
+
+    probe_out = torch.empty_like(out)
+    probe = edges.Probe(torch.empty_like(x), lambda t: consume_into(t, w, probe_out), probe_out,
+                        lambda: probe_out.fill_(float("nan")))
+    verdicts = edges.probe_consumer(probe, ops, x.device, torch.cuda.Stream())
+    assert list(verdicts) == found  # the probe ran the forward's kernel
+    if name == "elementwise":
+        assert verdicts == {found[0]: False}  # it ran during the copy's spin: stale input
+    elif _sm90():
+        assert verdicts == {found[0]: True}
+
     batches = [x.clone(), torch.randn_like(x)]
-    relaxed = edges.relax_captured(raw, ops, x.device, lambda k: x.copy_(batches[k]), [out])
+    relaxed = edges.relax_captured(raw, ops, x.device, lambda k: x.copy_(batches[k]), [out], verdicts)
     assert torch.equal(x, batches[0])
-    if waits and _sm90():
-        assert relaxed == found  # its edge is relaxed
-    for trial in range(8):  # whatever was relaxed, the graph computes its reference
+    assert relaxed == [f for f, waits in verdicts.items() if waits]
+    for trial in range(8):  # the graph computes its reference, relaxed or not
         k = trial % 2
         x.copy_(batches[k])
         out.fill_(float("nan"))
         graph.replay()
         want = consumer(ops.layernorm(batches[k], gamma, beta, 1e-5), w)
         assert torch.equal(out, want), (trial, relaxed)
+
+
+@pytest.mark.gpu
+def test_delayed_copy_copies_and_checks_its_arguments():
+    src = torch.randn(1000, 24, device="cuda", dtype=torch.float16)
+    dst = torch.full_like(src, float("nan"))
+    spin = torch.tensor([100_000], device="cuda")
+    ops.graph_edges.delayed_copy(src, dst, spin)
+    assert torch.equal(dst, src)
+    with pytest.raises(ops.InputError, match="shape"):
+        ops.graph_edges.delayed_copy(src, dst[:10], spin)
+    with pytest.raises(ops.InputError, match="int64"):
+        ops.graph_edges.delayed_copy(src, dst, spin.int())
+    with pytest.raises(ops.InputError, match="multiple of 16 bytes"):
+        ops.graph_edges.delayed_copy(src[:1, :3].contiguous(), dst[:1, :3].contiguous(), spin)
+    with pytest.raises(ops.InputError, match="aligned"):
+        ops.graph_edges.delayed_copy(src.view(-1)[8:16], dst.view(-1)[:8], spin)
 
 
 @pytest.mark.gpu

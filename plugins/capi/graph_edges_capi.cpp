@@ -34,6 +34,20 @@ padfree_status padfree_graph_consumers(void* graph, const void** functions, int3
     PADFREE_CAPI_GUARD_END
 }
 
+padfree_status padfree_probe_delayed_copy(const void* src, void* dst, int64_t bytes, const int64_t* spin_ns,
+                                          padfree_stream stream) {
+    PADFREE_CAPI_GUARD_BEGIN
+    PADFREE_REQUIRE(src != nullptr && dst != nullptr, "src and dst must not be NULL");
+    PADFREE_REQUIRE(spin_ns != nullptr, "spin_ns is NULL");
+    PADFREE_REQUIRE(bytes > 0 && bytes % 16 == 0, "bytes must be a positive multiple of 16, got ", bytes);
+    PADFREE_REQUIRE(reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0,
+                    "src and dst must be 16-byte aligned");
+    const cudaError_t err = padfree::launch_delayed_copy(src, dst, bytes, spin_ns, padfree::as_cuda_stream(stream));
+    if (err != cudaSuccess) return padfree::cuda_failure("probe_delayed_copy", err);
+    return PADFREE_OK;
+    PADFREE_CAPI_GUARD_END
+}
+
 padfree_status padfree_graph_relax_edges(void* graph, const void* const* functions, int32_t count,
                                          int32_t* relaxed) {
     PADFREE_CAPI_GUARD_BEGIN

@@ -32,8 +32,8 @@ extern "C" {
 
 /* Bumped on any incompatible change of a signature below; the bindings refuse a mismatch.
  * 2: remove_padding, rebuild_padding and attention_varlen take total_tokens. 4: guarded graphs.
- * 5: input plans. 6: programmatic edges into other libraries' kernels. */
-#define PADFREE_ABI_VERSION 6
+ * 5: input plans. 6: programmatic edges into other libraries' kernels. 7: their probe. */
+#define PADFREE_ABI_VERSION 7
 
 typedef enum padfree_status {
     PADFREE_OK = 0,
@@ -168,14 +168,20 @@ PADFREE_API padfree_status padfree_guarded_graph_destroy(padfree_guarded_graph* 
  * cuBLASLt kernel, launched without PDL) hangs on a full edge: it launches only once the padfree
  * kernel has completed. Such an edge may be programmatic (the consumer launches while its producer
  * drains) only where the consumer's kernel waits on its producer (griddepcontrol.wait) before it
- * touches memory, which no API reports: callers decide per consumer function, e.g. by comparing a
- * relaxed copy's outputs with the captured graph's (padfree_graph_exec_create).
+ * touches memory, which no API reports: callers decide per consumer function, e.g. with a probe (a
+ * graph of probe_delayed_copy and the consumer, relaxed) and by comparing a relaxed copy's outputs
+ * with the captured graph's (padfree_graph_exec_create).
  * consumers: the distinct functions of kernel nodes fed by a padfree kernel node through a full edge
- * (up to capacity written; count: how many there are). relax_edges: makes each such edge into a
- * kernel running one of `functions` programmatic, in place (relaxed: how many). exec_create: an
- * executable copy of `graph` with those edges relaxed (the graph itself is unchanged). */
+ * (up to capacity written; count: how many there are). probe_delayed_copy: copies `bytes` (a
+ * positive multiple of 16, 16-byte aligned addresses) from src to dst, but lets the kernels that
+ * depend on it launch at once and spins for *spin_ns (device memory) before it copies.
+ * relax_edges: makes each such edge into a kernel running one of `functions` programmatic, in place
+ * (relaxed: how many). exec_create: an executable copy of `graph` with those edges relaxed (the
+ * graph itself is unchanged). */
 PADFREE_API padfree_status padfree_graph_consumers(void* graph, const void** functions, int32_t capacity,
                                                    int32_t* count);
+PADFREE_API padfree_status padfree_probe_delayed_copy(const void* src, void* dst, int64_t bytes,
+                                                     const int64_t* spin_ns, padfree_stream stream);
 PADFREE_API padfree_status padfree_graph_relax_edges(void* graph, const void* const* functions, int32_t count,
                                                      int32_t* relaxed);
 typedef struct padfree_graph_exec padfree_graph_exec;

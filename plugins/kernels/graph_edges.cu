@@ -1,4 +1,5 @@
-// Host code only (graph surgery); in kernels/ beside graph_guard.cu, the other CUDA-graph helper.
+// Graph surgery, and the probe's delayed copy; in kernels/ beside graph_guard.cu, the other CUDA-graph
+// helper.
 #include "graph_edges.h"
 
 #include <cuda.h>
@@ -6,6 +7,8 @@
 
 #include <algorithm>
 #include <cstring>
+
+#include "common.cuh"
 
 namespace padfree {
 namespace {
@@ -92,7 +95,38 @@ cudaError_t for_each_candidate(cudaGraph_t graph, Visit visit) {
     return cudaSuccess;
 }
 
+__device__ __forceinline__ uint64_t global_ns() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// Lets its dependents launch at once, then spins (each CTA) for *spin_ns before it copies: a
+// dependent that does not wait on it reads dst before the copy lands.
+__global__ void delayed_copy_kernel(const uint4* src, uint4* dst, int64_t count, const int64_t* spin_ns) {
+    allow_consumers();
+    wait_on_producer();
+    if (threadIdx.x == 0) {
+        const uint64_t start = global_ns();
+        const int64_t wanted = *spin_ns;
+        const uint64_t spin = wanted > 0 ? static_cast<uint64_t>(wanted) : 0;
+        while (global_ns() - start < spin) {
+        }
+    }
+    __syncthreads();
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+        dst[i] = src[i];
+}
+
 }  // namespace
+
+cudaError_t launch_delayed_copy(const void* src, void* dst, int64_t bytes, const int64_t* spin_ns, cudaStream_t stream) {
+    const int64_t count = bytes / 16;
+    const int blocks = static_cast<int>(std::min<int64_t>(std::max<int64_t>(ceil_div<int64_t>(count, 256), 1), 1024));
+    return launch_kernel(delayed_copy_kernel, dim3(blocks), dim3(256), 0, stream, static_cast<const uint4*>(src),
+                         static_cast<uint4*>(dst), count, spin_ns);
+}
 
 cudaError_t graph_consumers(cudaGraph_t graph, std::vector<const void*>* functions) {
     functions->clear();

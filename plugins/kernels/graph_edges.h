@@ -5,8 +5,8 @@
 // (cuBLASLt's GEMMs, captured from torch) are launched without it: each such edge is a full
 // dependency, and at small batches, where a forward is ~90 kernels of a few microseconds, those
 // launch gaps are a large share of it. An edge may be programmatic only where the consumer waits on
-// its producer (griddepcontrol.wait) before touching memory, which no API reports: the caller decides
-// per consumer function (padfree.torch checks each one's relaxed graph against the full one).
+// its producer (griddepcontrol.wait) before touching memory, which no API reports: the caller finds out
+// per consumer function (padfree.torch.edges: with launch_delayed_copy as the producer).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -18,6 +18,12 @@ namespace padfree {
 
 // The distinct functions of kernel nodes that a padfree kernel node feeds through a full edge.
 cudaError_t graph_consumers(cudaGraph_t graph, std::vector<const void*>* functions);
+
+// The probe's producer: copies `bytes` (a multiple of 16, both addresses 16-byte aligned) from src to
+// dst, but lets its dependents launch at once and spins *spin_ns (device memory, so that a captured
+// probe can be replayed with another spin) before it copies. Launched with PDL, like every padfree
+// kernel: captured ahead of a consumer, relaxed, it tells whether the consumer waits on it.
+cudaError_t launch_delayed_copy(const void* src, void* dst, int64_t bytes, const int64_t* spin_ns, cudaStream_t stream);
 
 // Makes every full edge from a padfree kernel node into a kernel node running one of `functions`
 // programmatic (the consumer may launch once each producer CTA triggered or exited). relaxed: how many.

@@ -1,6 +1,6 @@
 """Programmatic edges from padfree's kernels into other libraries' kernels in a captured CUDA graph
-(plugins/kernels/graph_edges.h): which consumers there are, an executable relaxed copy to compare
-with the captured graph, and the in-place change once a caller has decided."""
+(plugins/kernels/graph_edges.h): which consumers there are, the probe's delayed copy, an executable
+relaxed copy to compare with the captured graph, and the in-place change once a caller has decided."""
 from __future__ import annotations
 
 import ctypes
@@ -8,7 +8,7 @@ import ctypes
 import torch
 
 from .._lib import OwnedHandle
-from ._tensors import InputError, call_kernel, stream_handle
+from ._tensors import InputError, call_kernel, check, check_aligned, stream_handle
 
 
 def _graph_handle(graph: int) -> int:
@@ -29,6 +29,22 @@ def consumers(graph: int, device: torch.device) -> list[int]:
     found = (ctypes.c_void_p * max(1, count.value))()
     call_kernel("padfree_graph_consumers", device, handle, found, count.value, ctypes.byref(count))
     return [f for f in found[:count.value]]
+
+
+def delayed_copy(src: torch.Tensor, dst: torch.Tensor, spin_ns: torch.Tensor) -> None:
+    """dst.copy_(src) on the current stream, by a padfree kernel that lets the kernels depending on it
+    launch at once and spins spin_ns (an int64 device scalar, read when it runs) before it copies:
+    the producer of a probe that tells whether a consumer waits (padfree.torch.edges)."""
+    check(src, "src", device=dst.device if isinstance(dst, torch.Tensor) else None)
+    check(dst, "dst", dtype=src.dtype, shape=list(src.shape))
+    check(spin_ns, "spin_ns", dtype=torch.int64, shape=[1], device=dst.device)
+    check_aligned(src, "src")
+    check_aligned(dst, "dst")
+    size = src.numel() * src.element_size()
+    if size == 0 or size % 16:
+        raise InputError(f"src: expected a positive multiple of 16 bytes, got {size}")
+    call_kernel("padfree_probe_delayed_copy", dst.device, src.data_ptr(), dst.data_ptr(), size, spin_ns.data_ptr(),
+                stream_handle(dst.device))
 
 
 def relax_edges(graph: int, functions, device: torch.device) -> int:

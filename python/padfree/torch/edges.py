@@ -8,26 +8,37 @@ programmatic only where the consumer's kernel waits on its producer before readi
 no API reports that. On the H100 cuBLASLt's kernels for a few thousand rows and more do; some of its
 small-row kernels do not, nor do torch's own elementwise and indexing kernels.
 
-So each consumer function is checked before its edges are relaxed: the relaxed copy must reproduce
-the captured graph bit for bit on two input batches, each run right after the other one. padfree's
-producers let their consumers launch at their start (griddepcontrol.launch_dependents), so a
-consumer that does not wait runs during its producer and reads the other batch's stale rows, which
-the comparison sees; outputs are poisoned before every run.
+So each consumer function is checked before its edges are relaxed, twice:
+1. The probe (probe_consumer): the consumer as the forward calls it (same shapes, so the same
+   kernel) is captured behind ops.graph_edges.delayed_copy, which writes the consumer's input but
+   lets it launch at once and spins 20 ms first; with the edge relaxed, a consumer that does not
+   wait reads the stale input, one that waits the fresh one. Deterministic where a consumer reads
+   its input within 20 ms of launching.
+2. The relaxed copy of the whole forward must reproduce the captured graph bit for bit on two input
+   batches, each run right after the other one (a consumer that read before its wait would read
+   the other batch's stale rows); outputs are poisoned before every run.
+A function is relaxed where every probe that ran it found it waiting and the copy matched. The
+second check alone (session 9) accepted, under compute-sanitizer memcheck, two consumers at 93 tokens
+that plain runs rejected, and the relaxed encoder then computed wrong rows there; so it was opt-in.
+Timing stamps cannot replace the data probe: a kernel behind a programmatic edge completes, for the
+nodes after it, only with its producer, and cuBLASLt's GEMMs trigger their own dependents early
+(H100: a stamp behind the consumer came after the spin for every consumer through a full edge, and
+before it for every one through a programmatic edge).
 
-Off by default (PadfreeEncoder(programmatic_edges=True) turns it on): the check is empirical. In
-plain runs it rejected the same consumers every time and relaxed graphs matched captured ones on
-every batch tried (H100: 90 calls and 90 replays at three shapes); but under compute-sanitizer
-memcheck it accepted two more consumers at 93 tokens, and the encoder's HF-style calls (their
-guarded graphs) then differed from the captured graph's. A proof per consumer needs a deterministic
-probe instead: a padfree producer that triggers, then spins for milliseconds before it writes,
-ahead of a copy of the consumer's node (not built yet).
+Still off by default (PadfreeEncoder(programmatic_edges=True) turns it on): the probe was written in
+a session that had no GPU left after that timing result, so it has not run yet; the measurements in
+bench/NOTES-bert.md v12 are of the second check alone.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
+
+PROBE_SPIN_NS = 20_000_000
 
 
 def enabled() -> bool:
@@ -39,13 +50,61 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.uint8)
 
 
+@dataclass
+class Probe:
+    """A consumer as the forward calls it: consume(x) reads x (in the forward, a padfree kernel's
+    output) and writes out; reset() puts out back where consume starts from (a GEMM that adds into
+    its output needs it; else it poisons out)."""
+    x: torch.Tensor
+    consume: Callable[[torch.Tensor], None]
+    out: torch.Tensor
+    reset: Callable[[], None]
+
+
+def probe_consumer(probe: Probe, ops, device: torch.device, stream: torch.cuda.Stream,
+                   capturing: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+                   spin_ns: int = PROBE_SPIN_NS) -> dict[int, bool]:
+    """Whether the kernels probe.consume runs read x only once its producer has completed: {function:
+    waits} for each consumer of the delayed copy in the probe's graph (its direct successor). Run
+    and captured on `stream`, the capture inside capturing() (the caller's protocol for library
+    workspaces); the replays run on the current stream, which this call waits for."""
+    x, current = probe.x, torch.cuda.current_stream(device)
+    fresh, stale = torch.randn_like(x), torch.randn_like(x)
+    spin = torch.zeros(1, dtype=torch.int64, device=device)
+    stream.wait_stream(current)
+    with torch.cuda.stream(stream):  # the reference, and the stream's warm-up (library workspaces)
+        x.copy_(fresh)
+        probe.reset()
+        probe.consume(x)
+        want = probe.out.clone()
+    current.wait_stream(stream)
+    graph = torch.cuda.CUDAGraph(keep_graph=True)
+    with capturing(), torch.cuda.graph(graph, stream=stream):
+        ops.graph_edges.delayed_copy(fresh, x, spin)
+        probe.consume(x)
+    raw = graph.raw_cuda_graph()
+    functions = ops.graph_edges.consumers(raw, device)
+    ops.graph_edges.relax_edges(raw, functions, device)
+    matched = []
+    for spin_value in (0, spin_ns):  # the first replay instantiates the graph and loads its kernels
+        spin.fill_(spin_value)
+        x.copy_(stale)
+        probe.reset()
+        graph.replay()
+        matched.append(torch.equal(probe.out, want))
+    # Where the probe's graph has another consumer too (an elementwise kernel that prepares the
+    # output, say), the one that reads x is not known: none is found waiting.
+    return {f: len(functions) == 1 and all(matched) for f in functions}
+
+
 def relax_captured(raw_graph: int, ops, device: torch.device, feed: Callable[[int], None],
-                   outputs: list[torch.Tensor]) -> list[int]:
+                   outputs: list[torch.Tensor], verdicts: dict[int, bool]) -> list[int]:
     """Relaxes, in raw_graph (a captured cudaGraph_t not yet instantiated), the edges into every
-    consumer that passes the check. feed(k) writes input batch k (0: the one captured, left in place
-    on return; 1: another with every value different) into the graph's static inputs; outputs: the
+    consumer that the probes found waiting (verdicts, from probe_consumer) and whose relaxed copy
+    reproduces the graph. feed(k) writes input batch k (0: the one captured, left in place on
+    return; 1: another with every value different) into the graph's static inputs; outputs: the
     tensors the graph writes. Returns the consumer functions whose edges were relaxed."""
-    functions = ops.graph_edges.consumers(raw_graph, device)
+    functions = [f for f in ops.graph_edges.consumers(raw_graph, device) if verdicts.get(f, False)]
     if not functions:
         return []
 

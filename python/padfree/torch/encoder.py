@@ -325,10 +325,39 @@ class PadfreeEncoder:
         batches.append((batches[0] + 1) % self.weights.vocab_size)  # every token differs, same lengths
         outputs = [g.hidden] + ([] if g.pooled is None else [g.pooled])
         try:
+            verdicts: dict[int, bool] = {}
+            for probe in self._consumer_probes(g):
+                found = edges.probe_consumer(probe, self._ops, self.device, self._capture_stream,
+                                             _cublas_workspaces_in_pool)
+                for function, waits in found.items():
+                    verdicts[function] = verdicts.get(function, True) and waits
             g.relaxed = tuple(edges.relax_captured(raw, self._ops, self.device, lambda k: ids.copy_(batches[k]),
-                                                   outputs))
+                                                   outputs, verdicts))
         except PadfreeError:
             g.relaxed = ()
+
+    def _consumer_probes(self, g: _Graph) -> list[edges.Probe]:
+        """The forward's consumers of padfree kernels' outputs, called as _run calls them (layer 0's
+        weights: every layer's projections have the same shapes, so the same kernels): the QKV and
+        FFN-up projections of a LayerNorm, the attention output's projection (which adds into the
+        residual), and the pooler of each sequence's first token."""
+        w, lw = self.weights, self.weights.layers[0]
+        rows, h = g.hidden.shape
+        new = dict(dtype=self.dtype, device=self.device)
+
+        def poisoned(out):
+            return lambda: out.fill_(float("nan"))
+
+        x, acc, acc0 = (torch.randn(rows, h, **new) for _ in range(3))
+        qkv, up = torch.empty(rows, 3 * h, **new), torch.empty(rows, w.intermediate_size, **new)
+        probes = [edges.Probe(x, lambda t: g.gemms.qkv(t, lw.qkv_weight, qkv), qkv, poisoned(qkv)),
+                  edges.Probe(x, lambda t: g.gemms.up(t, lw.up_weight, lw.up_bias, up), up, poisoned(up)),
+                  edges.Probe(x, lambda t: g.gemms.out_residual(t, lw.out_weight, acc), acc, lambda: acc.copy_(acc0))]
+        if g.pooled is not None:
+            first, pooled = torch.randn(g.pooled.shape, **new), torch.empty(g.pooled.shape, **new)
+            probes.append(edges.Probe(first, lambda t: torch.addmm(w.pooler_bias, t, w.pooler_weight.t(), out=pooled),
+                                      pooled, poisoned(pooled)))
+        return probes
 
     @property
     def graph_buckets(self) -> list[Bucket]:
