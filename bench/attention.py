@@ -162,9 +162,7 @@ def bench_shape(name, batch, max_seqlen, num_heads, head_dim, ceilings, varlen, 
     row["floor_ms"] = max(bytes_moved / ceilings["copy_bytes_per_s"], flops / ceilings["fp16_gemm_flop_per_s"]) * 1e3
     row["floor_bound"] = "memory" if bytes_moved / ceilings["copy_bytes_per_s"] > flops / ceilings["fp16_gemm_flop_per_s"] else "compute"
     if with_paths:
-        for path in ("resident", "tiled", "wgmma"):
-            if path == "resident" and max_len > 128:
-                continue
+        for path in forced_paths(max_len, head_dim):
             os.environ["PADFREE_ATTENTION_PATH"] = path
             try:
                 outs[0].fill_(math.nan)
@@ -178,14 +176,19 @@ def bench_shape(name, batch, max_seqlen, num_heads, head_dim, ceilings, varlen, 
     return row, layout
 
 
+def forced_paths(max_len: int, head_dim: int) -> list[str]:
+    """The PADFREE_ATTENTION_PATH values that run their own kernel at these sizes ("resident" holds at
+    most 128 keys; "tma" is the wgmma kernel's head_dim-64 variant)."""
+    return [path for path in ("resident", "tiled", "wgmma", "tma")
+            if not (path == "resident" and max_len > 128) and not (path == "tma" and head_dim != 64)]
+
+
 def run_once(shapes) -> int:
     for name, batch, max_seqlen, num_heads, head_dim in shapes:
         lengths = lengths_for(batch, max_seqlen)
         qkv = torch.randn(sum(lengths), 3 * num_heads * head_dim, device="cuda", dtype=torch.float16)
         cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32).cuda()
-        for path in ("resident", "tiled", "wgmma"):
-            if path == "resident" and max(lengths) > 128:
-                continue
+        for path in forced_paths(max(lengths), head_dim):
             os.environ["PADFREE_ATTENTION_PATH"] = path
             attention_varlen(qkv, cu, max(lengths), num_heads)
         os.environ.pop("PADFREE_ATTENTION_PATH", None)

@@ -10,6 +10,9 @@
 #include "attention_tc.cuh"
 #include "attention_wgmma.cuh"
 #include "common.cuh"
+#include "driver_entry.h"
+
+#include <cudaTypedefs.h>
 
 namespace padfree {
 namespace {
@@ -25,7 +28,7 @@ using attention_detail::WgmmaConfig;
 // on short ones (more CTAs, fewer rows wasted past each sequence's end); see bench/NOTES-attention.md.
 constexpr int kResidentMaxSeqlen = 128;
 
-enum class Path { kResident, kTiled, kWgmma, kFp32 };
+enum class Path { kResident, kTiled, kWgmma, kWgmmaTma, kFp32 };
 
 // The wgmma kernel runs where the library holds sm_90a code (CMakeLists.txt defines
 // PADFREE_HAS_SM90A only when it holds no plain sm_90 code the driver could load instead) and the
@@ -38,14 +41,17 @@ bool wgmma_available() {
 #endif
 }
 
-// PADFREE_ATTENTION_PATH=resident|tiled|wgmma overrides the choice, so that a benchmark can time
-// every path on one build ("resident" only where the sequences fit it, "wgmma" where it runs).
+// PADFREE_ATTENTION_PATH=resident|tiled|wgmma|tma overrides the choice, so that a benchmark can time
+// every path on one build ("resident" only where the sequences fit it, "wgmma" where it runs; "tma":
+// the wgmma kernel loading by tensor copies, head_dim 64, where it runs: not yet measured, so not
+// chosen by default).
 bool forced_path(int32_t max_seqlen, Path* path) {
     const char* name = std::getenv("PADFREE_ATTENTION_PATH");
     if (name == nullptr) return false;
     if (std::strcmp(name, "resident") == 0 && max_seqlen <= kResidentMaxSeqlen) *path = Path::kResident;
     else if (std::strcmp(name, "tiled") == 0) *path = Path::kTiled;
     else if (std::strcmp(name, "wgmma") == 0 && wgmma_available()) *path = Path::kWgmma;
+    else if (std::strcmp(name, "tma") == 0 && wgmma_available()) *path = Path::kWgmmaTma;
     else return false;
     return true;
 }
@@ -79,10 +85,11 @@ bool tiles_last_first(int64_t ctas, int ctas_per_sm) {
     return static_cast<double>(ctas) <= kTilesLastFirstMaxWaves * sms * ctas_per_sm;
 }
 
-// Either tensor-core kernel (attention_tc_kernel or attention_wgmma_kernel) with its configuration.
-template <class Cfg>
-cudaError_t launch_tiles(void (*kernel)(AttentionArgs), AttentionArgs args, int32_t batch, int32_t max_seqlen,
-                         cudaStream_t stream) {
+// Either tensor-core kernel (attention_tc_kernel or attention_wgmma_kernel, whose extra parameter is
+// its tensor map) with its configuration.
+template <class Cfg, class... Extra>
+cudaError_t launch_tiles(void (*kernel)(AttentionArgs, Extra...), AttentionArgs args, int32_t batch,
+                         int32_t max_seqlen, cudaStream_t stream, const Extra&... extra) {
     if (Cfg::kSmemBytes > 48 * 1024) {
         const cudaError_t err =
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
@@ -92,8 +99,27 @@ cudaError_t launch_tiles(void (*kernel)(AttentionArgs), AttentionArgs args, int3
     args.tiles_last_first =
         tiles > 1 && tiles_last_first(static_cast<int64_t>(tiles) * batch * args.num_heads, Cfg::kMinBlocks);
     const dim3 grid = args.tiles_last_first ? dim3(args.num_heads, batch, tiles) : dim3(tiles, batch, args.num_heads);
-    launch_kernel(kernel, grid, Cfg::kThreads, Cfg::kSmemBytes, stream, args);  // errors: cudaGetLastError
+    launch_kernel(kernel, grid, Cfg::kThreads, Cfg::kSmemBytes, stream, args, extra...);  // errors: cudaGetLastError
     return cudaSuccess;
+}
+
+// args.qkv as the TMA source of the wgmma kernel at head_dim 64: [total_rows, 3 * num_heads * 64]
+// in 64 x 64 boxes with the 128-byte swizzle (its shared layout, Panels128), rows past the end read
+// as zeros. False where the driver cannot make one.
+bool qkv_tensor_map(const AttentionArgs& args, padfree_dtype dtype, CUtensorMap* map) {
+    static const auto encode =
+        driver_entry<PFN_cuTensorMapEncodeTiled_v12000>("cuTensorMapEncodeTiled", 12000);
+    if (encode == nullptr || args.total_rows <= 0) return false;
+    const cuuint64_t width = 3ull * static_cast<cuuint64_t>(args.num_heads) * 64;
+    const cuuint64_t dims[2] = {width, static_cast<cuuint64_t>(args.total_rows)};
+    const cuuint64_t row_bytes[1] = {width * 2};
+    const cuuint32_t box[2] = {64, 64};
+    const cuuint32_t element_strides[2] = {1, 1};
+    const CUtensorMapDataType type =
+        dtype == PADFREE_BFLOAT16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    return encode(map, type, 2, const_cast<void*>(args.qkv), dims, row_bytes, box, element_strides,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 // Head_dim 64: sequences that fit one 128-key tile take a single-buffered configuration (40 KB of
@@ -101,17 +127,26 @@ cudaError_t launch_tiles(void (*kernel)(AttentionArgs), AttentionArgs args, int3
 // (H100, BERT shapes: 128-key tiles there, at two CTAs per SM by registers, were 10-35% slower;
 // 64-key tiles on short sequences 10-30% slower). Head_dim 128: 64-key tiles, double-buffered
 // (80 KB: two CTAs per SM), for every length. ONE_BARRIER: WgmmaConfig says where it pays.
+// tma: the 64-key configuration loading by tensor copies, for every length (head_dim 64, where the
+// driver makes the tensor map; else as without).
 template <typename T, int HD>
-cudaError_t launch_wgmma(const AttentionArgs& args, int32_t batch, int32_t max_seqlen, cudaStream_t stream) {
+cudaError_t launch_wgmma(const AttentionArgs& args, int32_t batch, int32_t max_seqlen, padfree_dtype dtype, bool tma,
+                         cudaStream_t stream) {
+    CUtensorMap map{};  // unused by the configurations without TMA
     if constexpr (HD == 64) {
+        if (tma && qkv_tensor_map(args, dtype, &map)) {
+            using Cfg = WgmmaConfig<HD, 64, 2, 4, true, true>;
+            return launch_tiles<Cfg>(attention_wgmma_kernel<T, Cfg>, args, batch, max_seqlen, stream, map);
+        }
         using SingleTile = WgmmaConfig<HD, 128, 1, 4, false>;
         if (max_seqlen <= SingleTile::kBlockN)
-            return launch_tiles<SingleTile>(attention_wgmma_kernel<T, SingleTile>, args, batch, max_seqlen, stream);
+            return launch_tiles<SingleTile>(attention_wgmma_kernel<T, SingleTile>, args, batch, max_seqlen, stream,
+                                            map);
         using Cfg = WgmmaConfig<HD, 64, 2, 4, true>;
-        return launch_tiles<Cfg>(attention_wgmma_kernel<T, Cfg>, args, batch, max_seqlen, stream);
+        return launch_tiles<Cfg>(attention_wgmma_kernel<T, Cfg>, args, batch, max_seqlen, stream, map);
     } else {
         using Cfg = WgmmaConfig<HD, 64, 2, 2, false>;
-        return launch_tiles<Cfg>(attention_wgmma_kernel<T, Cfg>, args, batch, max_seqlen, stream);
+        return launch_tiles<Cfg>(attention_wgmma_kernel<T, Cfg>, args, batch, max_seqlen, stream, map);
     }
 }
 
@@ -124,13 +159,15 @@ cudaError_t launch_head_dim(const AttentionArgs& args, int32_t batch, int32_t ma
                       args);
         return cudaSuccess;
     } else {
-        switch (choose_path(max_seqlen, dtype)) {
+        const Path path = choose_path(max_seqlen, dtype);
+        switch (path) {
             case Path::kResident: {
                 using Cfg = TileConfig<HD, 4, kResidentMaxSeqlen, true>;
                 return launch_tiles<Cfg>(attention_tc_kernel<T, Cfg>, args, batch, max_seqlen, stream);
             }
             case Path::kWgmma:
-                return launch_wgmma<T, HD>(args, batch, max_seqlen, stream);
+            case Path::kWgmmaTma:
+                return launch_wgmma<T, HD>(args, batch, max_seqlen, dtype, path == Path::kWgmmaTma, stream);
             default: {
                 using Cfg = TileConfig<HD, 4, 64, false>;
                 return launch_tiles<Cfg>(attention_tc_kernel<T, Cfg>, args, batch, max_seqlen, stream);

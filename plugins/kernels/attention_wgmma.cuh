@@ -19,6 +19,7 @@
 #include "attention_ptx.cuh"
 #include "attention_tiles.cuh"
 #include "common.cuh"
+#include "tma_ptx.cuh"
 #include "wgmma_ptx.cuh"
 
 namespace padfree {
@@ -30,9 +31,15 @@ namespace attention_detail {
 // ONE_BARRIER: tile j+1's K and V are both requested at the start of tile j, behind one barrier per
 // tile; otherwise V_{j+1} waits for a second barrier after the softmax (H100, one barrier: head_dim
 // 64 2-3% faster on long sequences, head_dim 128 7-9% slower).
-template <int HEAD_DIM, int BLOCK_N, int STAGES, int MIN_BLOCKS, bool ONE_BARRIER>
+// TMA: Q, K and V arrive by tensor copies (tma_ptx.cuh) that one thread issues, each tile's K and V
+// signalling one mbarrier, instead of every thread's cp.async copies (8 per tile and thread, with
+// their addresses, at head_dim 64; removing the loads saved 15% at BERT 64x512 in session 8's
+// ablation). Rows past a sequence's end arrive as the next sequence's rows (past the tensor: zeros):
+// their scores are masked, and the V rows a partial tile's P.V reads past the end are zeroed.
+template <int HEAD_DIM, int BLOCK_N, int STAGES, int MIN_BLOCKS, bool ONE_BARRIER, bool TMA = false>
 struct WgmmaConfig {
     static constexpr bool kOneBarrier = ONE_BARRIER;
+    static constexpr bool kTma = TMA;
     static constexpr int kHeadDim = HEAD_DIM;
     static constexpr int kThreads = 128;  // one warpgroup
     static constexpr int kBlockM = 64;    // wgmma's M
@@ -44,8 +51,12 @@ struct WgmmaConfig {
     static constexpr int kTileBytes = BLOCK_N * HEAD_DIM * 2;
     // + 1024: the swizzle pattern repeats every 1024 bytes and wgmma expects tiles aligned to it;
     // dynamic shared memory is only 16-byte aligned.
-    static constexpr int kSmemBytes = kQBytes + 2 * kStages * kTileBytes + 1024;
+    static constexpr int kBarrierBytes = TMA ? 8 * (1 + kStages) : 0;  // Q's mbarrier, one per K/V stage
+    static constexpr int kSmemBytes = kQBytes + 2 * kStages * kTileBytes + kBarrierBytes + 1024;
     static_assert(HEAD_DIM % 64 == 0 && BLOCK_N % 64 == 0, "64-column panels, 64-key wgmma blocks");
+    // One 64-column box per tile (128-byte swizzle spans 64 columns), both of a tile's copies on one
+    // barrier.
+    static_assert(!TMA || (HEAD_DIM == 64 && ONE_BARRIER && STAGES == 2), "TMA: head_dim 64, one barrier");
 };
 
 // The 32 accumulators of one m64n64 product: 8-column blocks [b, b + 8) of a [blocks][4] array
@@ -86,8 +97,11 @@ __device__ __forceinline__ void scores_to_p(float (&s)[NB][4], uint32_t (&pa)[KG
 }
 
 // Grid: as attention_tc_kernel's. Launched only where the library holds sm_90a code (attention.cu).
+// qkv_map: with Cfg::kTma, args.qkv as a [total_rows, 3 * num_heads * HEAD_DIM] tensor in 64 x 64
+// boxes with the 128-byte swizzle (attention.cu: qkv_tensor_map); unused otherwise.
 template <typename T, class Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_wgmma_kernel(AttentionArgs args) {
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
+    attention_wgmma_kernel(AttentionArgs args, const __grid_constant__ CUtensorMap qkv_map) {
 #if defined(PADFREE_WGMMA_DEVICE)
     constexpr int HD = Cfg::kHeadDim;
     constexpr int BM = Cfg::kBlockM;
@@ -118,14 +132,38 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_wgmm
     const int n_tiles = Cfg::kSingleTile ? 1 : ceil_div(keys_end, BN);
     const int n_full = (Cfg::kSingleTile || args.causal) ? 0 : min(n_tiles, keys_end / BN);
 
-    // All 64 Q rows, the ones past the sequence zero-filled: every warp takes part in each wgmma.
-    load_query_rows<T, HD, Cfg::kThreads, BM, QLayout>(sQ_addr, seq, stride, tile, q_rows, BM);
-    cp_async_commit();
     const KeyValueTiles<T, HD, Cfg::kThreads, BN, KVLayout> kv(seq, tile.head, nh, stride, n_full, keys_end);
-    kv.load(sK_addr, false, 0);
-    kv.load(sV_addr, true, 0);
-    cp_async_wait<2>();
-    __syncthreads();
+    // TMA: Q's barrier, then one per K/V stage; a tile's K and V are copied by thread 0.
+    const uint32_t q_bar = sV_addr + Cfg::kStages * Cfg::kTileBytes;
+    auto kv_bar = [&](int j) { return q_bar + 8u * (1 + j % Cfg::kStages); };
+    auto tma_key_values = [&](int j) {
+        const uint32_t stage = (j % Cfg::kStages) * Cfg::kTileBytes;
+        const int32_t row = tile.start + j * BN;
+        mbarrier_expect_bytes(kv_bar(j), 2 * Cfg::kTileBytes);
+        tma_load_2d(sK_addr + stage, &qkv_map, (nh + tile.head) * HD, row, kv_bar(j));
+        tma_load_2d(sV_addr + stage, &qkv_map, (2 * nh + tile.head) * HD, row, kv_bar(j));
+    };
+    if constexpr (Cfg::kTma) {
+        if (threadIdx.x == 0) {
+            for (int b = 0; b <= Cfg::kStages; ++b) mbarrier_init(q_bar + 8u * b, 1);
+            fence_mbarrier_init();
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {  // all 64 Q rows (past the sequence: other rows, never stored)
+            mbarrier_expect_bytes(q_bar, Cfg::kQBytes);
+            tma_load_2d(sQ_addr, &qkv_map, tile.head * HD, tile.start + tile.q0, q_bar);
+            tma_key_values(0);
+        }
+        mbarrier_wait(q_bar, 0);
+    } else {
+        // All 64 Q rows, the ones past the sequence zero-filled: every warp takes part in each wgmma.
+        load_query_rows<T, HD, Cfg::kThreads, BM, QLayout>(sQ_addr, seq, stride, tile, q_rows, BM);
+        cp_async_commit();
+        kv.load(sK_addr, false, 0);
+        kv.load(sV_addr, true, 0);
+        cp_async_wait<2>();
+        __syncthreads();
+    }
     uint32_t qf[KC][4];
     load_q_fragments<T, HD, QLayout>(qf, sQ_addr, warp * 16, static_cast<const T*>(args.qkv_bias), tile.head);
 
@@ -177,14 +215,29 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_wgmm
         const uint32_t stage = (j % Cfg::kStages) * Cfg::kTileBytes;
         const uint32_t next_stage = ((j + 1) % Cfg::kStages) * Cfg::kTileBytes;
 
-        if (Cfg::kOneBarrier) cp_async_wait<0>();
-        else cp_async_wait<1>();  // K_j has landed; V_j may still be in flight
+        if constexpr (Cfg::kTma) {
+            mbarrier_wait(kv_bar(j), (j / Cfg::kStages) & 1);
+            if (!FULL) {  // V rows [valid, 16-row group end) are read, with P = 0: zeros, not the next sequence's
+                const int valid = min(BN, keys_end - j * BN);
+                const int row = valid + threadIdx.x / 8;
+                if (row < round_up_16(valid))
+                    st_shared_zero_16(sV_addr + stage + 2u * KVLayout::offset(row, (threadIdx.x % 8) * 8));
+            }
+        } else if (Cfg::kOneBarrier) {
+            cp_async_wait<0>();
+        } else {
+            cp_async_wait<1>();  // K_j has landed; V_j may still be in flight
+        }
         fence_shared_to_async_proxy();
         __syncthreads();
         // The products of tile j-1 completed before every thread's waits: its K and V buffers are free.
         if (j + 1 < n_tiles) {
-            kv.load(sK_addr + next_stage, false, j + 1);
-            if (Cfg::kOneBarrier) kv.load(sV_addr + next_stage, true, j + 1);
+            if constexpr (Cfg::kTma) {
+                if (threadIdx.x == 0) tma_key_values(j + 1);
+            } else {
+                kv.load(sK_addr + next_stage, false, j + 1);
+                if (Cfg::kOneBarrier) kv.load(sV_addr + next_stage, true, j + 1);
+            }
         }
 
         uint32_t pa[KG][4];  // P's A fragments

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "common.cuh"
+#include "driver_entry.h"
 
 namespace padfree {
 namespace {
@@ -35,20 +36,9 @@ cudaError_t edges_of(cudaGraph_t graph, std::vector<Edge>* out) {
 // launched through the driver (cuBLASLt's), so the two driver calls needed are looked up once,
 // without linking libcuda (padfree links only the runtime).
 struct DriverCalls {
-    PFN_cuGraphKernelNodeGetParams_v12000 node_params = nullptr;
-    PFN_cuFuncGetName_v12030 function_name = nullptr;
-
-    DriverCalls() {
-        cudaDriverEntryPointQueryResult found;
-        void* fn = nullptr;
-        if (cudaGetDriverEntryPointByVersion("cuGraphKernelNodeGetParams", &fn, 12000, cudaEnableDefault, &found) ==
-                cudaSuccess && found == cudaDriverEntryPointSuccess)
-            node_params = reinterpret_cast<PFN_cuGraphKernelNodeGetParams_v12000>(fn);
-        if (cudaGetDriverEntryPointByVersion("cuFuncGetName", &fn, 12030, cudaEnableDefault, &found) == cudaSuccess &&
-            found == cudaDriverEntryPointSuccess)
-            function_name = reinterpret_cast<PFN_cuFuncGetName_v12030>(fn);
-        cudaGetLastError();
-    }
+    PFN_cuGraphKernelNodeGetParams_v12000 node_params =
+        driver_entry<PFN_cuGraphKernelNodeGetParams_v12000>("cuGraphKernelNodeGetParams", 12000);
+    PFN_cuFuncGetName_v12030 function_name = driver_entry<PFN_cuFuncGetName_v12030>("cuFuncGetName", 12030);
 };
 
 const DriverCalls& driver() {

@@ -1,0 +1,55 @@
+// The Hopper bulk-copy instructions the TMA variant of the wgmma attention kernel loads with: a 2D
+// tensor copy (cp.async.bulk.tensor) from global into shared memory that signals an mbarrier with
+// its byte count, and the mbarrier's init, expect and wait. sm_90 and later; call them from code
+// compiled under PADFREE_WGMMA_DEVICE (wgmma_ptx.cuh), where the kernel that uses them is.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+namespace padfree {
+namespace attention_detail {
+
+// count arrivals complete a phase (one thread arrives with the bytes it expects).
+__device__ __forceinline__ void mbarrier_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+// The initialized barriers visible to the async proxy (the copies that will signal them); a block
+// barrier then publishes them to the other threads.
+__device__ __forceinline__ void fence_mbarrier_init() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// This thread's arrival, and the bytes the current phase waits for besides.
+__device__ __forceinline__ void mbarrier_expect_bytes(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+// Returns once the phase of the given parity has completed: its copies' bytes have landed and are
+// visible to this thread.
+__device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done = 0;
+    while (!done) {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+    }
+}
+
+// The box of `map` at (column, row) element coordinates into shared memory at `dst` (laid out as the
+// map's swizzle says), counted on `bar`. Rows past the tensor's end arrive as zeros.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const CUtensorMap* map, int32_t column, int32_t row,
+                                            uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
+            "r"(dst),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(column), "r"(row), "r"(bar)
+        : "memory");
+}
+
+}  // namespace attention_detail
+}  // namespace padfree
