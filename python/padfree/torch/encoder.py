@@ -315,7 +315,7 @@ class PadfreeEncoder:
 
     def _relax_edges(self, g: _Graph) -> None:
         """Before the graph's first replay instantiates it (keep_graph): nothing to do where torch
-        cannot keep it, or where a graph call fails (the graph then runs as captured)."""
+        cannot keep it, or where a probe or a graph call fails (the graph then runs as captured)."""
         try:
             raw = g.graph.raw_cuda_graph()
         except (RuntimeError, AttributeError):
@@ -333,7 +333,7 @@ class PadfreeEncoder:
                     verdicts[function] = verdicts.get(function, True) and waits
             g.relaxed = tuple(edges.relax_captured(raw, self._ops, self.device, lambda k: ids.copy_(batches[k]),
                                                    outputs, verdicts))
-        except PadfreeError:
+        except (PadfreeError, RuntimeError):  # a probe that cannot be captured relaxes nothing
             g.relaxed = ()
 
     def _consumer_probes(self, g: _Graph) -> list[edges.Probe]:
