@@ -320,6 +320,9 @@ def run(args) -> int:
               "torch": torch.__version__, "transformers": transformers.__version__, "cuda": torch.version.cuda,
               "layers": args.layers, "encoder": repr(encoder),
               "programmatic_edges": args.programmatic_edges,
+              # the library's A/B switches (attention.cu, common.cuh), so that a run says what it ran
+              "environment": {k: v for k, v in os.environ.items()
+                              if k.startswith("PADFREE_") and not k.endswith("_LIBRARY")},
               "lengths": "uniform in [0.2*max, max], torch.Generator seed 0",
               "timing": f"CUDA events per call, median of {args.reps} after {args.warmup} warm-up calls",
               "rows": rows}
