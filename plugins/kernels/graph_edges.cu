@@ -109,11 +109,17 @@ __global__ void delayed_copy_kernel(const uint4* src, uint4* dst, int64_t count,
         dst[i] = src[i];
 }
 
+// A few CTAs only: a dependent that does not wait must find room to run during the spin, and a
+// GEMM's CTAs each take most of an SM. A grid sized to the copy (up to 1024 CTAs of 256 threads)
+// fills every SM from ~2700 rows of 768: such a GEMM could then start only after the copy, and would
+// pass for waiting.
+constexpr int kDelayedCopyBlocks = 8;
+
 }  // namespace
 
 cudaError_t launch_delayed_copy(const void* src, void* dst, int64_t bytes, const int64_t* spin_ns, cudaStream_t stream) {
     const int64_t count = bytes / 16;
-    const int blocks = static_cast<int>(std::min<int64_t>(std::max<int64_t>(ceil_div<int64_t>(count, 256), 1), 1024));
+    const int blocks = static_cast<int>(std::min<int64_t>(ceil_div<int64_t>(count, 256), kDelayedCopyBlocks));
     return launch_kernel(delayed_copy_kernel, dim3(blocks), dim3(256), 0, stream, static_cast<const uint4*>(src),
                          static_cast<uint4*>(dst), count, spin_ns);
 }

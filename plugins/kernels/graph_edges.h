@@ -21,7 +21,8 @@ cudaError_t graph_consumers(cudaGraph_t graph, std::vector<const void*>* functio
 
 // The probe's producer: copies `bytes` (a multiple of 16, both addresses 16-byte aligned) from src to
 // dst, but lets its dependents launch at once and spins *spin_ns (device memory, so that a captured
-// probe can be replayed with another spin) before it copies. Launched with PDL, like every padfree
+// probe can be replayed with another spin) before it copies, on 8 CTAs (the other SMs stay free for
+// the dependent). Launched with PDL, like every padfree
 // kernel: captured ahead of a consumer, relaxed, it tells whether the consumer waits on it.
 cudaError_t launch_delayed_copy(const void* src, void* dst, int64_t bytes, const int64_t* spin_ns, cudaStream_t stream);
 
