@@ -89,12 +89,12 @@ def test_matches_reference(seed, dtype, head_dim, batch, max_seqlen):
 
 # Every tensor-core kernel on the same cases: by default the device picks one (wgmma on compute
 # capability 9.0, mma.sync elsewhere); PADFREE_ATTENTION_PATH forces each ("tma": the wgmma kernel
-# loading by tensor copies), PADFREE_ATTENTION_ROW_SUMS=mma its softmax sums on the tensor cores.
+# loading by tensor copies).
 KERNEL_PATH_SHAPES = [(1, 1), (5, 7), (3, 64), (16, 129), (7, 512), (2, 1100)]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("path", ["resident", "tiled", "wgmma", "tma", "wgmma/row-sums-mma", "tma/row-sums-mma"])
+@pytest.mark.parametrize("path", ["resident", "tiled", "wgmma", "tma"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -102,14 +102,11 @@ KERNEL_PATH_SHAPES = [(1, 1), (5, 7), (3, 64), (16, 129), (7, 512), (2, 1100)]
 def test_each_kernel_path(monkeypatch, seed, path, dtype, head_dim, causal, batch, max_seqlen):
     if path == "resident" and max_seqlen > 128:
         pytest.skip("the resident kernel holds at most 128 keys")
-    path, _, row_sums = path.partition("/")
     if path in ("wgmma", "tma") and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("wgmma runs on compute capability 9.0 only")
-    if (path == "tma" or row_sums) and head_dim != 64:
-        pytest.skip("tensor copies and row sums on the tensor cores: head_dim 64 only")
+    if path == "tma" and head_dim != 64:
+        pytest.skip("the wgmma kernel loads by tensor copies at head_dim 64 only")
     monkeypatch.setenv("PADFREE_ATTENTION_PATH", path)
-    if row_sums:
-        monkeypatch.setenv("PADFREE_ATTENTION_ROW_SUMS", "mma")
     rng = random.Random(seed)
     run_case(seed, dtype, head_dim, 2, make_lengths(rng, batch, max_seqlen), max_seqlen, causal=causal)
 

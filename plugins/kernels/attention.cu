@@ -1,6 +1,6 @@
 // Kernel choice for fused varlen attention: the one place runtime sizes become template arguments.
-// Instantiations: {fp16, bf16} x {64, 128} x {resident, tiled, wgmma (head_dim 64: the single-tile
-// configuration and four 64-key ones, TMA and row sums on or off)} + fp32 x {64, 128}.
+// Instantiations: {fp16, bf16} x {64, 128} x {resident, tiled, wgmma (two for head_dim 64)} + fp32 x
+// {64, 128}.
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
@@ -42,9 +42,8 @@ bool wgmma_available() {
 }
 
 // PADFREE_ATTENTION_PATH=resident|tiled|wgmma|tma overrides the choice, so that a benchmark can time
-// every path on one build ("resident" only where the sequences fit it, "wgmma" where it runs; "tma":
-// the wgmma kernel loading by tensor copies, head_dim 64, where it runs: not yet measured, so not
-// chosen by default).
+// every path on one build ("resident" only where the sequences fit it; "wgmma" and "tma" where they
+// run: the wgmma kernel loading by cp.async, or at head_dim 64 by tensor copies, the default).
 bool forced_path(int32_t max_seqlen, Path* path) {
     const char* name = std::getenv("PADFREE_ATTENTION_PATH");
     if (name == nullptr) return false;
@@ -60,7 +59,7 @@ Path choose_path(int32_t max_seqlen, padfree_dtype dtype) {
     if (dtype == PADFREE_FLOAT32) return Path::kFp32;
     Path path;
     if (forced_path(max_seqlen, &path)) return path;
-    if (wgmma_available()) return Path::kWgmma;
+    if (wgmma_available()) return Path::kWgmmaTma;  // TMA where it applies (launch_wgmma)
     return max_seqlen <= kResidentMaxSeqlen ? Path::kResident : Path::kTiled;
 }
 
@@ -127,38 +126,26 @@ bool qkv_tensor_map(const AttentionArgs& args, padfree_dtype dtype, CUtensorMap*
 // (H100, BERT shapes: 128-key tiles there, at two CTAs per SM by registers, were 10-35% slower;
 // 64-key tiles on short sequences 10-30% slower). Head_dim 128: 64-key tiles, double-buffered
 // (80 KB: two CTAs per SM), for every length. ONE_BARRIER: WgmmaConfig says where it pays.
-// PADFREE_ATTENTION_ROW_SUMS=mma: head_dim 64's 64-key configuration takes the softmax's row sums
-// from the tensor cores (WgmmaConfig's ROW_SUMS_MMA): an A/B switch until measured.
-bool row_sums_mma() {
-    const char* how = std::getenv("PADFREE_ATTENTION_ROW_SUMS");
-    return how != nullptr && std::strcmp(how, "mma") == 0;
-}
-
-template <typename T, bool TMA, bool ROW_SUMS_MMA>
-cudaError_t launch_wgmma_64_keys(const AttentionArgs& args, int32_t batch, int32_t max_seqlen, cudaStream_t stream,
-                                 const CUtensorMap& map) {
-    using Cfg = WgmmaConfig<64, 64, 2, 4, true, TMA, ROW_SUMS_MMA>;
-    return launch_tiles<Cfg>(attention_wgmma_kernel<T, Cfg>, args, batch, max_seqlen, stream, map);
-}
-
-// tma: the 64-key configuration loading by tensor copies, for every length (head_dim 64, where the
-// driver makes the tensor map; else as without).
+// tma: head_dim 64 takes the 64-key configuration loading by tensor copies for every length, where
+// the driver makes the tensor map (else as without). H100, attention alone with Q/V bias, us, two
+// rounds (bench/NOTES-attention.md, session 10), cp.async -> TMA: 16x256 10.9 -> 10.4, 64x512
+// 95.5-95.9 -> 88.0-88.3, 128x128 (there against the single-tile configuration) 32.6 -> 31.4,
+// 32x1024 133 -> 121, 8x4096 658-696 -> 581-589.
 template <typename T, int HD>
 cudaError_t launch_wgmma(const AttentionArgs& args, int32_t batch, int32_t max_seqlen, padfree_dtype dtype, bool tma,
                          cudaStream_t stream) {
     CUtensorMap map{};  // unused by the configurations without TMA
     if constexpr (HD == 64) {
-        const bool row_sums = row_sums_mma();
         if (tma && qkv_tensor_map(args, dtype, &map)) {
-            return row_sums ? launch_wgmma_64_keys<T, true, true>(args, batch, max_seqlen, stream, map)
-                            : launch_wgmma_64_keys<T, true, false>(args, batch, max_seqlen, stream, map);
+            using Cfg = WgmmaConfig<HD, 64, 2, 4, true, true>;
+            return launch_tiles<Cfg>(attention_wgmma_kernel<T, Cfg>, args, batch, max_seqlen, stream, map);
         }
         using SingleTile = WgmmaConfig<HD, 128, 1, 4, false>;
         if (max_seqlen <= SingleTile::kBlockN)
             return launch_tiles<SingleTile>(attention_wgmma_kernel<T, SingleTile>, args, batch, max_seqlen, stream,
                                             map);
-        return row_sums ? launch_wgmma_64_keys<T, false, true>(args, batch, max_seqlen, stream, map)
-                        : launch_wgmma_64_keys<T, false, false>(args, batch, max_seqlen, stream, map);
+        using Cfg = WgmmaConfig<HD, 64, 2, 4, true>;
+        return launch_tiles<Cfg>(attention_wgmma_kernel<T, Cfg>, args, batch, max_seqlen, stream, map);
     } else {
         using Cfg = WgmmaConfig<HD, 64, 2, 2, false>;
         return launch_tiles<Cfg>(attention_wgmma_kernel<T, Cfg>, args, batch, max_seqlen, stream, map);

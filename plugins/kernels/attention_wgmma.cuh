@@ -34,17 +34,13 @@ namespace attention_detail {
 // TMA: Q, K and V arrive by tensor copies (tma_ptx.cuh) that one thread issues, each tile's K and V
 // signalling one mbarrier, instead of every thread's cp.async copies (8 per tile and thread, with
 // their addresses, at head_dim 64; removing the loads saved 15% at BERT 64x512 in session 8's
-// ablation). Rows past a sequence's end arrive as the next sequence's rows (past the tensor: zeros):
-// their scores are masked, and the V rows a partial tile's P.V reads past the end are zeroed.
-// ROW_SUMS_MMA: the softmax's row sums come from the tensor cores, P times a block of ones (an
-// m64n8 product beside each P.V step) instead of 16 adds per row and tile on every thread, and need
-// no quad reduction at the end; they then sum the rounded P that P.V multiplies.
-template <int HEAD_DIM, int BLOCK_N, int STAGES, int MIN_BLOCKS, bool ONE_BARRIER, bool TMA = false,
-          bool ROW_SUMS_MMA = false>
+// ablation; measured: 64x512 95.5 -> 88.0 us, attention.cu). Rows past a sequence's end arrive as
+// the next sequence's rows (past the tensor: zeros): their scores are masked, and the V rows a
+// partial tile's P.V reads past the end are zeroed.
+template <int HEAD_DIM, int BLOCK_N, int STAGES, int MIN_BLOCKS, bool ONE_BARRIER, bool TMA = false>
 struct WgmmaConfig {
     static constexpr bool kOneBarrier = ONE_BARRIER;
     static constexpr bool kTma = TMA;
-    static constexpr bool kRowSumsMma = ROW_SUMS_MMA;
     static constexpr int kHeadDim = HEAD_DIM;
     static constexpr int kThreads = 128;  // one warpgroup
     static constexpr int kBlockM = 64;    // wgmma's M
@@ -56,9 +52,8 @@ struct WgmmaConfig {
     static constexpr int kTileBytes = BLOCK_N * HEAD_DIM * 2;
     // + 1024: the swizzle pattern repeats every 1024 bytes and wgmma expects tiles aligned to it;
     // dynamic shared memory is only 16-byte aligned.
-    static constexpr int kOnesBytes = ROW_SUMS_MMA ? 512 : 0;         // the ones block (read: 256 bytes)
     static constexpr int kBarrierBytes = TMA ? 8 * (1 + kStages) : 0;  // Q's mbarrier, one per K/V stage
-    static constexpr int kSmemBytes = kQBytes + 2 * kStages * kTileBytes + kOnesBytes + kBarrierBytes + 1024;
+    static constexpr int kSmemBytes = kQBytes + 2 * kStages * kTileBytes + kBarrierBytes + 1024;
     static_assert(HEAD_DIM % 64 == 0 && BLOCK_N % 64 == 0, "64-column panels, 64-key wgmma blocks");
     // One 64-column box per tile (128-byte swizzle spans 64 columns), both of a tile's copies on one
     // barrier.
@@ -83,7 +78,7 @@ __device__ __forceinline__ uint32_t (&flat(uint32_t (&a)[R][4]))[R * 4] {
 // One key tile's online-softmax step on a warp's scores s (kbase: the tile's first key; warp_q0: the
 // warp's first query row), which become P's A fragments pa. A function rather than a generic lambda
 // in the kernel: CUDA 13.0's cicc crashed on that lambda called from another.
-template <typename T, bool SINGLE_TILE, bool FULL, bool ROW_SUMS_MMA, int BN, int NB, int KG, int DB>
+template <typename T, bool SINGLE_TILE, bool FULL, int BN, int NB, int KG, int DB>
 __device__ __forceinline__ void scores_to_p(float (&s)[NB][4], uint32_t (&pa)[KG][4], SoftmaxRows<DB>& rows,
                                             int kbase, int keys_end, bool causal, int warp_q0, int row0, float sl2) {
     const int valid = FULL ? BN : min(BN, keys_end - kbase);
@@ -92,7 +87,7 @@ __device__ __forceinline__ void scores_to_p(float (&s)[NB][4], uint32_t (&pa)[KG
     rows.template step<SINGLE_TILE>(s, sl2, FULL ? NB : 2 * n16);
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
-        if (!ROW_SUMS_MMA && (FULL || nb < 2 * n16)) {
+        if (FULL || nb < 2 * n16) {
             rows.l[0] += s[nb][0] + s[nb][1];
             rows.l[2] += s[nb][2] + s[nb][3];
         }
@@ -139,21 +134,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     const int n_full = (Cfg::kSingleTile || args.causal) ? 0 : min(n_tiles, keys_end / BN);
 
     const KeyValueTiles<T, HD, Cfg::kThreads, BN, KVLayout> kv(seq, tile.head, nh, stride, n_full, keys_end);
-    // After the tiles: the ones block (ROW_SUMS_MMA), then the mbarriers (TMA).
-    const uint32_t ones_addr = sV_addr + Cfg::kStages * Cfg::kTileBytes;
-    if constexpr (Cfg::kRowSumsMma) {
-        constexpr uint32_t kOnes = MmaOp<T>::kOnePair;
-        if (threadIdx.x < Cfg::kOnesBytes / 16) {
-            asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(ones_addr + 16u * threadIdx.x), "r"(kOnes)
-                         : "memory");
-            fence_shared_to_async_proxy();  // published by the barrier below
-        }
-    }
-    // Any layout reads ones from it: K-major, no swizzle, the two core matrices of a k16 step 128
-    // bytes apart.
-    const uint64_t ones_desc = plain_descriptor(ones_addr, 128, 256);
     // TMA: Q's barrier, then one per K/V stage; a tile's K and V are copied by thread 0.
-    const uint32_t q_bar = ones_addr + Cfg::kOnesBytes;
+    const uint32_t q_bar = sV_addr + Cfg::kStages * Cfg::kTileBytes;
     auto kv_bar = [&](int j) { return q_bar + 8u * (1 + j % Cfg::kStages); };
     auto tma_key_values = [&](int j) {
         const uint32_t stage = (j % Cfg::kStages) * Cfg::kTileBytes;
@@ -224,7 +206,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
                     const uint32_t at = stage + dp * KVLayout::kPanelBytes + p * 16 * 128;
                     wgmma_m64n64k16<T, 1>(blocks8(rows.o, 8 * dp), pa[p], descriptor_at(v_desc, at), 1);
                 }
-                if constexpr (Cfg::kRowSumsMma) wgmma_m64n8k16<T>(rows.l, pa[p], ones_desc);
             }
         }
         wgmma_commit();
@@ -266,8 +247,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
             issue_scores(s, stage, n64);
             wgmma_wait<0>();
             keep_registers(flat(s));
-            scores_to_p<T, Cfg::kSingleTile, FULL, Cfg::kRowSumsMma, BN>(s, pa, rows, j * BN, keys_end, args.causal,
-                                                                         tile.q0 + warp * 16, row0, sl2);
+            scores_to_p<T, Cfg::kSingleTile, FULL, BN>(s, pa, rows, j * BN, keys_end, args.causal, tile.q0 + warp * 16,
+                                                       row0, sl2);
         }
 
         if (!Cfg::kOneBarrier) {
@@ -287,7 +268,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
         // other CTAs on the SM fill the tensor cores meanwhile.
         wgmma_wait<0>();
         keep_registers(flat(rows.o));
-        if constexpr (Cfg::kRowSumsMma) keep_registers(rows.l);  // written by the tensor cores too
         keep_registers(flat(pa));
     };
 
@@ -298,7 +278,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 
 #pragma unroll
     for (int r = 0; r < 4; r += 2) {
-        if (Cfg::kRowSumsMma) break;  // every column of the product holds the whole row's sum
         rows.l[r] += __shfl_xor_sync(0xffffffffu, rows.l[r], 1);
         rows.l[r] += __shfl_xor_sync(0xffffffffu, rows.l[r], 2);
     }

@@ -92,32 +92,6 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], const uint32_t (
     }
 }
 
-// d[64 x 8] += a[64 x 16] . b[16 x 8], as above with 8 columns, always accumulating (d: the m16n8
-// accumulator of each warp's 16 rows), b K-major.
-#define PADFREE_WGMMA_M64N8K16_RS(TYPE)                                                                \
-    asm volatile(                                                                                      \
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"                                                   \
-        "wgmma.mma_async.sync.aligned.m64n8k16.f32." TYPE "." TYPE                                       \
-        " {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"                                    \
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                              \
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(1))
-template <typename T>
-__device__ __forceinline__ void wgmma_m64n8k16(float (&d)[4], const uint32_t (&a)[4], uint64_t b_desc) {
-    if constexpr (std::is_same_v<T, __half>) {
-        PADFREE_WGMMA_M64N8K16_RS("f16");
-    } else {
-        PADFREE_WGMMA_M64N8K16_RS("bf16");
-    }
-}
-#undef PADFREE_WGMMA_M64N8K16_RS
-
-// Descriptor of an operand stored without swizzle (8 x 16-byte core matrices): start address,
-// leading byte offset (between core matrices along K), stride byte offset (along M or N).
-__device__ __forceinline__ uint64_t plain_descriptor(uint32_t smem, uint32_t leading_bytes, uint32_t stride_bytes) {
-    return static_cast<uint64_t>((smem & 0x3FFFF) >> 4) | (static_cast<uint64_t>(leading_bytes >> 4) << 16) |
-           (static_cast<uint64_t>(stride_bytes >> 4) << 32);
-}
-
 #undef PADFREE_WGMMA_M64N64K16_RS
 #undef PADFREE_WGMMA_D32_OPERANDS
 #undef PADFREE_WGMMA_D32
