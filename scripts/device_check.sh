@@ -25,9 +25,8 @@ step() {  # step NAME COMMAND...: runs it, tees its log, records its exit status
 # Kernel tests only under the sanitizers: the encoder tests add cuBLAS and torch's own kernels,
 # which the tools would also have to walk, without testing padfree's memory accesses any better.
 kernel_tests=(tests/test_padding.py tests/test_layernorm.py tests/test_embedding.py
-              tests/test_activation.py tests/test_attention.py tests/test_inputs.py tests/test_graph_guard.py)
-# Not tests/test_graph_edges.py: under memcheck its empirical check accepts consumers it rejects in
-# plain runs, and the relaxed encoder's calls then differ (padfree.torch.edges; experimental, off).
+              tests/test_activation.py tests/test_attention.py tests/test_inputs.py tests/test_graph_guard.py
+              tests/test_graph_edges.py)
 sanitize() {
   local tool=$1; shift
   compute-sanitizer --tool "$tool" --error-exitcode 1 --target-processes all \
