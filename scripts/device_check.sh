@@ -25,8 +25,10 @@ step() {  # step NAME COMMAND...: runs it, tees its log, records its exit status
 # Kernel tests only under the sanitizers: the encoder tests add cuBLAS and torch's own kernels,
 # which the tools would also have to walk, without testing padfree's memory accesses any better.
 kernel_tests=(tests/test_padding.py tests/test_layernorm.py tests/test_embedding.py
-              tests/test_activation.py tests/test_attention.py tests/test_inputs.py tests/test_graph_guard.py
-              tests/test_graph_edges.py)
+              tests/test_activation.py tests/test_attention.py tests/test_inputs.py tests/test_graph_guard.py)
+# Not tests/test_graph_edges.py: under memcheck the probe found torch's elementwise consumer waiting
+# (H100, session 10: the tool held it past the producer's 20 ms spin), which the test's control
+# rejects; in plain runs it passes. The feature is off by default and relaxes nothing on that stack.
 sanitize() {
   local tool=$1; shift
   compute-sanitizer --tool "$tool" --error-exitcode 1 --target-processes all \

@@ -8,8 +8,8 @@
 // Q from registers and K from shared memory; the online softmax; then O += P.V with P from registers
 // (the S accumulators, rounded) and V from shared memory as stored (MN-major). mma.sync needs each
 // warp to bring its own K and V fragments through ldmatrix, 4 warps reading every tile 4 times;
-// wgmma reads each shared operand once per warpgroup. K/V tiles arrive by cp.async in wgmma's
-// 128-byte-swizzle layout, double-buffered.
+// wgmma reads each shared operand once per warpgroup. K/V tiles arrive in wgmma's 128-byte-swizzle
+// layout, double-buffered: at head_dim 64 by tensor copies (TMA below), else by cp.async.
 #pragma once
 
 #include <cmath>
