@@ -14,15 +14,14 @@ thread_local std::string last_error;
 
 void set_last_error(const std::string& message) { last_error = message; }
 
-padfree_status check_launch(const char* what) {
-    cudaError_t err = cudaGetLastError();
-    if (err == cudaSuccess) return PADFREE_OK;
-    return fail(PADFREE_ERROR_CUDA, what, ": ", cudaGetErrorName(err), ": ", cudaGetErrorString(err));
-}
-
 padfree_status cuda_failure(const char* what, cudaError_t err) {
     cudaGetLastError();
     return fail(PADFREE_ERROR_CUDA, what, ": ", cudaGetErrorName(err), ": ", cudaGetErrorString(err));
+}
+
+padfree_status check_launch(const char* what) {
+    const cudaError_t err = cudaGetLastError();
+    return err == cudaSuccess ? PADFREE_OK : cuda_failure(what, err);
 }
 
 }  // namespace padfree
