@@ -104,6 +104,24 @@ def test_in_place(seed, dtype, hidden):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("skip", [False, True])
+def test_rows_last_first(seed, skip):
+    """A tensor larger than half the L2 (100 MB: every current GPU's) is taken last row first
+    (common.cuh: rows_last_first); every row, the first and last included, must still be right."""
+    gen = torch.Generator().manual_seed(seed)
+    rows, hidden, dtype = 65536, 768, torch.float16
+    (x,), gamma, beta, bias = random_inputs(gen, rows, hidden, dtype)
+    buffer, out = poisoned_out(rows, hidden, dtype)
+    if skip:
+        ops.skip_layernorm(x, None, gamma, beta, bias=bias, out=out)
+        ref = reference(x.double() + bias.double(), gamma, beta, 1e-12)
+    else:
+        ops.layernorm(x, gamma, beta, out=out)
+        ref = reference(x, gamma, beta, 1e-12)
+    assert_matches(out, ref, dtype, buffer)
+
+
+@pytest.mark.gpu
 def test_large_mean_is_stable(seed):
     """Two-pass statistics: rows with mean 100 and spread 1 keep fp32 accuracy; E[x^2] - E[x]^2 in fp32
     would lose about 1e-3 of the variance to cancellation (1e4 * 2^-23 per term)."""

@@ -12,7 +12,8 @@ namespace {
 // alias x or residual: every element is read and written by the same thread, reads first.
 template <typename T, int N, bool kBlockRow, bool kSkip>
 __device__ __forceinline__ void layernorm_rows(const T* x, const T* residual, const T* bias, const T* gamma,
-                                               const T* beta, int64_t rows, int hidden, float eps, T* out) {
+                                               const T* beta, int64_t rows, int hidden, float eps, T* out,
+                                               bool last_first) {
     constexpr int V = Vec<T>::size;
     const int nvec = hidden / V;
     const int lane = threadIdx.x;
@@ -20,9 +21,9 @@ __device__ __forceinline__ void layernorm_rows(const T* x, const T* residual, co
     prefetch_row_params(gamma, beta, kSkip ? bias : nullptr, hidden);
     wait_on_producer();
     allow_consumers();
-    for (int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; row < rows;
-         row += static_cast<int64_t>(gridDim.x) * blockDim.y) {
-        const int64_t offset = row * hidden;
+    for (int64_t step = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; step < rows;
+         step += static_cast<int64_t>(gridDim.x) * blockDim.y) {
+        const int64_t offset = (last_first ? rows - 1 - step : step) * hidden;
         float v[N][V];
 #pragma unroll
         for (int i = 0; i < N; ++i) {
@@ -52,16 +53,16 @@ __device__ __forceinline__ void layernorm_rows(const T* x, const T* residual, co
 // H100 ([16384, 768] fp16: 0.86 of copy bandwidth against 0.90 uncapped).
 template <typename T, int N, bool kBlockRow>
 __global__ void layernorm_kernel(const T* x, const T*, const T*, const T* gamma, const T* beta, int64_t rows,
-                                 int hidden, float eps, T* out) {
-    layernorm_rows<T, N, kBlockRow, false>(x, nullptr, nullptr, gamma, beta, rows, hidden, eps, out);
+                                 int hidden, float eps, T* out, bool last_first) {
+    layernorm_rows<T, N, kBlockRow, false>(x, nullptr, nullptr, gamma, beta, rows, hidden, eps, out, last_first);
 }
 
 // Skip LayerNorm reads two streams and gains from the cap (0.83 -> 0.93 of copy bandwidth).
 template <typename T, int N, bool kBlockRow>
 __global__ void __launch_bounds__(kRowMaxThreads<kBlockRow>, kRowMinBlocks<kBlockRow>)
 skip_layernorm_kernel(const T* x, const T* residual, const T* bias, const T* gamma, const T* beta, int64_t rows,
-                      int hidden, float eps, T* out) {
-    layernorm_rows<T, N, kBlockRow, true>(x, residual, bias, gamma, beta, rows, hidden, eps, out);
+                      int hidden, float eps, T* out, bool last_first) {
+    layernorm_rows<T, N, kBlockRow, true>(x, residual, bias, gamma, beta, rows, hidden, eps, out, last_first);
 }
 
 template <bool kSkip>
@@ -77,7 +78,8 @@ void launch(const void* x, const void* residual, const void* bias, const void* g
             auto kernel = kSkip ? skip_layernorm_kernel<T, kN, kBlockRow> : layernorm_kernel<T, kN, kBlockRow>;
             launch_kernel(kernel, row_grid(rows, shape), shape.block, 0, stream, static_cast<const T*>(x),
                           static_cast<const T*>(residual), static_cast<const T*>(bias), static_cast<const T*>(gamma),
-                          static_cast<const T*>(beta), rows, hidden, eps, static_cast<T*>(out));
+                          static_cast<const T*>(beta), rows, hidden, eps, static_cast<T*>(out),
+                          rows_last_first(rows * hidden * static_cast<int64_t>(sizeof(T))));
         });
     });
 }
