@@ -111,6 +111,22 @@ def test_each_kernel_path(monkeypatch, seed, path, dtype, head_dim, causal, batc
     run_case(seed, dtype, head_dim, 2, make_lengths(rng, batch, max_seqlen), max_seqlen, causal=causal)
 
 
+# The grid orders (attention.h: AttentionGridOrder) the launcher picks by waves and QKV size, each
+# forced on every tensor-core path's default: the same CTAs in another order, so the same output.
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("batch,max_seqlen", [(5, 7), (16, 129), (7, 512), (2, 1100)])
+def test_grid_orders_agree(monkeypatch, seed, head_dim, causal, batch, max_seqlen):
+    lengths = make_lengths(random.Random(seed), batch, max_seqlen, zeros=1)
+    outs = []
+    for order in ("heads", "tiles", "sequences"):
+        monkeypatch.setenv("PADFREE_ATTENTION_ORDER", order)
+        outs.append(run_case(seed, torch.float16, head_dim, 3, lengths, max_seqlen, causal=causal))
+    for o in outs[1:]:  # the rows past the sequences stay NaN in each
+        torch.testing.assert_close(o, outs[0], rtol=0, atol=0, equal_nan=True)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_long_sequence(seed, dtype):

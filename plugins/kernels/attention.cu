@@ -72,16 +72,27 @@ Path choose_path(int32_t max_seqlen, padfree_dtype dtype) {
 // took 64x512 (~11 waves) from 127 to 171 us.
 constexpr double kTilesLastFirstMaxWaves = 3.0;
 
-bool tiles_last_first(int64_t ctas, int ctas_per_sm) {
-    if (const char* order = std::getenv("PADFREE_ATTENTION_ORDER")) {  // "tiles" or "heads", for A/B runs
-        if (std::strcmp(order, "tiles") == 0) return true;
-        if (std::strcmp(order, "heads") == 0) return false;
+// Past a few waves, where the QKV rows do not fit in half the L2 (common.cuh: rows_last_first), the
+// sequences go last first, all heads of one at a time: each CTA set reads whole rows the QKV GEMM
+// wrote last (still in L2) instead of one head's 128-byte slice of every row, and the rows it writes
+// last are the out-projection's first. H100, BERT-base in the encoder: attention 1.180 -> 1.151 ms
+// per forward at 64x512, 0.419 -> 0.416 at 128x128; alone (us) 64x512 87.6 / 87.9, 128x128 31.3 /
+// 30.3, 32x1024 119.4 / 120.3 (bench/NOTES-attention.md, session 11).
+AttentionGridOrder grid_order(int32_t tiles, int32_t batch, const AttentionArgs& args, int ctas_per_sm,
+                              int64_t qkv_bytes) {
+    if (const char* order = std::getenv("PADFREE_ATTENTION_ORDER")) {  // for A/B runs
+        if (std::strcmp(order, "tiles") == 0) return AttentionGridOrder::kHeadsSequencesLastTileFirst;
+        if (std::strcmp(order, "heads") == 0) return AttentionGridOrder::kTilesSequencesHeads;
+        if (std::strcmp(order, "sequences") == 0) return AttentionGridOrder::kTilesHeadsLastSequenceFirst;
     }
     int device = 0, sms = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0)
-        return false;
-    return static_cast<double>(ctas) <= kTilesLastFirstMaxWaves * sms * ctas_per_sm;
+    const int64_t ctas = static_cast<int64_t>(tiles) * batch * args.num_heads;
+    if (tiles > 1 && cudaGetDevice(&device) == cudaSuccess &&
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess && sms > 0 &&
+        static_cast<double>(ctas) <= kTilesLastFirstMaxWaves * sms * ctas_per_sm)
+        return AttentionGridOrder::kHeadsSequencesLastTileFirst;
+    return rows_last_first(qkv_bytes) ? AttentionGridOrder::kTilesHeadsLastSequenceFirst
+                                      : AttentionGridOrder::kTilesSequencesHeads;
 }
 
 // Either tensor-core kernel (attention_tc_kernel or attention_wgmma_kernel, whose extra parameter is
@@ -95,9 +106,13 @@ cudaError_t launch_tiles(void (*kernel)(AttentionArgs, Extra...), AttentionArgs 
         if (err != cudaSuccess) return err;
     }
     const int32_t tiles = ceil_div<int32_t>(max_seqlen, Cfg::kBlockM);
-    args.tiles_last_first =
-        tiles > 1 && tiles_last_first(static_cast<int64_t>(tiles) * batch * args.num_heads, Cfg::kMinBlocks);
-    const dim3 grid = args.tiles_last_first ? dim3(args.num_heads, batch, tiles) : dim3(tiles, batch, args.num_heads);
+    const int64_t qkv_bytes = static_cast<int64_t>(args.total_rows) * 3 * args.num_heads * Cfg::kHeadDim * 2;
+    args.grid_order = grid_order(tiles, batch, args, Cfg::kMinBlocks, qkv_bytes);
+    const dim3 grid = args.grid_order == AttentionGridOrder::kHeadsSequencesLastTileFirst
+                          ? dim3(args.num_heads, batch, tiles)
+                      : args.grid_order == AttentionGridOrder::kTilesHeadsLastSequenceFirst
+                          ? dim3(tiles, args.num_heads, batch)
+                          : dim3(tiles, batch, args.num_heads);
     launch_kernel(kernel, grid, Cfg::kThreads, Cfg::kSmemBytes, stream, args, extra...);  // errors: cudaGetLastError
     return cudaSuccess;
 }

@@ -13,6 +13,17 @@ namespace padfree {
 // qkv:        [total_tokens, 3, num_heads, head_dim]  (Q | K | V blocks of each token's row)
 // qkv_bias:   [3, num_heads, head_dim] or null
 // cu_seqlens: [batch + 1] int32; out: [total_tokens, num_heads, head_dim]
+enum class AttentionGridOrder : int32_t {
+    // (query tile, sequence, head): the tiles of one sequence and head side by side (their K/V
+    // shared in L2)
+    kTilesSequencesHeads = 0,
+    // (head, sequence, query tile from the last): the CTAs of the longest sequences first
+    kHeadsSequencesLastTileFirst = 1,
+    // (query tile, head, sequence from the last): each sequence's whole QKV rows at once, the
+    // producer's last rows (still in L2) first
+    kTilesHeadsLastSequenceFirst = 2,
+};
+
 struct AttentionArgs {
     const void* qkv;
     const void* qkv_bias;
@@ -25,10 +36,8 @@ struct AttentionArgs {
     float softmax_scale;
     float scale_log2;  // softmax_scale * log2(e), filled in by the launcher (exp2 softmax)
     bool causal;
-    // Grid order, set by the launcher: false = (query tile, sequence, head), the tiles of one
-    // sequence and head side by side (their K/V shared in L2); true = (head, sequence, query tile
-    // from the last), the CTAs of the longest sequences first (attention.cu says when).
-    bool tiles_last_first;
+    // Grid order, set by the launcher (attention.cu says when each).
+    AttentionGridOrder grid_order;
 };
 
 // The head sizes kernels are built for (64 and 128).

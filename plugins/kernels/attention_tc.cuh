@@ -40,7 +40,7 @@ struct TileConfig {
     static_assert(HEAD_DIM % 16 == 0 && BLOCK_N % 16 == 0, "mma tiles are 16 wide");
 };
 
-// Grid: (query tiles of the longest sequence, batch, heads), or with args.tiles_last_first (heads, batch, tiles).
+// Grid: (query tiles of the longest sequence, batch, heads) in one of the orders of args.grid_order.
 template <typename T, class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tc_kernel(AttentionArgs args) {
     using Op = MmaOp<T>;

@@ -119,10 +119,22 @@ struct QueryTile {
 // all). Returns false for a tile past its sequence's end (and for empty sequences): no work.
 template <int HD>
 __device__ __forceinline__ bool locate_query_tile(const AttentionArgs& args, int block_m, QueryTile& tile) {
-    tile.batch_index = blockIdx.y;
-    tile.head = args.tiles_last_first ? blockIdx.x : blockIdx.z;
-    const int q_tile = args.tiles_last_first ? gridDim.z - 1 - blockIdx.z : blockIdx.x;
-    if (args.qkv_bias != nullptr && q_tile == 0 && tile.batch_index == 0 && threadIdx.x < 2 * HD * 2 / 128) {
+    int q_tile;
+    bool first_of_head;  // the head's first CTA to be dispatched: its two other grid indices are 0
+    switch (args.grid_order) {
+        case AttentionGridOrder::kHeadsSequencesLastTileFirst:
+            tile.head = blockIdx.x, tile.batch_index = blockIdx.y, q_tile = gridDim.z - 1 - blockIdx.z;
+            first_of_head = blockIdx.y == 0 && blockIdx.z == 0;
+            break;
+        case AttentionGridOrder::kTilesHeadsLastSequenceFirst:
+            q_tile = blockIdx.x, tile.head = blockIdx.y, tile.batch_index = gridDim.z - 1 - blockIdx.z;
+            first_of_head = blockIdx.x == 0 && blockIdx.z == 0;
+            break;
+        default:
+            q_tile = blockIdx.x, tile.batch_index = blockIdx.y, tile.head = blockIdx.z;
+            first_of_head = blockIdx.x == 0 && blockIdx.y == 0;
+    }
+    if (args.qkv_bias != nullptr && first_of_head && threadIdx.x < 2 * HD * 2 / 128) {
         const int part = threadIdx.x / (HD * 2 / 128) * 2;  // Q (0) or V (2)
         const int line = threadIdx.x % (HD * 2 / 128);
         prefetch_l2(static_cast<const char*>(args.qkv_bias) + ((part * args.num_heads + tile.head) * HD) * 2 +
