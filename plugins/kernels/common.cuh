@@ -269,8 +269,8 @@ inline int current_compute_capability() { return current_device_value<query_comp
 // to last; where the tensor does not fit in half the L2, its first rows have been evicted by the time
 // the consumer starts and its last rows are still there. Going last first, the consumer reads those
 // from L2 before they are evicted too, and the rows it writes last (its first ones) are in L2 for
-// the next consumer, which goes first to last. (H100, BERT-base 64x512: the 24 skip LayerNorms 0.77
-// -> 0.72 ms per forward.) PADFREE_ROW_ORDER=forward|reverse forces either, for A/B runs.
+// the next consumer, which goes first to last. (H100, BERT-base 64x512: the 24 skip LayerNorms 0.72
+// -> 0.67 ms per forward.) PADFREE_ROW_ORDER=forward|reverse forces either, for A/B runs.
 inline bool rows_last_first(int64_t bytes) {
     static const int forced = [] {
         const char* env = std::getenv("PADFREE_ROW_ORDER");
