@@ -1,7 +1,7 @@
 """Programmatic edges from padfree's kernels into other libraries' kernels (padfree.ops.graph_edges,
 padfree.torch.edges): the probe finds a consumer that does not wait, the check keeps only consumers
-found waiting whose relaxed copy reproduces the graph, a graph after the check stays exact, and an encoder's relaxed graphs compute exactly what its
-captured ones do."""
+found waiting whose relaxed copy reproduces the graph, a graph after the check stays exact, and an
+encoder's relaxed graphs compute exactly what its captured ones do."""
 from __future__ import annotations
 
 import pytest

@@ -106,8 +106,8 @@ def test_in_place(seed, dtype, hidden):
 @pytest.mark.gpu
 @pytest.mark.parametrize("skip", [False, True])
 def test_rows_last_first(seed, skip):
-    """A tensor larger than half the L2 (100 MB: every current GPU's) is taken last row first
-    (common.cuh: rows_last_first); every row, the first and last included, must still be right."""
+    """A tensor larger than half the L2 (100 MB, more than half of any current GPU's L2) is taken last
+    row first (common.cuh: rows_last_first); every row, the first and last included, must be right."""
     gen = torch.Generator().manual_seed(seed)
     rows, hidden, dtype = 65536, 768, torch.float16
     (x,), gamma, beta, bias = random_inputs(gen, rows, hidden, dtype)

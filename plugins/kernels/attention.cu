@@ -78,18 +78,15 @@ constexpr double kTilesLastFirstMaxWaves = 3.0;
 // last are the out-projection's first. H100, BERT-base in the encoder: attention 1.180 -> 1.151 ms
 // per forward at 64x512, 0.419 -> 0.416 at 128x128; alone (us) 64x512 87.6 / 87.9, 128x128 31.3 /
 // 30.3, 32x1024 119.4 / 120.3 (bench/NOTES-attention.md, session 11).
-AttentionGridOrder grid_order(int32_t tiles, int32_t batch, const AttentionArgs& args, int ctas_per_sm,
-                              int64_t qkv_bytes) {
+AttentionGridOrder grid_order(int32_t tiles, int32_t batch, int32_t num_heads, int ctas_per_sm, int64_t qkv_bytes) {
     if (const char* order = std::getenv("PADFREE_ATTENTION_ORDER")) {  // for A/B runs
         if (std::strcmp(order, "tiles") == 0) return AttentionGridOrder::kHeadsSequencesLastTileFirst;
         if (std::strcmp(order, "heads") == 0) return AttentionGridOrder::kTilesSequencesHeads;
         if (std::strcmp(order, "sequences") == 0) return AttentionGridOrder::kTilesHeadsLastSequenceFirst;
     }
-    int device = 0, sms = 0;
-    const int64_t ctas = static_cast<int64_t>(tiles) * batch * args.num_heads;
-    if (tiles > 1 && cudaGetDevice(&device) == cudaSuccess &&
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess && sms > 0 &&
-        static_cast<double>(ctas) <= kTilesLastFirstMaxWaves * sms * ctas_per_sm)
+    const int sms = current_device_value<query_sm_count>();
+    const int64_t ctas = static_cast<int64_t>(tiles) * batch * num_heads;
+    if (tiles > 1 && sms > 0 && static_cast<double>(ctas) <= kTilesLastFirstMaxWaves * sms * ctas_per_sm)
         return AttentionGridOrder::kHeadsSequencesLastTileFirst;
     return rows_last_first(qkv_bytes) ? AttentionGridOrder::kTilesHeadsLastSequenceFirst
                                       : AttentionGridOrder::kTilesSequencesHeads;
@@ -107,7 +104,7 @@ cudaError_t launch_tiles(void (*kernel)(AttentionArgs, Extra...), AttentionArgs 
     }
     const int32_t tiles = ceil_div<int32_t>(max_seqlen, Cfg::kBlockM);
     const int64_t qkv_bytes = static_cast<int64_t>(args.total_rows) * 3 * args.num_heads * Cfg::kHeadDim * 2;
-    args.grid_order = grid_order(tiles, batch, args, Cfg::kMinBlocks, qkv_bytes);
+    args.grid_order = grid_order(tiles, batch, args.num_heads, Cfg::kMinBlocks, qkv_bytes);
     const dim3 grid = args.grid_order == AttentionGridOrder::kHeadsSequencesLastTileFirst
                           ? dim3(args.num_heads, batch, tiles)
                       : args.grid_order == AttentionGridOrder::kTilesHeadsLastSequenceFirst

@@ -256,6 +256,11 @@ inline int query_compute_capability(int device) {
     return 10 * major + minor;
 }
 
+inline int query_sm_count(int device) {
+    int sms = 0;
+    return cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess ? sms : 0;
+}
+
 inline int query_l2_bytes(int device) {
     int bytes = 0;
     return cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, device) == cudaSuccess ? bytes : 0;
