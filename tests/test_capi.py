@@ -413,6 +413,12 @@ def test_graph_edge_calls_refuse_bad_arguments():
     expect_invalid("padfree_graph_relax_edges", (A, functions, -1, ctypes.byref(count)), "count must be >= 0")
     expect_invalid("padfree_graph_relax_edges", (A, None, 1, ctypes.byref(count)), "functions is NULL")
     expect_invalid("padfree_graph_relax_edges", (A, functions, 1, None), "relaxed is NULL")
+    expect_invalid("padfree_graph_remove_zeroing_memsets", (None, A, 512, 256, ctypes.byref(count)), "graph is NULL")
+    expect_invalid("padfree_graph_remove_zeroing_memsets", (A, None, 512, 256, ctypes.byref(count)), "base is NULL")
+    expect_invalid("padfree_graph_remove_zeroing_memsets", (A, A, 512, 256, None), "removed is NULL")
+    for size, slot in ((512, 0), (256, 512), (0, 0)):
+        expect_invalid("padfree_graph_remove_zeroing_memsets", (A, A, size, slot, ctypes.byref(count)),
+                       "expected 0 < slot_bytes <= bytes")
     expect_invalid("padfree_graph_exec_create", (None, None, 0, ctypes.byref(count), ctypes.byref(handle)),
                    "graph is NULL")
     expect_invalid("padfree_graph_exec_create", (A, None, 1, ctypes.byref(count), ctypes.byref(handle)),

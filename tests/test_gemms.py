@@ -127,6 +127,66 @@ def test_encoder_gemms_tuned(dtype, search, seed, monkeypatch):
     close(acc, want, 1e-2)
 
 
+@gpu
+@pytest.mark.parametrize("calls", [1, 3])
+@pytest.mark.parametrize("keep", [False, True])
+def test_graph_drops_counter_memsets(calls, keep, seed, monkeypatch):
+    """workspaces.CounterSlots: captured cuBLASLt calls whose algorithm takes a workspace, each with its
+    own slot, zeroed once at the graph's start: the memset cuBLASLt puts before each call is removed
+    (none with PADFREE_COUNTER_MEMSETS=keep), and every replay (outputs and slots poisoned before it)
+    still computes each GEMM against float64."""
+    from padfree.torch import cublaslt
+    from padfree.torch.workspaces import CounterSlots, keeping_cuda_graph
+    if keep:
+        monkeypatch.setenv("PADFREE_COUNTER_MEMSETS", "keep")
+    rows, k, n = 8192, 768, 768
+    lin = cublaslt.Linear(rows, k, n, torch.float16, max_workspace=1 << 20)
+    found = [(algo, info) for algo, info in lin.candidates(8) + lin.enumerate() if 0 < info.workspace_size <= 1024]
+    if not found:
+        pytest.skip("this device's cuBLASLt lists no algorithm with a small workspace for the problem")
+    algo, info = found[0]
+    problems = [operands(rows, k, n, torch.float16, seed + c)[:2] for c in range(calls)]
+    outs = [torch.empty(rows, n, device="cuda", dtype=torch.float16) for _ in range(calls)]
+    slots = CounterSlots(calls, info.workspace_size, torch.device("cuda", torch.cuda.current_device()))
+
+    def forward():
+        slots.start()
+        for (x, w), out in zip(problems, outs):
+            lin(x, w, out, None, slots.take(), algo)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        forward()  # eager, with cuBLASLt's memsets
+        graph = keeping_cuda_graph()
+        graph.capture_begin()
+        forward()
+        graph.capture_end()
+    torch.cuda.current_stream().wait_stream(side)
+    assert slots.drop_memsets(graph) == (0 if keep else calls)
+    for _ in range(2):
+        for out in outs:
+            out.fill_(float("nan"))
+        slots.buffer.fill_(255)
+        graph.replay()
+        for (x, w), out in zip(problems, outs):
+            close(out, reference(x, w), 1e-2)
+
+
+def test_counter_slots_hand_out_aligned_slots_in_turn():
+    from padfree.torch.workspaces import SLOT_ALIGNMENT, CounterSlots
+    slots = CounterSlots(3, 4, torch.device("cpu"))
+    assert slots.slot_bytes == SLOT_ALIGNMENT and slots.buffer.numel() == 4 * SLOT_ALIGNMENT
+    slots.buffer.fill_(7)
+    slots.start()
+    assert (slots.buffer == 0).all()
+    taken = [slots.take().data_ptr() - slots.buffer.data_ptr() for _ in range(4)]
+    assert taken == [0, SLOT_ALIGNMENT, 2 * SLOT_ALIGNMENT, 0]  # a fourth call reuses the first slot
+    assert slots.drop_memsets(None) == 0  # more calls than slots: the graph keeps its memsets
+    with pytest.raises(ValueError):
+        CounterSlots(0, 4, torch.device("cpu"))
+
+
 def test_untuned_gemms_are_torch_calls():
     """Without tuning (eager runs, fp32, CPU) every projection is torch's own call."""
     rows, hidden, inter = 5, 8, 16

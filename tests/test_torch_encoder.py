@@ -596,6 +596,37 @@ def test_graphs_survive_cublas_workspace_clearing(seed):
 
 
 @pytest.mark.gpu
+def test_captured_forward_drops_counter_memsets(seed, monkeypatch):
+    """At BERT-base width past the tuning floor, the captured forward's cuBLASLt calls that take a
+    workspace each get their own slot and the graph drops cuBLASLt's memsets of them: outputs equal,
+    bit for bit, an encoder whose graph keeps them (PADFREE_COUNTER_MEMSETS=keep, same algorithms),
+    and HF's within fp16 tolerance."""
+    from padfree.torch import gemms as gemms_mod
+    monkeypatch.setattr(gemms_mod, "KEEP_MARGIN", 10.0)  # cuBLASLt's best even where torch's call is faster
+    monkeypatch.setattr(gemms_mod, "_chosen", {})
+    rng = np.random.default_rng(seed)
+    model = make_model("bert", hidden=768, heads=12, layers=2, positions=512, seed=seed)
+    ids, mask, _ = random_batch(model, 16, 512, rng, lengths=rng.integers(300, 513, 16).tolist())
+    encoder = from_hf(model, dtype=torch.float16)
+    poison_allocator()
+    out = encoder(ids.cuda(), mask.cuda())
+    (g,) = (encoder._graphs.get(b) for b in encoder.graph_buckets)
+    if g.gemms.workspace_calls == 0:
+        pytest.skip(f"no tuned pick takes a workspace on this device: {g.gemms.choices()}")
+    assert g.dropped_memsets == g.gemms.workspace_calls
+    monkeypatch.setenv("PADFREE_COUNTER_MEMSETS", "keep")
+    kept = from_hf(model, dtype=torch.float16)
+    same = kept(ids.cuda(), mask.cuda()).last_hidden_state
+    (k,) = (kept._graphs.get(b) for b in kept.graph_buckets)
+    assert k.dropped_memsets == 0 and k.gemms.choices() == g.gemms.choices()
+    assert torch.equal(same, out.last_hidden_state)
+    again = encoder(ids.cuda(), mask.cuda()).last_hidden_state  # a replay after the first
+    assert torch.equal(again, same)
+    ref_hidden, ref_pooled = hf_reference(model, ids, mask, None, "cuda", torch.float32)
+    check_padded_output(out, ref_hidden, ref_pooled, mask, 1e-2)
+
+
+@pytest.mark.gpu
 def test_gemm_tuning_file_written_and_checked(tmp_path, seed):
     """gemm_tuning: each capture rewrites the file (a tuning file another encoder then loads); a file
     that is not one is refused when the encoder is built."""

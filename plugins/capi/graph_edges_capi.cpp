@@ -1,5 +1,5 @@
-// C ABI of the programmatic-edge helpers (kernels/graph_edges.h) and of a relaxed graph's executable
-// copy, which lets a caller compare a relaxed graph with the captured one before committing to it.
+// C ABI of the graph-surgery helpers (kernels/graph_edges.h) and of a relaxed graph's executable copy,
+// which lets a caller compare a relaxed graph with the captured one before committing to it.
 #include "capi_util.h"
 #include "graph_edges.h"
 
@@ -56,6 +56,22 @@ padfree_status padfree_graph_relax_edges(void* graph, const void* const* functio
     PADFREE_CHECK(check_functions(functions, count));
     const cudaError_t err = padfree::relax_graph_edges(static_cast<cudaGraph_t>(graph), functions, count, relaxed);
     if (err != cudaSuccess) return padfree::cuda_failure("graph_relax_edges", err);
+    return PADFREE_OK;
+    PADFREE_CAPI_GUARD_END
+}
+
+padfree_status padfree_graph_remove_zeroing_memsets(void* graph, const void* base, int64_t bytes, int64_t slot_bytes,
+                                                    int32_t* removed) {
+    PADFREE_CAPI_GUARD_BEGIN
+    PADFREE_REQUIRE(graph != nullptr, "graph is NULL");
+    PADFREE_REQUIRE(base != nullptr, "base is NULL");
+    PADFREE_REQUIRE(removed != nullptr, "removed is NULL");
+    PADFREE_REQUIRE(slot_bytes > 0 && bytes >= slot_bytes, "expected 0 < slot_bytes <= bytes, got slot_bytes ",
+                    slot_bytes, " and bytes ", bytes);
+    const cudaError_t err = padfree::remove_zeroing_memsets(static_cast<cudaGraph_t>(graph), base,
+                                                            static_cast<size_t>(bytes),
+                                                            static_cast<size_t>(slot_bytes), removed);
+    if (err != cudaSuccess) return padfree::cuda_failure("graph_remove_zeroing_memsets", err);
     return PADFREE_OK;
     PADFREE_CAPI_GUARD_END
 }

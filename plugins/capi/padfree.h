@@ -32,8 +32,9 @@ extern "C" {
 
 /* Bumped on any incompatible change of a signature below; the bindings refuse a mismatch.
  * 2: remove_padding, rebuild_padding and attention_varlen take total_tokens. 4: guarded graphs.
- * 5: input plans. 6: programmatic edges into other libraries' kernels. 7: their probe. */
-#define PADFREE_ABI_VERSION 7
+ * 5: input plans. 6: programmatic edges into other libraries' kernels. 7: their probe.
+ * 8: removal of memsets made redundant. */
+#define PADFREE_ABI_VERSION 8
 
 typedef enum padfree_status {
     PADFREE_OK = 0,
@@ -184,6 +185,13 @@ PADFREE_API padfree_status padfree_probe_delayed_copy(const void* src, void* dst
                                                      const int64_t* spin_ns, padfree_stream stream);
 PADFREE_API padfree_status padfree_graph_relax_edges(void* graph, const void* const* functions, int32_t count,
                                                      int32_t* relaxed);
+/* Removes from a captured graph each memset node that writes zeros inside one slot of [base, base +
+ * bytes) (slots of slot_bytes from base), joining its dependencies to its dependents (removed: how
+ * many): for a caller that zeroes the slots once before those memsets would have run, e.g. cuBLASLt's
+ * per-GEMM workspace counters, each GEMM given a slot of its own. Memsets over more than one slot
+ * stay. */
+PADFREE_API padfree_status padfree_graph_remove_zeroing_memsets(void* graph, const void* base, int64_t bytes,
+                                                                int64_t slot_bytes, int32_t* removed);
 typedef struct padfree_graph_exec padfree_graph_exec;
 PADFREE_API padfree_status padfree_graph_exec_create(void* graph, const void* const* functions, int32_t count,
                                                      int32_t* relaxed, padfree_graph_exec** out);

@@ -85,6 +85,21 @@ cudaError_t for_each_candidate(cudaGraph_t graph, Visit visit) {
     return cudaSuccess;
 }
 
+// Whether node is a memset of zeros inside one slot_bytes slot of [lo, hi).
+bool zeroes_inside_one_slot(cudaGraphNode_t node, uintptr_t lo, uintptr_t hi, size_t slot_bytes) {
+    cudaGraphNodeType type;
+    cudaMemsetParams params{};
+    if (cudaGraphNodeGetType(node, &type) != cudaSuccess || type != cudaGraphNodeTypeMemset ||
+        cudaGraphMemsetNodeGetParams(node, &params) != cudaSuccess)
+        return false;
+    const uintptr_t start = reinterpret_cast<uintptr_t>(params.dst);
+    const size_t length = static_cast<size_t>(params.elementSize) * params.width;
+    if (params.value != 0 || params.height != 1 || length == 0 || start < lo || start >= hi || length > hi - start)
+        return false;
+    const uintptr_t slot_end = lo + ((start - lo) / slot_bytes + 1) * slot_bytes;
+    return length <= slot_end - start;
+}
+
 __device__ __forceinline__ uint64_t global_ns() {
     uint64_t t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -150,6 +165,37 @@ cudaError_t relax_graph_edges(cudaGraph_t graph, const void* const* functions, i
         ++*relaxed;
     }
     return err;
+}
+
+cudaError_t remove_zeroing_memsets(cudaGraph_t graph, const void* base, size_t bytes, size_t slot_bytes,
+                                   int32_t* removed) {
+    *removed = 0;
+    size_t count = 0;
+    cudaError_t err = cudaGraphGetNodes(graph, nullptr, &count);
+    if (err != cudaSuccess) return err;
+    std::vector<cudaGraphNode_t> nodes(count);
+    if (count > 0 && (err = cudaGraphGetNodes(graph, nodes.data(), &count)) != cudaSuccess) return err;
+    const uintptr_t lo = reinterpret_cast<uintptr_t>(base);
+    std::vector<Edge> edges;
+    for (cudaGraphNode_t node : nodes) {
+        if (!zeroes_inside_one_slot(node, lo, lo + bytes, slot_bytes)) continue;
+        if ((err = edges_of(graph, &edges)) != cudaSuccess) return err;  // as the last removal left them
+        std::vector<cudaGraphNode_t> before, after;
+        for (const Edge& e : edges) {
+            if (e.to == node) before.push_back(e.from);
+            if (e.from == node) after.push_back(e.to);
+        }
+        if ((err = cudaGraphDestroyNode(node)) != cudaSuccess) return err;
+        for (cudaGraphNode_t from : before)
+            for (cudaGraphNode_t to : after) {
+                const bool joined = std::any_of(edges.begin(), edges.end(),
+                                                [&](const Edge& e) { return e.from == from && e.to == to; });
+                if (!joined && (err = cudaGraphAddDependencies(graph, &from, &to, nullptr, 1)) != cudaSuccess)
+                    return err;
+            }
+        ++*removed;
+    }
+    return cudaSuccess;
 }
 
 }  // namespace padfree

@@ -1,4 +1,5 @@
-// Programmatic edges from padfree's kernels into other libraries' kernels in a captured CUDA graph.
+// Surgery on captured CUDA graphs: programmatic edges from padfree's kernels into other libraries'
+// kernels, and memsets a caller has made redundant.
 //
 // padfree's kernels are launched with programmatic stream serialization (PDL), so a captured graph
 // already lets each of them launch while its producer drains. The kernels that consume their output
@@ -29,5 +30,14 @@ cudaError_t launch_delayed_copy(const void* src, void* dst, int64_t bytes, const
 // Makes every full edge from a padfree kernel node into a kernel node running one of `functions`
 // programmatic (the consumer may launch once each producer CTA triggered or exited). relaxed: how many.
 cudaError_t relax_graph_edges(cudaGraph_t graph, const void* const* functions, int32_t count, int32_t* relaxed);
+
+// Removes each memset node that writes zeros inside one slot of [base, base + bytes) (slots of
+// slot_bytes from base), joining its dependencies to its dependents (removed: how many). For a
+// caller that zeroes those slots itself, once, before any of the memsets would have run: cuBLASLt
+// zeroes its tile scheduler's counter in the workspace before each GEMM that uses one, and in a graph
+// each such memset node leaves the GPU idle ~3.5 us before its GEMM (H100), where a kernel-to-kernel
+// edge costs ~0.2. A memset over more than one slot (the caller's own zeroing) stays.
+cudaError_t remove_zeroing_memsets(cudaGraph_t graph, const void* base, size_t bytes, size_t slot_bytes,
+                                   int32_t* removed);
 
 }  // namespace padfree

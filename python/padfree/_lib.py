@@ -11,7 +11,7 @@ import os
 from ctypes import c_char_p, c_float, c_int, c_int32, c_int64, c_uint32, c_void_p
 from pathlib import Path
 
-ABI_VERSION = 7  # must match PADFREE_ABI_VERSION in plugins/capi/padfree.h
+ABI_VERSION = 8  # must match PADFREE_ABI_VERSION in plugins/capi/padfree.h
 
 _p = c_void_p
 _i32p = c_void_p  # device int32 pointers travel as plain addresses
@@ -50,6 +50,7 @@ _SIGNATURES: dict[str, list] = {
     "padfree_graph_consumers": [_p, _p, c_int32, ctypes.POINTER(c_int32)],
     "padfree_probe_delayed_copy": [_p, _p, c_int64, _p, _p],
     "padfree_graph_relax_edges": [_p, _p, c_int32, ctypes.POINTER(c_int32)],
+    "padfree_graph_remove_zeroing_memsets": [_p, _p, c_int64, c_int64, ctypes.POINTER(c_int32)],
     "padfree_graph_exec_create": [_p, _p, c_int32, ctypes.POINTER(c_int32), ctypes.POINTER(c_void_p)],
     "padfree_graph_exec_launch": [_p, _p],
     "padfree_graph_exec_destroy": [_p],

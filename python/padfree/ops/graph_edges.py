@@ -1,6 +1,7 @@
-"""Programmatic edges from padfree's kernels into other libraries' kernels in a captured CUDA graph
-(plugins/kernels/graph_edges.h): which consumers there are, the probe's delayed copy, an executable
-relaxed copy to compare with the captured graph, and the in-place change once a caller has decided."""
+"""Surgery on captured CUDA graphs (plugins/kernels/graph_edges.h). Programmatic edges from padfree's
+kernels into other libraries' kernels: which consumers there are, the probe's delayed copy, an
+executable relaxed copy to compare with the captured graph, and the in-place change once a caller has
+decided. And the removal of memsets that a caller has made redundant."""
 from __future__ import annotations
 
 import ctypes
@@ -54,6 +55,21 @@ def relax_edges(graph: int, functions, device: torch.device) -> int:
     relaxed = ctypes.c_int32()
     call_kernel("padfree_graph_relax_edges", device, _graph_handle(graph), array, count, ctypes.byref(relaxed))
     return relaxed.value
+
+
+def remove_zeroing_memsets(graph: int, slots: torch.Tensor, slot_bytes: int) -> int:
+    """Removes from `graph` (a captured cudaGraph_t not yet instantiated) each memset node that writes
+    zeros inside one slot of `slots`' memory (slots of slot_bytes), joining its dependencies to its
+    dependents; memsets over more than one slot stay. The caller's graph zeroes the slots before any
+    of those memsets would have run. Returns how many were removed."""
+    check(slots, "slots")
+    size = slots.numel() * slots.element_size()
+    if not isinstance(slot_bytes, int) or not 0 < slot_bytes <= size:
+        raise InputError(f"slot_bytes: expected an int in [1, {size}], got {slot_bytes!r}")
+    removed = ctypes.c_int32()
+    call_kernel("padfree_graph_remove_zeroing_memsets", slots.device, _graph_handle(graph), slots.data_ptr(), size,
+                slot_bytes, ctypes.byref(removed))
+    return removed.value
 
 
 class GraphExec(OwnedHandle):

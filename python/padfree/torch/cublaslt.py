@@ -276,18 +276,19 @@ class Linear:
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None = None,
                  workspace: torch.Tensor | None = None, algo: Algo | None = None) -> torch.Tensor:
-        """algo: one of candidates(), or None for cuBLASLt's own pick."""
+        """algo: one of candidates() or enumerate(), or None for cuBLASLt's own pick. workspace: at
+        least the bytes check(algo) reports (cuBLASLt refuses less), or max_workspace for its own pick."""
         lib = library()
         if bias is not None:
             p = ctypes.c_void_p(bias.data_ptr())
             _check(lib.cublasLtMatmulDescSetAttribute(self._desc, _DESC_BIAS_POINTER, ctypes.byref(p), 8),
                    "MatmulDescSetAttribute(bias)")
         stream = torch._C._cuda_getCurrentRawStream(x.device.index)
-        ws = workspace.data_ptr() if workspace is not None else None
-        if self.max_workspace and (workspace is None or workspace.numel() * workspace.element_size() < self.max_workspace):
+        ws, ws_bytes = (None, 0) if workspace is None else (workspace.data_ptr(), workspace.numel() * workspace.element_size())
+        if algo is None and ws_bytes < self.max_workspace:
             raise CublasLtError(f"a workspace of {self.max_workspace} bytes is needed")
         _check(lib.cublasLtMatmul(_handle(), self._desc, ctypes.byref(self._alpha), weight.data_ptr(), self._a,
                                   x.data_ptr(), self._b, ctypes.byref(self._beta), out.data_ptr(), self._d,
                                   out.data_ptr(), self._d, None if algo is None else ctypes.byref(algo),
-                                  ws, self.max_workspace, stream), "cublasLtMatmul")
+                                  ws, ws_bytes, stream), "cublasLtMatmul")
         return out

@@ -32,6 +32,7 @@ from .ffn import FfnUp, epilogue_matches
 from .gemms import SEARCHES, EncoderGemms, load_tuning, save_tuning
 from .inputs import Batch, DeviceInputs, InputBuffer, from_host
 from .weights import EncoderWeights
+from .workspaces import cublas_workspaces_in_pool, keeping_cuda_graph
 
 INPUT_TOKENS, INPUT_BATCH = 65536, 1024  # the input buffer's first capacity
 GUESSES = 64  # padded input shapes whose last graph is remembered for speculative launches
@@ -49,35 +50,7 @@ class _Graph:
     replays: int = 0
     guarded: Any = None                   # its GuardedGraph (None: not made yet, False: cannot be)
     relaxed: tuple = ()                   # consumer kernels whose edges were made programmatic (edges.py)
-
-
-@contextlib.contextmanager
-def _cublas_workspaces_in_pool():
-    """torch's GEMMs take a cuBLAS workspace that torch caches per (handle, stream) and that a captured
-    graph references by address. Left as it is, a capture reuses the one its stream's warm-up made in
-    the ordinary pool, and the next code that clears that cache (torch.compile's CUDA graphs clear it
-    around every recording) frees memory the graph still writes: a later replay faulted with an
-    illegal address on the H100 (BERT-base at 64x512, where torch's picks use a workspace, once a
-    reduce-overhead model had recorded after the capture). Cleared before the capture, the workspace
-    is allocated in the graph's own pool, which lives as long as the graphs; cleared after it, no
-    eager GEMM runs on that pool memory. The same protocol as torch's cudagraph_trees."""
-    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-    if clear is not None:
-        clear()
-    try:
-        yield
-    finally:
-        if clear is not None:
-            clear()
-
-
-def _keeping_cuda_graph() -> torch.cuda.CUDAGraph:
-    """A CUDAGraph that keeps its cudaGraph_t after instantiation (GuardedGraph clones it); a plain
-    one where this torch cannot."""
-    try:
-        return torch.cuda.CUDAGraph(keep_graph=True)
-    except TypeError:
-        return torch.cuda.CUDAGraph()
+    dropped_memsets: int = 0              # cuBLASLt's workspace memsets removed (workspaces.CounterSlots)
 
 
 def _preimage(rounding, rounded: int, high: int) -> tuple[int, int]:
@@ -156,7 +129,7 @@ class PadfreeEncoder:
     def _gemms(self, rows: int, tune: bool) -> EncoderGemms:
         w = self.weights
         return EncoderGemms(rows, w.hidden_size, w.intermediate_size, self.dtype, self.device, self.ffn_up,
-                            tune=tune, search=self.gemm_search)
+                            tune=tune, search=self.gemm_search, layers=len(w.layers))
 
     def _run(self, input_ids, token_type_ids, cu_seqlens, max_seqlen: int, hidden: torch.Tensor,
              pooled: torch.Tensor | None, gemms: EncoderGemms) -> None:
@@ -165,6 +138,7 @@ class PadfreeEncoder:
         Intermediates are allocated here, so that under capture they come from the shared pool.
         """
         w, ops = self.weights, self._ops
+        gemms.start_forward()
         ops.embedding_layernorm(input_ids, cu_seqlens, w.word_embeddings, w.position_embeddings,
                                 w.emb_ln_weight, w.emb_ln_bias, eps=w.emb_ln_eps,
                                 token_type_ids=token_type_ids, token_type_embeddings=w.token_type_embeddings,
@@ -293,7 +267,7 @@ class PadfreeEncoder:
         (so the warm-up below computes a real forward, and no stale lengths beyond the bucket's)."""
         # static outputs live outside the pool: they must survive other captures
         hidden, pooled = self._outputs(bucket.tokens, bucket.batch)
-        g = _Graph(bucket=bucket, graph=_keeping_cuda_graph(), inputs=inputs, hidden=hidden, pooled=pooled)
+        g = _Graph(bucket=bucket, graph=keeping_cuda_graph(), inputs=inputs, hidden=hidden, pooled=pooled)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
             self._capture_stream = torch.cuda.Stream(self.device)
@@ -307,8 +281,9 @@ class PadfreeEncoder:
         with torch.cuda.stream(self._capture_stream):
             self._run(*args)
         torch.cuda.current_stream(self.device).wait_stream(self._capture_stream)
-        with _cublas_workspaces_in_pool(), torch.cuda.graph(g.graph, pool=self._pool, stream=self._capture_stream):
+        with cublas_workspaces_in_pool(), torch.cuda.graph(g.graph, pool=self._pool, stream=self._capture_stream):
             self._run(*args)
+        g.dropped_memsets = g.gemms.drop_memsets(g.graph)
         if self.programmatic_edges and edges.enabled():
             self._relax_edges(g)
         return g
@@ -328,7 +303,7 @@ class PadfreeEncoder:
             verdicts: dict[int, bool] = {}
             for probe in self._consumer_probes(g):
                 found = edges.probe_consumer(probe, self._ops, self.device, self._capture_stream,
-                                             _cublas_workspaces_in_pool)
+                                             cublas_workspaces_in_pool)
                 for function, waits in found.items():
                     verdicts[function] = verdicts.get(function, True) and waits
             g.relaxed = tuple(edges.relax_captured(raw, self._ops, self.device, lambda k: ids.copy_(batches[k]),

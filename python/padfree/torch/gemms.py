@@ -26,6 +26,7 @@ from typing import Callable
 import torch
 
 from . import cublaslt
+from .workspaces import CounterSlots, keeping_cuda_graph
 
 TUNE_MIN_ROWS = 4096   # measured: below this every candidate was within 2% of torch's call
 CANDIDATES = 8         # the heuristic's list is ordered; the winners measured were in its first 6
@@ -36,7 +37,7 @@ SEARCHES = ("heuristic", "exhaustive")
 SCREEN_CALLS, SCREEN_REPLAYS, FINALISTS = 3, 1, 8   # search="exhaustive": one short timing each, then rounds
 MAX_REL_DIFF = 1e-2     # a candidate's max |difference| from torch's result, over torch's max |result|
 # The workspace candidates may ask for. The fastest configurations on the H100 ask for 4 bytes (their
-# tile scheduler's counter); each EncoderGemms owns one such buffer, as its calls run one after another.
+# tile scheduler's counter); each call of a forward gets its own (workspaces.CounterSlots).
 WORKSPACE_BYTES = 1 << 20
 
 
@@ -55,26 +56,35 @@ class _Lt:
     linear: cublaslt.Linear
     algo: cublaslt.Algo
     label: str
+    workspace: int          # bytes the algorithm asks for
 
 
 _chosen: dict[tuple[int, Problem, str], _Lt | None] = {}  # (device, problem, search) -> pick
 
 
-def graph_call_us(fn: Callable[[], object], calls: int = _CALLS, replays: int = _REPLAYS) -> float:
+def graph_call_us(fn: Callable, calls: int = _CALLS, replays: int = _REPLAYS, slot_bytes: int = 0) -> float:
     """Median device time in us of one fn() call: `calls` calls captured in a CUDA graph, replayed
     `replays` times (the calls are too short to time from the host). Plain capture_begin/end:
-    torch.cuda.graph would collect garbage every time."""
+    torch.cuda.graph would collect garbage every time. slot_bytes > 0: fn takes a workspace, each
+    call its own slot of that size, zeroed at the graph's start with cuBLASLt's memsets removed, as
+    EncoderGemms' calls run in a captured forward."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
+    slots = CounterSlots(calls, slot_bytes, torch.device("cuda", torch.cuda.current_device())) if slot_bytes else None
+    call = fn if slots is None else (lambda: fn(slots.take()))
     with torch.cuda.stream(side):
-        fn()
-        graph = torch.cuda.CUDAGraph()
+        call()
+        graph = keeping_cuda_graph() if slots is not None else torch.cuda.CUDAGraph()
         graph.capture_begin()
         try:
+            if slots is not None:
+                slots.start()
             for _ in range(calls):
-                fn()
+                call()
         finally:
             graph.capture_end()
+        if slots is not None:
+            slots.drop_memsets(graph)
         graph.replay()
         times = []
         for _ in range(replays):
@@ -114,7 +124,11 @@ def _tune(problem: Problem, torch_call: Callable, device: torch.device, search: 
     lt_bias = bias if problem.epilogue != cublaslt.EPILOGUE_DEFAULT else None
 
     def call(algo):
-        return lambda: linear(x, w, out, lt_bias, workspace, algo)
+        return lambda ws=workspace: linear(x, w, out, lt_bias, ws, algo)
+
+    def timed_us(algo, needs: int, calls: int = _CALLS, replays: int = _REPLAYS) -> float:
+        # as a forward runs it: where it needs a workspace, a zeroed slot of its own and no memset
+        return graph_call_us(call(algo), calls, replays, slot_bytes=needs)
 
     def reproduces(algo) -> bool:
         out.copy_(start)
@@ -125,21 +139,23 @@ def _tune(problem: Problem, torch_call: Callable, device: torch.device, search: 
         scale = expect.float().abs().max().clamp(min=1e-6)
         return bool(((out.float() - expect.float()).abs().max() / scale) <= MAX_REL_DIFF)
 
-    algos = {info.label(): algo for algo, info in linear.candidates(CANDIDATES) if reproduces(algo)}
+    algos = {info.label(): (algo, info.workspace_size) for algo, info in linear.candidates(CANDIDATES)
+             if reproduces(algo)}
     if search == "exhaustive":
-        screened = [(graph_call_us(call(algo), SCREEN_CALLS, SCREEN_REPLAYS), info.label(), algo)
-                    for algo, info in linear.enumerate() if reproduces(algo)]
-        algos.update((label, algo) for _, label, algo in sorted(screened, key=lambda t: t[0])[:FINALISTS])
-    calls: dict[str, Callable] = {"torch": lambda: torch_call(x, w, bias, out)}
-    calls.update({label: call(algo) for label, algo in algos.items()})
+        screened = [(timed_us(algo, info.workspace_size, SCREEN_CALLS, SCREEN_REPLAYS), info.label(), algo,
+                     info.workspace_size) for algo, info in linear.enumerate() if reproduces(algo)]
+        algos.update((label, (algo, needs)) for _, label, algo, needs in sorted(screened, key=lambda t: t[0])[:FINALISTS])
+    calls: dict[str, Callable[[], float]] = {"torch": lambda: graph_call_us(lambda: torch_call(x, w, bias, out))}
+    calls.update({label: (lambda a=algo, n=needs: timed_us(a, n)) for label, (algo, needs) in algos.items()})
     best_us = {name: float("inf") for name in calls}
     for _ in range(ROUNDS):
-        for name, fn in calls.items():
-            best_us[name] = min(best_us[name], graph_call_us(fn))
+        for name, timing in calls.items():
+            best_us[name] = min(best_us[name], timing())
     label = min(algos, key=best_us.__getitem__, default=None)
     if label is None or best_us[label] >= best_us["torch"] * KEEP_MARGIN:
         return None
-    return _Lt(linear, algos[label], label)
+    algo, needs = algos[label]
+    return _Lt(linear, algo, label, needs)
 
 
 class EncoderGemms:
@@ -148,18 +164,21 @@ class EncoderGemms:
     Construct outside graph capture (tuning synchronizes and allocates); the calls themselves only
     enqueue and are capturable. search: "heuristic" times the heuristic's candidates, "exhaustive"
     also screens every configuration cuBLASLt accepts (seconds per problem, once per process and row
-    count). The cuBLASLt algorithms' workspace is this object's own buffer: its calls run one after
-    another on one stream, and no buffer is shared between encoders, buckets or graphs."""
+    count). A forward (start_forward(), then each projection once per layer of `layers`) gives each
+    cuBLASLt call that needs a workspace its own slot of this object's CounterSlots, so that a graph
+    of it can drop cuBLASLt's memsets (drop_memsets); no buffer is shared between encoders, buckets
+    or graphs."""
 
     def __init__(self, rows: int, hidden: int, intermediate: int, dtype: torch.dtype, device: torch.device,
-                 ffn_up, *, tune: bool, tune_min_rows: int = TUNE_MIN_ROWS, search: str = "heuristic"):
+                 ffn_up, *, tune: bool, tune_min_rows: int = TUNE_MIN_ROWS, search: str = "heuristic",
+                 layers: int = 1):
         if search not in SEARCHES:
             raise ValueError(f"search: expected one of {SEARCHES}, got {search!r}")
         # each projection as f(x, w, bias, out): torch's call unless a tuned algorithm replaces it
         self._impl: dict[str, Callable] = {"qkv": _mm, "out": _addmm, "down": _addmm,
                                            "up": lambda x, w, b, out: ffn_up(x, w, b, out=out)}
         self._labels = {name: "torch" for name in self._impl}
-        self._workspace = None
+        self._slots: CounterSlots | None = None
         if not tune or rows < tune_min_rows or dtype == torch.float32 or device.type != "cuda":
             return
         try:
@@ -173,22 +192,41 @@ class EncoderGemms:
         if ffn_up.use_epilogue:  # else it is a GEMM and padfree's bias_gelu: not one cuBLASLt call
             act = cublaslt.EPILOGUE_RELU_BIAS if ffn_up.activation == "relu" else cublaslt.EPILOGUE_GELU_BIAS
             problems["up"] = Problem(rows, hidden, intermediate, dtype, act, False)
+        picks: dict[str, _Lt] = {}
         for name, problem in problems.items():
             # an exhaustive search's pick also serves a heuristic request (it timed a superset)
             key = next((k for k in ((device.index, problem, "exhaustive"), (device.index, problem, search))
                         if k in _chosen), (device.index, problem, search))
             if key not in _chosen:
                 _chosen[key] = _tune(problem, self._impl[name], device, search)
-            lt = _chosen[key]
-            if lt is not None:
-                if self._workspace is None:
-                    self._workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-                self._impl[name] = lambda x, w, b, out, lt=lt: lt.linear(x, w, out, b, self._workspace, lt.algo)
-                self._labels[name] = f"cublaslt {lt.label}"
+            if _chosen[key] is not None:
+                picks[name] = _chosen[key]
+        needing = [lt.workspace for lt in picks.values() if lt.workspace > 0]
+        if needing:
+            self._slots = CounterSlots(len(needing) * layers, max(needing), device)
+        for name, lt in picks.items():
+            take = self._slots.take if lt.workspace > 0 else (lambda: None)
+            self._impl[name] = lambda x, w, b, out, lt=lt, take=take: lt.linear(x, w, out, b, take(), lt.algo)
+            self._labels[name] = f"cublaslt {lt.label}"
 
     def choices(self) -> dict[str, str]:
         """Which implementation each projection runs (for reports)."""
         return dict(self._labels)
+
+    @property
+    def workspace_calls(self) -> int:
+        """How many of a forward's calls take a workspace slot (cuBLASLt picks that ask for one)."""
+        return 0 if self._slots is None else self._slots.count
+
+    def start_forward(self) -> None:
+        """Before a forward's first projection: zero the workspace slots (enqueued)."""
+        if self._slots is not None:
+            self._slots.start()
+
+    def drop_memsets(self, graph: torch.cuda.CUDAGraph) -> int:
+        """In a graph captured as one forward (not yet replayed): removes cuBLASLt's memsets of the
+        workspace slots, which start_forward's zeroing made redundant. Returns how many."""
+        return 0 if self._slots is None else self._slots.drop_memsets(graph)
 
     def qkv(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor) -> None:
         self._impl["qkv"](x, w, None, out)
@@ -264,7 +302,7 @@ def load_tuning(path: str | os.PathLike, device: torch.device) -> int:
                 workspace = linear.check(algo)
                 if workspace is None or workspace > WORKSPACE_BYTES:
                     continue
-                lt = _Lt(linear, algo, str(e["label"]))
+                lt = _Lt(linear, algo, str(e["label"]), workspace)
             _chosen[key] = lt
             loaded += 1
         return loaded
