@@ -284,7 +284,8 @@ class Linear:
             _check(lib.cublasLtMatmulDescSetAttribute(self._desc, _DESC_BIAS_POINTER, ctypes.byref(p), 8),
                    "MatmulDescSetAttribute(bias)")
         stream = torch._C._cuda_getCurrentRawStream(x.device.index)
-        ws, ws_bytes = (None, 0) if workspace is None else (workspace.data_ptr(), workspace.numel() * workspace.element_size())
+        ws = None if workspace is None else workspace.data_ptr()
+        ws_bytes = 0 if workspace is None else workspace.numel() * workspace.element_size()
         if algo is None and ws_bytes < self.max_workspace:
             raise CublasLtError(f"a workspace of {self.max_workspace} bytes is needed")
         _check(lib.cublasLtMatmul(_handle(), self._desc, ctypes.byref(self._alpha), weight.data_ptr(), self._a,

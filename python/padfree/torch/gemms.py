@@ -144,7 +144,8 @@ def _tune(problem: Problem, torch_call: Callable, device: torch.device, search: 
     if search == "exhaustive":
         screened = [(timed_us(algo, info.workspace_size, SCREEN_CALLS, SCREEN_REPLAYS), info.label(), algo,
                      info.workspace_size) for algo, info in linear.enumerate() if reproduces(algo)]
-        algos.update((label, (algo, needs)) for _, label, algo, needs in sorted(screened, key=lambda t: t[0])[:FINALISTS])
+        fastest = sorted(screened, key=lambda t: t[0])[:FINALISTS]
+        algos.update((label, (algo, needs)) for _, label, algo, needs in fastest)
     calls: dict[str, Callable[[], float]] = {"torch": lambda: graph_call_us(lambda: torch_call(x, w, bias, out))}
     calls.update({label: (lambda a=algo, n=needs: timed_us(a, n)) for label, (algo, needs) in algos.items()})
     best_us = {name: float("inf") for name in calls}
