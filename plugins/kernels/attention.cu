@@ -103,7 +103,9 @@ cudaError_t launch_tiles(void (*kernel)(AttentionArgs, Extra...), AttentionArgs 
         if (err != cudaSuccess) return err;
     }
     const int32_t tiles = ceil_div<int32_t>(max_seqlen, Cfg::kBlockM);
-    const int64_t qkv_bytes = static_cast<int64_t>(args.total_rows) * 3 * args.num_heads * Cfg::kHeadDim * 2;
+    constexpr int64_t kElementBytes = 2;  // both tensor-core kernels take fp16 or bf16
+    const int64_t qkv_bytes =
+        static_cast<int64_t>(args.total_rows) * 3 * args.num_heads * Cfg::kHeadDim * kElementBytes;
     args.grid_order = grid_order(tiles, batch, args.num_heads, Cfg::kMinBlocks, qkv_bytes);
     const dim3 grid = args.grid_order == AttentionGridOrder::kHeadsSequencesLastTileFirst
                           ? dim3(args.num_heads, batch, tiles)
