@@ -97,7 +97,8 @@ def _packer_buffers(tokens, capacity, types):
             torch.full((capacity + 1,), POISON, dtype=torch.int32, device="cuda"))
 
 
-# 70x512 is past one CTA's 32K positions, 3000 rows past its 2048; 2048 rows make it scan in two chunks
+# 9x40 and 1x1: one CTA; 70x512, 1000x8 and 2048x4 (its scans in chunks): a cooperative grid; 3000
+# rows: past 2048, five operations
 @pytest.mark.gpu
 @pytest.mark.parametrize("types", [True, False])
 @pytest.mark.parametrize("batch, width", [(9, 40), (1, 1), (70, 512), (1000, 8), (2048, 4), (3000, 4)])
@@ -127,24 +128,27 @@ def test_packer_matches_the_checked_calls_on_every_call(seed, types, batch, widt
     assert len(checked) == 1, "later calls with the same layout and buffers skip the checked path"
 
 
+# 6 rows: one CTA prepares them; 75 rows: a cooperative grid of ten CTAs
 @pytest.mark.gpu
-def test_packer_reports_flags_and_cut_batches_and_repacks(seed):
+@pytest.mark.parametrize("batch", [6, 75])
+def test_packer_reports_flags_and_cut_batches_and_repacks(seed, batch):
     gen = torch.Generator().manual_seed(seed)
     packer = ops.PaddedInputPacker(torch.device("cuda"), VOCAB, TYPE_VOCAB)
-    lengths, ids, mask, _, host_mask = padded_batch(gen, 6, 30, torch.int64, torch.int64, False)
+    lengths, ids, mask, _, host_mask = padded_batch(gen, batch, 30, torch.int64, torch.int64, False)
     total = int(lengths.sum())
-    small = _packer_buffers(total - 1, 6, False)  # one token short: a cut batch, nothing past it
+    small = _packer_buffers(total - 1, batch, False)  # one token short: a cut batch, nothing past it
     assert packer(ids, mask, None, *small) == (0, total, int(lengths.max()))
-    large = _packer_buffers(total + 2, 8, False)
+    large = _packer_buffers(total + 2, batch + 2, False)
     packer.repack(ids, None, large[0], None, large[2])
     assert torch.equal(large[0][:total].cpu(), ids.cpu()[host_mask].to(torch.int32))
     assert (large[0][total:] == POISON).all()
-    # the same layout, so one prepare call (one CTA at this size): every flag still arrives
+    # the same layout, so one prepare call: every flag still arrives
     bad_value, empty, holed, bad_id = mask.clone(), mask.clone(), mask.clone(), ids.clone()
-    bad_value[5, 3] = 2  # row 5 is full (random_lengths), so each change below flags only itself
+    full = batch - 1  # random_lengths' full row (so each change below flags only itself), in the last CTA
+    bad_value[full, 3] = 2
     empty[2] = 0
-    holed[5, 0] = 0
-    bad_id[5, 0] = VOCAB
+    holed[full, 0] = 0
+    bad_id[full, 0] = VOCAB
     flags, _, _ = packer(ids, bad_value, None, *small)
     assert flags & FLAG["a mask value other than 0 and 1"]  # and the row is not ones then zeros
     for m, i, flag in ((empty, ids, "an empty sequence"), (holed, ids, "a mask row that is not ones then zeros"),

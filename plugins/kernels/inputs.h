@@ -36,10 +36,10 @@ void launch_pack_padded_inputs(const void* input_ids, const void* token_type_ids
 int32_t* mapped_host_stats(int32_t* host_stats);
 
 // Both of the above, same results (cu_seqlens written, host_stats filled when the stream gets there),
-// in as few GPU operations as the size allows: for up to 32K positions in up to 2048 rows one CTA
-// measures, sums, scans, packs and stores to host_stats through host_stats_mapped
-// (mapped_host_stats(host_stats)); beyond, or where host_stats is not mapped, the five operations of
-// the two calls above.
+// in one launch for up to 2048 rows, which stores to host_stats through host_stats_mapped
+// (mapped_host_stats(host_stats)): one CTA measures, sums, scans and packs batches of up to 32 rows
+// and 32K positions, a cooperative grid larger ones. Past 2048 rows, or where host_stats is not
+// mapped, the five operations of the two calls above.
 void launch_prepare_padded_inputs(const void* mask, int mask_bytes, const void* input_ids,
                                   const void* token_type_ids, int id_bytes, int32_t batch, int32_t padded_seqlen,
                                   int64_t vocab_size, int64_t type_vocab_size, int32_t* seqlens, int32_t* stats,
