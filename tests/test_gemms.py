@@ -107,7 +107,7 @@ def test_encoder_gemms_tuned(dtype, search, seed, monkeypatch):
     rows, hidden, inter = 320, 128, 512
     up = FfnUp("tanh", True, None)
     g = gemms_mod.EncoderGemms(rows, hidden, inter, dtype, torch.device("cuda", torch.cuda.current_device()), up,
-                               tune=True, tune_min_rows=0, search=search)
+                               tune=True, search=search)
     assert all(c.startswith("cublaslt") for c in g.choices().values()), g.choices()
     x, w_qkv, _, _ = operands(rows, hidden, 3 * hidden, dtype, seed)
     out = torch.full((rows, 3 * hidden), float("nan"), device="cuda", dtype=dtype)
@@ -222,13 +222,13 @@ def test_tuning_file_round_trip(tmp_path, seed, monkeypatch):
     device = torch.device("cuda", torch.cuda.current_device())
     rows, hidden, inter = 320, 128, 512
     up = FfnUp("tanh", True, None)
-    tuned = gemms_mod.EncoderGemms(rows, hidden, inter, torch.float16, device, up, tune=True, tune_min_rows=0)
+    tuned = gemms_mod.EncoderGemms(rows, hidden, inter, torch.float16, device, up, tune=True)
     path = tmp_path / "tuning.json"
     assert save_tuning(path, device) == 4
     monkeypatch.setattr(gemms_mod, "_chosen", {})
     monkeypatch.setattr(gemms_mod, "_tune", lambda *a: pytest.fail("tuned again instead of loading"))
     assert load_tuning(path, device) == 4
-    loaded = gemms_mod.EncoderGemms(rows, hidden, inter, torch.float16, device, up, tune=True, tune_min_rows=0)
+    loaded = gemms_mod.EncoderGemms(rows, hidden, inter, torch.float16, device, up, tune=True)
     assert loaded.choices() == tuned.choices()
     x, w, _, _ = operands(rows, hidden, 3 * hidden, torch.float16, seed)
     out = torch.full((rows, 3 * hidden), float("nan"), device="cuda", dtype=torch.float16)

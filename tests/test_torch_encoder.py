@@ -597,7 +597,7 @@ def test_graphs_survive_cublas_workspace_clearing(seed):
 
 @pytest.mark.gpu
 def test_captured_forward_drops_counter_memsets(seed, monkeypatch):
-    """At BERT-base width past the tuning floor, the captured forward's cuBLASLt calls that take a
+    """At BERT-base width, the captured forward's cuBLASLt calls that take a
     workspace each get their own slot and the graph drops cuBLASLt's memsets of them: outputs equal,
     bit for bit, an encoder whose graph keeps them (PADFREE_COUNTER_MEMSETS=keep, same algorithms),
     and HF's within fp16 tolerance."""

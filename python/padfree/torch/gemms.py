@@ -6,9 +6,13 @@ than another listed candidate for some of BERT-base's shapes (bench/results/gemm
 the out-projection with the residual accumulated, 21504 x 768 x 768: 61 us against 48), and never
 faster than the best one. So when a bucket's graph is captured, each problem is timed once per row
 count (torch's call and cuBLASLt's listed candidates, each replayed from a CUDA graph) and the
-fastest kept; problems under TUNE_MIN_ROWS, where every candidate measured within a few percent, keep
-torch's call.
-fp32 keeps torch's call too (its numerics are the reference for the fp32 tests).
+fastest kept. fp32 keeps torch's call (its numerics are the reference for the fp32 tests).
+
+Every row count is tuned. A 4096-row floor (set when the candidates still paid cuBLASLt's memsets and
+were timed one round each) kept torch's calls for small buckets, where tuned picks measured faster in
+the forward (H100, BERT-base fp16, exhaustive search, HF-style call, same process, alternating):
+1x128 0.462 -> 0.453 ms, 4x256 0.668 -> 0.634, 8x256 0.846 -> 0.813, 16x256 1.148 -> 1.117, 32x128
+1.077 -> 1.041.
 
 The heuristic's list is not everything cuBLASLt can run: search="exhaustive" also screens every
 tile x stages x cluster-shape configuration it accepts (~1400 for these shapes on the H100). There
@@ -32,7 +36,6 @@ from .workspaces import CounterSlots, keeping_cuda_graph
 
 log = logging.getLogger("padfree.gemms")
 
-TUNE_MIN_ROWS = 4096   # measured: below this every candidate was within 2% of torch's call
 CANDIDATES = 8         # the heuristic's list is ordered; the winners measured were in its first 6
 # A cuBLASLt algorithm replaces torch's call where it measured faster at all. A 3% margin kept torch's
 # FFN-down at 21504 rows (146.2 us against 144.9 for cuBLASLt's second heuristic pick), yet in the
@@ -182,8 +185,7 @@ class EncoderGemms:
     or graphs."""
 
     def __init__(self, rows: int, hidden: int, intermediate: int, dtype: torch.dtype, device: torch.device,
-                 ffn_up, *, tune: bool, tune_min_rows: int = TUNE_MIN_ROWS, search: str = "heuristic",
-                 layers: int = 1):
+                 ffn_up, *, tune: bool, search: str = "heuristic", layers: int = 1):
         if search not in SEARCHES:
             raise ValueError(f"search: expected one of {SEARCHES}, got {search!r}")
         # each projection as f(x, w, bias, out): torch's call unless a tuned algorithm replaces it
@@ -191,7 +193,7 @@ class EncoderGemms:
                                            "up": lambda x, w, b, out: ffn_up(x, w, b, out=out)}
         self._labels = {name: "torch" for name in self._impl}
         self._slots: CounterSlots | None = None
-        if not tune or rows < tune_min_rows or dtype == torch.float32 or device.type != "cuda":
+        if not tune or dtype == torch.float32 or device.type != "cuda":
             return
         try:
             cublaslt.library()
