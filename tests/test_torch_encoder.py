@@ -597,10 +597,10 @@ def test_graphs_survive_cublas_workspace_clearing(seed):
 
 @pytest.mark.gpu
 def test_captured_forward_drops_counter_memsets(seed, monkeypatch):
-    """At BERT-base width, the captured forward's cuBLASLt calls that take a
-    workspace each get their own slot and the graph drops cuBLASLt's memsets of them: outputs equal,
-    bit for bit, an encoder whose graph keeps them (PADFREE_COUNTER_MEMSETS=keep, same algorithms),
-    and HF's within fp16 tolerance."""
+    """At BERT-base width, the captured forward's cuBLASLt calls that take a workspace each get their
+    own slot and the graph drops cuBLASLt's memsets of them: outputs equal, bit for bit, an encoder
+    whose graph keeps them (PADFREE_COUNTER_MEMSETS=keep, same algorithms), and HF's within fp16
+    tolerance."""
     from padfree.torch import gemms as gemms_mod
     monkeypatch.setattr(gemms_mod, "KEEP_MARGIN", 10.0)  # cuBLASLt's best even where torch's call is faster
     monkeypatch.setattr(gemms_mod, "_chosen", {})

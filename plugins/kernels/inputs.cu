@@ -187,7 +187,8 @@ __global__ void __launch_bounds__(kGridThreads) grid_prepare_kernel(PaddedInputs
     __syncthreads();
     const int lane = threadIdx.x % kWarpSize;
     const int warps = blockDim.x / kWarpSize;
-    const int32_t first_row = static_cast<int32_t>(blockIdx.x) * warps + static_cast<int32_t>(threadIdx.x) / kWarpSize;
+    const int32_t first_row =
+        static_cast<int32_t>(blockIdx.x) * warps + static_cast<int32_t>(threadIdx.x) / kWarpSize;
     const int32_t row_step = static_cast<int32_t>(gridDim.x) * warps;
     for (int32_t row = first_row; row < in.batch; row += row_step) {
         const RowStats r = check_row(in, row, lane);
@@ -279,11 +280,14 @@ void launch_prepare_padded_inputs(const void* mask, int mask_bytes, const void* 
                                   int32_t* host_stats, int32_t* host_stats_mapped, int32_t cu_capacity,
                                   int32_t packed_capacity, int32_t* packed_ids, int32_t* packed_token_type_ids,
                                   int32_t* cu_seqlens, cudaStream_t stream) {
-    if (batch > kOneBlockMaxRows || (host_stats != nullptr && host_stats_mapped == nullptr)) {  // separate launches
+    const auto separate_launches = [&] {
         launch_padded_input_stats(mask, mask_bytes, input_ids, token_type_ids, id_bytes, batch, padded_seqlen,
                                   vocab_size, type_vocab_size, seqlens, stats, host_stats, stream);
         launch_pack_padded_inputs(input_ids, token_type_ids, id_bytes, seqlens, batch, padded_seqlen, cu_capacity,
                                   packed_capacity, packed_ids, packed_token_type_ids, cu_seqlens, stream);
+    };
+    if (batch > kOneBlockMaxRows || (host_stats != nullptr && host_stats_mapped == nullptr)) {
+        separate_launches();
         return;
     }
     const PaddedInputs in{mask, mask_bytes, input_ids, token_type_ids, id_bytes, batch, padded_seqlen, vocab_size,
@@ -306,7 +310,12 @@ void launch_prepare_padded_inputs(const void* mask, int mask_bytes, const void* 
     cooperative.id = cudaLaunchAttributeCooperative;
     cooperative.val.cooperative = 1;
     const cudaLaunchConfig_t config{blocks, kGridThreads, 0, stream, &cooperative, 1};
-    cudaLaunchKernelEx(&config, grid_prepare_kernel, in, seqlens, stats, host_stats_mapped, out);
+    if (cudaLaunchKernelEx(&config, grid_prepare_kernel, in, seqlens, stats, host_stats_mapped, out) != cudaSuccess) {
+        // refused (no room for the grid: SMs held by other work, MPS limits): the same results in
+        // separate launches rather than an error
+        cudaGetLastError();
+        separate_launches();
+    }
 }
 
 }  // namespace padfree
