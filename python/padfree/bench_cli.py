@@ -162,7 +162,6 @@ def torch_attention_ops():
     """padfree.ops with attention_varlen swapped for torch's varlen_attn (FlashAttention) plus a bias
     add: a diagnostic of what the encoder would run at with that attention kernel."""
     import types
-    import torch
     from torch.nn.attention.varlen import varlen_attn
     from padfree import ops
 
