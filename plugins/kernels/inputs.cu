@@ -106,20 +106,56 @@ __device__ __forceinline__ void pack_row(const PaddedInputs& in, int32_t row, in
     }
 }
 
-// A warp per row, grid-strided; totals by atomics into stats (zeroed before).
-__global__ void padded_input_stats_kernel(PaddedInputs in, int32_t* seqlens, int32_t* stats) {
-    wait_on_producer();
+// The rows of this thread's warp, one warp per row over the whole grid: first, first + step, ...
+struct WarpRows {
+    int32_t first;
+    int32_t step;
+};
+
+__device__ __forceinline__ WarpRows warp_rows() {
+    const int32_t warps = static_cast<int32_t>(blockDim.x) / kWarpSize;
+    return {static_cast<int32_t>(blockIdx.x) * warps + static_cast<int32_t>(threadIdx.x) / kWarpSize,
+            static_cast<int32_t>(gridDim.x) * warps};
+}
+
+// Checks this warp's rows and stores their lengths to seqlens (and to lengths where not null); lane 0
+// folds each row into *flags (OR), *longest (max) and *total (sum, where not null), shared or global.
+__device__ __forceinline__ void check_warp_rows(const PaddedInputs& in, int32_t* seqlens, int32_t* lengths,
+                                                int* flags, int* longest, int* total) {
     const int lane = threadIdx.x % kWarpSize;
-    const int warps = blockDim.x / kWarpSize;
-    for (int32_t row = blockIdx.x * warps + threadIdx.x / kWarpSize; row < in.batch; row += gridDim.x * warps) {
+    const WarpRows rows = warp_rows();
+    for (int32_t row = rows.first; row < in.batch; row += rows.step) {
         const RowStats r = check_row(in, row, lane);
         if (lane == 0) {
             seqlens[row] = r.length;
-            if (r.flags) atomicOr(&stats[0], r.flags);
-            atomicAdd(&stats[1], r.length);
-            atomicMax(&stats[2], r.length);
+            if (lengths != nullptr) lengths[row] = r.length;
+            if (r.flags) atomicOr(flags, r.flags);
+            atomicMax(longest, r.length);
+            if (total != nullptr) atomicAdd(total, r.length);
         }
     }
+}
+
+// After a block scan of every length into starts (shared): cu_seqlens with its capacity tail, by
+// one block.
+__device__ __forceinline__ void store_cu_seqlens(const int32_t* starts, int32_t batch, int total,
+                                                 const PackedOutputs& out) {
+    for (int32_t b = threadIdx.x; b <= out.cu_capacity; b += blockDim.x)
+        out.cu_seqlens[b] = b <= batch ? starts[b] : total;
+}
+
+// This warp's rows packed, from lengths and starts in shared memory.
+__device__ __forceinline__ void pack_warp_rows(const PaddedInputs& in, const int32_t* lengths, const int32_t* starts,
+                                               const PackedOutputs& out) {
+    const WarpRows rows = warp_rows();
+    for (int32_t row = rows.first; row < in.batch; row += rows.step)
+        pack_row(in, row, lengths[row], starts[row], out, threadIdx.x % kWarpSize, kWarpSize);
+}
+
+// A warp per row, grid-strided; totals by atomics into stats (zeroed before).
+__global__ void padded_input_stats_kernel(PaddedInputs in, int32_t* seqlens, int32_t* stats) {
+    wait_on_producer();
+    check_warp_rows(in, seqlens, nullptr, &stats[0], &stats[2], &stats[1]);
 }
 
 // The whole prepare step for a small batch in one CTA, which has every length: the totals (no memset
@@ -138,17 +174,7 @@ __global__ void __launch_bounds__(kOneBlockThreads, 1) one_block_prepare_kernel(
     __shared__ int32_t lengths[kOneBlockMaxRows], starts[kOneBlockMaxRows + 1];
     if (threadIdx.x == 0) flags = longest = 0;
     __syncthreads();
-    const int lane = threadIdx.x % kWarpSize;
-    const int warp = threadIdx.x / kWarpSize;
-    const int warps = blockDim.x / kWarpSize;
-    for (int32_t row = warp; row < in.batch; row += warps) {
-        const RowStats r = check_row(in, row, lane);
-        if (lane == 0) {
-            lengths[row] = seqlens[row] = r.length;
-            if (r.flags) atomicOr(&flags, r.flags);
-            atomicMax(&longest, r.length);
-        }
-    }
+    check_warp_rows(in, seqlens, lengths, &flags, &longest, nullptr);
     __syncthreads();  // lengths and the shared totals are complete
     const int total = block_prefix_sum(lengths, in.batch, starts);
     __syncthreads();  // starts complete
@@ -162,10 +188,8 @@ __global__ void __launch_bounds__(kOneBlockThreads, 1) one_block_prepare_kernel(
             host_stats[2] = longest;
         }
     }
-    for (int32_t b = threadIdx.x; b <= out.cu_capacity; b += blockDim.x)
-        out.cu_seqlens[b] = b <= in.batch ? starts[b] : total;
-    for (int32_t row = warp; row < in.batch; row += warps)
-        pack_row(in, row, lengths[row], starts[row], out, lane, kWarpSize);
+    store_cu_seqlens(starts, in.batch, total, out);
+    pack_warp_rows(in, lengths, starts, out);
 }
 
 // The same single launch for batches of more rows than one CTA has warps (up to kOneBlockMaxRows):
@@ -185,19 +209,7 @@ __global__ void __launch_bounds__(kGridThreads) grid_prepare_kernel(PaddedInputs
         if (blockIdx.x == 0) stats[0] = stats[1] = stats[2] = 0;  // no CTA adds to them before the barrier
     }
     __syncthreads();
-    const int lane = threadIdx.x % kWarpSize;
-    const int warps = blockDim.x / kWarpSize;
-    const int32_t first_row =
-        static_cast<int32_t>(blockIdx.x) * warps + static_cast<int32_t>(threadIdx.x) / kWarpSize;
-    const int32_t row_step = static_cast<int32_t>(gridDim.x) * warps;
-    for (int32_t row = first_row; row < in.batch; row += row_step) {
-        const RowStats r = check_row(in, row, lane);
-        if (lane == 0) {
-            seqlens[row] = r.length;
-            if (r.flags) atomicOr(&flags, r.flags);
-            atomicMax(&longest, r.length);
-        }
-    }
+    check_warp_rows(in, seqlens, nullptr, &flags, &longest, nullptr);
     __syncthreads();
     grid.sync();  // every length written, stats zeroed
     if (threadIdx.x == 0) {
@@ -210,11 +222,9 @@ __global__ void __launch_bounds__(kGridThreads) grid_prepare_kernel(PaddedInputs
     __syncthreads();  // starts complete
     if (blockIdx.x == 0) {
         if (threadIdx.x == 0) stats[1] = total;
-        for (int32_t b = threadIdx.x; b <= out.cu_capacity; b += blockDim.x)
-            out.cu_seqlens[b] = b <= in.batch ? starts[b] : total;
+        store_cu_seqlens(starts, in.batch, total, out);
     }
-    for (int32_t row = first_row; row < in.batch; row += row_step)
-        pack_row(in, row, lengths[row], starts[row], out, lane, kWarpSize);
+    pack_warp_rows(in, lengths, starts, out);
     if (host_stats == nullptr) return;  // uniform over the grid: every CTA skips the barrier alike
     grid.sync();  // every CTA's flags and longest are in stats
     if (blockIdx.x == 0 && threadIdx.x < 3) host_stats[threadIdx.x] = __ldcg(stats + threadIdx.x);
