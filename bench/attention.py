@@ -178,9 +178,9 @@ def bench_shape(name, batch, max_seqlen, num_heads, head_dim, ceilings, varlen, 
 
 def forced_paths(max_len: int, head_dim: int) -> list[str]:
     """The PADFREE_ATTENTION_PATH values that run their own kernel at these sizes ("resident" holds at
-    most 128 keys; "tma" is the wgmma kernel's head_dim-64 variant)."""
-    return [path for path in ("resident", "tiled", "wgmma", "tma")
-            if not (path == "resident" and max_len > 128) and not (path == "tma" and head_dim != 64)]
+    most 128 keys; "tma" and "held" are the wgmma kernel's head_dim-64 variants)."""
+    return [path for path in ("resident", "tiled", "wgmma", "tma", "held")
+            if not (path == "resident" and max_len > 128) and not (path in ("tma", "held") and head_dim != 64)]
 
 
 def run_once(shapes) -> int:

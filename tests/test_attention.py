@@ -45,13 +45,18 @@ def make_lengths(rng, batch, max_seqlen, zeros=0):
     return lengths
 
 
-def run_case(seed, dtype, head_dim, num_heads, lengths, max_seqlen, *, bias=True, causal=False, scale=None):
+def run_case(seed, dtype, head_dim, num_heads, lengths, max_seqlen, *, bias=True, causal=False, scale=None,
+             key_growth=0.0):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     total = sum(lengths)
     width = 3 * num_heads * head_dim
     # N(0, 1) entries give scores of std ~1 after the 1/sqrt(d) scale: a softmax that is neither
     # uniform nor one-hot, so both the max tracking and the weighting are exercised.
     qkv = torch.randn(total + BUCKET_ROWS, width, device="cuda", generator=gen).to(dtype)
+    if key_growth:  # K rows scaled by 1 + key_growth * (position / length): later keys score higher
+        position = torch.cat([torch.arange(n, device="cuda") / max(n - 1, 1) for n in lengths])
+        keys = qkv[:total].view(total, 3, num_heads, head_dim)[:, 1]
+        keys.mul_((1 + key_growth * position).to(dtype)[:, None, None])
     qkv_bias = (0.5 * torch.randn(width, device="cuda", generator=gen)).to(dtype) if bias else None
     cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0, dtype=torch.int32).cuda()
     out = torch.full((total + BUCKET_ROWS, num_heads * head_dim), math.nan, dtype=dtype, device="cuda")
@@ -89,12 +94,12 @@ def test_matches_reference(seed, dtype, head_dim, batch, max_seqlen):
 
 # Every tensor-core kernel on the same cases: by default the device picks one (wgmma on compute
 # capability 9.0, mma.sync elsewhere); PADFREE_ATTENTION_PATH forces each ("tma": the wgmma kernel
-# loading by tensor copies).
+# loading by tensor copies; "held": that with its bias in registers, the default for one-wave grids).
 KERNEL_PATH_SHAPES = [(1, 1), (5, 7), (3, 64), (16, 129), (7, 512), (2, 1100)]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("path", ["resident", "tiled", "wgmma", "tma"])
+@pytest.mark.parametrize("path", ["resident", "tiled", "wgmma", "tma", "held"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -102,9 +107,9 @@ KERNEL_PATH_SHAPES = [(1, 1), (5, 7), (3, 64), (16, 129), (7, 512), (2, 1100)]
 def test_each_kernel_path(monkeypatch, seed, path, dtype, head_dim, causal, batch, max_seqlen):
     if path == "resident" and max_seqlen > 128:
         pytest.skip("the resident kernel holds at most 128 keys")
-    if path in ("wgmma", "tma") and torch.cuda.get_device_capability() != (9, 0):
+    if path in ("wgmma", "tma", "held") and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("wgmma runs on compute capability 9.0 only")
-    if path == "tma" and head_dim != 64:
+    if path in ("tma", "held") and head_dim != 64:
         pytest.skip("the wgmma kernel loads by tensor copies at head_dim 64 only")
     monkeypatch.setenv("PADFREE_ATTENTION_PATH", path)
     rng = random.Random(seed)
@@ -149,6 +154,25 @@ def test_zero_length_sequences_and_no_bias(seed, dtype, max_seqlen):
 def test_causal(seed, dtype, head_dim, max_seqlen):
     rng = random.Random(seed)
     run_case(seed, dtype, head_dim, 2, make_lengths(rng, 4, max_seqlen), max_seqlen, causal=True)
+
+
+# Scores that keep growing along the keys (std ~1 at the first key, ~9 at the last): each key tile
+# raises the running maximum by several units, so the rescaling of O and the row sums after the
+# first tile is exercised, which N(0, 1) scores (a maximum that settles in the first tiles) barely do.
+@pytest.mark.gpu
+@pytest.mark.parametrize("path", [None, "tiled", "wgmma", "tma", "held"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("max_seqlen", [300, 1100])
+def test_scores_growing_along_the_keys(monkeypatch, seed, path, dtype, causal, max_seqlen):
+    if path is not None:
+        if dtype == torch.float32:
+            pytest.skip("fp32 has one kernel")
+        if path in ("wgmma", "tma", "held") and torch.cuda.get_device_capability() != (9, 0):
+            pytest.skip("wgmma runs on compute capability 9.0 only")
+        monkeypatch.setenv("PADFREE_ATTENTION_PATH", path)
+    lengths = make_lengths(random.Random(seed), 5, max_seqlen)
+    run_case(seed, dtype, 64, 2, lengths, max_seqlen, causal=causal, key_growth=8.0)
 
 
 @pytest.mark.gpu

@@ -1,5 +1,5 @@
 // Kernel choice for fused varlen attention: the one place runtime sizes become template arguments.
-// Instantiations: {fp16, bf16} x {64, 128} x {resident, tiled, wgmma (two for head_dim 64)} + fp32 x
+// Instantiations: {fp16, bf16} x {64, 128} x {resident, tiled, wgmma (four for head_dim 64)} + fp32 x
 // {64, 128}.
 #include <cstdlib>
 #include <cstring>
@@ -28,7 +28,11 @@ using attention_detail::WgmmaConfig;
 // on short ones (more CTAs, fewer rows wasted past each sequence's end); see bench/NOTES-attention.md.
 constexpr int kResidentMaxSeqlen = 128;
 
-enum class Path { kResident, kTiled, kWgmma, kWgmmaTma, kFp32 };
+// kWgmmaTmaHeld: kWgmmaTma with the Q and V bias in registers before the PDL wait (WgmmaConfig's
+// HELD_BIAS), chosen where its grid is at most one wave.
+enum class Path { kResident, kTiled, kWgmma, kWgmmaTma, kWgmmaTmaHeld, kFp32 };
+
+using HeldBiasConfig = WgmmaConfig<64, 64, 2, 3, true, true, true>;
 
 // The wgmma kernel runs where the library holds sm_90a code (CMakeLists.txt defines
 // PADFREE_HAS_SM90A only when it holds no plain sm_90 code the driver could load instead) and the
@@ -41,9 +45,10 @@ bool wgmma_available() {
 #endif
 }
 
-// PADFREE_ATTENTION_PATH=resident|tiled|wgmma|tma overrides the choice, so that a benchmark can time
-// every path on one build ("resident" only where the sequences fit it; "wgmma" and "tma" where they
-// run: the wgmma kernel loading by cp.async, or at head_dim 64 by tensor copies, the default).
+// PADFREE_ATTENTION_PATH=resident|tiled|wgmma|tma|held overrides the choice, so that a benchmark can
+// time every path on one build ("resident" only where the sequences fit it; "wgmma", "tma" and "held"
+// where they run: the wgmma kernel loading by cp.async, or at head_dim 64 by tensor copies, the
+// default, with its bias read where used or held).
 bool forced_path(int32_t max_seqlen, Path* path) {
     const char* name = std::getenv("PADFREE_ATTENTION_PATH");
     if (name == nullptr) return false;
@@ -51,15 +56,26 @@ bool forced_path(int32_t max_seqlen, Path* path) {
     else if (std::strcmp(name, "tiled") == 0) *path = Path::kTiled;
     else if (std::strcmp(name, "wgmma") == 0 && wgmma_available()) *path = Path::kWgmma;
     else if (std::strcmp(name, "tma") == 0 && wgmma_available()) *path = Path::kWgmmaTma;
+    else if (std::strcmp(name, "held") == 0 && wgmma_available()) *path = Path::kWgmmaTmaHeld;
     else return false;
     return true;
 }
 
-Path choose_path(int32_t max_seqlen, padfree_dtype dtype) {
+// Whether Cfg's grid for this batch is at most one wave (every CTA resident at once).
+template <class Cfg>
+bool fits_one_wave(const AttentionArgs& args, int32_t batch, int32_t max_seqlen) {
+    const int64_t ctas = static_cast<int64_t>(ceil_div<int32_t>(max_seqlen, Cfg::kBlockM)) * batch * args.num_heads;
+    return ctas <= static_cast<int64_t>(current_device_value<query_sm_count>()) * Cfg::kMinBlocks;
+}
+
+Path choose_path(const AttentionArgs& args, int32_t batch, int32_t max_seqlen, padfree_dtype dtype) {
     if (dtype == PADFREE_FLOAT32) return Path::kFp32;
     Path path;
     if (forced_path(max_seqlen, &path)) return path;
-    if (wgmma_available()) return Path::kWgmmaTma;  // TMA where it applies (launch_wgmma)
+    // TMA where it applies (launch_wgmma); the bias held where the grid is one wave (H100, BERT-base
+    // in the encoder: attention 0.059 -> 0.051 ms per forward at 1x128, 0.060 -> 0.054 at 4x128).
+    if (wgmma_available())
+        return fits_one_wave<HeldBiasConfig>(args, batch, max_seqlen) ? Path::kWgmmaTmaHeld : Path::kWgmmaTma;
     return max_seqlen <= kResidentMaxSeqlen ? Path::kResident : Path::kTiled;
 }
 
@@ -146,11 +162,14 @@ bool qkv_tensor_map(const AttentionArgs& args, padfree_dtype dtype, CUtensorMap*
 // 95.5-95.9 -> 88.0-88.3, 128x128 (there against the single-tile configuration) 32.6 -> 31.4,
 // 32x1024 133 -> 121, 8x4096 658-696 -> 581-589.
 template <typename T, int HD>
-cudaError_t launch_wgmma(const AttentionArgs& args, int32_t batch, int32_t max_seqlen, padfree_dtype dtype, bool tma,
+cudaError_t launch_wgmma(const AttentionArgs& args, int32_t batch, int32_t max_seqlen, padfree_dtype dtype, Path path,
                          cudaStream_t stream) {
     CUtensorMap map{};  // unused by the configurations without TMA
     if constexpr (HD == 64) {
-        if (tma && qkv_tensor_map(args, dtype, &map)) {
+        if (path != Path::kWgmma && qkv_tensor_map(args, dtype, &map)) {
+            if (path == Path::kWgmmaTmaHeld)
+                return launch_tiles<HeldBiasConfig>(attention_wgmma_kernel<T, HeldBiasConfig>, args, batch, max_seqlen,
+                                                    stream, map);
             using Cfg = WgmmaConfig<HD, 64, 2, 4, true, true>;
             return launch_tiles<Cfg>(attention_wgmma_kernel<T, Cfg>, args, batch, max_seqlen, stream, map);
         }
@@ -175,7 +194,7 @@ cudaError_t launch_head_dim(const AttentionArgs& args, int32_t batch, int32_t ma
                       args);
         return cudaSuccess;
     } else {
-        const Path path = choose_path(max_seqlen, dtype);
+        const Path path = choose_path(args, batch, max_seqlen, dtype);
         switch (path) {
             case Path::kResident: {
                 using Cfg = TileConfig<HD, 4, kResidentMaxSeqlen, true>;
@@ -183,7 +202,8 @@ cudaError_t launch_head_dim(const AttentionArgs& args, int32_t batch, int32_t ma
             }
             case Path::kWgmma:
             case Path::kWgmmaTma:
-                return launch_wgmma<T, HD>(args, batch, max_seqlen, dtype, path == Path::kWgmmaTma, stream);
+            case Path::kWgmmaTmaHeld:
+                return launch_wgmma<T, HD>(args, batch, max_seqlen, dtype, path, stream);
             default: {
                 using Cfg = TileConfig<HD, 4, 64, false>;
                 return launch_tiles<Cfg>(attention_tc_kernel<T, Cfg>, args, batch, max_seqlen, stream);

@@ -73,7 +73,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tc_k
     const int nh = args.num_heads;
     const int64_t stride = 3LL * nh * HD;
     const T* seq = static_cast<const T*>(args.qkv) + static_cast<int64_t>(start) * stride;
-    const T* bias = static_cast<const T*>(args.qkv_bias);
 
     const int q_rows = min(BM, len - q0);
     // Warps whose 16 rows all lie past the sequence's end only help load K/V.
@@ -97,7 +96,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tc_k
     __syncthreads();
 
     uint32_t qf[KC][4];
-    if (active) load_q_fragments<T, HD, RowSwizzled<HD>>(qf, sQ_addr, warp * 16, bias, head);
+    if (active) load_q_fragments<T, HD, RowSwizzled<HD>>(qf, sQ_addr, warp * 16, HeadBias<T, HD, false>(args, head));
 
     // ldmatrix addresses of this lane in stage 0; the key group p adds p * kGroupBytes, a
     // compile-time offset. Row & 7 is lane & 7 for every p, so the swizzle XOR folds into the
@@ -197,7 +196,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tc_k
     allow_consumers();  // only the epilogue is left
 
     if (!active) return;
-    store_output_rows<T, HD, RowSwizzled<HD>>(rows.o, 1.f / rows.l[0], 1.f / rows.l[2], args, tile, sQ, warp * 16);
+    store_output_rows<T, HD, RowSwizzled<HD>>(rows.o, 1.f / rows.l[0], 1.f / rows.l[2], args, tile, sQ, warp * 16,
+                                              HeadBias<T, HD, false>(args, head));
 }
 
 }  // namespace attention_detail

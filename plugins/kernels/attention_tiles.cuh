@@ -117,8 +117,14 @@ struct QueryTile {
 // (only those are added: attention_tc.cuh says why) into L2 before the PDL wait: weights, never the
 // producer's output; by one CTA per head (layernorm_row.cuh: prefetch_row_params says why not by
 // all). Returns false for a tile past its sequence's end (and for empty sequences): no work.
-template <int HD>
-__device__ __forceinline__ bool locate_query_tile(const AttentionArgs& args, int block_m, QueryTile& tile) {
+struct NothingBeforeWait {
+    __device__ __forceinline__ void operator()() const {}
+};
+
+// before_wait(): runs once tile.head is set, before the PDL wait (loads of weights only: HeadBias).
+template <int HD, class BeforeWait = NothingBeforeWait>
+__device__ __forceinline__ bool locate_query_tile(const AttentionArgs& args, int block_m, QueryTile& tile,
+                                                  BeforeWait before_wait = {}) {
     int q_tile;
     bool first_of_head;  // the head's first CTA to be dispatched: its two other grid indices are 0
     switch (args.grid_order) {
@@ -140,6 +146,7 @@ __device__ __forceinline__ bool locate_query_tile(const AttentionArgs& args, int
         prefetch_l2(static_cast<const char*>(args.qkv_bias) + ((part * args.num_heads + tile.head) * HD) * 2 +
                     line * 128);
     }
+    before_wait();
     wait_on_producer();
     // Clamped to the packed rows so that no cu_seqlens content reads or writes past them.
     tile.start = min(max(args.cu_seqlens[tile.batch_index], 0), args.total_rows);
@@ -189,21 +196,59 @@ struct KeyValueTiles {
     }
 };
 
+// The head's Q and V bias (the two that are added: attention_tc.cuh says why) at this thread's
+// columns: pairs 2t, 2t + 1 of every 8 (the mma fragment and accumulator layouts). kHeld: all loaded
+// into registers by locate() (before the PDL wait, as a BeforeWait), so that at small grids, where the
+// kernel is latency-bound, the loads overlap the producer's tail instead of each costing a round trip
+// after it. Otherwise each pair is read where it is used, and the kernels make one right where they
+// need it (kept for the whole kernel, its pointers cost the tiled mma.sync kernel a spill).
+template <typename T, int HD, bool kHeld>
+struct HeadBias {
+    const T* bias = nullptr;  // [3 * num_heads * HD], or null (no bias)
+    int q_at = 0;             // the head's Q and V bias in it, at this thread's first pair
+    int v_at = 0;
+    uint32_t held_q[kHeld ? HD / 8 : 1];  // pair i: columns 8 i + 2t, 8 i + 2t + 1
+    uint32_t held_v[kHeld ? HD / 8 : 1];
+
+    HeadBias() = default;
+    __device__ __forceinline__ HeadBias(const AttentionArgs& args, int head) { locate(args, head); }
+
+    __device__ __forceinline__ void locate(const AttentionArgs& args, int head) {
+        bias = static_cast<const T*>(args.qkv_bias);
+        q_at = head * HD + 2 * (threadIdx.x % 4);
+        v_at = (2 * args.num_heads + head) * HD + 2 * (threadIdx.x % 4);
+        if constexpr (kHeld) {
+            if (bias == nullptr) return;
+#pragma unroll
+            for (int i = 0; i < HD / 8; ++i) {
+                held_q[i] = *reinterpret_cast<const uint32_t*>(bias + q_at + 8 * i);
+                held_v[i] = *reinterpret_cast<const uint32_t*>(bias + v_at + 8 * i);
+            }
+        }
+    }
+    __device__ __forceinline__ bool present() const { return bias != nullptr; }
+    // columns 8 i + 2t, 8 i + 2t + 1 of Q's (V's) bias
+    __device__ __forceinline__ uint32_t q_pair(int i) const {
+        if constexpr (kHeld) return held_q[i]; else return *reinterpret_cast<const uint32_t*>(bias + q_at + 8 * i);
+    }
+    __device__ __forceinline__ uint32_t v_pair(int i) const {
+        if constexpr (kHeld) return held_v[i]; else return *reinterpret_cast<const uint32_t*>(bias + v_at + 8 * i);
+    }
+};
+
 // A warp's Q fragments (its 16 rows from warp_row0, the mma A-operand layout) from the Layout tile
 // at shared address sq, with Q's bias added.
-template <typename T, int HD, class Layout>
-__device__ __forceinline__ void load_q_fragments(uint32_t (&qf)[HD / 16][4], uint32_t sq, int warp_row0, const T* bias,
-                                                 int head) {
+template <typename T, int HD, class Layout, class Bias>
+__device__ __forceinline__ void load_q_fragments(uint32_t (&qf)[HD / 16][4], uint32_t sq, int warp_row0,
+                                                 const Bias& bias) {
     using Op = MmaOp<T>;
     const int lane = threadIdx.x % 32;
-    const int t = lane % 4;
 #pragma unroll
     for (int kk = 0; kk < HD / 16; ++kk) {
         ldmatrix_x4_addr(qf[kk], sq + 2u * Layout::offset(warp_row0 + (lane & 15), kk * 16 + (lane >> 4) * 8));
-        if (bias != nullptr) {
-            const T* bq = bias + head * HD + kk * 16 + 2 * t;
-            const float2 b0 = Op::unpack(*reinterpret_cast<const uint32_t*>(bq));
-            const float2 b1 = Op::unpack(*reinterpret_cast<const uint32_t*>(bq + 8));
+        if (bias.present()) {
+            const float2 b0 = Op::unpack(bias.q_pair(2 * kk));
+            const float2 b1 = Op::unpack(bias.q_pair(2 * kk + 1));
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
                 const float2 q = Op::unpack(qf[kk][r]);
@@ -303,23 +348,21 @@ __device__ __forceinline__ void pack_p_fragment(uint32_t (&pa)[4], const float (
 // The epilogue of a warp's 16 rows (warp_row0 within the tile): O / l plus V's bias, staged in the
 // warp's own rows of the Layout tile at `stage` (its Q rows, already consumed), then written as
 // 16-byte vectors: each output row is one contiguous head_dim span of [T, num_heads, head_dim].
-template <typename T, int HD, class Layout>
+template <typename T, int HD, class Layout, class Bias>
 __device__ __forceinline__ void store_output_rows(const float (&o)[HD / 8][4], float inv0, float inv1,
                                                   const AttentionArgs& args, const QueryTile& tile, T* stage,
-                                                  int warp_row0) {
+                                                  int warp_row0, const Bias& bias) {
     using Op = MmaOp<T>;
     const int lane = threadIdx.x % 32;
     const int g = lane / 4;
     const int t = lane % 4;
     const int nh = args.num_heads;
-    const T* bias = static_cast<const T*>(args.qkv_bias);
     const int srow = warp_row0 + g;
 #pragma unroll
     for (int db = 0; db < HD / 8; ++db) {
         const int d = db * 8 + 2 * t;
         float2 bv = make_float2(0.f, 0.f);
-        if (bias != nullptr)
-            bv = Op::unpack(*reinterpret_cast<const uint32_t*>(bias + (2 * nh + tile.head) * HD + d));
+        if (bias.present()) bv = Op::unpack(bias.v_pair(db));
         *reinterpret_cast<uint32_t*>(stage + Layout::offset(srow, d)) =
             Op::pack(fmaf(o[db][0], inv0, bv.x), fmaf(o[db][1], inv0, bv.y));
         *reinterpret_cast<uint32_t*>(stage + Layout::offset(srow + 8, d)) =

@@ -37,10 +37,14 @@ namespace attention_detail {
 // ablation; measured: 64x512 95.5 -> 88.0 us, attention.cu). Rows past a sequence's end arrive as
 // the next sequence's rows (past the tensor: zeros): their scores are masked, and the V rows a
 // partial tile's P.V reads past the end are zeroed.
-template <int HEAD_DIM, int BLOCK_N, int STAGES, int MIN_BLOCKS, bool ONE_BARRIER, bool TMA = false>
+// HELD_BIAS: the Q and V bias in registers before the PDL wait (HeadBias), for grids of at most one
+// wave (launch_wgmma), where the kernel is latency-bound: 16 more registers, so fewer CTAs per SM.
+template <int HEAD_DIM, int BLOCK_N, int STAGES, int MIN_BLOCKS, bool ONE_BARRIER, bool TMA = false,
+          bool HELD_BIAS = false>
 struct WgmmaConfig {
     static constexpr bool kOneBarrier = ONE_BARRIER;
     static constexpr bool kTma = TMA;
+    static constexpr bool kHeldBias = HELD_BIAS;
     static constexpr int kHeadDim = HEAD_DIM;
     static constexpr int kThreads = 128;  // one warpgroup
     static constexpr int kBlockM = 64;    // wgmma's M
@@ -115,7 +119,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     using KVLayout = Panels128<BN>;
 
     QueryTile tile;
-    if (!locate_query_tile<HD>(args, BM, tile)) return;  // tiles past this sequence's end do no work
+    HeadBias<T, HD, true> held_bias;  // Cfg::kHeldBias only
+    if constexpr (Cfg::kHeldBias) {
+        if (!locate_query_tile<HD>(args, BM, tile, [&] { held_bias.locate(args, tile.head); })) return;
+    } else {
+        if (!locate_query_tile<HD>(args, BM, tile)) return;  // tiles past this sequence's end do no work
+    }
+    auto head_bias = [&]() -> HeadBias<T, HD, Cfg::kHeldBias> {
+        if constexpr (Cfg::kHeldBias) return held_bias; else return {args, tile.head};
+    };
 
     extern __shared__ __align__(16) unsigned char smem[];
     const uint32_t sQ_addr = (smem_addr(smem) + 1023u) & ~1023u;
@@ -166,7 +178,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
         __syncthreads();
     }
     uint32_t qf[KC][4];
-    load_q_fragments<T, HD, QLayout>(qf, sQ_addr, warp * 16, static_cast<const T*>(args.qkv_bias), tile.head);
+    load_q_fragments<T, HD, QLayout>(qf, sQ_addr, warp * 16, head_bias());
 
     // K is the B operand of Q.K^T as stored (K-major: a key's head_dim is contiguous), one panel per
     // 64 of head_dim; V that of P.V, MN-major, its panels the leading-offset steps of one n64 block.
@@ -281,7 +293,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
         rows.l[r] += __shfl_xor_sync(0xffffffffu, rows.l[r], 1);
         rows.l[r] += __shfl_xor_sync(0xffffffffu, rows.l[r], 2);
     }
-    store_output_rows<T, HD, QLayout>(rows.o, 1.f / rows.l[0], 1.f / rows.l[2], args, tile, sQ, warp * 16);
+    store_output_rows<T, HD, QLayout>(rows.o, 1.f / rows.l[0], 1.f / rows.l[2], args, tile, sQ, warp * 16, head_bias());
 #else
     __trap();  // attention.cu launches this only where the library holds sm_90a code
 #endif

@@ -98,6 +98,13 @@ __device__ __forceinline__ void vec_to_float(const Vec<T>& v, float (&out)[Vec<T
     for (int i = 0; i < Vec<T>::size; ++i) out[i] = to_float(v.v[i]);
 }
 
+// v += a, in fp32.
+template <typename T>
+__device__ __forceinline__ void add_vec(float (&v)[Vec<T>::size], const Vec<T>& a) {
+#pragma unroll
+    for (int i = 0; i < Vec<T>::size; ++i) v[i] += to_float(a.v[i]);
+}
+
 template <typename T>
 __device__ __forceinline__ Vec<T> vec_from_float(const float (&in)[Vec<T>::size]) {
     Vec<T> r;

@@ -46,6 +46,7 @@ embedding_layernorm_kernel(const int32_t* input_ids, const int32_t* token_type_i
     const T* word = static_cast<const T*>(tables.word);
     const T* position = static_cast<const T*>(tables.position);
     const T* type = static_cast<const T*>(tables.type);
+    const RowParams<T, N, false> params(gamma, beta, nullptr, lane, threads, nvec);
     for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; t < total_tokens;
          t += static_cast<int64_t>(gridDim.x) * blockDim.y) {
         const int32_t b = sequence_of(cu_seqlens, batch, t);
@@ -75,7 +76,7 @@ embedding_layernorm_kernel(const int32_t* input_ids, const int32_t* token_type_i
                 }
             }
         }
-        layernorm_store_row<T, N, kBlockRow>(v, lane, threads, nvec, hidden, gamma, beta, eps, out + t * hidden);
+        layernorm_store_row<T, N, kBlockRow>(v, lane, threads, nvec, hidden, params, eps, out + t * hidden);
     }
 }
 

@@ -10,7 +10,8 @@ namespace {
 // kSkip: the row is x + bias + residual (bias and residual may be null: the encoder folds the
 // residual into the GEMM's beta = 1 epilogue, leaving one stream to read here); otherwise x. out may
 // alias x or residual: every element is read and written by the same thread, reads first.
-template <typename T, int N, bool kBlockRow, bool kSkip>
+// kHeld: the parameters in registers before the wait (RowParams), for grids of one wave.
+template <typename T, int N, bool kBlockRow, bool kSkip, bool kHeld>
 __device__ __forceinline__ void layernorm_rows(const T* x, const T* residual, const T* bias, const T* gamma,
                                                const T* beta, int64_t rows, int hidden, float eps, T* out,
                                                bool last_first) {
@@ -18,51 +19,70 @@ __device__ __forceinline__ void layernorm_rows(const T* x, const T* residual, co
     const int nvec = hidden / V;
     const int lane = threadIdx.x;
     const int threads = blockDim.x;
-    prefetch_row_params(gamma, beta, kSkip ? bias : nullptr, hidden);
+    const RowParams<T, N, kHeld> params(gamma, beta, kSkip ? bias : nullptr, lane, threads, nvec);
+    if constexpr (!kHeld) prefetch_row_params(gamma, beta, kSkip ? bias : nullptr, hidden);
     wait_on_producer();
     allow_consumers();
     for (int64_t step = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; step < rows;
          step += static_cast<int64_t>(gridDim.x) * blockDim.y) {
         const int64_t offset = (last_first ? rows - 1 - step : step) * hidden;
         float v[N][V];
+        if constexpr (kHeld) {
+            // Registers to spare (a block per SM): every load of the row goes out before any is used.
+            // In the form below, each slot's null checks split its loads from the next slot's, so
+            // they went out one round trip at a time (H100, BERT-base 1x128: the 24 skip LayerNorms
+            // 0.090 ms per forward, held 0.074, held with the loads together 0.062).
+            const bool with_residual = kSkip && residual != nullptr;
+            Vec<T> xs[N], rs[N];
 #pragma unroll
-        for (int i = 0; i < N; ++i) {
-            const int c = lane + i * threads;
-            if (c < nvec) {
-                vec_to_float(load_vec(x + offset + c * V), v[i]);
-                if constexpr (kSkip) {
-                    float r[V];
-                    if (residual != nullptr) {
-                        vec_to_float(load_vec(residual + offset + c * V), r);
+            for (int i = 0; i < N; ++i)
+                if (lane + i * threads < nvec) xs[i] = load_vec(x + offset + (lane + i * threads) * V);
+            if (with_residual)
 #pragma unroll
-                        for (int j = 0; j < V; ++j) v[i][j] += r[j];
-                    }
-                    if (bias != nullptr) {
-                        vec_to_float(load_vec_ro(bias + c * V), r);
+                for (int i = 0; i < N; ++i)
+                    if (lane + i * threads < nvec) rs[i] = load_vec(residual + offset + (lane + i * threads) * V);
 #pragma unroll
-                        for (int j = 0; j < V; ++j) v[i][j] += r[j];
+            for (int i = 0; i < N; ++i) {
+                const int c = lane + i * threads;
+                if (c < nvec) {
+                    vec_to_float(xs[i], v[i]);
+                    if (with_residual) add_vec(v[i], rs[i]);
+                    if (kSkip && bias != nullptr) add_vec(v[i], params.bias_at(i, c));
+                }
+            }
+        } else {  // 64 registers (skip LayerNorm's cap) hold one slot's loads at a time
+#pragma unroll
+            for (int i = 0; i < N; ++i) {
+                const int c = lane + i * threads;
+                if (c < nvec) {
+                    vec_to_float(load_vec(x + offset + c * V), v[i]);
+                    if constexpr (kSkip) {
+                        if (residual != nullptr) add_vec(v[i], load_vec(residual + offset + c * V));
+                        if (bias != nullptr) add_vec(v[i], params.bias_at(i, c));
                     }
                 }
             }
         }
-        layernorm_store_row<T, N, kBlockRow>(v, lane, threads, nvec, hidden, gamma, beta, eps, out + offset);
+        layernorm_store_row<T, N, kBlockRow>(v, lane, threads, nvec, hidden, params, eps, out + offset);
     }
 }
 
 // Plain LayerNorm keeps the compiler's register choice: capped at 64 it measured slower on the
 // H100 ([16384, 768] fp16: 0.86 of copy bandwidth against 0.90 uncapped).
-template <typename T, int N, bool kBlockRow>
+template <typename T, int N, bool kBlockRow, bool kHeld>
 __global__ void layernorm_kernel(const T* x, const T*, const T*, const T* gamma, const T* beta, int64_t rows,
                                  int hidden, float eps, T* out, bool last_first) {
-    layernorm_rows<T, N, kBlockRow, false>(x, nullptr, nullptr, gamma, beta, rows, hidden, eps, out, last_first);
+    layernorm_rows<T, N, kBlockRow, false, kHeld>(x, nullptr, nullptr, gamma, beta, rows, hidden, eps, out,
+                                                  last_first);
 }
 
-// Skip LayerNorm reads two streams and gains from the cap (0.83 -> 0.93 of copy bandwidth).
-template <typename T, int N, bool kBlockRow>
-__global__ void __launch_bounds__(kRowMaxThreads<kBlockRow>, kRowMinBlocks<kBlockRow>)
+// Skip LayerNorm reads two streams and gains from the cap (0.83 -> 0.93 of copy bandwidth); a grid of
+// one wave has a block per SM, so its held parameters need no cap.
+template <typename T, int N, bool kBlockRow, bool kHeld>
+__global__ void __launch_bounds__(kRowMaxThreads<kBlockRow>, kHeld ? 1 : kRowMinBlocks<kBlockRow>)
 skip_layernorm_kernel(const T* x, const T* residual, const T* bias, const T* gamma, const T* beta, int64_t rows,
                       int hidden, float eps, T* out, bool last_first) {
-    layernorm_rows<T, N, kBlockRow, true>(x, residual, bias, gamma, beta, rows, hidden, eps, out, last_first);
+    layernorm_rows<T, N, kBlockRow, true, kHeld>(x, residual, bias, gamma, beta, rows, hidden, eps, out, last_first);
 }
 
 template <bool kSkip>
@@ -72,11 +92,16 @@ void launch(const void* x, const void* residual, const void* bias, const void* g
     dispatch_dtype(dtype, [&](auto dtype_tag) {
         using T = typename decltype(dtype_tag)::type;
         const RowLaunch shape = row_launch(hidden / vec_size<T>());
+        const unsigned grid = row_grid(rows, shape);
+        const bool one_wave = grid <= static_cast<unsigned>(current_device_value<query_sm_count>());
         dispatch_row_launch(shape, [&](auto n, auto block_row) {
             constexpr int kN = decltype(n)::value;
             constexpr bool kBlockRow = decltype(block_row)::value;
-            auto kernel = kSkip ? skip_layernorm_kernel<T, kN, kBlockRow> : layernorm_kernel<T, kN, kBlockRow>;
-            launch_kernel(kernel, row_grid(rows, shape), shape.block, 0, stream, static_cast<const T*>(x),
+            auto kernel = kSkip ? skip_layernorm_kernel<T, kN, kBlockRow, false> : layernorm_kernel<T, kN, kBlockRow, false>;
+            // a block per row has no registers to spare (512 threads: at most 128 each; held, it spilled)
+            if constexpr (!kBlockRow)
+                if (one_wave) kernel = kSkip ? skip_layernorm_kernel<T, kN, false, true> : layernorm_kernel<T, kN, false, true>;
+            launch_kernel(kernel, grid, shape.block, 0, stream, static_cast<const T*>(x),
                           static_cast<const T*>(residual), static_cast<const T*>(bias), static_cast<const T*>(gamma),
                           static_cast<const T*>(beta), rows, hidden, eps, static_cast<T*>(out),
                           rows_last_first(rows * hidden * static_cast<int64_t>(sizeof(T))));
