@@ -113,15 +113,15 @@ struct QueryTile {
     int len;
 };
 
-// Where this CTA's tile lies (the grid orders of attention.h). Prefetches the head's Q and V bias
-// (only those are added: attention_tc.cuh says why) into L2 before the PDL wait: weights, never the
-// producer's output; by one CTA per head (layernorm_row.cuh: prefetch_row_params says why not by
-// all). Returns false for a tile past its sequence's end (and for empty sequences): no work.
 struct NothingBeforeWait {
     __device__ __forceinline__ void operator()() const {}
 };
 
-// before_wait(): runs once tile.head is set, before the PDL wait (loads of weights only: HeadBias).
+// Where this CTA's tile lies (the grid orders of attention.h). Prefetches the head's Q and V bias
+// (only those are added: attention_tc.cuh says why) into L2 before the PDL wait: weights, never the
+// producer's output; by one CTA per head (layernorm_row.cuh: prefetch_row_params says why not by
+// all). Returns false for a tile past its sequence's end (and for empty sequences): no work.
+// before_wait() runs once tile.head is set, before the PDL wait (loads of weights only: HeadBias).
 template <int HD, class BeforeWait = NothingBeforeWait>
 __device__ __forceinline__ bool locate_query_tile(const AttentionArgs& args, int block_m, QueryTile& tile,
                                                   BeforeWait before_wait = {}) {
@@ -201,7 +201,7 @@ struct KeyValueTiles {
 // into registers by locate() (before the PDL wait, as a BeforeWait), so that at small grids, where the
 // kernel is latency-bound, the loads overlap the producer's tail instead of each costing a round trip
 // after it. Otherwise each pair is read where it is used, and the kernels make one right where they
-// need it (kept for the whole kernel, its pointers cost the tiled mma.sync kernel a spill).
+// need it (kept for the whole kernel, it cost the tiled mma.sync kernel a spill).
 template <typename T, int HD, bool kHeld>
 struct HeadBias {
     const T* bias = nullptr;  // [3 * num_heads * HD], or null (no bias)
