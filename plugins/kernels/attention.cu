@@ -61,11 +61,9 @@ bool forced_path(int32_t max_seqlen, Path* path) {
     return true;
 }
 
-// Whether Cfg's grid for this batch is at most one wave (every CTA resident at once).
-template <class Cfg>
-bool fits_one_wave(const AttentionArgs& args, int32_t batch, int32_t max_seqlen) {
-    const int64_t ctas = static_cast<int64_t>(ceil_div<int32_t>(max_seqlen, Cfg::kBlockM)) * batch * args.num_heads;
-    return ctas <= static_cast<int64_t>(current_device_value<query_sm_count>()) * Cfg::kMinBlocks;
+// The CTAs of a tensor-core kernel's grid: a query tile per sequence and head.
+int64_t tile_ctas(int32_t tiles, int32_t batch, int32_t num_heads) {
+    return static_cast<int64_t>(tiles) * batch * num_heads;
 }
 
 Path choose_path(const AttentionArgs& args, int32_t batch, int32_t max_seqlen, padfree_dtype dtype) {
@@ -74,8 +72,10 @@ Path choose_path(const AttentionArgs& args, int32_t batch, int32_t max_seqlen, p
     if (forced_path(max_seqlen, &path)) return path;
     // TMA where it applies (launch_wgmma); the bias held where the grid is one wave (H100, BERT-base
     // in the encoder: attention 0.059 -> 0.051 ms per forward at 1x128, 0.060 -> 0.054 at 4x128).
-    if (wgmma_available())
-        return fits_one_wave<HeldBiasConfig>(args, batch, max_seqlen) ? Path::kWgmmaTmaHeld : Path::kWgmmaTma;
+    if (wgmma_available()) {
+        const int64_t ctas = tile_ctas(ceil_div<int32_t>(max_seqlen, HeldBiasConfig::kBlockM), batch, args.num_heads);
+        return fits_waves(ctas, HeldBiasConfig::kMinBlocks) ? Path::kWgmmaTmaHeld : Path::kWgmmaTma;
+    }
     return max_seqlen <= kResidentMaxSeqlen ? Path::kResident : Path::kTiled;
 }
 
@@ -100,9 +100,7 @@ AttentionGridOrder grid_order(int32_t tiles, int32_t batch, int32_t num_heads, i
         if (std::strcmp(order, "heads") == 0) return AttentionGridOrder::kTilesSequencesHeads;
         if (std::strcmp(order, "sequences") == 0) return AttentionGridOrder::kTilesHeadsLastSequenceFirst;
     }
-    const int sms = current_device_value<query_sm_count>();
-    const int64_t ctas = static_cast<int64_t>(tiles) * batch * num_heads;
-    if (tiles > 1 && sms > 0 && static_cast<double>(ctas) <= kTilesLastFirstMaxWaves * sms * ctas_per_sm)
+    if (tiles > 1 && fits_waves(tile_ctas(tiles, batch, num_heads), ctas_per_sm, kTilesLastFirstMaxWaves))
         return AttentionGridOrder::kHeadsSequencesLastTileFirst;
     return rows_last_first(qkv_bytes) ? AttentionGridOrder::kTilesHeadsLastSequenceFirst
                                       : AttentionGridOrder::kTilesSequencesHeads;

@@ -114,14 +114,14 @@ struct QueryTile {
 };
 
 struct NothingBeforeWait {
-    __device__ __forceinline__ void operator()() const {}
+    __device__ __forceinline__ void operator()(int) const {}
 };
 
 // Where this CTA's tile lies (the grid orders of attention.h). Prefetches the head's Q and V bias
 // (only those are added: attention_tc.cuh says why) into L2 before the PDL wait: weights, never the
 // producer's output; by one CTA per head (layernorm_row.cuh: prefetch_row_params says why not by
 // all). Returns false for a tile past its sequence's end (and for empty sequences): no work.
-// before_wait() runs once tile.head is set, before the PDL wait (loads of weights only: HeadBias).
+// before_wait(head) runs before the PDL wait (loads of the head's weights only: HeadBias).
 template <int HD, class BeforeWait = NothingBeforeWait>
 __device__ __forceinline__ bool locate_query_tile(const AttentionArgs& args, int block_m, QueryTile& tile,
                                                   BeforeWait before_wait = {}) {
@@ -146,7 +146,7 @@ __device__ __forceinline__ bool locate_query_tile(const AttentionArgs& args, int
         prefetch_l2(static_cast<const char*>(args.qkv_bias) + ((part * args.num_heads + tile.head) * HD) * 2 +
                     line * 128);
     }
-    before_wait();
+    before_wait(tile.head);
     wait_on_producer();
     // Clamped to the packed rows so that no cu_seqlens content reads or writes past them.
     tile.start = min(max(args.cu_seqlens[tile.batch_index], 0), args.total_rows);

@@ -121,7 +121,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     QueryTile tile;
     HeadBias<T, HD, true> held_bias;  // Cfg::kHeldBias only
     if constexpr (Cfg::kHeldBias) {
-        if (!locate_query_tile<HD>(args, BM, tile, [&] { held_bias.locate(args, tile.head); })) return;
+        if (!locate_query_tile<HD>(args, BM, tile, [&](int head) { held_bias.locate(args, head); })) return;
     } else {
         if (!locate_query_tile<HD>(args, BM, tile)) return;  // tiles past this sequence's end do no work
     }

@@ -276,6 +276,13 @@ inline int query_l2_bytes(int device) {
 // The current device's compute capability as 10 * major + minor (0 where it cannot be read).
 inline int current_compute_capability() { return current_device_value<query_compute_capability>(); }
 
+// Whether a grid of `ctas` takes at most `waves` waves of ctas_per_sm CTAs on every SM of the current
+// device (false where the SM count cannot be read).
+inline bool fits_waves(int64_t ctas, int ctas_per_sm, double waves = 1.0) {
+    const int sms = current_device_value<query_sm_count>();
+    return sms > 0 && static_cast<double>(ctas) <= waves * sms * ctas_per_sm;
+}
+
 // Whether a kernel that reads `bytes` of its producer's output row by row should take the rows last
 // first. A producer (a GEMM, or another padfree kernel going forward) writes its rows roughly first
 // to last; where the tensor does not fit in half the L2, its first rows have been evicted by the time

@@ -93,7 +93,7 @@ void launch(const void* x, const void* residual, const void* bias, const void* g
         using T = typename decltype(dtype_tag)::type;
         const RowLaunch shape = row_launch(hidden / vec_size<T>());
         const unsigned grid = row_grid(rows, shape);
-        const bool one_wave = grid <= static_cast<unsigned>(current_device_value<query_sm_count>());
+        const bool one_wave = fits_waves(grid, 1);
         dispatch_row_launch(shape, [&](auto n, auto block_row) {
             constexpr int kN = decltype(n)::value;
             constexpr bool kBlockRow = decltype(block_row)::value;
