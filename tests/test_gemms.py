@@ -128,6 +128,33 @@ def test_encoder_gemms_tuned(dtype, search, seed, monkeypatch):
 
 
 @gpu
+@pytest.mark.parametrize("layers, cold", [(1, False), (12, True)])
+def test_weights_timed_cold_where_a_forward_streams_them(layers, cold, seed, monkeypatch):
+    """BERT-base's weights over 12 layers exceed the L2, so its GEMMs at few rows are timed on copies of
+    the weights that cycle through twice the L2; one layer's stay hot, and so are timed hot. Either way
+    the tuned projections compute against float64."""
+    monkeypatch.setattr(gemms_mod, "_chosen", {})
+    rows, hidden, inter, dtype = 96, 768, 3072, torch.float16
+    device = torch.device("cuda", torch.cuda.current_device())
+    g = gemms_mod.EncoderGemms(rows, hidden, inter, dtype, device, FfnUp("tanh", True, None), tune=True,
+                               layers=layers)
+    problems = [key[1] for key in gemms_mod._chosen]
+    assert len(problems) == 4 and all(p.cold_weights == cold for p in problems), problems
+    l2 = torch.cuda.get_device_properties(device).L2_cache_size
+    for p in problems:
+        copies = gemms_mod.weight_copies(p, device)
+        assert (copies * p.in_features * p.out_features * 2 >= 2 * l2) if cold else copies == 1
+    x, w, _, acc = operands(rows, inter, hidden, dtype, seed)
+    want = reference(x, w, acc=acc)
+    g.down_residual(x, w, acc)
+    close(acc, want, 1e-2)
+    x, w, b, _ = operands(rows, hidden, inter, dtype, seed + 1)
+    out = torch.full((rows, inter), float("nan"), device="cuda", dtype=dtype)
+    g.up(x, w, b, out)
+    close(out, reference(x, w, b, act="gelu_tanh"), 1e-2)
+
+
+@gpu
 @pytest.mark.parametrize("calls", [1, 3])
 @pytest.mark.parametrize("keep", [False, True])
 def test_graph_drops_counter_memsets(calls, keep, seed, monkeypatch):
