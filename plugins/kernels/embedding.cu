@@ -31,34 +31,37 @@ __device__ __forceinline__ int32_t sequence_of(const int32_t* cu_seqlens, int32_
     return lo;
 }
 
-template <typename T, int N, bool kBlockRow>
-__global__ void __launch_bounds__(kRowMaxThreads<kBlockRow>, kRowMinBlocks<kBlockRow>)
+// kHeld: gamma and beta in registers before the wait (RowParams), for grids of one wave, as the
+// LayerNorms hold theirs.
+template <typename T, int N, bool kBlockRow, bool kHeld>
+__global__ void __launch_bounds__(kRowMaxThreads<kBlockRow>, kHeld ? 1 : kRowMinBlocks<kBlockRow>)
 embedding_layernorm_kernel(const int32_t* input_ids, const int32_t* token_type_ids,
                                            const int32_t* cu_seqlens, int32_t batch, int64_t total_tokens,
                                            EmbeddingTables tables, const T* gamma, const T* beta, int hidden,
                                            float eps, T* out) {
-    wait_on_producer();
-    allow_consumers();
     constexpr int V = Vec<T>::size;
     const int nvec = hidden / V;
     const int lane = threadIdx.x;
     const int threads = blockDim.x;
+    const RowParams<T, N, kHeld> params(gamma, beta, nullptr, lane, threads, nvec);
+    wait_on_producer();
+    allow_consumers();
     const T* word = static_cast<const T*>(tables.word);
     const T* position = static_cast<const T*>(tables.position);
     const T* type = static_cast<const T*>(tables.type);
-    const RowParams<T, N, false> params(gamma, beta, nullptr, lane, threads, nvec);
     for (int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; t < total_tokens;
          t += static_cast<int64_t>(gridDim.x) * blockDim.y) {
+        // the ids go out beside the search's first load rather than after its last
+        const int32_t id = input_ids[t];
+        const int32_t token_type = type != nullptr && token_type_ids != nullptr ? token_type_ids[t] : 0;
         const int32_t b = sequence_of(cu_seqlens, batch, t);
         const int64_t pos = tables.position_offset + (t - cu_seqlens[b]);
         const int32_t p = static_cast<int32_t>(min(max(pos, int64_t{0}), int64_t{tables.max_positions - 1}));
-        const T* word_row = word + static_cast<int64_t>(clamp_index(input_ids[t], tables.vocab_size)) * hidden;
+        const T* word_row = word + static_cast<int64_t>(clamp_index(id, tables.vocab_size)) * hidden;
         const T* position_row = position + static_cast<int64_t>(p) * hidden;
         const T* type_row = nullptr;
-        if (type != nullptr) {
-            const int32_t tt = token_type_ids != nullptr ? clamp_index(token_type_ids[t], tables.type_vocab_size) : 0;
-            type_row = type + static_cast<int64_t>(tt) * hidden;
-        }
+        if (type != nullptr)
+            type_row = type + static_cast<int64_t>(clamp_index(token_type, tables.type_vocab_size)) * hidden;
         float v[N][V];
 #pragma unroll
         for (int i = 0; i < N; ++i) {
@@ -95,11 +98,17 @@ void launch_embedding_layernorm(const int32_t* input_ids, const int32_t* token_t
     dispatch_dtype(dtype, [&](auto dtype_tag) {
         using T = typename decltype(dtype_tag)::type;
         const RowLaunch shape = row_launch(hidden / vec_size<T>());
+        const unsigned grid = row_grid(total_tokens, shape);
+        const bool one_wave = fits_waves(grid, 1);
         dispatch_row_launch(shape, [&](auto n, auto block_row) {
-            launch_kernel(embedding_layernorm_kernel<T, decltype(n)::value, decltype(block_row)::value>,
-                          row_grid(total_tokens, shape), shape.block, 0, stream, input_ids, token_type_ids,
-                          cu_seqlens, batch, total_tokens, tables, static_cast<const T*>(gamma),
-                          static_cast<const T*>(beta), hidden, eps, static_cast<T*>(out));
+            constexpr int kN = decltype(n)::value;
+            constexpr bool kBlockRow = decltype(block_row)::value;
+            auto kernel = embedding_layernorm_kernel<T, kN, kBlockRow, false>;
+            if constexpr (!kBlockRow)  // as in layernorm.cu: a block per row has no registers to spare
+                if (one_wave) kernel = embedding_layernorm_kernel<T, kN, false, true>;
+            launch_kernel(kernel, grid, shape.block, 0, stream, input_ids, token_type_ids, cu_seqlens, batch,
+                          total_tokens, tables, static_cast<const T*>(gamma), static_cast<const T*>(beta), hidden,
+                          eps, static_cast<T*>(out));
         });
     });
 }
