@@ -109,6 +109,11 @@ def test_encoder_gemms_tuned(dtype, search, seed, monkeypatch):
     g = gemms_mod.EncoderGemms(rows, hidden, inter, dtype, torch.device("cuda", torch.cuda.current_device()), up,
                                tune=True, search=search)
     assert all(c.startswith("cublaslt") for c in g.choices().values()), g.choices()
+    check_projections(g, rows, hidden, inter, dtype, seed)
+
+
+def check_projections(g, rows, hidden, inter, dtype, seed):
+    """Each of g's projections, qkv / out += / act(up + b) / down +=, against float64."""
     x, w_qkv, _, _ = operands(rows, hidden, 3 * hidden, dtype, seed)
     out = torch.full((rows, 3 * hidden), float("nan"), device="cuda", dtype=dtype)
     g.qkv(x, w_qkv, out)
@@ -144,14 +149,7 @@ def test_weights_timed_cold_where_a_forward_streams_them(layers, cold, seed, mon
     for p in problems:
         copies = gemms_mod.weight_copies(p, device)
         assert (copies * p.in_features * p.out_features * 2 >= 2 * l2) if cold else copies == 1
-    x, w, _, acc = operands(rows, inter, hidden, dtype, seed)
-    want = reference(x, w, acc=acc)
-    g.down_residual(x, w, acc)
-    close(acc, want, 1e-2)
-    x, w, b, _ = operands(rows, hidden, inter, dtype, seed + 1)
-    out = torch.full((rows, inter), float("nan"), device="cuda", dtype=dtype)
-    g.up(x, w, b, out)
-    close(out, reference(x, w, b, act="gelu_tanh"), 1e-2)
+    check_projections(g, rows, hidden, inter, dtype, seed)
 
 
 @gpu

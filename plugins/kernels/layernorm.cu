@@ -47,9 +47,15 @@ __device__ __forceinline__ void layernorm_rows(const T* x, const T* residual, co
         for (int i = 0; i < N; ++i) {
             const int c = lane + i * threads;
             if (c < nvec) {
-                if constexpr (kLoadsFirst) vec_to_float(xs[i], v[i]); else vec_to_float(load_vec(x + offset + c * V), v[i]);
+                if constexpr (kLoadsFirst)
+                    vec_to_float(xs[i], v[i]);
+                else
+                    vec_to_float(load_vec(x + offset + c * V), v[i]);
                 if (with_residual) {
-                    if constexpr (kHeld) add_vec(v[i], rs[i]); else add_vec(v[i], load_vec(residual + offset + c * V));
+                    if constexpr (kHeld)
+                        add_vec(v[i], rs[i]);
+                    else
+                        add_vec(v[i], load_vec(residual + offset + c * V));
                 }
                 if (kSkip && bias != nullptr) add_vec(v[i], params.bias_at(i, c));
             }
@@ -60,11 +66,11 @@ __device__ __forceinline__ void layernorm_rows(const T* x, const T* residual, co
 
 // Plain LayerNorm keeps the compiler's register choice: capped at 64 it measured slower on the
 // H100 ([16384, 768] fp16: 0.86 of copy bandwidth against 0.90 uncapped).
-template <typename T, int N, bool kBlockRow, bool kHeld, bool>
+template <typename T, int N, bool kBlockRow, bool kHeld>
 __global__ void layernorm_kernel(const T* x, const T*, const T*, const T* gamma, const T* beta, int64_t rows,
                                  int hidden, float eps, T* out, bool last_first) {
     layernorm_rows<T, N, kBlockRow, false, kHeld, kHeld>(x, nullptr, nullptr, gamma, beta, rows, hidden, eps, out,
-                                                  last_first);
+                                                         last_first);
 }
 
 // Skip LayerNorm reads two streams and gains from the cap (0.83 -> 0.93 of copy bandwidth); a grid of
@@ -73,7 +79,8 @@ template <typename T, int N, bool kBlockRow, bool kHeld, bool kLoadsFirst>
 __global__ void __launch_bounds__(kRowMaxThreads<kBlockRow>, kHeld ? 1 : kRowMinBlocks<kBlockRow>)
 skip_layernorm_kernel(const T* x, const T* residual, const T* bias, const T* gamma, const T* beta, int64_t rows,
                       int hidden, float eps, T* out, bool last_first) {
-    layernorm_rows<T, N, kBlockRow, true, kHeld, kHeld || kLoadsFirst>(x, residual, bias, gamma, beta, rows, hidden, eps, out, last_first);
+    layernorm_rows<T, N, kBlockRow, true, kHeld, kHeld || kLoadsFirst>(x, residual, bias, gamma, beta, rows, hidden,
+                                                                       eps, out, last_first);
 }
 
 template <bool kSkip>
@@ -94,11 +101,12 @@ void launch(const void* x, const void* residual, const void* bias, const void* g
             constexpr int kN = decltype(n)::value;
             constexpr bool kBlockRow = decltype(block_row)::value;
             auto kernel = kSkip ? skip_layernorm_kernel<T, kN, kBlockRow, false, false>
-                                : layernorm_kernel<T, kN, kBlockRow, false, false>;
+                                : layernorm_kernel<T, kN, kBlockRow, false>;
             // a block per row has no registers to spare (512 threads: at most 128 each; held, it spilled)
             if constexpr (!kBlockRow) {
                 if (one_wave)
-                    kernel = kSkip ? skip_layernorm_kernel<T, kN, false, true, false> : layernorm_kernel<T, kN, false, true, false>;
+                    kernel = kSkip ? skip_layernorm_kernel<T, kN, false, true, false>
+                                   : layernorm_kernel<T, kN, false, true>;
                 if constexpr (kSkip && kN <= 3 && !std::is_same_v<T, __nv_bfloat16>)
                     if (streaming) kernel = skip_layernorm_kernel<T, kN, false, false, true>;
             }
