@@ -176,22 +176,26 @@ cudaError_t remove_zeroing_memsets(cudaGraph_t graph, const void* base, size_t b
     std::vector<cudaGraphNode_t> nodes(count);
     if (count > 0 && (err = cudaGraphGetNodes(graph, nodes.data(), &count)) != cudaSuccess) return err;
     const uintptr_t lo = reinterpret_cast<uintptr_t>(base);
-    std::vector<Edge> edges;
+    std::vector<Edge> edges;  // read once, then kept as each removal leaves the graph
+    if ((err = edges_of(graph, &edges)) != cudaSuccess) return err;
     for (cudaGraphNode_t node : nodes) {
         if (!zeroes_inside_one_slot(node, lo, lo + bytes, slot_bytes)) continue;
-        if ((err = edges_of(graph, &edges)) != cudaSuccess) return err;  // as the last removal left them
         std::vector<cudaGraphNode_t> before, after;
         for (const Edge& e : edges) {
             if (e.to == node) before.push_back(e.from);
             if (e.from == node) after.push_back(e.to);
         }
         if ((err = cudaGraphDestroyNode(node)) != cudaSuccess) return err;
+        edges.erase(std::remove_if(edges.begin(), edges.end(),
+                                   [&](const Edge& e) { return e.from == node || e.to == node; }),
+                    edges.end());
         for (cudaGraphNode_t from : before)
             for (cudaGraphNode_t to : after) {
                 const bool joined = std::any_of(edges.begin(), edges.end(),
                                                 [&](const Edge& e) { return e.from == from && e.to == to; });
-                if (!joined && (err = cudaGraphAddDependencies(graph, &from, &to, nullptr, 1)) != cudaSuccess)
-                    return err;
+                if (joined) continue;
+                if ((err = cudaGraphAddDependencies(graph, &from, &to, nullptr, 1)) != cudaSuccess) return err;
+                edges.push_back({from, to, cudaGraphEdgeData{}});
             }
         ++*removed;
     }

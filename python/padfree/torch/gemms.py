@@ -119,12 +119,16 @@ def graph_call_us(fn: Callable, calls: int = _CALLS, replays: int = _REPLAYS, sl
     return statistics.median(times) / calls * 1e3
 
 
+def _l2_bytes(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).L2_cache_size
+
+
 def weight_copies(problem: Problem, device: torch.device) -> int:
     """How many copies of the weights a timing of `problem` cycles through (COLD_WEIGHTS)."""
     if not problem.cold_weights:
         return 1
     weight_bytes = problem.in_features * problem.out_features * problem.dtype.itemsize
-    return max(1, math.ceil(2 * torch.cuda.get_device_properties(device).L2_cache_size / weight_bytes))
+    return max(1, math.ceil(2 * _l2_bytes(device) / weight_bytes))
 
 
 def _tune(problem: Problem, torch_call: Callable, device: torch.device, search: str) -> _Lt | None:
@@ -221,7 +225,7 @@ class EncoderGemms:
         except (cublaslt.CublasLtError, OSError):
             return  # torch without a loadable cuBLASLt: torch's calls it is
         forward_weight_bytes = layers * (4 * hidden + 2 * intermediate) * hidden * dtype.itemsize
-        streamed = COLD_WEIGHTS and forward_weight_bytes > torch.cuda.get_device_properties(device).L2_cache_size
+        streamed = COLD_WEIGHTS and forward_weight_bytes > _l2_bytes(device)
 
         def problem(in_features, out_features, epilogue, accumulate):
             return Problem(rows, in_features, out_features, dtype, epilogue, accumulate,
