@@ -248,8 +248,8 @@ def test_layernorm_refuses(over, fragments):
 
 
 def _skip_args(**over):
-    return _args(dict(x=A, residual=A, bias=None, gamma=A, beta=A, rows=4, hidden=1024, eps=1e-12, dtype=BF16,
-                      out=A), over)
+    return _args(dict(x=A, residual=A, bias=None, gamma=A, beta=A, rows=4, hidden=1024, eps=1e-12, prefetch=None,
+                      prefetch_bytes=0, dtype=BF16, out=A), over)
 
 
 @pytest.mark.parametrize("over, fragments", [
@@ -259,6 +259,8 @@ def _skip_args(**over):
     (dict(hidden=16384), ["hidden must be <= 8192"]),
     (dict(rows=-5), ["rows must be >= 0"]),
     (dict(dtype=-1), ["dtype must be"]),
+    (dict(prefetch_bytes=-16), ["l2_prefetch_bytes must be >= 0"]),
+    (dict(prefetch_bytes=4096), ["l2_prefetch is NULL but l2_prefetch_bytes is 4096"]),
 ])
 def test_skip_layernorm_refuses(over, fragments):
     expect_invalid("padfree_skip_layernorm", _skip_args(**over), *fragments)
@@ -268,7 +270,8 @@ def test_skip_layernorm_refuses(over, fragments):
 
 def _embedding_args(**over):
     return _args(dict(ids=A, types=None, cu=A, batch=2, total=10, word=A, vocab=100, pos=A, max_pos=64, offset=0,
-                      type_emb=None, type_vocab=0, gamma=A, beta=A, hidden=64, eps=1e-12, dtype=F32, out=A), over)
+                      type_emb=None, type_vocab=0, gamma=A, beta=A, hidden=64, eps=1e-12, prefetch=None,
+                      prefetch_bytes=0, dtype=F32, out=A), over)
 
 
 @pytest.mark.parametrize("over, fragments", [

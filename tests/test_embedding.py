@@ -72,6 +72,26 @@ def test_embedding_layernorm(seed, dtype, hidden, batch, max_seqlen, position_of
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("batch, max_seqlen", [(1, 128), (64, 512)])
+def test_l2_prefetch_changes_no_result(seed, batch, max_seqlen):
+    from test_layernorm import prefetch_spans
+    gen = torch.Generator().manual_seed(seed)
+    lengths = random_lengths(gen, batch, max_seqlen)
+    rows = int(lengths.sum())
+    tabs = tables(gen, 768, max_seqlen, torch.float16)
+    ids = torch.randint(0, VOCAB, (rows,), generator=gen, dtype=torch.int32).cuda()
+    cu = cu_of(lengths).cuda()
+    expected = ops.embedding_layernorm(ids, cu, tabs["word"], tabs["position"], tabs["gamma"], tabs["beta"])
+    weights, before, spans = prefetch_spans()
+    for span in spans:
+        out = ops.embedding_layernorm(ids, cu, tabs["word"], tabs["position"], tabs["gamma"], tabs["beta"],
+                                      prefetch=span)
+        torch.cuda.synchronize()
+        assert torch.equal(out, expected)
+    assert torch.equal(weights, before)
+
+
+@pytest.mark.gpu
 def test_type_table_without_ids_uses_type_zero(seed):
     gen = torch.Generator().manual_seed(seed)
     lengths = torch.tensor([5, 3])

@@ -123,6 +123,39 @@ def test_rows_last_first(seed, skip):
     assert_matches(out, ref, dtype, buffer)
 
 
+def prefetch_spans(device="cuda"):
+    """A 5 MB range and views of it at odd offsets and sizes (a kernel prefetches any range's 16-byte
+    aligned interior), with a copy to show that prefetching writes nothing."""
+    weights = torch.randint(0, 256, (5 << 20,), dtype=torch.uint8, device=device)
+    return weights, weights.clone(), [weights, weights[1:4097], weights[3:10], weights[:0]]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 300, 9000])  # one block, one wave, the streaming form
+def test_l2_prefetch_changes_no_result(seed, dtype, rows):
+    gen = torch.Generator().manual_seed(seed)
+    (x,), gamma, beta, bias = random_inputs(gen, rows, 768, dtype)
+    expected = ops.skip_layernorm(x, None, gamma, beta, bias=bias)
+    weights, before, spans = prefetch_spans()
+    for span in spans:
+        buffer, out = poisoned_out(rows, 768, dtype)
+        ops.skip_layernorm(x, None, gamma, beta, bias=bias, out=out, prefetch=span)
+        torch.cuda.synchronize()
+        assert torch.equal(out, expected) and torch.isnan(buffer[rows:]).all()
+    assert torch.equal(weights, before)
+
+
+@pytest.mark.gpu
+def test_l2_prefetch_must_be_a_contiguous_tensor_on_the_device():
+    x = torch.randn(4, 768, device="cuda", dtype=torch.float16)
+    w = torch.ones(768, device="cuda", dtype=torch.float16)
+    with pytest.raises(InputError, match="prefetch: expected a contiguous tensor"):
+        ops.skip_layernorm(x, None, w, w, prefetch=torch.ones(64, 64, device="cuda").t())
+    with pytest.raises(InputError, match="prefetch: expected a CUDA tensor"):
+        ops.skip_layernorm(x, None, w, w, prefetch=torch.ones(64))
+
+
 @pytest.mark.gpu
 def test_large_mean_is_stable(seed):
     """Two-pass statistics: rows with mean 100 and spread 1 keep fp32 accuracy; E[x^2] - E[x]^2 in fp32

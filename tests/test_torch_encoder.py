@@ -240,6 +240,25 @@ def test_extract_bert_merges_qkv_and_keeps_layout():
     assert w.activation == "erf"
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_extract_places_each_layers_projections_in_one_buffer(arch):
+    """QKV, out, up, down back to back (each 256-byte aligned) in the order a forward reads them, so
+    that the spans a LayerNorm prefetches (attention_projections, ffn_projections) cover them."""
+    model = make_model(arch, hidden=64, heads=4, layers=2)
+    w = extract(model, torch.float16, torch.device("cpu"))
+    for lw in w.layers:
+        parts = (lw.qkv_weight, lw.out_weight, lw.up_weight, lw.down_weight)
+        base = parts[0].untyped_storage().data_ptr()
+        assert all(p.untyped_storage().data_ptr() == base and (p.data_ptr() - base) % 256 == 0 for p in parts)
+        assert [p.data_ptr() for p in parts] == sorted(p.data_ptr() for p in parts)
+        for span, (first, last) in ((lw.attention_projections, parts[:2]), (lw.ffn_projections, parts[2:])):
+            assert span.data_ptr() == first.data_ptr() and span.is_contiguous()
+            assert span.data_ptr() + span.nbytes == last.data_ptr() + last.nbytes
+    layer = model.encoder.layer[0] if arch != "distilbert" else model.transformer.layer[0]
+    up = layer.intermediate.dense if arch != "distilbert" else layer.ffn.lin1
+    assert torch.equal(w.layers[0].up_weight, up.weight.half())
+
+
 def test_extract_roberta_positions_and_distilbert_without_types_or_pooler():
     roberta = extract(make_model("roberta", hidden=64), torch.float16, torch.device("cpu"))
     assert roberta.architecture == "roberta"
@@ -504,6 +523,27 @@ def test_device_inputs_are_packed_on_the_device(seed, monkeypatch):
             got = encoder(ids.to(where, id_dtype), mask.to(where, mask_dtype), type_ids.to(where, id_dtype))
             assert torch.equal(got.last_hidden_state, expected), (id_dtype, mask_dtype, where)
     assert torch.equal(encoder(ids.cuda()).last_hidden_state, encoder(ids).last_hidden_state)  # no mask
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", ARCHS)
+def test_weight_prefetch_changes_no_result(arch, seed):
+    """The LayerNorms' L2 prefetch of the next GEMMs' weights (on by default for small buckets) is a
+    hint: eager forwards with it forced on and off are bit-equal, at a size that has it off by default."""
+    rng = np.random.default_rng(seed)
+    model = make_model(arch, hidden=128, heads=2, positions=512, seed=seed)
+    ids, mask, _ = random_batch(model, 8, 512, rng, lengths=rng.integers(200, 513, 8).tolist())
+    outs = []
+    for prefetch in (True, False):
+        encoder = from_hf(model, dtype=torch.float16, use_graphs=False)
+        encoder.prefetch_weights = prefetch
+        assert encoder._prefetches(int(mask.sum())) == prefetch
+        outs.append(encoder(ids.cuda(), mask.cuda()))
+    assert torch.equal(outs[0].last_hidden_state, outs[1].last_hidden_state)
+    if arch != "distilbert":
+        assert torch.equal(outs[0].pooler_output, outs[1].pooler_output)
+    ref_hidden, ref_pooled = hf_reference(model, ids, mask, None, "cuda", torch.float32)
+    check_padded_output(outs[0], ref_hidden, ref_pooled, mask, 1e-2)
 
 
 @pytest.mark.gpu

@@ -9,8 +9,8 @@ padfree_status padfree_embedding_layernorm(
     const int32_t* input_ids, const int32_t* token_type_ids, const int32_t* cu_seqlens, int32_t batch,
     int64_t total_tokens, const void* word_emb, int32_t vocab_size, const void* position_emb,
     int32_t max_positions, int32_t position_offset, const void* type_emb, int32_t type_vocab_size,
-    const void* gamma, const void* beta, int32_t hidden, float eps, padfree_dtype dtype, void* out,
-    padfree_stream stream) {
+    const void* gamma, const void* beta, int32_t hidden, float eps, const void* l2_prefetch,
+    int64_t l2_prefetch_bytes, padfree_dtype dtype, void* out, padfree_stream stream) {
     PADFREE_CAPI_GUARD_BEGIN
     using namespace padfree;
     PADFREE_REQUIRE(input_ids != nullptr, "input_ids is NULL");
@@ -31,9 +31,12 @@ padfree_status padfree_embedding_layernorm(
     PADFREE_CHECK(check_width("hidden", hidden, kMaxHidden));
     PADFREE_CHECK(check_eps(eps));
     PADFREE_CHECK(check_dtype(dtype));
+    L2Prefetch prefetch;
+    PADFREE_CHECK(check_l2_prefetch(l2_prefetch, l2_prefetch_bytes, &prefetch));
     launch_embedding_layernorm(input_ids, token_type_ids, cu_seqlens, batch, total_tokens, word_emb,
                                vocab_size, position_emb, max_positions, position_offset, type_emb,
-                               type_vocab_size, gamma, beta, hidden, eps, dtype, out, as_cuda_stream(stream));
+                               type_vocab_size, gamma, beta, hidden, eps, prefetch, dtype, out,
+                               as_cuda_stream(stream));
     return check_launch("embedding_layernorm");
     PADFREE_CAPI_GUARD_END
 }

@@ -33,8 +33,8 @@ extern "C" {
 /* Bumped on any incompatible change of a signature below; the bindings refuse a mismatch.
  * 2: remove_padding, rebuild_padding and attention_varlen take total_tokens. 4: guarded graphs.
  * 5: input plans. 6: programmatic edges into other libraries' kernels. 7: their probe.
- * 8: removal of memsets made redundant. */
-#define PADFREE_ABI_VERSION 8
+ * 8: removal of memsets made redundant. 9: L2 prefetch ranges for the LayerNorms before a GEMM. */
+#define PADFREE_ABI_VERSION 9
 
 typedef enum padfree_status {
     PADFREE_OK = 0,
@@ -246,12 +246,17 @@ PADFREE_API padfree_status padfree_layernorm(const void* x, const void* gamma, c
 
 /* Skip LayerNorm: out = LayerNorm(x + bias + residual) * gamma + beta.
  * x, residual, out: [rows, hidden]; bias, gamma, beta: [hidden]. bias and residual may be NULL
- * (no such term: a caller whose GEMM already added the residual). out may alias x or residual. */
+ * (no such term: a caller whose GEMM already added the residual). out may alias x or residual.
+ * l2_prefetch, l2_prefetch_bytes: device memory the kernel starts moving into L2 before it waits on
+ * the previous kernel (programmatic dependent launch), e.g. the next GEMMs' weights, which a
+ * small-batch forward otherwise reads from DRAM on its critical path; a hint that changes no result.
+ * NULL and 0: none. */
 PADFREE_API padfree_status padfree_skip_layernorm(const void* x, const void* residual,
                                                   const void* bias, const void* gamma,
                                                   const void* beta, int64_t rows, int32_t hidden,
-                                                  float eps, padfree_dtype dtype, void* out,
-                                                  padfree_stream stream);
+                                                  float eps, const void* l2_prefetch,
+                                                  int64_t l2_prefetch_bytes, padfree_dtype dtype,
+                                                  void* out, padfree_stream stream);
 
 /* ---- embeddings ------------------------------------------------------------------------------ */
 
@@ -260,13 +265,15 @@ PADFREE_API padfree_status padfree_skip_layernorm(const void* x, const void* res
  * input_ids, token_type_ids: [total_tokens] int32 (token_type_ids may be NULL: type 0, and
  * type_emb may be NULL: no type term). word_emb: [vocab_size, hidden], position_emb:
  * [max_positions, hidden], type_emb: [type_vocab_size, hidden], gamma, beta: [hidden].
- * Ids out of range are clamped so memory stays safe; callers validate ids and report them. */
+ * Ids out of range are clamped so memory stays safe; callers validate ids and report them.
+ * l2_prefetch, l2_prefetch_bytes: as for padfree_skip_layernorm (NULL and 0: none). */
 PADFREE_API padfree_status padfree_embedding_layernorm(
     const int32_t* input_ids, const int32_t* token_type_ids, const int32_t* cu_seqlens,
     int32_t batch, int64_t total_tokens, const void* word_emb, int32_t vocab_size,
     const void* position_emb, int32_t max_positions, int32_t position_offset, const void* type_emb,
     int32_t type_vocab_size, const void* gamma, const void* beta, int32_t hidden, float eps,
-    padfree_dtype dtype, void* out, padfree_stream stream);
+    const void* l2_prefetch, int64_t l2_prefetch_bytes, padfree_dtype dtype, void* out,
+    padfree_stream stream);
 
 /* ---- activations ----------------------------------------------------------------------------- */
 

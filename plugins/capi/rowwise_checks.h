@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "capi_util.h"
+#include "l2_prefetch.h"
 
 namespace padfree {
 
@@ -38,6 +39,15 @@ inline padfree_status check_tensor(const void* p, const char* name) {
 // An optional tensor: NULL, or 16-byte aligned.
 inline padfree_status check_optional_tensor(const void* p, const char* name) {
     return p == nullptr ? PADFREE_OK : check_tensor(p, name);
+}
+
+// An L2 prefetch range: none (NULL and 0), or memory and a byte count (any alignment: the kernel
+// prefetches its 16-byte-aligned interior).
+inline padfree_status check_l2_prefetch(const void* p, int64_t bytes, L2Prefetch* range) {
+    PADFREE_REQUIRE(bytes >= 0, "l2_prefetch_bytes must be >= 0, got ", bytes);
+    PADFREE_REQUIRE(p != nullptr || bytes == 0, "l2_prefetch is NULL but l2_prefetch_bytes is ", bytes);
+    *range = L2Prefetch{p, bytes};
+    return PADFREE_OK;
 }
 
 }  // namespace padfree

@@ -38,12 +38,13 @@ __global__ void __launch_bounds__(kRowMaxThreads<kBlockRow>, kHeld ? 1 : kRowMin
 embedding_layernorm_kernel(const int32_t* input_ids, const int32_t* token_type_ids,
                                            const int32_t* cu_seqlens, int32_t batch, int64_t total_tokens,
                                            EmbeddingTables tables, const T* gamma, const T* beta, int hidden,
-                                           float eps, T* out) {
+                                           float eps, T* out, L2Prefetch prefetch) {
     constexpr int V = Vec<T>::size;
     const int nvec = hidden / V;
     const int lane = threadIdx.x;
     const int threads = blockDim.x;
     const RowParams<T, N, kHeld> params(gamma, beta, nullptr, lane, threads, nvec);
+    prefetch_range_l2(prefetch);
     wait_on_producer();
     allow_consumers();
     const T* word = static_cast<const T*>(tables.word);
@@ -90,7 +91,7 @@ void launch_embedding_layernorm(const int32_t* input_ids, const int32_t* token_t
                                 const void* word_emb, int32_t vocab_size, const void* position_emb,
                                 int32_t max_positions, int32_t position_offset, const void* type_emb,
                                 int32_t type_vocab_size, const void* gamma, const void* beta,
-                                int32_t hidden, float eps, padfree_dtype dtype, void* out,
+                                int32_t hidden, float eps, L2Prefetch prefetch, padfree_dtype dtype, void* out,
                                 cudaStream_t stream) {
     if (total_tokens == 0) return;
     const EmbeddingTables tables{word_emb, position_emb, type_emb, vocab_size, max_positions,
@@ -108,7 +109,7 @@ void launch_embedding_layernorm(const int32_t* input_ids, const int32_t* token_t
                 if (one_wave) kernel = embedding_layernorm_kernel<T, kN, false, true>;
             launch_kernel(kernel, grid, shape.block, 0, stream, input_ids, token_type_ids, cu_seqlens, batch,
                           total_tokens, tables, static_cast<const T*>(gamma), static_cast<const T*>(beta), hidden,
-                          eps, static_cast<T*>(out));
+                          eps, static_cast<T*>(out), prefetch);
         });
     });
 }

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "l2_prefetch.h"
 #include "padfree.h"
 
 namespace padfree {
@@ -14,12 +15,13 @@ namespace padfree {
 // out[t] = LayerNorm(word_emb[id] + position_emb[position_offset + t - cu_seqlens[b]] + type_emb[tt])
 // with b the sequence of token t (rows past cu_seqlens[batch] count as part of the last one). Ids and
 // positions are clamped into their tables. token_type_ids NULL: type 0; type_emb NULL: no type term.
+// prefetch: a range to start moving into L2 before the wait on the previous kernel (a hint).
 void launch_embedding_layernorm(const int32_t* input_ids, const int32_t* token_type_ids,
                                 const int32_t* cu_seqlens, int32_t batch, int64_t total_tokens,
                                 const void* word_emb, int32_t vocab_size, const void* position_emb,
                                 int32_t max_positions, int32_t position_offset, const void* type_emb,
                                 int32_t type_vocab_size, const void* gamma, const void* beta,
-                                int32_t hidden, float eps, padfree_dtype dtype, void* out,
-                                cudaStream_t stream);
+                                int32_t hidden, float eps, L2Prefetch prefetch, padfree_dtype dtype,
+                                void* out, cudaStream_t stream);
 
 }  // namespace padfree

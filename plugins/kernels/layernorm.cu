@@ -12,17 +12,19 @@ namespace {
 // alias x or residual: every element is read and written by the same thread, reads first.
 // kHeld: the parameters in registers before the wait (RowParams), for grids of one wave.
 // kLoadsFirst: every x load of a row goes out before any is used (skip LayerNorm; plain LayerNorm has
-// no null checks between its loads and the compiler batches them anyway).
+// no null checks between its loads and the compiler batches them anyway). prefetch: the next GEMMs'
+// weights, asked for after the kernel's own early loads so that it does not queue behind them.
 template <typename T, int N, bool kBlockRow, bool kSkip, bool kHeld, bool kLoadsFirst>
 __device__ __forceinline__ void layernorm_rows(const T* x, const T* residual, const T* bias, const T* gamma,
                                                const T* beta, int64_t rows, int hidden, float eps, T* out,
-                                               bool last_first) {
+                                               bool last_first, L2Prefetch prefetch) {
     constexpr int V = Vec<T>::size;
     const int nvec = hidden / V;
     const int lane = threadIdx.x;
     const int threads = blockDim.x;
     const RowParams<T, N, kHeld> params(gamma, beta, kSkip ? bias : nullptr, lane, threads, nvec);
     if constexpr (!kHeld) prefetch_row_params(gamma, beta, kSkip ? bias : nullptr, hidden);
+    prefetch_range_l2(prefetch);
     wait_on_producer();
     allow_consumers();
     for (int64_t step = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; step < rows;
@@ -68,9 +70,9 @@ __device__ __forceinline__ void layernorm_rows(const T* x, const T* residual, co
 // H100 ([16384, 768] fp16: 0.86 of copy bandwidth against 0.90 uncapped).
 template <typename T, int N, bool kBlockRow, bool kHeld>
 __global__ void layernorm_kernel(const T* x, const T*, const T*, const T* gamma, const T* beta, int64_t rows,
-                                 int hidden, float eps, T* out, bool last_first) {
+                                 int hidden, float eps, T* out, bool last_first, L2Prefetch prefetch) {
     layernorm_rows<T, N, kBlockRow, false, kHeld, kHeld>(x, nullptr, nullptr, gamma, beta, rows, hidden, eps, out,
-                                                         last_first);
+                                                         last_first, prefetch);
 }
 
 // Skip LayerNorm reads two streams and gains from the cap (0.83 -> 0.93 of copy bandwidth); a grid of
@@ -78,14 +80,15 @@ __global__ void layernorm_kernel(const T* x, const T*, const T*, const T* gamma,
 template <typename T, int N, bool kBlockRow, bool kHeld, bool kLoadsFirst>
 __global__ void __launch_bounds__(kRowMaxThreads<kBlockRow>, kHeld ? 1 : kRowMinBlocks<kBlockRow>)
 skip_layernorm_kernel(const T* x, const T* residual, const T* bias, const T* gamma, const T* beta, int64_t rows,
-                      int hidden, float eps, T* out, bool last_first) {
+                      int hidden, float eps, T* out, bool last_first, L2Prefetch prefetch) {
     layernorm_rows<T, N, kBlockRow, true, kHeld, kHeld || kLoadsFirst>(x, residual, bias, gamma, beta, rows, hidden,
-                                                                       eps, out, last_first);
+                                                                       eps, out, last_first, prefetch);
 }
 
 template <bool kSkip>
 void launch(const void* x, const void* residual, const void* bias, const void* gamma, const void* beta,
-            int64_t rows, int32_t hidden, float eps, padfree_dtype dtype, void* out, cudaStream_t stream) {
+            int64_t rows, int32_t hidden, float eps, L2Prefetch prefetch, padfree_dtype dtype, void* out,
+            cudaStream_t stream) {
     if (rows == 0) return;
     dispatch_dtype(dtype, [&](auto dtype_tag) {
         using T = typename decltype(dtype_tag)::type;
@@ -113,7 +116,7 @@ void launch(const void* x, const void* residual, const void* bias, const void* g
             launch_kernel(kernel, grid, shape.block, 0, stream, static_cast<const T*>(x),
                           static_cast<const T*>(residual), static_cast<const T*>(bias), static_cast<const T*>(gamma),
                           static_cast<const T*>(beta), rows, hidden, eps, static_cast<T*>(out),
-                          rows_last_first(rows * hidden * static_cast<int64_t>(sizeof(T))));
+                          rows_last_first(rows * hidden * static_cast<int64_t>(sizeof(T))), prefetch);
         });
     });
 }
@@ -122,13 +125,13 @@ void launch(const void* x, const void* residual, const void* bias, const void* g
 
 void launch_layernorm(const void* x, const void* gamma, const void* beta, int64_t rows, int32_t hidden,
                       float eps, padfree_dtype dtype, void* out, cudaStream_t stream) {
-    launch<false>(x, nullptr, nullptr, gamma, beta, rows, hidden, eps, dtype, out, stream);
+    launch<false>(x, nullptr, nullptr, gamma, beta, rows, hidden, eps, L2Prefetch{}, dtype, out, stream);
 }
 
 void launch_skip_layernorm(const void* x, const void* residual, const void* bias, const void* gamma,
-                           const void* beta, int64_t rows, int32_t hidden, float eps, padfree_dtype dtype,
-                           void* out, cudaStream_t stream) {
-    launch<true>(x, residual, bias, gamma, beta, rows, hidden, eps, dtype, out, stream);
+                           const void* beta, int64_t rows, int32_t hidden, float eps, L2Prefetch prefetch,
+                           padfree_dtype dtype, void* out, cudaStream_t stream) {
+    launch<true>(x, residual, bias, gamma, beta, rows, hidden, eps, prefetch, dtype, out, stream);
 }
 
 }  // namespace padfree

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "l2_prefetch.h"
 #include "padfree.h"
 
 namespace padfree {
@@ -18,9 +19,9 @@ void launch_layernorm(const void* x, const void* gamma, const void* beta, int64_
                       float eps, padfree_dtype dtype, void* out, cudaStream_t stream);
 
 // out = LayerNorm(x + bias + residual) * gamma + beta; bias and residual may be NULL. out may alias x or
-// residual.
+// residual. prefetch: a range to start moving into L2 before the wait on the previous kernel (a hint).
 void launch_skip_layernorm(const void* x, const void* residual, const void* bias, const void* gamma,
-                           const void* beta, int64_t rows, int32_t hidden, float eps, padfree_dtype dtype,
-                           void* out, cudaStream_t stream);
+                           const void* beta, int64_t rows, int32_t hidden, float eps, L2Prefetch prefetch,
+                           padfree_dtype dtype, void* out, cudaStream_t stream);
 
 }  // namespace padfree

@@ -98,7 +98,7 @@ padfree_status EmbLayerNormPlugin::run(const PluginTensorDesc* in, const PluginT
         static_cast<const int32_t*>(inputs[input_index(kInputIds)]), static_cast<const int32_t*>(type_ids),
         static_cast<const int32_t*>(inputs[input_index(kCuSeqlens)]), batch, ids.dims.d[0], inputs[input_index(kWordEmb)],
         vocab, inputs[input_index(kPositionEmb)], positions, field_i32(kPositionOffset), type_emb, types,
-        inputs[input_index(kGamma)], inputs[input_index(kBeta)], hidden, field_f32(kEpsilon),
+        inputs[input_index(kGamma)], inputs[input_index(kBeta)], hidden, field_f32(kEpsilon), nullptr, 0,
         to_padfree_dtype(word.type), outputs[0], stream);
 }
 

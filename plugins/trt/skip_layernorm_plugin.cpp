@@ -40,7 +40,8 @@ padfree_status SkipLayerNormPlugin::run(const PluginTensorDesc* in, const Plugin
         !check_vector(in[kBeta], hidden, "beta", error))
         return PADFREE_ERROR_INVALID_ARGUMENT;
     return padfree_skip_layernorm(inputs[kX], inputs[kResidual], inputs[kBias], inputs[kGamma], inputs[kBeta], x.d[0],
-                                  hidden, field_f32(kEpsilon), to_padfree_dtype(in[kX].type), outputs[0], stream);
+                                  hidden, field_f32(kEpsilon), nullptr, 0, to_padfree_dtype(in[kX].type), outputs[0],
+                                  stream);
 }
 
 }  // namespace trt

@@ -11,7 +11,7 @@ import os
 from ctypes import c_char_p, c_float, c_int, c_int32, c_int64, c_uint32, c_void_p
 from pathlib import Path
 
-ABI_VERSION = 8  # must match PADFREE_ABI_VERSION in plugins/capi/padfree.h
+ABI_VERSION = 9  # must match PADFREE_ABI_VERSION in plugins/capi/padfree.h
 
 _p = c_void_p
 _i32p = c_void_p  # device int32 pointers travel as plain addresses
@@ -30,9 +30,9 @@ _SIGNATURES: dict[str, list] = {
     "padfree_attention_varlen": [_p, _p, _i32p, c_int32, c_int64, c_int32, c_int32, c_int32, c_float,
                                  c_uint32, c_int, _p, _p],
     "padfree_layernorm": [_p, _p, _p, c_int64, c_int32, c_float, c_int, _p, _p],
-    "padfree_skip_layernorm": [_p, _p, _p, _p, _p, c_int64, c_int32, c_float, c_int, _p, _p],
+    "padfree_skip_layernorm": [_p, _p, _p, _p, _p, c_int64, c_int32, c_float, _p, c_int64, c_int, _p, _p],
     "padfree_embedding_layernorm": [_i32p, _i32p, _i32p, c_int32, c_int64, _p, c_int32, _p, c_int32,
-                                    c_int32, _p, c_int32, _p, _p, c_int32, c_float, c_int, _p, _p],
+                                    c_int32, _p, c_int32, _p, _p, c_int32, c_float, _p, c_int64, c_int, _p, _p],
     "padfree_bias_gelu": [_p, _p, c_int64, c_int32, c_int32, c_int, _p, _p],
     "padfree_padded_input_stats": [_p, c_int32, _p, _p, c_int32, c_int32, c_int32, c_int64, c_int64, _i32p,
                                    _i32p, _i32p, _p],

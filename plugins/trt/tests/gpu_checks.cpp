@@ -194,7 +194,7 @@ Register layernorm_gpu("gpu_layernorm_family_vs_c_abi", [] {
         same_bytes(out, ref, "PadfreeLayerNorm");
         out.poison(), ref.poison();
         enqueue(make("skip_layernorm").get(), {&x, &res, &bias, &gamma, &beta}, {&out});
-        expect_abi(padfree_skip_layernorm(x.ptr, res.ptr, bias.ptr, gamma.ptr, beta.ptr, T, H, 1e-12f, dt, ref.ptr, nullptr));
+        expect_abi(padfree_skip_layernorm(x.ptr, res.ptr, bias.ptr, gamma.ptr, beta.ptr, T, H, 1e-12f, nullptr, 0, dt, ref.ptr, nullptr));
         same_bytes(out, ref, "PadfreeSkipLayerNorm");
         Tensor up({T, 4 * H}, t), up_bias({4 * H}, t), gelu({T, 4 * H}, t), gelu_ref({T, 4 * H}, t);
         up.upload(random_floats(up.count(), t, -3.0f, 3.0f));
@@ -249,15 +249,15 @@ Register embedding_gpu("gpu_emb_layernorm_vs_c_abi", [] {
         expect_abi(padfree_embedding_layernorm(static_cast<const int32_t*>(ids.ptr), static_cast<const int32_t*>(type_ids.ptr),
                                                static_cast<const int32_t*>(cu.ptr), b.batch, b.total, word.ptr, vocab,
                                                pos.ptr, positions, 0, type_emb.ptr, types, gamma.ptr, beta.ptr, H,
-                                               1e-12f, dt, ref.ptr, nullptr));
+                                               1e-12f, nullptr, 0, dt, ref.ptr, nullptr));
         same_bytes(out, ref, "PadfreeEmbLayerNorm with token types");
         out.poison(), ref.poison();
         // RoBERTa-style: no token types, positions offset by padding_idx + 1.
         enqueue(make("emb_layernorm_without_type").get(), {&ids, &cu, &word, &pos, &gamma, &beta}, {&out});
         expect_abi(padfree_embedding_layernorm(static_cast<const int32_t*>(ids.ptr), nullptr,
                                                static_cast<const int32_t*>(cu.ptr), b.batch, b.total, word.ptr, vocab,
-                                               pos.ptr, positions, 2, nullptr, 0, gamma.ptr, beta.ptr, H, 1e-5f, dt,
-                                               ref.ptr, nullptr));
+                                               pos.ptr, positions, 2, nullptr, 0, gamma.ptr, beta.ptr, H, 1e-5f,
+                                               nullptr, 0, dt, ref.ptr, nullptr));
         same_bytes(out, ref, "PadfreeEmbLayerNorm without token types");
     }
 });

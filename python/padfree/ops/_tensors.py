@@ -72,6 +72,15 @@ def ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
+def l2_prefetch(t: torch.Tensor | None, device: torch.device) -> tuple[int | None, int]:
+    """A kernel's l2_prefetch and l2_prefetch_bytes (C ABI 9): a contiguous tensor on `device` whose
+    bytes the kernel starts moving into L2 (any dtype: a hint that changes no result), or None."""
+    if t is None:
+        return None, 0
+    check(t, "prefetch", device=device)
+    return t.data_ptr(), t.numel() * t.element_size()
+
+
 # torch's raw-stream getter (what its compiled code calls): ~0.5 us where building a Stream object
 # and reading .cuda_stream took 8.6 us per kernel call on the H100 machine's CPU.
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)

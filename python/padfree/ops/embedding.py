@@ -4,21 +4,21 @@ from __future__ import annotations
 import torch
 
 from ._tensors import (InputError, call_kernel, check, check_eps, check_float, check_int32, check_width, dtype_code,
-                       output, ptr, stream_handle)
+                       l2_prefetch, output, ptr, stream_handle)
 
 
 def embedding_layernorm(input_ids: torch.Tensor, cu_seqlens: torch.Tensor, word_embeddings: torch.Tensor,
                         position_embeddings: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor,
                         eps: float = 1e-12, token_type_ids: torch.Tensor | None = None,
                         token_type_embeddings: torch.Tensor | None = None, position_offset: int = 0,
-                        out: torch.Tensor | None = None) -> torch.Tensor:
+                        out: torch.Tensor | None = None, prefetch: torch.Tensor | None = None) -> torch.Tensor:
     """LayerNorm(word[id] + position[position_offset + t - cu_seqlens[b]] + type[tt]) * gamma + beta.
 
     input_ids: int32 [T]; cu_seqlens: int32 [B+1]; token_type_ids: int32 [T] or None (type 0).
     word_embeddings [V, H], position_embeddings [P, H], token_type_embeddings [TV, H] or None (no
     type term), gamma, beta [H]: one float dtype. Returns [T, H]. position_offset: 0 for BERT,
     padding_idx + 1 for RoBERTa. Ids and positions out of range are clamped (memory safety, no
-    sync): callers validate ids on the host.
+    sync): callers validate ids on the host. prefetch: as for skip_layernorm.
     """
     position_offset = check_int32(position_offset, "position_offset")
     check(input_ids, "input_ids", dtype=torch.int32, shape=[None])
@@ -47,12 +47,13 @@ def embedding_layernorm(input_ids: torch.Tensor, cu_seqlens: torch.Tensor, word_
                         ("token_type_embeddings", token_type_embeddings)):
         if table is not None:
             check_int32(table.shape[0], f"{name}: rows", minimum=1)
+    prefetch_at, prefetch_bytes = l2_prefetch(prefetch, device)
     out = output(out, (total_tokens, hidden), like)
     if total_tokens:
         type_rows = 0 if token_type_embeddings is None else token_type_embeddings.shape[0]
         call_kernel("padfree_embedding_layernorm", device, ptr(input_ids), ptr(token_type_ids), ptr(cu_seqlens),
                     batch, total_tokens, ptr(word_embeddings), vocab_size, ptr(position_embeddings),
                     position_embeddings.shape[0], position_offset, ptr(token_type_embeddings), type_rows,
-                    ptr(gamma), ptr(beta), hidden, float(eps), dtype_code(like, "word_embeddings"), ptr(out),
-                    stream_handle(device))
+                    ptr(gamma), ptr(beta), hidden, float(eps), prefetch_at, prefetch_bytes,
+                    dtype_code(like, "word_embeddings"), ptr(out), stream_handle(device))
     return out

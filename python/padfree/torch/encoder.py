@@ -35,6 +35,9 @@ from .weights import EncoderWeights
 from .workspaces import cublas_workspaces_in_pool, keeping_cuda_graph
 
 INPUT_TOKENS, INPUT_BATCH = 65536, 1024  # the input buffer's first capacity
+# Forwards of at most this many rows have each LayerNorm prefetch the next GEMMs' weights into L2
+# (LayerWeights.attention_projections): there each GEMM is latency-bound and would find them in DRAM.
+PREFETCH_MAX_ROWS = 1024
 GUESSES = 64  # padded input shapes whose last graph is remembered for speculative launches
 
 
@@ -81,7 +84,8 @@ class PadfreeEncoder:
 
     def __init__(self, weights: EncoderWeights, config: Any = None, *, use_graphs: bool = True,
                  max_graphs: int = 8, use_epilogue: bool | None = None, gemm_search: str = "heuristic",
-                 gemm_tuning: str | os.PathLike | None = None, programmatic_edges: bool = False, ops=None):
+                 gemm_tuning: str | os.PathLike | None = None, programmatic_edges: bool = False,
+                 prefetch_weights: bool | None = None, ops=None):
         """weights: from padfree.torch.weights.extract. config: the HF config, kept for callers
         (padfree.runtime reads it). use_epilogue: None probes whether the cuBLASLt epilogue computes
         the model's activation to the dtype's precision. gemm_search: how a bucket's capture tunes
@@ -90,12 +94,15 @@ class PadfreeEncoder:
         rewritten after each capture, so that a search runs once per machine.
         programmatic_edges (experimental, off by default): let each captured forward's GEMMs launch
         while the padfree kernel before them drains, where a check shows the GEMM waits for it
-        (edges.py; PADFREE_PDL=0 also turns it off). ops: the kernel bindings (padfree.ops)."""
+        (edges.py; PADFREE_PDL=0 also turns it off). prefetch_weights: whether the LayerNorms start
+        moving the next GEMMs' weights into L2 (None: for buckets of at most PREFETCH_MAX_ROWS rows).
+        ops: the kernel bindings (padfree.ops)."""
         if gemm_search not in SEARCHES:
             raise InputError(f"gemm_search: expected one of {', '.join(SEARCHES)}, got {gemm_search!r}")
         self.gemm_search = gemm_search
         self.gemm_tuning = gemm_tuning
         self.programmatic_edges = programmatic_edges
+        self.prefetch_weights = prefetch_weights
         self.weights = weights
         self.config = config
         self._ops = ops or _default_ops
@@ -129,7 +136,14 @@ class PadfreeEncoder:
     def _gemms(self, rows: int, tune: bool) -> EncoderGemms:
         w = self.weights
         return EncoderGemms(rows, w.hidden_size, w.intermediate_size, self.dtype, self.device, self.ffn_up,
-                            tune=tune, search=self.gemm_search, layers=len(w.layers))
+                            tune=tune, search=self.gemm_search, layers=len(w.layers),
+                            prefetched=self._prefetches(rows))
+
+    def _prefetches(self, rows: int) -> bool:
+        """Whether a forward of `rows` rows prefetches each GEMM's weights (see PREFETCH_MAX_ROWS)."""
+        if self.device.type != "cuda" or self.weights.layers[0].attention_projections is None:
+            return False
+        return rows <= PREFETCH_MAX_ROWS if self.prefetch_weights is None else self.prefetch_weights
 
     def _run(self, input_ids, token_type_ids, cu_seqlens, max_seqlen: int, hidden: torch.Tensor,
              pooled: torch.Tensor | None, gemms: EncoderGemms) -> None:
@@ -138,17 +152,23 @@ class PadfreeEncoder:
         Intermediates are allocated here, so that under capture they come from the shared pool.
         """
         w, ops = self.weights, self._ops
+        rows, h = hidden.shape
+        prefetching = self._prefetches(rows)
+
+        def ahead(weights):  # a LayerNorm's prefetch: the weights of the GEMMs up to the next LayerNorm
+            return {"prefetch": weights} if prefetching and weights is not None else {}
+        next_weights = [lw.attention_projections for lw in w.layers[1:]] + [w.pooler_weight]
         gemms.start_forward()
         ops.embedding_layernorm(input_ids, cu_seqlens, w.word_embeddings, w.position_embeddings,
                                 w.emb_ln_weight, w.emb_ln_bias, eps=w.emb_ln_eps,
                                 token_type_ids=token_type_ids, token_type_embeddings=w.token_type_embeddings,
-                                position_offset=w.position_offset, out=hidden)
-        rows, h = hidden.shape
+                                position_offset=w.position_offset, out=hidden,
+                                **ahead(w.layers[0].attention_projections))
         new = dict(dtype=self.dtype, device=self.device)
         qkv = torch.empty(rows, 3 * h, **new)
         ctx, mid = (torch.empty(rows, h, **new) for _ in range(2))
         up = torch.empty(rows, w.intermediate_size, **new)
-        for lw in w.layers:
+        for lw, after in zip(w.layers, next_weights):
             gemms.qkv(hidden, lw.qkv_weight, qkv)
             ops.attention_varlen(qkv, cu_seqlens, max_seqlen, w.num_heads, qkv_bias=lw.qkv_bias,
                                  softmax_scale=self.softmax_scale, out=ctx)
@@ -156,11 +176,11 @@ class PadfreeEncoder:
             # and reads it almost for free; the LayerNorm then reads one stream instead of two.
             gemms.out_residual(ctx, lw.out_weight, hidden)
             ops.skip_layernorm(hidden, None, lw.attn_ln_weight, lw.attn_ln_bias, bias=lw.out_bias,
-                               eps=lw.attn_ln_eps, out=mid)
+                               eps=lw.attn_ln_eps, out=mid, **ahead(lw.ffn_projections))
             gemms.up(mid, lw.up_weight, lw.up_bias, up)
             gemms.down_residual(up, lw.down_weight, mid)
             ops.skip_layernorm(mid, None, lw.ffn_ln_weight, lw.ffn_ln_bias, bias=lw.down_bias,
-                               eps=lw.ffn_ln_eps, out=hidden)
+                               eps=lw.ffn_ln_eps, out=hidden, **ahead(after))
         if pooled is not None:
             # each sequence's first token (zeros for bucket padding's empty sequences) in one kernel,
             # where index_select needed a clamp of cu_seqlens first: two latency-bound launches

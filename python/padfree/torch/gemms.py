@@ -204,13 +204,14 @@ class EncoderGemms:
     Construct outside graph capture (tuning synchronizes and allocates); the calls themselves only
     enqueue and are capturable. search: "heuristic" times the heuristic's candidates, "exhaustive"
     also screens every configuration cuBLASLt accepts (seconds per problem, once per process and row
-    count). layers: how many layers a forward runs (their weights together decide COLD_WEIGHTS). A
+    count). layers: how many layers a forward runs (their weights together decide COLD_WEIGHTS);
+    prefetched: the forward prefetches each GEMM's weights into L2 (so they are timed hot). A
     forward (start_forward(), then each projection once per layer) gives each cuBLASLt call that
     needs a workspace its own slot of this object's CounterSlots, so that a graph of it can drop
     cuBLASLt's memsets (drop_memsets); no buffer is shared between encoders, buckets or graphs."""
 
     def __init__(self, rows: int, hidden: int, intermediate: int, dtype: torch.dtype, device: torch.device,
-                 ffn_up, *, tune: bool, search: str = "heuristic", layers: int = 1):
+                 ffn_up, *, tune: bool, search: str = "heuristic", layers: int = 1, prefetched: bool = False):
         if search not in SEARCHES:
             raise ValueError(f"search: expected one of {SEARCHES}, got {search!r}")
         # each projection as f(x, w, bias, out): torch's call unless a tuned algorithm replaces it
@@ -225,7 +226,7 @@ class EncoderGemms:
         except (cublaslt.CublasLtError, OSError):
             return  # torch without a loadable cuBLASLt: torch's calls it is
         forward_weight_bytes = layers * (4 * hidden + 2 * intermediate) * hidden * dtype.itemsize
-        streamed = COLD_WEIGHTS and forward_weight_bytes > _l2_bytes(device)
+        streamed = COLD_WEIGHTS and not prefetched and forward_weight_bytes > _l2_bytes(device)
 
         def problem(in_features, out_features, epilogue, accumulate):
             return Problem(rows, in_features, out_features, dtype, epilogue, accumulate,

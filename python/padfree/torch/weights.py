@@ -47,6 +47,11 @@ class LayerWeights:
     ffn_ln_weight: torch.Tensor
     ffn_ln_bias: torch.Tensor
     ffn_ln_eps: float
+    # Where extract() placed the four projection weights in one buffer (colocate_projections): the
+    # attention's two (QKV, out) and the FFN's two (up, down) as flat views spanning each pair, which a
+    # kernel before them prefetches into L2 in one range. None: the weights are separate tensors.
+    attention_projections: torch.Tensor | None = None
+    ffn_projections: torch.Tensor | None = None
 
 
 @dataclass
@@ -122,7 +127,32 @@ def extract(model: torch.nn.Module, dtype: torch.dtype, device: torch.device) ->
             f"{type(base).__name__}: expected a BERT-, RoBERTa- or DistilBERT-like model "
             "(embeddings + encoder.layer or transformer.layer)")
     _check_shapes(weights)
+    for lw in weights.layers:
+        colocate_projections(lw)
     return weights
+
+
+_PART_ALIGN = 128  # elements: every weight starts at least 256-byte aligned, as from the allocator
+
+
+def colocate_projections(lw: LayerWeights) -> None:
+    """Moves lw's projection weights into one buffer in the order a forward reads them (QKV, out, up,
+    down) and sets attention_projections / ffn_projections to the spans of the two pairs."""
+    parts = (lw.qkv_weight, lw.out_weight, lw.up_weight, lw.down_weight)
+    starts, end = [], 0
+    for part in parts:
+        starts.append(end)
+        end += -(-part.numel() // _PART_ALIGN) * _PART_ALIGN
+    first = lw.qkv_weight
+    flat = torch.empty(end, dtype=first.dtype, device=first.device)
+    views = []
+    for part, start in zip(parts, starts):
+        view = flat[start:start + part.numel()].view(part.shape)
+        view.copy_(part)
+        views.append(view)
+    lw.qkv_weight, lw.out_weight, lw.up_weight, lw.down_weight = views
+    lw.attention_projections = flat[:starts[1] + parts[1].numel()]
+    lw.ffn_projections = flat[starts[2]:starts[3] + parts[3].numel()]
 
 
 def _activation(name) -> str:
