@@ -529,7 +529,7 @@ def test_device_inputs_are_packed_on_the_device(seed, monkeypatch):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_weight_prefetch_changes_no_result(arch, seed):
     """The LayerNorms' L2 prefetch of the next GEMMs' weights (on by default for small buckets) is a
-    hint: eager forwards with it forced on and off are bit-equal, at a size that has it off by default."""
+    hint: eager forwards with it forced on and off are bit-equal."""
     rng = np.random.default_rng(seed)
     model = make_model(arch, hidden=128, heads=2, positions=512, seed=seed)
     ids, mask, _ = random_batch(model, 8, 512, rng, lengths=rng.integers(200, 513, 8).tolist())

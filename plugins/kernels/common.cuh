@@ -232,30 +232,23 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
-// The range's 16-byte-aligned interior spread over the grid's threads in pieces: one bulk prefetch of
-// 16 KB per piece on sm_90 (a handful of instructions for megabytes), one prefetch.global.L2 per
-// 128-byte line before it.
+// Spreads `range` over the grid's threads, one prefetch.global.L2 per 128-byte line. H100, BERT-base
+// (NOTES-bert.md v19): requested this way before the wait, the LayerNorms' prefetches cost them less
+// than they save the GEMMs after; as 16 KB bulk prefetches (cp.async.bulk.prefetch.L2) each
+// LayerNorm ran ~7 us longer, as if its blocks waited for their bulk requests before exiting.
 __device__ __forceinline__ void prefetch_range_l2(L2Prefetch range) {
     if (range.bytes <= 0) return;
-    const uint64_t begin = (reinterpret_cast<uint64_t>(range.ptr) + 15) & ~uint64_t{15};
-    const uint64_t end = (reinterpret_cast<uint64_t>(range.ptr) + static_cast<uint64_t>(range.bytes)) & ~uint64_t{15};
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    constexpr uint64_t kPiece = 16384;
-#else
-    constexpr uint64_t kPiece = 128;
-#endif
-    const uint64_t threads = uint64_t{blockDim.x} * blockDim.y * blockDim.z;
+    constexpr uint64_t kLine = 128;
+    // the line holding a valid byte is mapped memory: the range's first and last lines are safe whole
+    const uint64_t first = reinterpret_cast<uint64_t>(range.ptr) & ~(kLine - 1);
+    const uint64_t end = reinterpret_cast<uint64_t>(range.ptr) + static_cast<uint64_t>(range.bytes);
+    // consecutive lines on consecutive blocks: each SM's share of the requests as even as it gets
+    const uint64_t blocks = uint64_t{gridDim.x} * gridDim.y * gridDim.z;
     const uint64_t thread = threadIdx.x + blockDim.x * (threadIdx.y + uint64_t{blockDim.y} * threadIdx.z);
     const uint64_t block = blockIdx.x + gridDim.x * (blockIdx.y + uint64_t{gridDim.y} * blockIdx.z);
-    const uint64_t stride = threads * gridDim.x * gridDim.y * gridDim.z * kPiece;
-    for (uint64_t at = begin + (block * threads + thread) * kPiece; at < end; at += stride) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        const uint32_t size = static_cast<uint32_t>(min(kPiece, end - at));
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(at), "r"(size) : "memory");
-#else
+    const uint64_t stride = blocks * blockDim.x * blockDim.y * blockDim.z * kLine;
+    for (uint64_t at = first + (thread * blocks + block) * kLine; at < end; at += stride)
         prefetch_l2(reinterpret_cast<const void*>(at));
-#endif
-    }
 }
 
 // A hint that the next kernel may be scheduled now (else it is when this grid's CTAs exit). Safe
