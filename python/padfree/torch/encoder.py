@@ -38,7 +38,7 @@ INPUT_TOKENS, INPUT_BATCH = 65536, 1024  # the input buffer's first capacity
 # Forwards of at most this many rows have each LayerNorm prefetch the next GEMMs' weights into L2
 # (LayerWeights.attention_projections), where the GEMMs would read them from DRAM with few rows to
 # spread the latency over. H100, BERT-base, same process, HF-style calls (NOTES-bert.md v19): 16x256
-# (2624 rows) -0.02 ms per call in four runs (GEMMs -0.04, LayerNorms +0.02), 1x128 -0.001 to
+# (2624 rows) -0.02 ms per call in three runs (GEMMs -0.04, LayerNorms +0.02), 1x128 -0.001 to
 # -0.006, 4x128 level. Larger buckets were not measured with it.
 PREFETCH_MAX_ROWS = 4096
 GUESSES = 64  # padded input shapes whose last graph is remembered for speculative launches
@@ -150,7 +150,9 @@ class PadfreeEncoder:
 
     def _run(self, input_ids, token_type_ids, cu_seqlens, max_seqlen: int, hidden: torch.Tensor,
              pooled: torch.Tensor | None, gemms: EncoderGemms) -> None:
-        """The whole forward on packed rows, into `hidden` [rows, H] and `pooled` [B, H].
+        """The whole forward on packed rows, into `hidden` [rows, H] and `pooled` [B, H] (the pooler's
+        dense output: every caller applies its tanh as it copies the output out, so that a graph has
+        one latency-bound kernel fewer; H100 1x128: ~2 us of its ~0.4 ms).
 
         Intermediates are allocated here, so that under capture they come from the shared pool.
         """
@@ -188,7 +190,7 @@ class PadfreeEncoder:
             # each sequence's first token (zeros for bucket padding's empty sequences) in one kernel,
             # where index_select needed a clamp of cu_seqlens first: two latency-bound launches
             first = ops.rebuild_padding(hidden, cu_seqlens, 1).view(-1, h)
-            torch.addmm(w.pooler_bias, first, w.pooler_weight.t(), out=pooled).tanh_()
+            torch.addmm(w.pooler_bias, first, w.pooler_weight.t(), out=pooled)
 
     def forward_packed(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
                        token_type_ids: torch.Tensor | None = None, *, copy: bool = True
@@ -201,8 +203,8 @@ class PadfreeEncoder:
         that would synchronize (the kernels clamp ids to stay memory-safe): validate first, as
         padfree.runtime and the HF-style call do. With graphs on, a call whose bucket has no graph yet
         captures one, which synchronizes the device; later calls in that bucket only enqueue.
-        copy=False returns views of a graph's static outputs, overwritten by the next call that uses
-        the same bucket.
+        copy=False returns last_hidden_state as a view of a graph's static output, overwritten by the
+        next call that uses the same bucket (pooler_output is always a tensor of its own).
         """
         self._check_packed(input_ids, cu_seqlens, max_seqlen, token_type_ids)
         tokens, batch = input_ids.shape[0], cu_seqlens.shape[0] - 1
@@ -222,10 +224,9 @@ class PadfreeEncoder:
                                                         token_type_ids is not None, fill))
                 if copy:
                     hidden = hidden.clone()
-                    pooled = None if pooled is None else pooled.clone()
         out = {"last_hidden_state": hidden}
         if pooled is not None:
-            out["pooler_output"] = pooled
+            out["pooler_output"] = torch.tanh(pooled)  # _run leaves the tanh to us
         return out
 
     def _outputs(self, tokens: int, batch: int):
@@ -419,7 +420,7 @@ class PadfreeEncoder:
             self._remember(input_ids, token_type_ids, batch)
         hidden, pooled, cu_seqlens = outputs
         last = self._ops.rebuild_padding(hidden, cu_seqlens, batch.padded_width)
-        pooled = None if pooled is None else pooled.clone()
+        pooled = None if pooled is None else torch.tanh(pooled)  # _run leaves the tanh to us
         from transformers.modeling_outputs import BaseModelOutput, BaseModelOutputWithPooling
         if self.has_pooler:
             return BaseModelOutputWithPooling(last_hidden_state=last, pooler_output=pooled)
