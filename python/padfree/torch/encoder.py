@@ -38,8 +38,8 @@ INPUT_TOKENS, INPUT_BATCH = 65536, 1024  # the input buffer's first capacity
 # Forwards of at most this many rows have each LayerNorm prefetch the next GEMMs' weights into L2
 # (LayerWeights.attention_projections), where the GEMMs would read them from DRAM with few rows to
 # spread the latency over. H100, BERT-base, same process, HF-style calls (NOTES-bert.md v19): 16x256
-# (2624 rows) -0.02 ms per call in three runs (GEMMs -0.04, LayerNorms +0.02), 1x128 -0.001 to
-# -0.006, 4x128 level. Larger buckets were not measured with it.
+# (2624 rows) -0.02 ms per call in five comparisons (GEMMs -0.04, LayerNorms +0.02), 1x128 -0.001
+# to -0.008, 4x128 level, 32x128 +0.019 / -0.025 / -0.028; 128x128 (9344 rows) level.
 PREFETCH_MAX_ROWS = 4096
 GUESSES = 64  # padded input shapes whose last graph is remembered for speculative launches
 
