@@ -42,7 +42,7 @@ inline padfree_status check_optional_tensor(const void* p, const char* name) {
 }
 
 // An L2 prefetch range: none (NULL and 0), or memory and a byte count (any alignment: the kernel
-// prefetches its 16-byte-aligned interior).
+// prefetches every 128-byte line the range touches).
 inline padfree_status check_l2_prefetch(const void* p, int64_t bytes, L2Prefetch* range) {
     PADFREE_REQUIRE(bytes >= 0, "l2_prefetch_bytes must be >= 0, got ", bytes);
     PADFREE_REQUIRE(p != nullptr || bytes == 0, "l2_prefetch is NULL but l2_prefetch_bytes is ", bytes);
