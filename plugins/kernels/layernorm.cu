@@ -13,7 +13,7 @@ namespace {
 // kHeld: the parameters in registers before the wait (RowParams), for grids of one wave.
 // kLoadsFirst: every x load of a row goes out before any is used (skip LayerNorm; plain LayerNorm has
 // no null checks between its loads and the compiler batches them anyway). prefetch: the next GEMMs'
-// weights, asked for after the kernel's own early loads so that it does not queue behind them.
+// weights, asked for after the kernel's own early loads so that those do not queue behind it.
 template <typename T, int N, bool kBlockRow, bool kSkip, bool kHeld, bool kLoadsFirst>
 __device__ __forceinline__ void layernorm_rows(const T* x, const T* residual, const T* bias, const T* gamma,
                                                const T* beta, int64_t rows, int hidden, float eps, T* out,

@@ -143,8 +143,7 @@ def colocate_projections(lw: LayerWeights) -> None:
     for part in parts:
         starts.append(end)
         end += -(-part.numel() // _PART_ALIGN) * _PART_ALIGN
-    first = lw.qkv_weight
-    flat = torch.empty(end, dtype=first.dtype, device=first.device)
+    flat = torch.empty(end, dtype=parts[0].dtype, device=parts[0].device)
     views = []
     for part, start in zip(parts, starts):
         view = flat[start:start + part.numel()].view(part.shape)
