@@ -84,26 +84,85 @@ def test_packer_enqueue_writes_totals_for_a_known_layout(seed):
     assert not packer.enqueue(ids[:, :20].contiguous(), mask[:, :20].contiguous(), None, *buffers)
 
 
+# 8x30 and 1x128: the prepare step is one kernel, which decides the IF node in one graph with the
+# body; 40x30: a cooperative grid, then the guard kernel's graph
 @pytest.mark.gpu
-def test_packer_enqueue_launches_a_guarded_graph_behind_the_prepare(seed):
+@pytest.mark.parametrize("batch, width", [(8, 30), (1, 128), (40, 30)])
+@pytest.mark.parametrize("types", [False, True])
+def test_packer_enqueue_launches_a_guarded_graph_behind_the_prepare(seed, batch, width, types):
     """enqueue(..., then=guarded): the prepare step and the guarded graph in one C call; the graph
-    reads the totals that this call's prepare step wrote, so it runs for good inputs only."""
+    reads the totals that this call's prepare step wrote, so it runs for good inputs only, and only
+    where they fit its ranges (a bad row, a total or longest outside them: skipped)."""
     gen = torch.Generator().manual_seed(seed)
     packer = ops.PaddedInputPacker(torch.device("cuda"), VOCAB, TYPE_VOCAB)
-    buffers = _packer_buffers(40 * 30, 50, False)
-    _, ids, mask, _, _ = padded_batch(gen, 40, 30, torch.int64, torch.int64, False)
-    packer(ids, mask, None, *buffers)
+    buffers = _packer_buffers(batch * width, batch + 5, types)
+    _, ids, mask, type_ids, _ = padded_batch(gen, batch, width, torch.int64, torch.int64, types)
+    packer(ids, mask, type_ids, *buffers)
     counter = torch.zeros(1, device="cuda")
-    guarded = ops.GuardedGraph(_counting_graph(counter), packer.totals, (1, 40 * 30), (1, 30))
-    for bad in (False, True, False):
-        lengths, ids, mask, _, _ = padded_batch(gen, 40, 30, torch.int64, torch.int64, False)
-        if bad:
-            mask[3, 0] = 2
+    graph = _counting_graph(counter)
+    everything = ops.GuardedGraph(graph, packer.totals, (1, batch * width), (1, width))
+    runs = 0
+    for case in ("good", "bad row", "good", "total outside", "longest outside", "good", "good"):
+        lengths, ids, mask, type_ids, host_mask = padded_batch(gen, batch, width, torch.int64, torch.int64, types)
+        total, longest = int(lengths.sum()), int(lengths.max())
+        guarded = everything
+        if case == "bad row":
+            mask[batch // 2, 0] = 2
+        elif case == "total outside":  # ranges that just miss this call's totals
+            guarded = ops.GuardedGraph(graph, packer.totals, (total + 1, total + 1), (1, width))
+        elif case == "longest outside":
+            guarded = ops.GuardedGraph(graph, packer.totals, (1, batch * width), (longest + 1, longest + 1))
         counter.fill_(-5.0)  # poisoned: a skipped graph leaves it so
-        assert packer.enqueue(ids, mask, None, *buffers, then=guarded)
-        flags, total, longest = packer.results()
+        buffers[0].fill_(-7)
+        assert packer.enqueue(ids, mask, type_ids, *buffers, then=guarded)
+        flags, got_total, got_longest = packer.results()
         torch.cuda.synchronize()
-        assert (flags != 0) == bad and total == int(lengths.sum()) - bad
-        assert float(counter) == (-5.0 if bad else -4.0)
-        assert guarded.fits(flags, total, longest) == (not bad)
+        ran = case == "good"
+        assert (flags != 0) == (case == "bad row")
+        assert float(counter) == (-4.0 if ran else -5.0), case
+        assert guarded.fits(flags, got_total, got_longest) == ran, case
+        if case != "bad row":
+            assert (got_total, got_longest) == (total, longest)
+            assert torch.equal(buffers[0][:total].cpu(), ids.cpu()[host_mask].to(torch.int32))
+        runs += ran
+        if guarded is not everything:
+            guarded.close()
+    assert runs == 4
+    everything.close()
+
+
+@pytest.mark.gpu
+def test_guarded_graph_behind_many_layouts_and_other_totals(seed):
+    """One guarded graph behind more input layouts than it keeps one-graph launches for (the list
+    starts over), and behind a packer whose totals it does not read (two launches: its guard reads
+    its own stats)."""
+    gen = torch.Generator().manual_seed(seed)
+    packer = ops.PaddedInputPacker(torch.device("cuda"), VOCAB, TYPE_VOCAB)
+    buffers = _packer_buffers(16 * 64, 20, False)
+    counter = torch.zeros(1, device="cuda")
+    graph = _counting_graph(counter)
+    guarded = ops.GuardedGraph(graph, packer.totals, (1, 16 * 64), (1, 64))
+    widths = list(range(20, 31))  # 11 layouts
+    for width in widths:
+        _, ids, mask, _, _ = padded_batch(gen, 4, width, torch.int64, torch.int64, False)
+        packer(ids, mask, None, *buffers)
+    for width in widths + widths[:3]:
+        lengths, ids, mask, _, _ = padded_batch(gen, 4, width, torch.int64, torch.int64, False)
+        counter.fill_(-5.0)
+        assert packer.enqueue(ids, mask, None, *buffers, then=guarded)
+        assert packer.results() == (0, int(lengths.sum()), int(lengths.max()))
+        torch.cuda.synchronize()
+        assert float(counter) == -4.0, width
+    # a guard over other stats: this call's totals do not decide it
+    other_stats = torch.tensor([1, 1, 1], dtype=torch.int32, device="cuda")  # flags set: skip
+    elsewhere = ops.GuardedGraph(graph, other_stats, (1, 16 * 64), (1, 64))
+    for stats, expected in (([1, 1, 1], -5.0), ([0, 5, 5], -4.0)):
+        other_stats.copy_(torch.tensor(stats, dtype=torch.int32))
+        lengths, ids, mask, _, _ = padded_batch(gen, 4, 25, torch.int64, torch.int64, False)
+        counter.fill_(-5.0)
+        assert packer.enqueue(ids, mask, None, *buffers, then=elsewhere)
+        assert packer.results() == (0, int(lengths.sum()), int(lengths.max()))
+        torch.cuda.synchronize()
+        assert float(counter) == expected, stats
+    elsewhere.close()
     guarded.close()
