@@ -84,8 +84,7 @@ def test_packer_enqueue_writes_totals_for_a_known_layout(seed):
     assert not packer.enqueue(ids[:, :20].contiguous(), mask[:, :20].contiguous(), None, *buffers)
 
 
-# 8x30 and 1x128: the prepare step is one kernel, which decides the IF node in one graph with the
-# body; 40x30: a cooperative grid, then the guard kernel's graph
+# 8x30 and 1x128: the prepare step is one CTA; 40x30: a cooperative grid
 @pytest.mark.gpu
 @pytest.mark.parametrize("batch, width", [(8, 30), (1, 128), (40, 30)])
 @pytest.mark.parametrize("types", [False, True])
@@ -133,16 +132,15 @@ def test_packer_enqueue_launches_a_guarded_graph_behind_the_prepare(seed, batch,
 
 @pytest.mark.gpu
 def test_guarded_graph_behind_many_layouts_and_other_totals(seed):
-    """One guarded graph behind more input layouts than it keeps one-graph launches for (the list
-    starts over), and behind a packer whose totals it does not read (two launches: its guard reads
-    its own stats)."""
+    """One guarded graph behind many input layouts (a plan each), and behind a packer whose totals
+    it does not read: its guard reads its own stats."""
     gen = torch.Generator().manual_seed(seed)
     packer = ops.PaddedInputPacker(torch.device("cuda"), VOCAB, TYPE_VOCAB)
     buffers = _packer_buffers(16 * 64, 20, False)
     counter = torch.zeros(1, device="cuda")
     graph = _counting_graph(counter)
     guarded = ops.GuardedGraph(graph, packer.totals, (1, 16 * 64), (1, 64))
-    widths = list(range(20, 31))  # 11 layouts
+    widths = list(range(20, 31))
     for width in widths:
         _, ids, mask, _, _ = padded_batch(gen, 4, width, torch.int64, torch.int64, False)
         packer(ids, mask, None, *buffers)

@@ -1,5 +1,4 @@
 // C ABI of the model-inputs family: argument checks, then the launchers of kernels/inputs.h.
-#include <atomic>
 #include <cstdint>
 #include <limits>
 
@@ -7,13 +6,21 @@
 #include "graph_guard_capi.h"
 #include "inputs.h"
 
-// A prepare call's fixed arguments (padfree_input_plan_create): every field of `call` but the
-// inputs' addresses (null here), host_stats' mapping looked up once. serial: unique over the
-// process's plans (a guarded graph keeps a graph per plan it was launched behind, keyed by it).
+// A prepare call's fixed arguments (padfree_input_plan_create), host_stats' mapping looked up once.
 struct padfree_input_plan {
-    padfree::PrepareCall call;
+    int32_t mask_bytes;  // 0: no attention_mask
+    int32_t id_bytes;
     bool token_types;
-    uint64_t serial;
+    int32_t batch, padded_seqlen;
+    int64_t vocab_size, type_vocab_size;
+    int32_t* seqlens;
+    int32_t* stats;
+    int32_t* host_stats;
+    int32_t* host_stats_mapped;
+    int32_t cu_capacity, packed_capacity;
+    int32_t* packed_ids;
+    int32_t* packed_token_type_ids;
+    int32_t* cu_seqlens;
 };
 
 namespace {
@@ -121,10 +128,10 @@ padfree_status padfree_prepare_padded_inputs(const void* attention_mask, int32_t
                                    type_vocab_size, seqlens, stats));
     PADFREE_CHECK(check_pack_args(input_ids, token_type_ids, id_bytes, seqlens, batch, padded_seqlen, cu_capacity,
                                   packed_capacity, packed_ids, packed_token_type_ids, cu_seqlens));
-    padfree::launch_prepare_padded_inputs({attention_mask, mask_bytes, input_ids, token_type_ids, id_bytes, batch,
-                                           padded_seqlen, vocab_size, type_vocab_size, seqlens, stats, host_stats,
-                                           padfree::mapped_host_stats(host_stats), cu_capacity, packed_capacity,
-                                           packed_ids, packed_token_type_ids, cu_seqlens},
+    padfree::launch_prepare_padded_inputs(attention_mask, mask_bytes, input_ids, token_type_ids, id_bytes, batch,
+                                          padded_seqlen, vocab_size, type_vocab_size, seqlens, stats, host_stats,
+                                          padfree::mapped_host_stats(host_stats), cu_capacity, packed_capacity,
+                                          packed_ids, packed_token_type_ids, cu_seqlens,
                                           padfree::as_cuda_stream(stream));
     return padfree::check_launch("prepare_padded_inputs");
     PADFREE_CAPI_GUARD_END
@@ -142,11 +149,10 @@ padfree_status padfree_input_plan_create(int32_t mask_bytes, int32_t id_bytes, i
                                     type_vocab_size, seqlens, stats));
     PADFREE_CHECK(check_pack_sizes(with_token_types != 0, id_bytes, seqlens, batch, padded_seqlen, cu_capacity,
                                    packed_capacity, packed_ids, packed_token_type_ids, cu_seqlens));
-    static std::atomic<uint64_t> serials{0};
-    *out = new padfree_input_plan{{nullptr, mask_bytes, nullptr, nullptr, id_bytes, batch, padded_seqlen, vocab_size,
-                                   type_vocab_size, seqlens, stats, host_stats, padfree::mapped_host_stats(host_stats),
-                                   cu_capacity, packed_capacity, packed_ids, packed_token_type_ids, cu_seqlens},
-                                  with_token_types != 0, ++serials};
+    *out = new padfree_input_plan{mask_bytes, id_bytes, with_token_types != 0, batch, padded_seqlen,
+                                  vocab_size, type_vocab_size, seqlens, stats, host_stats,
+                                  padfree::mapped_host_stats(host_stats), cu_capacity, packed_capacity,
+                                  packed_ids, packed_token_type_ids, cu_seqlens};
     return PADFREE_OK;
     PADFREE_CAPI_GUARD_END
 }
@@ -157,18 +163,18 @@ padfree_status padfree_input_plan_launch(const padfree_input_plan* plan, const v
     PADFREE_CAPI_GUARD_BEGIN
     PADFREE_REQUIRE(plan != nullptr, "plan is NULL");
     PADFREE_REQUIRE(input_ids != nullptr, "input_ids is NULL");
-    PADFREE_REQUIRE((attention_mask != nullptr) == (plan->call.mask_bytes != 0),
+    PADFREE_REQUIRE((attention_mask != nullptr) == (plan->mask_bytes != 0),
                     "attention_mask must be given exactly where the plan has mask_bytes != 0");
     PADFREE_REQUIRE((token_type_ids != nullptr) == plan->token_types,
                     "token_type_ids must be given exactly where the plan was made with token types");
-    padfree::PrepareCall call = plan->call;
-    call.mask = attention_mask;
-    call.input_ids = input_ids;
-    call.token_type_ids = token_type_ids;
     const cudaStream_t cuda_stream = padfree::as_cuda_stream(stream);
-    if (then != nullptr) return padfree::launch_guarded_graph_after(then, call, plan->serial, cuda_stream);
-    padfree::launch_prepare_padded_inputs(call, cuda_stream);
-    return padfree::check_launch("input_plan_launch");
+    padfree::launch_prepare_padded_inputs(attention_mask, plan->mask_bytes, input_ids, token_type_ids, plan->id_bytes,
+                                          plan->batch, plan->padded_seqlen, plan->vocab_size, plan->type_vocab_size,
+                                          plan->seqlens, plan->stats, plan->host_stats, plan->host_stats_mapped,
+                                          plan->cu_capacity, plan->packed_capacity, plan->packed_ids,
+                                          plan->packed_token_type_ids, plan->cu_seqlens, cuda_stream);
+    PADFREE_CHECK(padfree::check_launch("input_plan_launch"));
+    return then == nullptr ? PADFREE_OK : padfree::launch_guarded_graph(then, cuda_stream);
     PADFREE_CAPI_GUARD_END
 }
 

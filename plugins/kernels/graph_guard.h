@@ -7,7 +7,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <functional>
 
 namespace padfree {
 
@@ -17,30 +16,13 @@ struct FitRanges {
     int32_t min_total, max_total, min_longest, max_longest;  // inclusive
 };
 
-// What a kernel that measures the totals itself needs to decide a guarded graph's IF node
-// (graph_guard.cuh: set_fit_condition). active == 0: the kernel runs outside such a graph.
-struct FitCondition {
-    cudaGraphConditionalHandle handle;
-    FitRanges fit;
-    int32_t active;
-};
-
 struct GuardedGraph {
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
-    cudaGraphNode_t guard = nullptr;  // the node that decides (a node of `graph`)
-    cudaGraphConditionalHandle handle = 0;
 };
 
 // body is cloned (a child graph of a conditional node): the caller keeps ownership of it.
 cudaError_t create_guarded_graph(cudaGraph_t body, const int32_t* stats, FitRanges fit, GuardedGraph* out);
-
-// The same with the deciding node made by the caller: add_guard adds to `graph`, with no
-// dependencies, a node that sets `handle` (1: run the body) on every launch, and returns it.
-using AddGuardNode = std::function<cudaError_t(cudaGraph_t graph, cudaGraphConditionalHandle handle,
-                                               cudaGraphNode_t* node)>;
-cudaError_t create_guarded_graph(cudaGraph_t body, const AddGuardNode& add_guard, GuardedGraph* out);
-
 void destroy_guarded_graph(GuardedGraph* graph);
 
 }  // namespace padfree

@@ -7,7 +7,6 @@
 #include <cooperative_groups.h>
 
 #include "common.cuh"
-#include "graph_guard.cuh"
 #include "padding.h"
 
 namespace padfree {
@@ -167,12 +166,9 @@ __global__ void padded_input_stats_kernel(PaddedInputs in, int32_t* seqlens, int
 // copy is written before the pack and without a system fence: the host polls until all three values
 // are written (it set them to -1) and then only enqueues work behind this kernel, so a fence would
 // only hold the kernel back.
-// In a guarded graph (condition.active) it also decides the IF node behind it, in place of a guard
-// kernel between the two.
 __global__ void __launch_bounds__(kOneBlockThreads, 1) one_block_prepare_kernel(PaddedInputs in, int32_t* seqlens,
                                                                             int32_t* stats, int32_t* host_stats,
-                                                                            PackedOutputs out,
-                                                                            FitCondition condition) {
+                                                                            PackedOutputs out) {
     wait_on_producer();
     __shared__ int flags, longest;
     __shared__ int32_t lengths[kOneBlockMaxRows], starts[kOneBlockMaxRows + 1];
@@ -191,7 +187,6 @@ __global__ void __launch_bounds__(kOneBlockThreads, 1) one_block_prepare_kernel(
             host_stats[1] = total;
             host_stats[2] = longest;
         }
-        set_fit_condition(condition, flags, total, longest);
     }
     store_cu_seqlens(starts, in.batch, total, out);
     pack_warp_rows(in, lengths, starts, out);
@@ -289,94 +284,43 @@ void launch_pack_padded_inputs(const void* input_ids, const void* token_type_ids
                                  cu_seqlens));
 }
 
-namespace {
-
-PaddedInputs padded_inputs(const PrepareCall& c) {
-    return {c.mask, c.mask_bytes, c.input_ids, c.token_type_ids, c.id_bytes, c.batch, c.padded_seqlen, c.vocab_size,
-            c.type_vocab_size};
-}
-
-PackedOutputs packed_outputs(const PrepareCall& c) {
-    return packed_outputs(c.token_type_ids, c.cu_capacity, c.packed_capacity, c.packed_ids, c.packed_token_type_ids,
-                          c.cu_seqlens);
-}
-
-// The one-CTA kernel's node parameters; args and the values they point to live in *this.
-struct OneBlockNode {
-    PaddedInputs in;
-    int32_t* seqlens;
-    int32_t* stats;
-    int32_t* host_stats;
-    PackedOutputs out;
-    FitCondition condition;
-    void* args[6];
-    cudaKernelNodeParams params;
-
-    OneBlockNode(const PrepareCall& c, const FitCondition& fit_condition)
-        : in(padded_inputs(c)), seqlens(c.seqlens), stats(c.stats), host_stats(c.host_stats_mapped),
-          out(packed_outputs(c)), condition(fit_condition), args{&in, &seqlens, &stats, &host_stats, &out, &condition},
-          params{} {
-        params.func = reinterpret_cast<void*>(one_block_prepare_kernel);
-        params.gridDim = dim3(1);
-        params.blockDim = dim3(kOneBlockThreads);
-        params.kernelParams = args;
-    }
-    OneBlockNode(const OneBlockNode&) = delete;  // args point into this object
-};
-
-}  // namespace
-
-bool prepare_is_one_block(const PrepareCall& c) {
-    return c.batch <= kOneBlockThreads / kWarpSize &&
-           static_cast<int64_t>(c.batch) * c.padded_seqlen <= kOneBlockMaxPositions &&
-           (c.host_stats == nullptr || c.host_stats_mapped != nullptr);
-}
-
-cudaError_t add_prepare_node(cudaGraph_t graph, const PrepareCall& call, const FitCondition& condition,
-                             cudaGraphNode_t* node) {
-    if (!prepare_is_one_block(call)) return cudaErrorInvalidValue;
-    const OneBlockNode n(call, condition);
-    return cudaGraphAddKernelNode(node, graph, nullptr, 0, &n.params);
-}
-
-cudaError_t update_prepare_node(cudaGraphExec_t exec, cudaGraphNode_t node, const PrepareCall& call,
-                                const FitCondition& condition) {
-    if (!prepare_is_one_block(call)) return cudaErrorInvalidValue;
-    const OneBlockNode n(call, condition);
-    return cudaGraphExecKernelNodeSetParams(exec, node, &n.params);
-}
-
-void launch_prepare_padded_inputs(const PrepareCall& c, cudaStream_t stream) {
+void launch_prepare_padded_inputs(const void* mask, int mask_bytes, const void* input_ids,
+                                  const void* token_type_ids, int id_bytes, int32_t batch, int32_t padded_seqlen,
+                                  int64_t vocab_size, int64_t type_vocab_size, int32_t* seqlens, int32_t* stats,
+                                  int32_t* host_stats, int32_t* host_stats_mapped, int32_t cu_capacity,
+                                  int32_t packed_capacity, int32_t* packed_ids, int32_t* packed_token_type_ids,
+                                  int32_t* cu_seqlens, cudaStream_t stream) {
     const auto separate_launches = [&] {
-        launch_padded_input_stats(c.mask, c.mask_bytes, c.input_ids, c.token_type_ids, c.id_bytes, c.batch,
-                                  c.padded_seqlen, c.vocab_size, c.type_vocab_size, c.seqlens, c.stats, c.host_stats,
-                                  stream);
-        launch_pack_padded_inputs(c.input_ids, c.token_type_ids, c.id_bytes, c.seqlens, c.batch, c.padded_seqlen,
-                                  c.cu_capacity, c.packed_capacity, c.packed_ids, c.packed_token_type_ids,
-                                  c.cu_seqlens, stream);
+        launch_padded_input_stats(mask, mask_bytes, input_ids, token_type_ids, id_bytes, batch, padded_seqlen,
+                                  vocab_size, type_vocab_size, seqlens, stats, host_stats, stream);
+        launch_pack_padded_inputs(input_ids, token_type_ids, id_bytes, seqlens, batch, padded_seqlen, cu_capacity,
+                                  packed_capacity, packed_ids, packed_token_type_ids, cu_seqlens, stream);
     };
-    if (c.batch > kOneBlockMaxRows || (c.host_stats != nullptr && c.host_stats_mapped == nullptr)) {
+    if (batch > kOneBlockMaxRows || (host_stats != nullptr && host_stats_mapped == nullptr)) {
         separate_launches();
         return;
     }
-    const PaddedInputs in = padded_inputs(c);
-    const PackedOutputs out = packed_outputs(c);
-    if (prepare_is_one_block(c)) {
-        launch_kernel(one_block_prepare_kernel, 1, kOneBlockThreads, 0, stream, in, c.seqlens, c.stats,
-                      c.host_stats_mapped, out, FitCondition{});
+    const PaddedInputs in{mask, mask_bytes, input_ids, token_type_ids, id_bytes, batch, padded_seqlen, vocab_size,
+                          type_vocab_size};
+    const PackedOutputs out =
+        packed_outputs(token_type_ids, cu_capacity, packed_capacity, packed_ids, packed_token_type_ids, cu_seqlens);
+    const bool one_block = batch <= kOneBlockThreads / kWarpSize &&
+                           static_cast<int64_t>(batch) * padded_seqlen <= kOneBlockMaxPositions;
+    if (one_block) {
+        launch_kernel(one_block_prepare_kernel, 1, kOneBlockThreads, 0, stream, in, seqlens, stats, host_stats_mapped,
+                      out);
         return;
     }
     // At most one CTA per SM, so that the whole grid is resident (which its barriers need; the
     // cooperative launch checks it). Not PDL: the launch attribute is cooperative alone.
     const int sms = current_device_value<query_sm_count>();
-    const int32_t wanted = ceil_div<int32_t>(c.batch, kGridThreads / kWarpSize);
+    const int32_t wanted = ceil_div<int32_t>(batch, kGridThreads / kWarpSize);
     const unsigned blocks = static_cast<unsigned>(sms > 0 && wanted > sms ? sms : wanted);
     cudaLaunchAttribute cooperative{};
     cooperative.id = cudaLaunchAttributeCooperative;
     cooperative.val.cooperative = 1;
     const cudaLaunchConfig_t config{blocks, kGridThreads, 0, stream, &cooperative, 1};
-    if (cudaLaunchKernelEx(&config, grid_prepare_kernel, in, c.seqlens, c.stats, c.host_stats_mapped, out) !=
-        cudaSuccess) {
+    if (cudaLaunchKernelEx(&config, grid_prepare_kernel, in, seqlens, stats, host_stats_mapped, out) != cudaSuccess) {
         // refused (no room for the grid: SMs held by other work, MPS limits): the same results in
         // separate launches rather than an error
         cudaGetLastError();

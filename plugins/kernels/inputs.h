@@ -9,8 +9,6 @@
 
 #include <cstdint>
 
-#include "graph_guard.h"
-
 namespace padfree {
 
 // seqlens[b] = ones in mask row b (padded_seqlen where mask is null); stats[0] = OR of the
@@ -37,41 +35,16 @@ void launch_pack_padded_inputs(const void* input_ids, const void* token_type_ids
 // (pageable memory). Pinned memory keeps its mapping for its lifetime: callers may keep the result.
 int32_t* mapped_host_stats(int32_t* host_stats);
 
-// launch_prepare_padded_inputs' arguments: the padded inputs (mask may be null; token_type_ids may be
-// null), their checks' limits, and the buffers it writes.
-struct PrepareCall {
-    const void* mask;
-    int mask_bytes;
-    const void* input_ids;
-    const void* token_type_ids;
-    int id_bytes;
-    int32_t batch, padded_seqlen;
-    int64_t vocab_size, type_vocab_size;
-    int32_t* seqlens;
-    int32_t* stats;
-    int32_t* host_stats;
-    int32_t* host_stats_mapped;  // mapped_host_stats(host_stats)
-    int32_t cu_capacity, packed_capacity;
-    int32_t* packed_ids;
-    int32_t* packed_token_type_ids;
-    int32_t* cu_seqlens;
-};
-
 // Both of the above, same results (cu_seqlens written, host_stats filled when the stream gets there),
-// in one launch for up to 2048 rows, which stores to host_stats through host_stats_mapped: one CTA
-// measures, sums, scans and packs batches of up to 32 rows and 32K positions, a cooperative grid
-// larger ones. Past 2048 rows, or where host_stats is not mapped, the five operations of the two
-// calls above.
-void launch_prepare_padded_inputs(const PrepareCall& call, cudaStream_t stream);
-
-// Whether the prepare step is that one CTA (host_stats mapped, at most 32 rows and 32K positions),
-// which can also be a graph node that decides a guarded graph (graph_guard.h): add_prepare_node adds
-// it to `graph` with no dependencies, update_prepare_node gives an instantiated copy of it another
-// call's arguments (the inputs' addresses change from call to call).
-bool prepare_is_one_block(const PrepareCall& call);
-cudaError_t add_prepare_node(cudaGraph_t graph, const PrepareCall& call, const FitCondition& condition,
-                             cudaGraphNode_t* node);
-cudaError_t update_prepare_node(cudaGraphExec_t exec, cudaGraphNode_t node, const PrepareCall& call,
-                                const FitCondition& condition);
+// in one launch for up to 2048 rows, which stores to host_stats through host_stats_mapped
+// (mapped_host_stats(host_stats)): one CTA measures, sums, scans and packs batches of up to 32 rows
+// and 32K positions, a cooperative grid larger ones. Past 2048 rows, or where host_stats is not
+// mapped, the five operations of the two calls above.
+void launch_prepare_padded_inputs(const void* mask, int mask_bytes, const void* input_ids,
+                                  const void* token_type_ids, int id_bytes, int32_t batch, int32_t padded_seqlen,
+                                  int64_t vocab_size, int64_t type_vocab_size, int32_t* seqlens, int32_t* stats,
+                                  int32_t* host_stats, int32_t* host_stats_mapped, int32_t cu_capacity,
+                                  int32_t packed_capacity, int32_t* packed_ids, int32_t* packed_token_type_ids,
+                                  int32_t* cu_seqlens, cudaStream_t stream);
 
 }  // namespace padfree
