@@ -24,14 +24,6 @@ constexpr int32_t kOneBlockMaxRows = 2048;  // lengths and starts in shared memo
 // are prepared by a cooperative grid of CTAs this size, at most one per SM.
 constexpr int kGridThreads = 256;
 
-__device__ __forceinline__ int64_t load_int(const void* base, int bytes, int64_t i) {
-    switch (bytes) {
-        case 1: return static_cast<const uint8_t*>(base)[i];
-        case 4: return static_cast<const int32_t*>(base)[i];
-        default: return static_cast<const int64_t*>(base)[i];
-    }
-}
-
 struct PaddedInputs {
     const void* mask;  // null: every position is a token
     int mask_bytes;
@@ -44,6 +36,33 @@ struct PaddedInputs {
     int64_t type_vocab_size;
 };
 
+// The inputs' element types, one instantiation per pair (dispatched per row, outside the loops), so
+// that the loads of several positions have no branch on a width between them and can be in flight
+// together.
+struct NoMask {};  // no attention_mask: every position is a token
+
+template <typename T>
+__device__ __forceinline__ int64_t load_at(const void* base, int64_t i) {
+    return static_cast<const T*>(base)[i];
+}
+
+template <>
+__device__ __forceinline__ int64_t load_at<NoMask>(const void*, int64_t) {
+    return 1;
+}
+
+// f(Mask{}, Id{}) with Mask in {NoMask, uint8_t, int32_t, int64_t}, Id in {int32_t, int64_t}.
+template <typename F>
+__device__ __forceinline__ auto with_input_types(const PaddedInputs& in, F&& f) {
+    const auto with_ids = [&](auto mask) { return in.id_bytes == 4 ? f(mask, int32_t{}) : f(mask, int64_t{}); };
+    if (in.mask == nullptr) return with_ids(NoMask{});
+    switch (in.mask_bytes) {
+        case 1: return with_ids(uint8_t{});
+        case 4: return with_ids(int32_t{});
+        default: return with_ids(int64_t{});
+    }
+}
+
 struct RowStats {
     int32_t length;
     int flags;
@@ -53,7 +72,8 @@ struct RowStats {
 // together in one pass, before the length is known: the checks that depend on it (ones form a
 // prefix, ids in range below it) come from the positions of the last one and of the first bad id
 // and type, reduced over the warp, so that no second round of loads waits for the length.
-__device__ __forceinline__ RowStats check_row(const PaddedInputs& in, int32_t row, int lane) {
+template <typename Mask, typename Id>
+__device__ __forceinline__ RowStats check_row_as(const PaddedInputs& in, int32_t row, int lane) {
     const int64_t base = static_cast<int64_t>(row) * in.padded_seqlen;
     int flags = 0;
     int count = 0;
@@ -61,8 +81,10 @@ __device__ __forceinline__ RowStats check_row(const PaddedInputs& in, int32_t ro
     int32_t first_bad_id = in.padded_seqlen, first_bad_type = in.padded_seqlen;
 #pragma unroll 4  // independent loads in flight: a row is a few dependent round trips otherwise
     for (int32_t j = lane; j < in.padded_seqlen; j += kWarpSize) {
-        const int64_t m = in.mask == nullptr ? 1 : load_int(in.mask, in.mask_bytes, base + j);
-        const int64_t id = load_int(in.ids, in.id_bytes, base + j);
+        const int64_t m = load_at<Mask>(in.mask, base + j);
+        const int64_t id = load_at<Id>(in.ids, base + j);
+        // loaded whatever the positions before held (a load behind that test waits for them)
+        const int64_t type = in.types != nullptr ? load_at<Id>(in.types, base + j) : 0;
         if (m == 1) {
             ++count;
             last_one = j;
@@ -70,10 +92,8 @@ __device__ __forceinline__ RowStats check_row(const PaddedInputs& in, int32_t ro
             flags |= PADFREE_INPUT_MASK_VALUE;
         }
         if ((id < 0 || id >= in.vocab_size) && first_bad_id == in.padded_seqlen) first_bad_id = j;
-        if (in.types != nullptr && first_bad_type == in.padded_seqlen) {
-            const int64_t type = load_int(in.types, in.id_bytes, base + j);
-            if (type < 0 || type >= in.type_vocab_size) first_bad_type = j;
-        }
+        if (in.types != nullptr && (type < 0 || type >= in.type_vocab_size) && first_bad_type == in.padded_seqlen)
+            first_bad_type = j;
     }
     const int32_t length = static_cast<int32_t>(__reduce_add_sync(0xffffffffu, count));
     // right padding: the ones are exactly positions [0, length)
@@ -82,6 +102,11 @@ __device__ __forceinline__ RowStats check_row(const PaddedInputs& in, int32_t ro
     if (__reduce_min_sync(0xffffffffu, first_bad_type) < length) flags |= PADFREE_INPUT_TYPE_RANGE;
     if (length == 0) flags |= PADFREE_INPUT_EMPTY_ROW;
     return {length, static_cast<int>(__reduce_or_sync(0xffffffffu, static_cast<unsigned>(flags)))};
+}
+
+__device__ __forceinline__ RowStats check_row(const PaddedInputs& in, int32_t row, int lane) {
+    return with_input_types(
+        in, [&](auto mask, auto id) { return check_row_as<decltype(mask), decltype(id)>(in, row, lane); });
 }
 
 struct PackedOutputs {
@@ -94,16 +119,42 @@ struct PackedOutputs {
 
 // `threads` threads (this one is `rank`) copy row `row`'s first `seqlen` ids (and types) to packed
 // position `start` onwards, clamped to the packed buffers whatever seqlen holds: memory stays safe.
-__device__ __forceinline__ void pack_row(const PaddedInputs& in, int32_t row, int32_t seqlen, int32_t start,
-                                         const PackedOutputs& out, int rank, int threads) {
+// Loads go in groups of kPackGroup before their stores: the packed and padded buffers may alias as
+// far as the compiler knows, so a load after a store would wait for it, a round trip per position
+// (a 256-position row took 8 of them in a row, on the HF-style call's critical path).
+constexpr int kPackGroup = 4;
+
+template <typename Id>
+__device__ __forceinline__ void pack_row_as(const PaddedInputs& in, int32_t row, int32_t seqlen, int32_t start,
+                                            const PackedOutputs& out, int rank, int threads) {
     const int64_t base = static_cast<int64_t>(row) * in.padded_seqlen;
     const int32_t length = min(min(max(seqlen, 0), in.padded_seqlen), max(out.packed_capacity - start, 0));
-#pragma unroll 4
-    for (int32_t j = rank; j < length; j += threads) {
-        out.packed_ids[start + j] = static_cast<int32_t>(load_int(in.ids, in.id_bytes, base + j));
-        if (out.packed_types != nullptr)
-            out.packed_types[start + j] = static_cast<int32_t>(load_int(in.types, in.id_bytes, base + j));
+    const bool types = out.packed_types != nullptr;
+    for (int32_t first = rank; first < length; first += kPackGroup * threads) {
+        int32_t ids[kPackGroup], type_ids[kPackGroup];
+#pragma unroll
+        for (int k = 0; k < kPackGroup; ++k) {
+            const int32_t j = first + k * threads;
+            if (j >= length) break;
+            ids[k] = static_cast<int32_t>(load_at<Id>(in.ids, base + j));
+            if (types) type_ids[k] = static_cast<int32_t>(load_at<Id>(in.types, base + j));
+        }
+#pragma unroll
+        for (int k = 0; k < kPackGroup; ++k) {
+            const int32_t j = first + k * threads;
+            if (j >= length) break;
+            out.packed_ids[start + j] = ids[k];
+            if (types) out.packed_types[start + j] = type_ids[k];
+        }
     }
+}
+
+__device__ __forceinline__ void pack_row(const PaddedInputs& in, int32_t row, int32_t seqlen, int32_t start,
+                                         const PackedOutputs& out, int rank, int threads) {
+    if (in.id_bytes == 4)
+        pack_row_as<int32_t>(in, row, seqlen, start, out, rank, threads);
+    else
+        pack_row_as<int64_t>(in, row, seqlen, start, out, rank, threads);
 }
 
 // The rows of this thread's warp, one warp per row over the whole grid: first, first + step, ...

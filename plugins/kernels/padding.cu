@@ -72,38 +72,57 @@ Chunking chunking(int32_t batch, int32_t padded_seqlen, int64_t row_bytes, int u
     return c;
 }
 
+// A block's chunk: units [begin, end) of src -> dst, units at or past `valid` (and not past end)
+// written as zeros. Every load is issued before any store: through two pointers that may alias, the
+// compiler would otherwise keep each load behind the previous store, kCopyUnitsPerThread round
+// trips in a row (a small batch's copy is that latency: 5.6 us for BERT-base's 1x128 output).
+template <typename U>
+__device__ __forceinline__ void copy_chunk(const U* src, U* dst, int64_t begin, int64_t end, int64_t valid) {
+    U units[kCopyUnitsPerThread];
+#pragma unroll
+    for (int k = 0; k < kCopyUnitsPerThread; ++k) {
+        const int64_t i = begin + threadIdx.x + static_cast<int64_t>(k) * kCopyThreads;
+        units[k] = i < end && i < valid ? src[i] : U{};
+    }
+#pragma unroll
+    for (int k = 0; k < kCopyUnitsPerThread; ++k) {
+        const int64_t i = begin + threadIdx.x + static_cast<int64_t>(k) * kCopyThreads;
+        if (i < end) dst[i] = units[k];
+    }
+}
+
 // Block (b, c) copies units [c * kCopyChunk, ...) of sequence b's valid rows.
 template <typename U>
-__global__ void remove_padding_kernel(const U* padded, const int32_t* cu_seqlens, int32_t total_rows,
-                                      int32_t padded_seqlen, Chunking c, U* packed) {
+__global__ void __launch_bounds__(kCopyThreads) remove_padding_kernel(const U* padded, const int32_t* cu_seqlens,
+                                                                      int32_t total_rows, int32_t padded_seqlen,
+                                                                      Chunking c, U* packed) {
     wait_on_producer();
     for (int64_t block = blockIdx.x; block < c.blocks; block += gridDim.x) {
         const int32_t b = static_cast<int32_t>(block / c.chunks_per_sequence);
         const int64_t begin = (block % c.chunks_per_sequence) * kCopyChunk;
         const PackedRange r = packed_range(cu_seqlens, b, total_rows, padded_seqlen);
-        const int64_t end =
-            min(begin + static_cast<int64_t>(kCopyChunk), static_cast<int64_t>(r.length) * c.units_per_row);
-        const U* src = padded + static_cast<int64_t>(b) * padded_seqlen * c.units_per_row;
-        U* dst = packed + static_cast<int64_t>(r.start) * c.units_per_row;
-        for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) dst[i] = src[i];
+        const int64_t valid = static_cast<int64_t>(r.length) * c.units_per_row;
+        const int64_t end = min(begin + static_cast<int64_t>(kCopyChunk), valid);
+        copy_chunk(padded + static_cast<int64_t>(b) * padded_seqlen * c.units_per_row,
+                   packed + static_cast<int64_t>(r.start) * c.units_per_row, begin, end, valid);
     }
 }
 
 // Block (b, c) writes units [c * kCopyChunk, ...) of padded sequence b: copied rows, then zeros.
 template <typename U>
-__global__ void rebuild_padding_kernel(const U* packed, const int32_t* cu_seqlens, int32_t total_rows,
-                                       int32_t padded_seqlen, Chunking c, U* padded) {
+__global__ void __launch_bounds__(kCopyThreads) rebuild_padding_kernel(const U* packed, const int32_t* cu_seqlens,
+                                                                       int32_t total_rows, int32_t padded_seqlen,
+                                                                       Chunking c, U* padded) {
     wait_on_producer();
     const int64_t padded_units = static_cast<int64_t>(padded_seqlen) * c.units_per_row;
     for (int64_t block = blockIdx.x; block < c.blocks; block += gridDim.x) {
         const int32_t b = static_cast<int32_t>(block / c.chunks_per_sequence);
         const int64_t begin = (block % c.chunks_per_sequence) * kCopyChunk;
         const PackedRange r = packed_range(cu_seqlens, b, total_rows, padded_seqlen);
-        const int64_t valid = static_cast<int64_t>(r.length) * c.units_per_row;
-        const int64_t end = min(begin + static_cast<int64_t>(kCopyChunk), padded_units);
-        const U* src = packed + static_cast<int64_t>(r.start) * c.units_per_row;
-        U* dst = padded + static_cast<int64_t>(b) * padded_units;
-        for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) dst[i] = i < valid ? src[i] : U{};
+        copy_chunk(packed + static_cast<int64_t>(r.start) * c.units_per_row,
+                   padded + static_cast<int64_t>(b) * padded_units, begin,
+                   min(begin + static_cast<int64_t>(kCopyChunk), padded_units),
+                   static_cast<int64_t>(r.length) * c.units_per_row);
     }
 }
 
