@@ -112,7 +112,9 @@ def test_packer_enqueue_launches_a_guarded_graph_behind_the_prepare(seed, batch,
         elif case == "longest outside":
             guarded = ops.GuardedGraph(graph, packer.totals, (1, batch * width), (longest + 1, longest + 1))
         counter.fill_(-5.0)  # poisoned: a skipped graph leaves it so
-        buffers[0].fill_(-7)
+        for packed in buffers[:2]:
+            if packed is not None:
+                packed.fill_(-7)
         assert packer.enqueue(ids, mask, type_ids, *buffers, then=guarded)
         flags, got_total, got_longest = packer.results()
         torch.cuda.synchronize()
@@ -123,6 +125,8 @@ def test_packer_enqueue_launches_a_guarded_graph_behind_the_prepare(seed, batch,
         if case != "bad row":
             assert (got_total, got_longest) == (total, longest)
             assert torch.equal(buffers[0][:total].cpu(), ids.cpu()[host_mask].to(torch.int32))
+            if types:
+                assert torch.equal(buffers[1][:total].cpu(), type_ids.cpu()[host_mask].to(torch.int32))
         runs += ran
         if guarded is not everything:
             guarded.close()
