@@ -158,14 +158,7 @@ bool qkv_tensor_map(const AttentionArgs& args, padfree_dtype dtype, CUtensorMap*
 // the driver makes the tensor map (else as without). H100, attention alone with Q/V bias, us, two
 // rounds (bench/NOTES-attention.md, session 10), cp.async -> TMA: 16x256 10.9 -> 10.4, 64x512
 // 95.5-95.9 -> 88.0-88.3, 128x128 (there against the single-tile configuration) 32.6 -> 31.4,
-// 32x1024 133 -> 121, 8x4096 658-696 -> 581-589. Its Q.K^T reads Q from shared memory (Q_SMEM: 106
-// registers instead of 122); H100, BERT-base in the encoder, attention per forward (CUPTI, Q in
-// registers / shared memory, two processes each): 16x256 0.133 -> 0.121 ms, 128x128 0.398-0.407 ->
-// 0.383, 64x512 1.30-1.31 -> 1.30. The held configuration keeps Q in registers (1x128 0.051 against
-// 0.052 with Q_SMEM). Tried on this base (bench/NOTES-attention.md, session 18): five CTAs per SM
-// with Q_SMEM (ptxas serializes the wgmmas at 96 registers), 128-key tiles at three CTAs per SM
-// (64x512 ~105 us against ~90), FlashAttention-3's overlap of a tile's softmax with the previous
-// tile's P.V (level; 16x256 +10%).
+// 32x1024 133 -> 121, 8x4096 658-696 -> 581-589.
 template <typename T, int HD>
 cudaError_t launch_wgmma(const AttentionArgs& args, int32_t batch, int32_t max_seqlen, padfree_dtype dtype, Path path,
                          cudaStream_t stream) {
@@ -175,7 +168,7 @@ cudaError_t launch_wgmma(const AttentionArgs& args, int32_t batch, int32_t max_s
             if (path == Path::kWgmmaTmaHeld)
                 return launch_tiles<HeldBiasConfig>(attention_wgmma_kernel<T, HeldBiasConfig>, args, batch, max_seqlen,
                                                     stream, map);
-            using Cfg = WgmmaConfig<HD, 64, 2, 4, true, true, false, true>;
+            using Cfg = WgmmaConfig<HD, 64, 2, 4, true, true>;
             return launch_tiles<Cfg>(attention_wgmma_kernel<T, Cfg>, args, batch, max_seqlen, stream, map);
         }
         using SingleTile = WgmmaConfig<HD, 128, 1, 4, false>;

@@ -259,42 +259,6 @@ __device__ __forceinline__ void load_q_fragments(uint32_t (&qf)[HD / 16][4], uin
     }
 }
 
-// For a kernel whose tensor cores read Q from shared memory: this thread's 8 columns of the head's Q
-// bias (chunk threadIdx.x % (HD / 8)), then added in place to the ROWS x HD Layout tile at sq,
-// rounded to T as load_q_fragments rounds it. No bias: nothing loaded or added.
-template <typename T, int HD>
-struct QBiasChunk {
-    static constexpr int kChunks = HD / 8;
-    uint32_t pairs[4];
-
-    __device__ __forceinline__ void load(const AttentionArgs& args, int head) {
-        if (args.qkv_bias == nullptr) return;
-        const T* bias = static_cast<const T*>(args.qkv_bias) + head * HD + (threadIdx.x % kChunks) * 8;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) pairs[i] = *reinterpret_cast<const uint32_t*>(bias + 2 * i);
-    }
-
-    template <int THREADS, int ROWS, class Layout>
-    __device__ __forceinline__ void add_in_place(const AttentionArgs& args, T* sq) const {
-        static_assert(THREADS % kChunks == 0, "a thread keeps one chunk's bias");
-        if (args.qkv_bias == nullptr) return;
-        using Op = MmaOp<T>;
-#pragma unroll
-        for (int row = threadIdx.x / kChunks; row < ROWS; row += THREADS / kChunks) {
-            uint4* at = reinterpret_cast<uint4*>(sq + Layout::offset(row, (threadIdx.x % kChunks) * 8));
-            uint4 v = *at;
-            uint32_t* q = reinterpret_cast<uint32_t*>(&v);
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const float2 x = Op::unpack(q[i]);
-                const float2 b = Op::unpack(pairs[i]);
-                q[i] = Op::pack(x.x + b.x, x.y + b.y);
-            }
-            *at = v;
-        }
-    }
-};
-
 // Scores of keys at or past keys_end (zero-filled rows and key groups never computed) and, for
 // causal attention, of keys after their query become -inf. row0: this thread's first query row.
 template <int NB>

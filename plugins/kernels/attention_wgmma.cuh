@@ -39,12 +39,9 @@ namespace attention_detail {
 // partial tile's P.V reads past the end are zeroed.
 // HELD_BIAS: the Q and V bias in registers before the PDL wait (HeadBias), for grids of at most one
 // wave (launch_wgmma), where the kernel is latency-bound: 16 more registers, so fewer CTAs per SM.
-// Q_SMEM: Q.K^T reads Q from shared memory (its bias added there) rather than from each warp's
-// registers: 16 registers fewer at head_dim 64.
 template <int HEAD_DIM, int BLOCK_N, int STAGES, int MIN_BLOCKS, bool ONE_BARRIER, bool TMA = false,
-          bool HELD_BIAS = false, bool Q_SMEM = false>
+          bool HELD_BIAS = false>
 struct WgmmaConfig {
-    static constexpr bool kQFromSmem = Q_SMEM;
     static constexpr bool kOneBarrier = ONE_BARRIER;
     static constexpr bool kTma = TMA;
     static constexpr bool kHeldBias = HELD_BIAS;
@@ -123,16 +120,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 
     QueryTile tile;
     HeadBias<T, HD, true> held_bias;  // Cfg::kHeldBias only
-    QBiasChunk<T, HD> q_bias;         // Cfg::kQFromSmem only
     if constexpr (Cfg::kHeldBias) {
-        const auto before_wait = [&](int head) {
-            held_bias.locate(args, head);
-            if constexpr (Cfg::kQFromSmem) q_bias.load(args, head);
-        };
-        if (!locate_query_tile<HD>(args, BM, tile, before_wait)) return;
+        if (!locate_query_tile<HD>(args, BM, tile, [&](int head) { held_bias.locate(args, head); })) return;
     } else {
         if (!locate_query_tile<HD>(args, BM, tile)) return;  // tiles past this sequence's end do no work
-        if constexpr (Cfg::kQFromSmem) q_bias.load(args, tile.head);
     }
     auto head_bias = [&]() -> HeadBias<T, HD, Cfg::kHeldBias> {
         if constexpr (Cfg::kHeldBias) return held_bias; else return {args, tile.head};
@@ -186,19 +177,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
         cp_async_wait<2>();
         __syncthreads();
     }
-    uint32_t qf[Cfg::kQFromSmem ? 1 : KC][4];  // Q's A fragments (not with Q_SMEM)
-    if constexpr (Cfg::kQFromSmem) {
-        // Every thread has waited for all of Q; the first key tile's fence and barrier publish this.
-        q_bias.template add_in_place<Cfg::kThreads, BM, QLayout>(args, sQ);
-    } else {
-        load_q_fragments<T, HD, QLayout>(qf, sQ_addr, warp * 16, head_bias());
-    }
+    uint32_t qf[KC][4];
+    load_q_fragments<T, HD, QLayout>(qf, sQ_addr, warp * 16, head_bias());
 
     // K is the B operand of Q.K^T as stored (K-major: a key's head_dim is contiguous), one panel per
     // 64 of head_dim; V that of P.V, MN-major, its panels the leading-offset steps of one n64 block.
     const uint64_t k_desc = sw128_descriptor(sK_addr, KVLayout::kPanelBytes);
     const uint64_t v_desc = sw128_descriptor(sV_addr, KVLayout::kPanelBytes);
-    const uint64_t q_desc = sw128_descriptor(sQ_addr, QLayout::kPanelBytes);
     const float sl2 = args.scale_log2;
     const int row0 = tile.q0 + warp * 16 + (threadIdx.x % 32) / 4;  // this thread's rows: row0, row0 + 8
     // l: row sums of this thread's columns; the quad's are added at the end.
@@ -216,13 +201,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 #pragma unroll
                 for (int kk = 0; kk < KC; ++kk) {
                     const uint32_t at = stage + (kk / 4) * KVLayout::kPanelBytes + kb * 64 * 128 + (kk % 4) * 32;
-                    if constexpr (Cfg::kQFromSmem) {
-                        const uint32_t q_at = (kk / 4) * QLayout::kPanelBytes + (kk % 4) * 32;
-                        wgmma_m64n64k16<T, 0>(blocks8(s, 8 * kb), descriptor_at(q_desc, q_at),
-                                              descriptor_at(k_desc, at), kk);
-                    } else {
-                        wgmma_m64n64k16<T, 0>(blocks8(s, 8 * kb), qf[kk], descriptor_at(k_desc, at), kk);
-                    }
+                    wgmma_m64n64k16<T, 0>(blocks8(s, 8 * kb), qf[kk], descriptor_at(k_desc, at), kk);
                 }
             }
         }

@@ -1,5 +1,5 @@
 // The Hopper instructions the wgmma attention kernel is built from: warpgroup matrix multiply
-// (wgmma.mma_async, A in registers or shared memory, B from shared memory through descriptors) and the fences and
+// (wgmma.mma_async, A in registers, B from shared memory through a descriptor) and the fences and
 // waits around it. They exist on sm_90a only: call them from code compiled under
 // PADFREE_WGMMA_DEVICE.
 #pragma once
@@ -92,25 +92,6 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], const uint32_t (
     }
 }
 
-#define PADFREE_WGMMA_M64N64K16_SS(TYPE)                                                               \
-    asm volatile(                                                                                      \
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                                   \
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " " PADFREE_WGMMA_D32              \
-        ", %32, %33, p, 1, 1, 0, %35;\n}\n"                                                            \
-        : PADFREE_WGMMA_D32_OPERANDS(d)                                                                \
-        : "l"(a_desc), "l"(b_desc), "r"(accumulate), "n"(TRANS_B))
-
-// As above with a from shared memory too (K-major, a descriptor over its 64 rows): no A registers.
-template <typename T, int TRANS_B>
-__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], uint64_t a_desc, uint64_t b_desc, int accumulate) {
-    if constexpr (std::is_same_v<T, __half>) {
-        PADFREE_WGMMA_M64N64K16_SS("f16");
-    } else {
-        PADFREE_WGMMA_M64N64K16_SS("bf16");
-    }
-}
-
-#undef PADFREE_WGMMA_M64N64K16_SS
 #undef PADFREE_WGMMA_M64N64K16_RS
 #undef PADFREE_WGMMA_D32_OPERANDS
 #undef PADFREE_WGMMA_D32
