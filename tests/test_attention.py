@@ -94,7 +94,7 @@ def test_matches_reference(seed, dtype, head_dim, batch, max_seqlen):
 
 # Every tensor-core kernel on the same cases: by default the device picks one (wgmma on compute
 # capability 9.0, mma.sync elsewhere); PADFREE_ATTENTION_PATH forces each ("tma": the wgmma kernel
-# loading by tensor copies; "held": that with its bias in registers, the default for one-wave grids).
+# loading by tensor copies; "held": that with its bias in registers, the default at head_dim 64).
 KERNEL_PATH_SHAPES = [(1, 1), (5, 7), (3, 64), (16, 129), (7, 512), (2, 1100)]
 
 

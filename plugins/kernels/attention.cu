@@ -29,10 +29,10 @@ using attention_detail::WgmmaConfig;
 constexpr int kResidentMaxSeqlen = 128;
 
 // kWgmmaTmaHeld: kWgmmaTma with the Q and V bias in registers before the PDL wait (WgmmaConfig's
-// HELD_BIAS), chosen where its grid is at most one wave.
+// HELD_BIAS), the default at head_dim 64 (choose_path).
 enum class Path { kResident, kTiled, kWgmma, kWgmmaTma, kWgmmaTmaHeld, kFp32 };
 
-using HeldBiasConfig = WgmmaConfig<64, 64, 2, 3, true, true, true>;
+using HeldBiasConfig = WgmmaConfig<64, 64, 2, 4, true, true, true>;
 
 // The wgmma kernel runs where the library holds sm_90a code (CMakeLists.txt defines
 // PADFREE_HAS_SM90A only when it holds no plain sm_90 code the driver could load instead) and the
@@ -70,12 +70,12 @@ Path choose_path(const AttentionArgs& args, int32_t batch, int32_t max_seqlen, p
     if (dtype == PADFREE_FLOAT32) return Path::kFp32;
     Path path;
     if (forced_path(max_seqlen, &path)) return path;
-    // TMA where it applies (launch_wgmma); the bias held where the grid is one wave (H100, BERT-base
-    // in the encoder: attention 0.059 -> 0.051 ms per forward at 1x128, 0.060 -> 0.054 at 4x128).
-    if (wgmma_available()) {
-        const int64_t ctas = tile_ctas(ceil_div<int32_t>(max_seqlen, HeldBiasConfig::kBlockM), batch, args.num_heads);
-        return fits_waves(ctas, HeldBiasConfig::kMinBlocks) ? Path::kWgmmaTmaHeld : Path::kWgmmaTma;
-    }
+    // TMA where it applies (launch_wgmma), the bias held: first for one-wave grids (H100, BERT-base in
+    // the encoder: attention 0.059 -> 0.051 ms per forward at 1x128, 0.060 -> 0.054 at 4x128), at every
+    // size since its registers fit four CTAs per SM as the other configuration's do (attention per
+    // forward, the other / held, two processes each: 16x256 0.133 -> 0.117 ms, 128x128 0.388 -> 0.372,
+    // 64x512 1.32-1.35 -> 1.29-1.32; bench/NOTES-attention.md, session 18).
+    if (wgmma_available()) return Path::kWgmmaTmaHeld;
     return max_seqlen <= kResidentMaxSeqlen ? Path::kResident : Path::kTiled;
 }
 

@@ -37,8 +37,9 @@ namespace attention_detail {
 // ablation; measured: 64x512 95.5 -> 88.0 us, attention.cu). Rows past a sequence's end arrive as
 // the next sequence's rows (past the tensor: zeros): their scores are masked, and the V rows a
 // partial tile's P.V reads past the end are zeroed.
-// HELD_BIAS: the Q and V bias in registers before the PDL wait (HeadBias), for grids of at most one
-// wave (launch_wgmma), where the kernel is latency-bound: 16 more registers, so fewer CTAs per SM.
+// HELD_BIAS: the Q and V bias in registers before the PDL wait (HeadBias): off the critical path of
+// one-wave grids, and no bias loads in the epilogue. ptxas fits them in the 128 registers of four
+// CTAs per SM (fp16 123, bf16 128).
 template <int HEAD_DIM, int BLOCK_N, int STAGES, int MIN_BLOCKS, bool ONE_BARRIER, bool TMA = false,
           bool HELD_BIAS = false>
 struct WgmmaConfig {
