@@ -73,8 +73,8 @@ Path choose_path(const AttentionArgs& args, int32_t batch, int32_t max_seqlen, p
     // TMA where it applies (launch_wgmma), the bias held: first for one-wave grids (H100, BERT-base in
     // the encoder: attention 0.059 -> 0.051 ms per forward at 1x128, 0.060 -> 0.054 at 4x128), at every
     // size since its registers fit four CTAs per SM as the other configuration's do (attention per
-    // forward, the other / held, two processes each: 16x256 0.133 -> 0.117 ms, 128x128 0.388 -> 0.372,
-    // 64x512 1.32-1.35 -> 1.29-1.32; bench/NOTES-attention.md, session 18).
+    // forward, the other / held as the default, two processes each: 16x256 0.132 -> 0.117 ms, 128x128
+    // 0.412-0.421 -> 0.379, 64x512 1.32-1.36 -> 1.29-1.36; bench/NOTES-attention.md, session 18).
     if (wgmma_available()) return Path::kWgmmaTmaHeld;
     return max_seqlen <= kResidentMaxSeqlen ? Path::kResident : Path::kTiled;
 }
