@@ -66,7 +66,7 @@ int64_t tile_ctas(int32_t tiles, int32_t batch, int32_t num_heads) {
     return static_cast<int64_t>(tiles) * batch * num_heads;
 }
 
-Path choose_path(const AttentionArgs& args, int32_t batch, int32_t max_seqlen, padfree_dtype dtype) {
+Path choose_path(int32_t max_seqlen, padfree_dtype dtype) {
     if (dtype == PADFREE_FLOAT32) return Path::kFp32;
     Path path;
     if (forced_path(max_seqlen, &path)) return path;
@@ -192,7 +192,7 @@ cudaError_t launch_head_dim(const AttentionArgs& args, int32_t batch, int32_t ma
                       args);
         return cudaSuccess;
     } else {
-        const Path path = choose_path(args, batch, max_seqlen, dtype);
+        const Path path = choose_path(max_seqlen, dtype);
         switch (path) {
             case Path::kResident: {
                 using Cfg = TileConfig<HD, 4, kResidentMaxSeqlen, true>;

@@ -51,10 +51,16 @@ __device__ __forceinline__ int64_t load_at<NoMask>(const void*, int64_t) {
     return 1;
 }
 
-// f(Mask{}, Id{}) with Mask in {NoMask, uint8_t, int32_t, int64_t}, Id in {int32_t, int64_t}.
+// f(Id{}) with Id in {int32_t, int64_t}: the ids' (and types') element type.
+template <typename F>
+__device__ __forceinline__ auto with_id_type(const PaddedInputs& in, F&& f) {
+    return in.id_bytes == 4 ? f(int32_t{}) : f(int64_t{});
+}
+
+// f(Mask{}, Id{}) with Mask in {NoMask, uint8_t, int32_t, int64_t}, Id as with_id_type's.
 template <typename F>
 __device__ __forceinline__ auto with_input_types(const PaddedInputs& in, F&& f) {
-    const auto with_ids = [&](auto mask) { return in.id_bytes == 4 ? f(mask, int32_t{}) : f(mask, int64_t{}); };
+    const auto with_ids = [&](auto mask) { return with_id_type(in, [&](auto id) { return f(mask, id); }); };
     if (in.mask == nullptr) return with_ids(NoMask{});
     switch (in.mask_bytes) {
         case 1: return with_ids(uint8_t{});
@@ -151,10 +157,7 @@ __device__ __forceinline__ void pack_row_as(const PaddedInputs& in, int32_t row,
 
 __device__ __forceinline__ void pack_row(const PaddedInputs& in, int32_t row, int32_t seqlen, int32_t start,
                                          const PackedOutputs& out, int rank, int threads) {
-    if (in.id_bytes == 4)
-        pack_row_as<int32_t>(in, row, seqlen, start, out, rank, threads);
-    else
-        pack_row_as<int64_t>(in, row, seqlen, start, out, rank, threads);
+    with_id_type(in, [&](auto id) { pack_row_as<decltype(id)>(in, row, seqlen, start, out, rank, threads); });
 }
 
 // The rows of this thread's warp, one warp per row over the whole grid: first, first + step, ...
