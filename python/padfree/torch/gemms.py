@@ -51,10 +51,12 @@ SCREEN_CALLS, SCREEN_REPLAYS, FINALISTS = 3, 1, 8   # search="exhaustive": one s
 # Problems of at most SMALL_ROWS rows run for a few microseconds: they are timed over SMALL_REPEAT
 # times the calls per graph and the replays. Timed as the larger ones, two exhaustive tunings of
 # BERT-base's 128- and 256-row buckets picked different kernels for 3 and 4 of the 4 projections, their
-# forwards 12 us apart at 1x128 (384-388 against 396-400 us per call); with the repeat, two tunings
-# picked the same kernels, 389-394 us at 1x128 and 490-497 at 4x128 (against 495-506). H100, one
-# process, calls alternating (bench/NOTES-bert.md v22). The isolated timing still misranks what is
-# fastest inside a forward by a few microseconds (the first unrepeated tuning was the fastest at 1x128).
+# forwards 12 us apart at 1x128 (384-388 against 396-400 us per call). With the repeat, six tunings
+# of the 128-row bucket agreed on QKV, FFN-up and -down and split between two out-projection kernels
+# (tile ids 47 and 59, 0.1 us apart alone, 3-4 us per forward apart inside it: 385-388 against
+# 389-392), and at 4x128 the forwards ran 490-497 us against 495-506. H100, one process, calls
+# alternating (bench/NOTES-bert.md v22). What is fastest inside a forward within such margins only a
+# timing inside the forward can tell (a LayerNorm ahead of each timed call, as there, changed no pick).
 SMALL_ROWS, SMALL_REPEAT = 1024, 4
 MAX_REL_DIFF = 1e-2     # a candidate's max |difference| from torch's result, over torch's max |result|
 # A forward reads each layer's weights once; where all layers' weights exceed the L2 (BERT-base: 170
