@@ -112,6 +112,33 @@ def test_encoder_gemms_tuned(dtype, search, seed, monkeypatch):
     check_projections(g, rows, hidden, inter, dtype, seed)
 
 
+@gpu
+def test_runner_ups_swap_in_and_out(seed, monkeypatch):
+    """A small problem offers the candidate timed second (RUNNER_UP_MARGIN widened so every one does):
+    swap() runs it, labels say so, a second swap restores the pick, and either way the projections
+    compute against float64."""
+    monkeypatch.setattr(gemms_mod, "_chosen", {})
+    monkeypatch.setattr(gemms_mod, "_runner_up", {})
+    monkeypatch.setattr(gemms_mod, "RUNNER_UP_MARGIN", 1e9)
+    rows, hidden, inter, dtype = 96, 128, 512, torch.float16
+    g = gemms_mod.EncoderGemms(rows, hidden, inter, dtype, torch.device("cuda", torch.cuda.current_device()),
+                               FfnUp("tanh", True, None), tune=True)
+    assert sorted(g.alternatives()) == ["down", "out", "qkv", "up"]
+    picked = g.choices()
+    for name in g.alternatives():
+        g.swap(name)
+    swapped = g.choices()
+    assert all(swapped[name] != picked[name] for name in picked), (picked, swapped)
+    check_projections(g, rows, hidden, inter, dtype, seed)
+    for name in g.alternatives():
+        g.swap(name)
+    assert g.choices() == picked
+    check_projections(g, rows, hidden, inter, dtype, seed + 1)
+    big = gemms_mod.EncoderGemms(gemms_mod.SMALL_ROWS + 64, hidden, inter, dtype,
+                                 torch.device("cuda", torch.cuda.current_device()), FfnUp("tanh", True, None), tune=True)
+    assert big.alternatives() == []
+
+
 def check_projections(g, rows, hidden, inter, dtype, seed):
     """Each of g's projections, qkv / out += / act(up + b) / down +=, against float64."""
     x, w_qkv, _, _ = operands(rows, hidden, 3 * hidden, dtype, seed)

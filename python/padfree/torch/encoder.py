@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +43,15 @@ INPUT_TOKENS, INPUT_BATCH = 65536, 1024  # the input buffer's first capacity
 # (2624 rows) -0.02 ms per call in five comparisons (GEMMs -0.04, LayerNorms +0.02), 1x128 -0.001
 # to -0.008, 4x128 level, 32x128 +0.019 / -0.025 / -0.028; 128x128 (9344 rows) level.
 PREFETCH_MAX_ROWS = 4096
+# Small buckets' GEMMs whose tuning left a runner-up within gemms.RUNNER_UP_MARGIN are chosen by
+# timing both inside the captured forward (IN_FORWARD_REPLAYS replays each, in turn): alone, two of
+# BERT-base's out-projection kernels at 128 rows timed 0.1 us apart and were ranked at random, while
+# inside the forward they ran 3-4 us per call apart (H100; gemms.SMALL_ROWS). Measured with it (one
+# process, four encoders tuned in turn, calls alternating; bench/NOTES-bert.md v22): 4x128 460-478
+# and 461-482 us per call against 462-482 and 466-485 for the isolated picks; at 1x128 all four
+# tunings ended on the same kernels. About one second of capture per small bucket.
+CHOOSE_IN_FORWARD = True
+IN_FORWARD_REPLAYS = 60
 GUESSES = 64  # padded input shapes whose last graph is remembered for speculative launches
 
 
@@ -305,6 +315,9 @@ class PadfreeEncoder:
             save_tuning(self.gemm_tuning, self.device)
         args = (g.inputs.input_ids, g.inputs.token_type_ids, g.inputs.cu_seqlens, bucket.max_seqlen,
                 g.hidden, g.pooled, g.gemms)
+        if CHOOSE_IN_FORWARD:
+            for name in g.gemms.alternatives():
+                self._choose_in_forward(g.gemms, name, args)
         # warm-up outside capture (library handles, workspaces)
         self._capture_stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self._capture_stream):
@@ -316,6 +329,31 @@ class PadfreeEncoder:
         if self.programmatic_edges and edges.enabled():
             self._relax_edges(g)
         return g
+
+    def _choose_in_forward(self, gemms: EncoderGemms, name: str, args: tuple) -> None:
+        """Projection `name` keeps its pick or takes its runner-up, whichever forward ran faster: both
+        captured (graphs dropped after), replayed in turn, median of each."""
+        graphs = []
+        for _ in range(2):  # the pick, then the runner-up; the second swap restores the pick
+            graph = torch.cuda.CUDAGraph()
+            self._capture_stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(self._capture_stream):
+                self._run(*args)  # warm-up: a kernel's first call may allocate or load
+            with cublas_workspaces_in_pool(), torch.cuda.graph(graph, pool=self._pool, stream=self._capture_stream):
+                self._run(*args)
+            torch.cuda.current_stream(self.device).wait_stream(self._capture_stream)
+            graphs.append(graph)
+            gemms.swap(name)
+        us: list[list[float]] = [[], []]
+        for i in range(2 * IN_FORWARD_REPLAYS):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graphs[i % 2].replay()
+            end.record()
+            end.synchronize()
+            us[i % 2].append(start.elapsed_time(end) * 1e3)
+        if statistics.median(us[1]) < statistics.median(us[0]):
+            gemms.swap(name)
 
     def _relax_edges(self, g: _Graph) -> None:
         """Before the graph's first replay instantiates it (keep_graph): nothing to do where torch

@@ -58,6 +58,9 @@ SCREEN_CALLS, SCREEN_REPLAYS, FINALISTS = 3, 1, 8   # search="exhaustive": one s
 # alternating (bench/NOTES-bert.md v22). What is fastest inside a forward within such margins only a
 # timing inside the forward can tell (a LayerNorm ahead of each timed call, as there, changed no pick).
 SMALL_ROWS, SMALL_REPEAT = 1024, 4
+# A small problem's runner-up within this factor of its pick is offered to the encoder, which times
+# both inside its captured forward (EncoderGemms.alternatives, PadfreeEncoder._choose_in_forward).
+RUNNER_UP_MARGIN = 1.05
 MAX_REL_DIFF = 1e-2     # a candidate's max |difference| from torch's result, over torch's max |result|
 # A forward reads each layer's weights once; where all layers' weights exceed the L2 (BERT-base: 170
 # MB in fp16 against the H100's 50 MB), every GEMM of a forward reads its weights from DRAM. Where
@@ -91,6 +94,8 @@ class _Lt:
 
 
 _chosen: dict[tuple[int, Problem, str], _Lt | None] = {}  # (device, problem, search) -> pick
+# small problems: the candidate timed second, where within RUNNER_UP_MARGIN of the pick (None: torch's call)
+_runner_up: dict[tuple[int, Problem, str], _Lt | None] = {}
 
 
 def graph_call_us(fn: Callable, calls: int = _CALLS, replays: int = _REPLAYS, slot_bytes: int = 0) -> float:
@@ -141,7 +146,8 @@ def weight_copies(problem: Problem, device: torch.device) -> int:
     return max(1, math.ceil(2 * _l2_bytes(device) / weight_bytes))
 
 
-def _tune(problem: Problem, torch_call: Callable, device: torch.device, search: str) -> _Lt | None:
+def _tune(problem: Problem, torch_call: Callable, device: torch.device, search: str
+          ) -> tuple[_Lt | None, list[_Lt | None]]:
     """torch's call against cuBLASLt's candidates on random operands of the problem's shape.
 
     Candidates: the heuristic's first CANDIDATES, and with search="exhaustive" also the FINALISTS
@@ -171,7 +177,8 @@ def _tune(problem: Problem, torch_call: Callable, device: torch.device, search: 
     def call(algo):
         return lambda ws=workspace: linear(x, next(weights), out, lt_bias, ws, algo)
 
-    repeat = SMALL_REPEAT if problem.rows <= SMALL_ROWS else 1
+    small = problem.rows <= SMALL_ROWS
+    repeat = SMALL_REPEAT if small else 1
 
     def timed_us(algo, needs: int, calls: int = _CALLS, replays: int = _REPLAYS) -> float:
         # as a forward runs it: where it needs a workspace, a zeroed slot of its own and no memset
@@ -205,10 +212,15 @@ def _tune(problem: Problem, torch_call: Callable, device: torch.device, search: 
     keep_torch = label is None or best_us[label] >= best_us["torch"] * KEEP_MARGIN
     log.debug("%s: torch's call %.1f us, cuBLASLt's fastest %s %.1f us -> %s", problem, best_us["torch"], label,
               best_us.get(label, float("nan")), "torch" if keep_torch else label)
-    if keep_torch:
-        return None
-    algo, needs = algos[label]
-    return _Lt(linear, algo, label, needs)
+
+    def pick(name: str) -> _Lt | None:
+        return None if name == "torch" else _Lt(linear, algos[name][0], name, algos[name][1])
+    ranked = sorted(best_us, key=best_us.__getitem__)
+    first = "torch" if keep_torch else label
+    second = next(name for name in ranked if name != first) if len(ranked) > 1 else None
+    runner_up = [pick(second)] if small and second is not None and \
+        best_us[second] <= best_us[first] * RUNNER_UP_MARGIN else []
+    return pick(first), runner_up
 
 
 class EncoderGemms:
@@ -231,7 +243,10 @@ class EncoderGemms:
         self._impl: dict[str, Callable] = {"qkv": _mm, "out": _addmm, "down": _addmm,
                                            "up": lambda x, w, b, out: ffn_up(x, w, b, out=out)}
         self._labels = {name: "torch" for name in self._impl}
+        self._torch_impl = dict(self._impl)
         self._slots: CounterSlots | None = None
+        self._alternatives: dict[str, _Lt | None] = {}
+        self._picks: dict[str, _Lt | None] = {}
         if not tune or dtype == torch.float32 or device.type != "cuda":
             return
         try:
@@ -257,16 +272,42 @@ class EncoderGemms:
             key = next((k for k in ((device.index, problem, "exhaustive"), (device.index, problem, search))
                         if k in _chosen), (device.index, problem, search))
             if key not in _chosen:
-                _chosen[key] = _tune(problem, self._impl[name], device, search)
+                _chosen[key], runner_up = _tune(problem, self._impl[name], device, search)
+                _runner_up.pop(key, None)
+                if runner_up:
+                    _runner_up[key] = runner_up[0]
             if _chosen[key] is not None:
                 picks[name] = _chosen[key]
-        needing = [lt.workspace for lt in picks.values() if lt.workspace > 0]
-        if needing:
-            self._slots = CounterSlots(len(needing) * layers, max(needing), device)
+            if key in _runner_up:
+                self._alternatives[name] = _runner_up[key]
+        # a slot for every call that takes a workspace under either choice of each projection
+        needing = {name: max(lt.workspace if lt is not None else 0
+                             for lt in (picks.get(name), self._alternatives.get(name)))
+                   for name in problems}
+        if any(needing.values()):
+            self._slots = CounterSlots(sum(n > 0 for n in needing.values()) * layers, max(needing.values()), device)
+        self._picks = dict(picks)
         for name, lt in picks.items():
-            take = self._slots.take if lt.workspace > 0 else (lambda: None)
-            self._impl[name] = lambda x, w, b, out, lt=lt, take=take: lt.linear(x, w, out, b, take(), lt.algo)
-            self._labels[name] = f"cublaslt {lt.label}"
+            self._install(name, lt)
+
+    def _install(self, name: str, lt: _Lt | None) -> None:
+        """Projection `name` runs `lt` from now on (None: torch's call)."""
+        if lt is None:
+            self._impl[name], self._labels[name] = self._torch_impl[name], "torch"
+            return
+        take = self._slots.take if lt.workspace > 0 else (lambda: None)
+        self._impl[name] = lambda x, w, b, out, lt=lt, take=take: lt.linear(x, w, out, b, take(), lt.algo)
+        self._labels[name] = f"cublaslt {lt.label}"
+
+    def alternatives(self) -> list[str]:
+        """The projections with a runner-up to time inside a forward (small problems only)."""
+        return list(self._alternatives)
+
+    def swap(self, name: str) -> None:
+        """Projection `name` runs its runner-up, which becomes the pick (its old pick the runner-up)."""
+        current = self._picks.get(name)
+        self._install(name, self._alternatives[name])
+        self._picks[name], self._alternatives[name] = self._alternatives[name], current
 
     def choices(self) -> dict[str, str]:
         """Which implementation each projection runs (for reports)."""
