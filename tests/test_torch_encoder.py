@@ -367,6 +367,11 @@ def test_lru_evicts_least_recently_used():
     assert lru.get("a") == 1            # "b" is now the oldest
     assert lru.put("c", 3) == [2]
     assert lru.keys() == ["a", "c"] and lru.get("b") is None
+    big = [1000]
+    assert lru.put("d", big) == [1]     # "a" was the oldest
+    assert not lru.holds("d", [1000])  # an equal value is not the one held
+    assert lru.holds("c", 3) and lru.holds("d", big) and lru.keys() == ["c", "d"]
+    assert not lru.holds("a", 1)
 
 
 # ---- CPU: input validation (the same checks guard the GPU path) -------------------------------------
@@ -763,3 +768,42 @@ def test_evicted_graphs_are_released_despite_guesses(seed):
     assert torch.equal(encoder(short).last_hidden_state, first)  # recaptured (ordinary)
     assert torch.equal(encoder(short).last_hidden_state, first)  # speculative on the new graph
     assert encoder._graphs.get(encoder.graph_buckets[0]).guarded
+
+
+@pytest.mark.gpu
+def test_repeated_layouts_take_the_route(seed, no_tf32, monkeypatch):
+    """A call laid out as the last speculative one takes its _Route (no guess, graph, buffer or plan
+    lookups) and computes the bits an ordinary call does; another layout of the same shape (int32
+    ids), a batch the route's bucket does not take, and a cleared encoder go the lookups' way."""
+    rng = np.random.default_rng(seed)
+    model = make_model("bert", hidden=128, heads=2, positions=64, seed=seed)
+    encoder = from_hf(model, dtype=torch.float32)
+    lengths = [10, 7, 12]
+    batches = [random_batch(model, 3, 64, rng, lengths=lengths)[:2] for _ in range(3)]
+    ids, mask = (t.cuda() for t in batches[0])
+    encoder(ids, mask)  # ordinary: remembers the bucket
+    encoder(ids, mask)  # speculative through the lookups: makes the route
+    assert encoder._route is not None
+    lookups = []
+    enqueue = encoder._device_inputs.enqueue
+    monkeypatch.setattr(encoder._device_inputs, "enqueue", lambda *a, **k: (lookups.append(1), enqueue(*a, **k))[1])
+    routed = []
+    for cpu_ids, cpu_mask in batches[1:]:
+        out = encoder(cpu_ids.cuda(), cpu_mask.cuda())
+        ref_hidden, ref_pooled = hf_reference(model, cpu_ids, cpu_mask, None, "cuda", torch.float32)
+        check_padded_output(out, ref_hidden, ref_pooled, cpu_mask, 1e-4)
+        routed.append(out.last_hidden_state.clone())
+    assert lookups == [], "same layout: the route, not the lookups"
+    narrow = batches[1][0].cuda().int()
+    other = encoder(narrow, batches[1][1].cuda()).last_hidden_state  # ordinary: the packer's first int32 call
+    assert lookups == [1] and torch.equal(other, routed[0])
+    encoder(narrow, batches[1][1].cuda())  # speculative through the lookups: the int32 layout's route
+    assert lookups == [1, 1] and encoder._route is not None
+    longer = random_batch(model, 3, 64, rng, lengths=[64, 64, 64])[:2]
+    out = encoder(longer[0].cuda().int(), longer[1].cuda())  # the route's bucket does not take it
+    ref_hidden, ref_pooled = hf_reference(model, *longer, None, "cuda", torch.float32)
+    check_padded_output(out, ref_hidden, ref_pooled, longer[1], 1e-4)
+    assert encoder._route is None
+    encoder.clear_graphs()
+    again = encoder(batches[2][0].cuda(), batches[2][1].cuda()).last_hidden_state  # ordinary
+    assert torch.equal(again, routed[1])

@@ -85,6 +85,12 @@ def _layout(t):
     return None if t is None else (t.shape, t.dtype, t.get_device(), t.stride())
 
 
+def input_layout(input_ids, attention_mask, token_type_ids) -> tuple:
+    """What an input plan is made for: the three inputs' shapes, dtypes, devices and strides
+    (AttributeError for inputs that are not tensors)."""
+    return _layout(input_ids), _layout(attention_mask), _layout(token_type_ids)
+
+
 class _InputPlan(OwnedHandle):
     """A padfree_input_plan (the prepare call's fixed arguments) and the seqlens buffer it writes."""
     _DESTROY = "padfree_input_plan_destroy"
@@ -152,8 +158,15 @@ class PaddedInputPacker:
         are read with results()); False where they are not, and nothing ran (the caller then calls
         the packer, which checks them). then: a padfree.ops.GuardedGraph over `totals` to launch in
         the same C call, right behind (only where True is returned)."""
-        from .. import _lib
+        plan = self.plan_for(input_ids, attention_mask, token_type_ids, packed_ids, packed_token_type_ids, cu_seqlens)
+        if plan is None:
+            return False
+        self.launch(plan, input_ids, attention_mask, token_type_ids, then)
+        return True
 
+    def plan_for(self, input_ids, attention_mask, token_type_ids, packed_ids, packed_token_type_ids, cu_seqlens):
+        """The plan an earlier call made for this layout of the inputs and these buffers, or None
+        (plans made with other buffers are dropped)."""
         # Python of the fewest steps: it is latency in front of the GPU's first kernel
         # (NOTES-bert.md v11)
         buffers = self._buffers
@@ -161,18 +174,22 @@ class PaddedInputPacker:
                 or cu_seqlens is not buffers[2]:
             self._plans.clear()  # made with other buffers (their sizes are part of the checks)
             self._buffers = ()
-            return False
+            return None
         try:
-            plan = self._plans.get((_layout(input_ids), _layout(attention_mask), _layout(token_type_ids)))
+            plan = self._plans.get(input_layout(input_ids, attention_mask, token_type_ids))
         except AttributeError:  # not tensors: the checked bindings say what is wrong
-            return False
-        if plan is None or current_device() != self.device.index:
-            return False
+            return None
+        return plan if plan is not None and current_device() == self.device.index else None
+
+    def launch(self, plan, input_ids, attention_mask, token_type_ids, then=None) -> None:
+        """enqueue() with the plan plan_for() returned for this layout of the inputs (the caller
+        vouches for the layout and for the plan's buffers being the ones it was made with)."""
+        from .. import _lib
+
         self._host_values.fill(-1)  # results() waits until all three are written
         self._last_seqlens = plan.seqlens
         _lib.call("padfree_input_plan_launch", plan.handle, ptr(attention_mask), input_ids.data_ptr(),
                   ptr(token_type_ids), None if then is None else then.handle, stream_handle(self.device))
-        return True
 
     @property
     def totals(self) -> torch.Tensor:

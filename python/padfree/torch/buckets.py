@@ -77,6 +77,13 @@ class LRU(Generic[K, V]):
             self._items.move_to_end(key)
         return value
 
+    def holds(self, key: K, value: V) -> bool:
+        """Whether `key` maps to this very `value`; refreshes it if so (get() without the lookup's result)."""
+        if self._items.get(key) is not value:
+            return False
+        self._items.move_to_end(key)
+        return True
+
     def put(self, key: K, value: V) -> list[V]:
         """Insert; returns the evicted values (the caller releases them)."""
         self._items[key] = value

@@ -150,20 +150,27 @@ class DeviceInputs:
             return self._on_host(input_ids, attention_mask, token_type_ids)
         return self._batch(flags, total, longest, input_ids, attention_mask, token_type_ids, packed)
 
-    def enqueue(self, input_ids, attention_mask, token_type_ids, then=None) -> bool:
+    def enqueue(self, input_ids, attention_mask, token_type_ids, then=None):
         """The packer's one C call without its read-back (PaddedInputPacker.enqueue), where the inputs
-        are laid out as in an earlier call: True (then finish() reads back and makes the Batch), or
-        False and nothing ran. then: a GuardedGraph over `totals`, launched in the same C call; work
-        enqueued later may read `totals` on the device too."""
+        are laid out as in an earlier call: returns the packer's plan for that layout (then finish()
+        reads back and makes the Batch; launch() takes the plan again), or None and nothing ran.
+        then: a GuardedGraph over `totals`, launched in the same C call; work enqueued later may read
+        `totals` on the device too."""
         if self._packer is None or not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
-            return False
+            return None
         packed = self._buffer(input_ids.shape[0])
         types = packed.token_type_ids if token_type_ids is not None else None
-        if not self._packer.enqueue(input_ids, attention_mask, token_type_ids, packed.input_ids, types,
-                                    packed.cu_seqlens, then):
-            return False
+        plan = self._packer.plan_for(input_ids, attention_mask, token_type_ids, packed.input_ids, types,
+                                     packed.cu_seqlens)
+        if plan is not None:
+            self.launch(plan, packed, input_ids, attention_mask, token_type_ids, then)
+        return plan
+
+    def launch(self, plan, packed: InputBuffer, input_ids, attention_mask, token_type_ids, then=None) -> None:
+        """enqueue() with the plan it returned for inputs of this layout and the buffer `packed` it
+        packed into (the caller vouches for both): no lookups."""
+        self._packer.launch(plan, input_ids, attention_mask, token_type_ids, then)
         self._pending = (input_ids, attention_mask, token_type_ids, packed)
-        return True
 
     def finish(self) -> Batch:
         """The Batch of the last enqueue() (raises InputError for bad inputs, as a call does)."""
