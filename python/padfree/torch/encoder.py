@@ -333,31 +333,29 @@ class PadfreeEncoder:
         if CHOOSE_IN_FORWARD:
             for name in g.gemms.alternatives():
                 self._choose_in_forward(g.gemms, name, args)
-        # warm-up outside capture (library handles, workspaces)
-        self._capture_stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self._capture_stream):
-            self._run(*args)
-        torch.cuda.current_stream(self.device).wait_stream(self._capture_stream)
-        with cublas_workspaces_in_pool(), torch.cuda.graph(g.graph, pool=self._pool, stream=self._capture_stream):
-            self._run(*args)
+        self._record(g.graph, args)
         g.dropped_memsets = g.gemms.drop_memsets(g.graph)
         if self.programmatic_edges and edges.enabled():
             self._relax_edges(g)
         return g
+
+    def _record(self, graph: torch.cuda.CUDAGraph, args: tuple) -> torch.cuda.CUDAGraph:
+        """Captures _run(*args) into `graph` (in the encoders' pool), after a warm-up run outside the
+        capture (library handles, workspaces)."""
+        self._capture_stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self._capture_stream):
+            self._run(*args)
+        torch.cuda.current_stream(self.device).wait_stream(self._capture_stream)
+        with cublas_workspaces_in_pool(), torch.cuda.graph(graph, pool=self._pool, stream=self._capture_stream):
+            self._run(*args)
+        return graph
 
     def _choose_in_forward(self, gemms: EncoderGemms, name: str, args: tuple) -> None:
         """Projection `name` keeps its pick or takes its runner-up, whichever forward ran faster: both
         captured (graphs dropped after), replayed in turn, median of each."""
         graphs = []
         for _ in range(2):  # the pick, then the runner-up; the second swap restores the pick
-            graph = torch.cuda.CUDAGraph()
-            self._capture_stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(self._capture_stream):
-                self._run(*args)  # warm-up: a kernel's first call may allocate or load
-            with cublas_workspaces_in_pool(), torch.cuda.graph(graph, pool=self._pool, stream=self._capture_stream):
-                self._run(*args)
-            torch.cuda.current_stream(self.device).wait_stream(self._capture_stream)
-            graphs.append(graph)
+            graphs.append(self._record(torch.cuda.CUDAGraph(), args))
             gemms.swap(name)
         us: list[list[float]] = [[], []]
         for i in range(2 * IN_FORWARD_REPLAYS):
