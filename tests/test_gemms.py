@@ -114,9 +114,9 @@ def test_encoder_gemms_tuned(dtype, search, seed, monkeypatch):
 
 @gpu
 def test_runner_ups_swap_in_and_out(seed, monkeypatch):
-    """A small problem offers the candidate timed second (RUNNER_UP_MARGIN widened so every one does):
-    swap() runs it, labels say so, a second swap restores the pick, and either way the projections
-    compute against float64."""
+    """A problem offers the candidate timed second (RUNNER_UP_MARGIN widened so every one does): swap()
+    runs it, labels say so, a second swap restores the pick, and either way the projections compute
+    against float64."""
     monkeypatch.setattr(gemms_mod, "_chosen", {})
     monkeypatch.setattr(gemms_mod, "_runner_up", {})
     monkeypatch.setattr(gemms_mod, "RUNNER_UP_MARGIN", 1e9)
@@ -134,9 +134,20 @@ def test_runner_ups_swap_in_and_out(seed, monkeypatch):
         g.swap(name)
     assert g.choices() == picked
     check_projections(g, rows, hidden, inter, dtype, seed + 1)
-    big = gemms_mod.EncoderGemms(gemms_mod.SMALL_ROWS + 64, hidden, inter, dtype,
-                                 torch.device("cuda", torch.cuda.current_device()), FfnUp("tanh", True, None), tune=True)
-    assert big.alternatives() == []
+    # larger problems offer theirs where RUNNER_UP_MAX_ROWS allows (the same cached tuning)
+    monkeypatch.setattr(gemms_mod, "RUNNER_UP_MAX_ROWS", None)
+
+    def large():
+        return gemms_mod.EncoderGemms(gemms_mod.SMALL_ROWS + 64, hidden, inter, dtype,
+                                      torch.device("cuda", torch.cuda.current_device()), FfnUp("tanh", True, None),
+                                      tune=True)
+    big = large()
+    assert sorted(big.alternatives()) == ["down", "out", "qkv", "up"]
+    for name in big.alternatives():
+        big.swap(name)
+    check_projections(big, gemms_mod.SMALL_ROWS + 64, hidden, inter, dtype, seed + 2)
+    monkeypatch.setattr(gemms_mod, "RUNNER_UP_MAX_ROWS", gemms_mod.SMALL_ROWS)
+    assert large().alternatives() == []
 
 
 def check_projections(g, rows, hidden, inter, dtype, seed):

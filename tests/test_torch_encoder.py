@@ -374,6 +374,18 @@ def test_lru_evicts_least_recently_used():
     assert not lru.holds("a", 1)
 
 
+def test_median_error_is_robust_and_shrinks_with_samples():
+    """The in-forward GEMM choice's noise margin: zero for equal samples, unmoved by one wild sample,
+    and half as large for four times the samples of the same spread."""
+    from padfree.torch.encoder import _median_error
+    rng = np.random.default_rng(0)
+    assert _median_error([5.0] * 9) == 0
+    spread = list(100 + rng.normal(0, 2, 400))
+    assert _median_error(spread + [1e6]) == pytest.approx(_median_error(spread + [100.0]), rel=0.05)
+    assert _median_error(spread[:100]) == pytest.approx(2 * _median_error(spread), rel=0.25)
+    assert 0.1 < _median_error(spread) < 0.2  # ~1.25 * 2 / sqrt(400)
+
+
 # ---- CPU: input validation (the same checks guard the GPU path) -------------------------------------
 
 @pytest.fixture(scope="module")
@@ -646,9 +658,10 @@ def test_captured_forward_drops_counter_memsets(seed, monkeypatch):
     own slot and the graph drops cuBLASLt's memsets of them: outputs equal, bit for bit, an encoder
     whose graph keeps them (PADFREE_COUNTER_MEMSETS=keep, same algorithms), and HF's within fp16
     tolerance."""
-    from padfree.torch import gemms as gemms_mod
+    from padfree.torch import encoder as encoder_mod, gemms as gemms_mod
     monkeypatch.setattr(gemms_mod, "KEEP_MARGIN", 10.0)  # cuBLASLt's best even where torch's call is faster
     monkeypatch.setattr(gemms_mod, "_chosen", {})
+    monkeypatch.setattr(encoder_mod, "CHOOSE_IN_FORWARD", False)  # both encoders on the same algorithms
     rng = np.random.default_rng(seed)
     model = make_model("bert", hidden=768, heads=12, layers=2, positions=512, seed=seed)
     ids, mask, _ = random_batch(model, 16, 512, rng, lengths=rng.integers(300, 513, 16).tolist())

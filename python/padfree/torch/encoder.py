@@ -16,6 +16,7 @@ up before latency matters.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import statistics
@@ -38,6 +39,8 @@ from .inputs import Batch, DeviceInputs, InputBuffer, from_host
 from .weights import EncoderWeights
 from .workspaces import cublas_workspaces_in_pool, keeping_cuda_graph
 
+log = logging.getLogger("padfree.encoder")
+
 INPUT_TOKENS, INPUT_BATCH = 65536, 1024  # the input buffer's first capacity
 # Forwards of at most this many rows have each LayerNorm prefetch the next GEMMs' weights into L2
 # (LayerWeights.attention_projections), where the GEMMs would read them from DRAM with few rows to
@@ -51,9 +54,12 @@ PREFETCH_MAX_ROWS = 4096
 # inside the forward they ran 3-4 us per call apart (H100; gemms.SMALL_ROWS). Measured with it (one
 # process, four encoders tuned in turn, calls alternating; bench/NOTES-bert.md v22): 4x128 460-478
 # and 461-482 us per call against 462-482 and 466-485 for the isolated picks; at 1x128 all four
-# tunings ended on the same kernels. About one second of capture per small bucket.
+# tunings ended on the same kernels. About one second of capture per small bucket. Where
+# gemms.RUNNER_UP_MAX_ROWS lets larger buckets choose too, each forward replays for at most
+# IN_FORWARD_SECONDS in all.
 CHOOSE_IN_FORWARD = True
 IN_FORWARD_REPLAYS = 60
+IN_FORWARD_SECONDS = 1.0
 GUESSES = 64  # padded input shapes whose last graph is remembered for speculative launches
 
 
@@ -82,6 +88,16 @@ class _Graph:
     guarded: Any = None                   # its GuardedGraph (None: not made yet, False: cannot be)
     relaxed: tuple = ()                   # consumer kernels whose edges were made programmatic (edges.py)
     dropped_memsets: int = 0              # cuBLASLt's workspace memsets removed (workspaces.CounterSlots)
+
+
+def _median_error(samples: list[float]) -> float:
+    """The standard error of a median, from the samples' median absolute deviation (robust to the
+    odd slow replay). A runner-up replaces its pick only where it is faster by twice the error of
+    the difference: at 64x512 the forward varies by tens of microseconds under the power cap, and
+    one swap on a 9 us difference of medians ran 8-29 us per call slower (H100, NOTES-bert.md v23)."""
+    mid = statistics.median(samples)
+    mad = statistics.median(abs(x - mid) for x in samples)
+    return 1.2533 * 1.4826 * mad / math.sqrt(len(samples))
 
 
 def _preimage(rounding, rounded: int, high: int) -> tuple[int, int]:
@@ -351,21 +367,30 @@ class PadfreeEncoder:
         return graph
 
     def _choose_in_forward(self, gemms: EncoderGemms, name: str, args: tuple) -> None:
-        """Projection `name` keeps its pick or takes its runner-up, whichever forward ran faster: both
-        captured (graphs dropped after), replayed in turn, median of each."""
+        """Projection `name` takes its runner-up where that forward ran faster than the pick's by more
+        than the noise (_median_error): both captured (graphs dropped after), replayed in turn."""
         graphs = []
         for _ in range(2):  # the pick, then the runner-up; the second swap restores the pick
             graphs.append(self._record(torch.cuda.CUDAGraph(), args))
             gemms.swap(name)
-        us: list[list[float]] = [[], []]
-        for i in range(2 * IN_FORWARD_REPLAYS):
+
+        def replay_us(graph: torch.cuda.CUDAGraph) -> float:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            graphs[i % 2].replay()
+            graph.replay()
             end.record()
             end.synchronize()
-            us[i % 2].append(start.elapsed_time(end) * 1e3)
-        if statistics.median(us[1]) < statistics.median(us[0]):
+            return start.elapsed_time(end) * 1e3
+        us = [[replay_us(graphs[0])], [replay_us(graphs[1])]]
+        # IN_FORWARD_SECONDS bounds a large bucket's choice
+        pairs = max(5, min(IN_FORWARD_REPLAYS, int(IN_FORWARD_SECONDS * 1e6 / (us[0][0] + us[1][0]))))
+        for _ in range(pairs - 1):
+            for k in range(2):
+                us[k].append(replay_us(graphs[k]))
+        margin = 2 * math.hypot(_median_error(us[0]), _median_error(us[1]))
+        log.debug("%s at %d rows: forward %.1f us with the pick, %.1f with the runner-up (+-%.1f)", name,
+                  args[4].shape[0], statistics.median(us[0]), statistics.median(us[1]), margin)
+        if statistics.median(us[1]) < statistics.median(us[0]) - margin:
             gemms.swap(name)
 
     def _relax_edges(self, g: _Graph) -> None:

@@ -58,9 +58,18 @@ SCREEN_CALLS, SCREEN_REPLAYS, FINALISTS = 3, 1, 8   # search="exhaustive": one s
 # alternating (bench/NOTES-bert.md v22). What is fastest inside a forward within such margins only a
 # timing inside the forward can tell (a LayerNorm ahead of each timed call, as there, changed no pick).
 SMALL_ROWS, SMALL_REPEAT = 1024, 4
-# A small problem's runner-up within this factor of its pick is offered to the encoder, which times
-# both inside its captured forward (EncoderGemms.alternatives, PadfreeEncoder._choose_in_forward).
+# A problem's runner-up within this factor of its pick is offered to the encoder, which times both
+# inside its captured forward (EncoderGemms.alternatives, PadfreeEncoder._choose_in_forward).
 RUNNER_UP_MARGIN = 1.05
+# Offered to problems of at most RUNNER_UP_MAX_ROWS rows (None: all). Larger ones were tried: under a
+# large forward's sustained load the H100 runs at its power cap (BERT-base 64x512: ~690 of 700 W, SM
+# clock ~1500 MHz against 1980, clock-event reason "sw power cap"), while the tuning's short bursts
+# of one GEMM run at the boost clock, so a kernel's rank alone might not be its rank in the forward.
+# Timed inside the forward at 2624, 9344 and 21504 rows, no runner-up beat its pick by more than the
+# noise (twice the error of the difference, 5-90 us), and an earlier rule that swapped on any
+# difference ran 64x512 8-29 us per call slower (H100, bench/NOTES-bert.md v23): seconds of capture
+# per large bucket for nothing.
+RUNNER_UP_MAX_ROWS: int | None = SMALL_ROWS
 MAX_REL_DIFF = 1e-2     # a candidate's max |difference| from torch's result, over torch's max |result|
 # A forward reads each layer's weights once; where all layers' weights exceed the L2 (BERT-base: 170
 # MB in fp16 against the H100's 50 MB), every GEMM of a forward reads its weights from DRAM. Where
@@ -94,7 +103,7 @@ class _Lt:
 
 
 _chosen: dict[tuple[int, Problem, str], _Lt | None] = {}  # (device, problem, search) -> pick
-# small problems: the candidate timed second, where within RUNNER_UP_MARGIN of the pick (None: torch's call)
+# the candidate timed second, where within RUNNER_UP_MARGIN of the pick (None: torch's call)
 _runner_up: dict[tuple[int, Problem, str], _Lt | None] = {}
 
 
@@ -218,8 +227,7 @@ def _tune(problem: Problem, torch_call: Callable, device: torch.device, search: 
     ranked = sorted(best_us, key=best_us.__getitem__)
     first = "torch" if keep_torch else label
     second = next(name for name in ranked if name != first) if len(ranked) > 1 else None
-    runner_up = [pick(second)] if small and second is not None and \
-        best_us[second] <= best_us[first] * RUNNER_UP_MARGIN else []
+    runner_up = [pick(second)] if second is not None and best_us[second] <= best_us[first] * RUNNER_UP_MARGIN else []
     return pick(first), runner_up
 
 
@@ -247,6 +255,7 @@ class EncoderGemms:
         self._slots: CounterSlots | None = None
         self._alternatives: dict[str, _Lt | None] = {}
         self._picks: dict[str, _Lt | None] = {}
+        self._layers = layers
         if not tune or dtype == torch.float32 or device.type != "cuda":
             return
         try:
@@ -278,7 +287,7 @@ class EncoderGemms:
                     _runner_up[key] = runner_up[0]
             if _chosen[key] is not None:
                 picks[name] = _chosen[key]
-            if key in _runner_up:
+            if key in _runner_up and (RUNNER_UP_MAX_ROWS is None or rows <= RUNNER_UP_MAX_ROWS):
                 self._alternatives[name] = _runner_up[key]
         # a slot for every call that takes a workspace under either choice of each projection
         needing = {name: max(lt.workspace if lt is not None else 0
@@ -300,7 +309,7 @@ class EncoderGemms:
         self._labels[name] = f"cublaslt {lt.label}"
 
     def alternatives(self) -> list[str]:
-        """The projections with a runner-up to time inside a forward (small problems only)."""
+        """The projections with a runner-up to time inside a forward (RUNNER_UP_MAX_ROWS)."""
         return list(self._alternatives)
 
     def swap(self, name: str) -> None:
@@ -315,8 +324,8 @@ class EncoderGemms:
 
     @property
     def workspace_calls(self) -> int:
-        """How many of a forward's calls take a workspace slot (cuBLASLt picks that ask for one)."""
-        return 0 if self._slots is None else self._slots.count
+        """How many of a forward's calls take a workspace slot (the current picks that ask for one)."""
+        return self._layers * sum(lt is not None and lt.workspace > 0 for lt in self._picks.values())
 
     def start_forward(self) -> None:
         """Before a forward's first projection: zero the workspace slots (enqueued)."""
