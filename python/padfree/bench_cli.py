@@ -13,9 +13,7 @@ Columns per shape (batch x max_seqlen, lengths uniform in [0.2*max, max], torch.
                         (torch's calls: cuBLASLt's first heuristic pick, no epilogue, no residual)
 The encoder tunes its GEMMs when a bucket is first captured (--gemm-search, default exhaustive: every
 cuBLASLt configuration screened, like an engine build's tactic search); first_call_s is that call.
-Timing: CUDA events around each call after a warm-up, median of --reps; padfree and compile, whose
-ratio is a target, are timed call by call in turn (and each in a block of its own: ms_blocks), since
-under a sustained load the GPU's clock follows its power cap and temperature. The padfree call on device
+Timing: CUDA events around each call after a warm-up, median of --reps. The padfree call on device
 inputs synchronizes once inside (the token count must reach the host), and that wait is in its time.
 The profile (--profile) is a torch.profiler trace of one forward_packed, kernel time by name.
 
@@ -25,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import functools
 import json
 import os
 import re
@@ -87,31 +84,25 @@ def gpu_slug(name: str) -> str:
 
 
 def time_ms(fn, reps: int, warmup: int) -> float:
-    """Median ms of fn() between CUDA events on the current stream."""
-    return time_interleaved_ms({"fn": fn}, reps, warmup)["fn"]
-
-
-def time_interleaved_ms(fns: dict, reps: int, warmup: int) -> dict:
-    """Median ms of each fn() between CUDA events on the current stream, the functions called in turn
-    (each rep calls every one once), so that all of them run in the same stretch of clocks: under a
-    sustained load the H100 sits at its power cap with a clock that drifts with temperature (BERT-base
-    64x512: ~1500 MHz against 1980, bench/NOTES-bert.md v23), and blocks timed one after the other
-    do not share it."""
+    """Median ms of fn() between CUDA events on the current stream, in a block of its own calls.
+    Never interleaved with another column's calls: under a sustained load the GPU runs at its power
+    cap, and a call inherits the clock the previous one left. Timed call by call in turn, padfree and
+    torch.compile measured 7.74 and 17.29 ms at 64x512 against 8.44 and 16.83 in blocks, 1x128 0.418
+    and 0.926 against 0.401 and 1.110 (H100, one run, bench/NOTES-bert.md v23): each column's own
+    steady state is what a server running one model sees."""
     import torch
     for _ in range(warmup):
-        for fn in fns.values():
-            fn()
+        fn()
     torch.cuda.synchronize()
-    times = {name: [] for name in fns}
+    times = []
     for _ in range(reps):
-        for name, fn in fns.items():
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times[name].append(start.elapsed_time(end))
-    return {name: statistics.median(t) for name, t in times.items()}
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
 
 
 def floor_graph(weights, tokens: int, reps: int):
@@ -236,16 +227,10 @@ def bench_shape(batch: int, max_seqlen: int, models: dict, encoder, args, compil
         row["first_call_s"] = time.perf_counter() - t0
         for impl, model in models.items():
             ms[f"hf_{impl}"] = time_ms(lambda: model(input_ids=ids, attention_mask=mask), args.reps, args.warmup)
-        ours = functools.partial(encoder, ids, mask)
         if compiled is not None:
-            theirs = functools.partial(compiled, input_ids=ids, attention_mask=mask)
-            # the ratio's two columns timed call by call in turn (time_interleaved_ms); each also timed
-            # in a block of its own, as every other column is, for the record
-            ms.update(time_interleaved_ms({"compile": theirs, "padfree": ours}, args.reps, max(args.warmup, 5)))
-            row["ms_blocks"] = {"compile": time_ms(theirs, args.reps, max(args.warmup, 5)),
-                                "padfree": time_ms(ours, args.reps, args.warmup)}
-        else:
-            ms["padfree"] = time_ms(ours, args.reps, args.warmup)
+            ms["compile"] = time_ms(lambda: compiled(input_ids=ids, attention_mask=mask), args.reps,
+                                    max(args.warmup, 5))
+        ms["padfree"] = time_ms(lambda: encoder(ids, mask), args.reps, args.warmup)
         ids_cpu, mask_cpu = ids.cpu(), mask.cpu()
         ms["padfree_host_inputs"] = time_ms(lambda: encoder(ids_cpu, mask_cpu), args.reps, args.warmup)
         packed = {"input_ids": ids[mask.bool()].to(torch.int32),
@@ -273,7 +258,6 @@ def bench_shape(batch: int, max_seqlen: int, models: dict, encoder, args, compil
                               "packed_over_floor": ms["padfree_packed"] / ms["floor"]}
     if "compile" in ms:
         ratios["compile_over_padfree"] = ms["compile"] / ms["padfree"]
-        ratios["compile_over_padfree_blocks"] = row["ms_blocks"]["compile"] / row["ms_blocks"]["padfree"]
     return row
 
 
@@ -301,17 +285,15 @@ def print_table(rows: list[dict]) -> None:
             "padfree_host_inputs": "host-in", "padfree_packed": "packed",
             "padfree_packed_with_varlen_attn": "pk+FA", "floor": "floor"}
     print(f"{'shape':>8} {'tokens':>6} " + " ".join(f"{c:>8}" for c in cols.values())
-          + f" {'pf/floor':>8} {'pk/floor':>8} {'cmp/pf':>7} {'(blocks)':>8} target")
+          + f" {'pf/floor':>8} {'pk/floor':>8} {'cmp/pf':>7} target")
     for r in rows:
         cells = " ".join(f"{r['ms'][c]:8.3f}" if c in r["ms"] else f"{'-':>8}" for c in cols)
-        cmp, blocks = r["ratios"].get("compile_over_padfree"), r["ratios"].get("compile_over_padfree_blocks")
+        cmp = r["ratios"].get("compile_over_padfree")
         print(f"{r['batch']:>4}x{r['max_seqlen']:<3} {r['total_tokens']:6d} {cells} "
               f"{r['ratios']['padfree_over_floor']:8.2f} {r['ratios']['packed_over_floor']:8.2f} "
-              f"{'-' if cmp is None else f'{cmp:7.2f}':>7} {'-' if blocks is None else f'{blocks:8.2f}':>8} "
-              f"{_targets(r)}")
-    print("median ms; pf = padfree HF-style call on device inputs, pk = packed; compile and pf timed call by "
-          "call in turn (blocks: each timed alone); targets: pf/floor <= 1.5 (stretch 1.25), compile/pf >= 2, "
-          "1x128 pf <= 0.4 ms")
+              f"{'-' if cmp is None else f'{cmp:7.2f}':>7} {_targets(r)}")
+    print("median ms; pf = padfree HF-style call on device inputs, pk = packed; targets: pf/floor <= 1.5 "
+          "(stretch 1.25), compile/pf >= 2, 1x128 pf <= 0.4 ms")
 
 
 def run(args) -> int:
@@ -346,8 +328,7 @@ def run(args) -> int:
               "environment": {k: v for k, v in os.environ.items()
                               if k.startswith("PADFREE_") and not k.endswith("_LIBRARY")},
               "lengths": "uniform in [0.2*max, max], torch.Generator seed 0",
-              "timing": f"CUDA events per call, median of {args.reps} after {args.warmup} warm-up calls; "
-                        "padfree and compile called in turn (time_interleaved_ms), ms_blocks: each in a block of its own",
+              "timing": f"CUDA events per call, median of {args.reps} after {args.warmup} warm-up calls",
               "rows": rows}
     out = args.out or os.path.join("bench", "results", f"bert-{gpu_slug(name)}.json")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
