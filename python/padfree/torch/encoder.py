@@ -388,8 +388,9 @@ class PadfreeEncoder:
             for k in range(2):
                 us[k].append(replay_us(graphs[k]))
         margin = 2 * math.hypot(_median_error(us[0]), _median_error(us[1]))
+        hidden = args[4]  # _run's arguments
         log.debug("%s at %d rows: forward %.1f us with the pick, %.1f with the runner-up (+-%.1f)", name,
-                  args[4].shape[0], statistics.median(us[0]), statistics.median(us[1]), margin)
+                  hidden.shape[0], statistics.median(us[0]), statistics.median(us[1]), margin)
         if statistics.median(us[1]) < statistics.median(us[0]) - margin:
             gemms.swap(name)
 
