@@ -685,6 +685,33 @@ def test_captured_forward_drops_counter_memsets(seed, monkeypatch):
 
 
 @pytest.mark.gpu
+def test_in_forward_choices_chain_their_captures(seed, monkeypatch):
+    """With every projection offering a runner-up (RUNNER_UP_MARGIN widened), the capture chooses
+    each inside the forward, each choice reusing the forward the previous one left: one capture for
+    the first pick, one per runner-up, then the bucket's graph. The choices made, the output matches
+    HF's within fp16 tolerance."""
+    from padfree.torch import gemms as gemms_mod
+    monkeypatch.setattr(gemms_mod, "_chosen", {})
+    monkeypatch.setattr(gemms_mod, "_runner_up", {})
+    monkeypatch.setattr(gemms_mod, "RUNNER_UP_MARGIN", 1e9)
+    rng = np.random.default_rng(seed)
+    model = make_model("bert", hidden=128, heads=2, positions=128, seed=seed)
+    ids, mask, _ = random_batch(model, 3, 100, rng)
+    encoder = from_hf(model, dtype=torch.float16)
+    records = []
+    record = encoder._record
+    monkeypatch.setattr(encoder, "_record", lambda graph, args: records.append(graph) or record(graph, args))
+    poison_allocator()
+    out = encoder(ids.cuda(), mask.cuda())
+    (g,) = (encoder._graphs.get(b) for b in encoder.graph_buckets)
+    offered = len(g.gemms.alternatives())
+    assert offered == 4, g.gemms.choices()
+    assert len(records) == 1 + offered + 1 and records[-1] is g.graph
+    ref_hidden, ref_pooled = hf_reference(model, ids, mask, None, "cuda", torch.float32)
+    check_padded_output(out, ref_hidden, ref_pooled, mask, 1e-2)
+
+
+@pytest.mark.gpu
 def test_gemm_tuning_file_written_and_checked(tmp_path, seed):
     """gemm_tuning: each capture rewrites the file (a tuning file another encoder then loads); a file
     that is not one is refused when the encoder is built."""

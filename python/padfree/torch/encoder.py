@@ -347,8 +347,10 @@ class PadfreeEncoder:
         args = (g.inputs.input_ids, g.inputs.token_type_ids, g.inputs.cu_seqlens, bucket.max_seqlen,
                 g.hidden, g.pooled, g.gemms)
         if CHOOSE_IN_FORWARD:
+            current = None  # the forward as the choices so far left it, captured
             for name in g.gemms.alternatives():
-                self._choose_in_forward(g.gemms, name, args)
+                current = self._choose_in_forward(g.gemms, name, args, current)
+            del current
         self._record(g.graph, args)
         g.dropped_memsets = g.gemms.drop_memsets(g.graph)
         if self.programmatic_edges and edges.enabled():
@@ -366,13 +368,16 @@ class PadfreeEncoder:
             self._run(*args)
         return graph
 
-    def _choose_in_forward(self, gemms: EncoderGemms, name: str, args: tuple) -> None:
+    def _choose_in_forward(self, gemms: EncoderGemms, name: str, args: tuple,
+                           current: torch.cuda.CUDAGraph | None) -> torch.cuda.CUDAGraph:
         """Projection `name` takes its runner-up where that forward ran faster than the pick's by more
-        than the noise (_median_error): both captured (graphs dropped after), replayed in turn."""
-        graphs = []
-        for _ in range(2):  # the pick, then the runner-up; the second swap restores the pick
-            graphs.append(self._record(torch.cuda.CUDAGraph(), args))
-            gemms.swap(name)
+        than the noise (_median_error): both replayed in turn. current: the forward with the pick,
+        captured by the previous choice (None: captured here). Returns the graph of the forward as
+        chosen, for the next choice (the caller drops the last)."""
+        graphs = [current if current is not None else self._record(torch.cuda.CUDAGraph(), args)]
+        gemms.swap(name)
+        graphs.append(self._record(torch.cuda.CUDAGraph(), args))
+        gemms.swap(name)  # back to the pick
 
         def replay_us(graph: torch.cuda.CUDAGraph) -> float:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -393,6 +398,8 @@ class PadfreeEncoder:
                   hidden.shape[0], statistics.median(us[0]), statistics.median(us[1]), margin)
         if statistics.median(us[1]) < statistics.median(us[0]) - margin:
             gemms.swap(name)
+            return graphs[1]
+        return graphs[0]
 
     def _relax_edges(self, g: _Graph) -> None:
         """Before the graph's first replay instantiates it (keep_graph): nothing to do where torch
