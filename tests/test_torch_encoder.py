@@ -172,11 +172,13 @@ def cpu_encoder(model, use_epilogue=None) -> PadfreeEncoder:
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("act", ["gelu", "gelu_new", "relu"])
-def test_composition_matches_hf_on_cpu(arch, act, seed):
+@pytest.mark.parametrize("batch", [1, 5])  # one sequence: the pooler reads its row 0 in place
+def test_composition_matches_hf_on_cpu(arch, act, batch, seed):
     rng = np.random.default_rng(seed)
     model = make_model(arch, hidden=64, heads=2, act=act, seed=seed)
     encoder = cpu_encoder(model)
-    ids, mask, type_ids = random_batch(model, 5, 64, rng, types=arch == "bert")
+    ids, mask, type_ids = random_batch(model, batch, 64, rng, types=arch == "bert",
+                                       lengths=[int(rng.integers(1, 65))] if batch == 1 else None)
     out = encoder(ids, mask, type_ids)
     ref_hidden, ref_pooled = hf_reference(model, ids, mask, type_ids, "cpu")
     check_padded_output(out, ref_hidden, ref_pooled, mask, 1e-10)
@@ -474,6 +476,25 @@ def test_encoder_matches_hf_eager(arch, dtype, graphs, head_dim, seed, no_tf32):
     listed = encoder(sequences, token_type_ids=type_lists)
     assert torch.equal(listed.last_hidden_state, out.last_hidden_state)
     assert graphs == bool(encoder.graph_buckets)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
+def test_one_sequence_matches_hf_eager(dtype, graphs, seed, no_tf32):
+    """A batch of one: the pooler reads the sequence's row 0 in place (no first-token gather); the
+    second call of each shape takes the speculative route through the guarded graph."""
+    rng = np.random.default_rng(seed)
+    model = make_model("bert", hidden=128, heads=2, positions=128, seed=seed)
+    encoder = from_hf(model, dtype=dtype, use_graphs=graphs)
+    for width in (1, 37, 128):
+        ids, mask, type_ids = random_batch(model, 1, width, rng, types=True,
+                                           lengths=[int(rng.integers(1, width + 1))])
+        ref_hidden, ref_pooled = hf_reference(model, ids, mask, type_ids, "cuda", torch.float32)
+        for _ in range(2):
+            poison_allocator()
+            out = encoder(ids.cuda(), mask.cuda(), type_ids.cuda())
+            check_padded_output(out, ref_hidden, ref_pooled, mask, TOLERANCE[dtype])
 
 
 @pytest.mark.gpu
