@@ -482,8 +482,8 @@ def test_encoder_matches_hf_eager(arch, dtype, graphs, head_dim, seed, no_tf32):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
 def test_one_sequence_matches_hf_eager(dtype, graphs, seed, no_tf32):
-    """A batch of one: the pooler reads the sequence's row 0 in place (no first-token gather); the
-    second call of each shape takes the speculative route through the guarded graph."""
+    """A batch of one: the pooler reads the sequence's row 0 in place (no first-token gather). With
+    graphs, the second call of each shape takes the speculative route through the guarded graph."""
     rng = np.random.default_rng(seed)
     model = make_model("bert", hidden=128, heads=2, positions=128, seed=seed)
     encoder = from_hf(model, dtype=dtype, use_graphs=graphs)

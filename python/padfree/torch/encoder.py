@@ -235,8 +235,9 @@ class PadfreeEncoder:
         if pooled is not None:
             # each sequence's first token (zeros for bucket padding's empty sequences) in one kernel,
             # where index_select needed a clamp of cu_seqlens first: two latency-bound launches. One
-            # sequence's is row 0, read in place (a bucket of batch 1 holds one sequence): H100,
-            # BERT-base 1x128, same process, calls alternating: -3.7 to -6.2 us per call.
+            # sequence's is row 0, read in place (a bucket of batch 1 holds one sequence). H100,
+            # BERT-base, same process, calls alternating, us per call with the gather minus without:
+            # 1x128 +3.7 to +6.2, where both gather (4x128, 16x256) +0.7 to +2.5 (NOTES-bert.md v25).
             first = hidden[:1] if pooled.shape[0] == 1 else ops.rebuild_padding(hidden, cu_seqlens, 1).view(-1, h)
             torch.addmm(w.pooler_bias, first, w.pooler_weight.t(), out=pooled)
 
