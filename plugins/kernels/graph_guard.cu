@@ -13,7 +13,9 @@ __global__ void fits_guard_kernel(cudaGraphConditionalHandle handle, const int32
     cudaGraphSetConditional(handle, fits ? 1u : 0u);
 }
 
-cudaError_t build(cudaGraph_t graph, cudaGraph_t body, const int32_t* stats, FitRanges fit) {
+// guard -> IF(body) into graph, the guard behind `after` where it is given.
+cudaError_t build(cudaGraph_t graph, cudaGraph_t body, const int32_t* stats, FitRanges fit,
+                  const cudaGraphNode_t* after) {
     cudaGraphConditionalHandle handle;
     // cudaGraphCondAssignDefault: every launch starts from "skip", so a guard that never ran cannot
     // leave the previous launch's decision behind
@@ -26,7 +28,8 @@ cudaError_t build(cudaGraph_t graph, cudaGraph_t body, const int32_t* stats, Fit
     guard_params.blockDim = dim3(1);
     guard_params.kernelParams = args;
     cudaGraphNode_t guard;
-    if ((err = cudaGraphAddKernelNode(&guard, graph, nullptr, 0, &guard_params)) != cudaSuccess) return err;
+    if ((err = cudaGraphAddKernelNode(&guard, graph, after, after != nullptr ? 1 : 0, &guard_params)) != cudaSuccess)
+        return err;
     cudaGraphNodeParams if_params{};
     if_params.type = cudaGraphNodeTypeConditional;
     if_params.conditional.handle = handle;
@@ -38,12 +41,30 @@ cudaError_t build(cudaGraph_t graph, cudaGraph_t body, const int32_t* stats, Fit
     return cudaGraphAddChildGraphNode(&child, if_params.conditional.phGraph_out[0], nullptr, 0, body);
 }
 
+cudaError_t build_headed(GuardedGraph* g, const cudaKernelNodeParams& head) {
+    cudaError_t err = cudaGraphCreate(&g->headed_graph, 0);
+    if (err == cudaSuccess) err = cudaGraphAddKernelNode(&g->head, g->headed_graph, nullptr, 0, &head);
+    if (err == cudaSuccess) err = build(g->headed_graph, g->body, g->stats, g->fit, &g->head);
+    if (err == cudaSuccess) err = cudaGraphInstantiate(&g->headed_exec, g->headed_graph, 0);
+    if (err != cudaSuccess) {
+        if (g->headed_graph != nullptr) cudaGraphDestroy(g->headed_graph);
+        g->headed_graph = nullptr;
+        g->head = nullptr;
+        return err;
+    }
+    g->head_func = head.func;
+    return cudaSuccess;
+}
+
 }  // namespace
 
 cudaError_t create_guarded_graph(cudaGraph_t body, const int32_t* stats, FitRanges fit, GuardedGraph* out) {
     GuardedGraph g;
-    cudaError_t err = cudaGraphCreate(&g.graph, 0);
-    if (err == cudaSuccess) err = build(g.graph, body, stats, fit);
+    g.stats = stats;
+    g.fit = fit;
+    cudaError_t err = cudaGraphClone(&g.body, body);
+    if (err == cudaSuccess) err = cudaGraphCreate(&g.graph, 0);
+    if (err == cudaSuccess) err = build(g.graph, g.body, stats, fit, nullptr);
     if (err == cudaSuccess) err = cudaGraphInstantiate(&g.exec, g.graph, 0);
     if (err != cudaSuccess) {
         destroy_guarded_graph(&g);
@@ -54,9 +75,23 @@ cudaError_t create_guarded_graph(cudaGraph_t body, const int32_t* stats, FitRang
 }
 
 void destroy_guarded_graph(GuardedGraph* graph) {
-    if (graph->exec != nullptr) cudaGraphExecDestroy(graph->exec);
-    if (graph->graph != nullptr) cudaGraphDestroy(graph->graph);
+    for (cudaGraphExec_t exec : {graph->exec, graph->headed_exec})
+        if (exec != nullptr) cudaGraphExecDestroy(exec);
+    for (cudaGraph_t g : {graph->graph, graph->headed_graph, graph->body})
+        if (g != nullptr) cudaGraphDestroy(g);
     *graph = GuardedGraph{};
+}
+
+cudaError_t launch_guarded_graph_behind(GuardedGraph* graph, const cudaKernelNodeParams& head, cudaStream_t stream) {
+    if (graph->headed_exec == nullptr) {
+        const cudaError_t err = build_headed(graph, head);
+        if (err != cudaSuccess) return err;
+    } else {
+        if (head.func != graph->head_func) return cudaErrorInvalidValue;
+        const cudaError_t err = cudaGraphExecKernelNodeSetParams(graph->headed_exec, graph->head, &head);
+        if (err != cudaSuccess) return err;
+    }
+    return cudaGraphLaunch(graph->headed_exec, stream);
 }
 
 }  // namespace padfree

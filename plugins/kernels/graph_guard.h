@@ -19,10 +19,24 @@ struct FitRanges {
 struct GuardedGraph {
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
+    // What launch_guarded_graph_behind builds its graph from, and that graph once built.
+    cudaGraph_t body = nullptr;  // a clone of the caller's
+    const int32_t* stats = nullptr;
+    FitRanges fit{};
+    cudaGraph_t headed_graph = nullptr;
+    cudaGraphExec_t headed_exec = nullptr;
+    cudaGraphNode_t head = nullptr;
+    void* head_func = nullptr;
 };
 
 // body is cloned (a child graph of a conditional node): the caller keeps ownership of it.
 cudaError_t create_guarded_graph(cudaGraph_t body, const int32_t* stats, FitRanges fit, GuardedGraph* out);
 void destroy_guarded_graph(GuardedGraph* graph);
+
+// The kernel `head` (a kernel node's parameters: the step that writes stats), then the guarded graph,
+// as one graph launch rather than a kernel launch and a graph launch. The first call instantiates
+// that graph with head's kernel; later calls set head's parameters in it, so they pass the same
+// kernel (cudaErrorInvalidValue otherwise, and nothing is launched).
+cudaError_t launch_guarded_graph_behind(GuardedGraph* graph, const cudaKernelNodeParams& head, cudaStream_t stream);
 
 }  // namespace padfree
