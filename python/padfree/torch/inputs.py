@@ -152,25 +152,32 @@ class DeviceInputs:
 
     def enqueue(self, input_ids, attention_mask, token_type_ids, then=None):
         """The packer's one C call without its read-back (PaddedInputPacker.enqueue), where the inputs
-        are laid out as in an earlier call: returns the packer's plan for that layout (then finish()
-        reads back and makes the Batch; launch() takes the plan again), or None and nothing ran.
-        then: a GuardedGraph over `totals`, launched in the same C call; work enqueued later may read
-        `totals` on the device too."""
+        are laid out as in an earlier call: returns that call as fn(input_ids, attention_mask,
+        token_type_ids), for inputs laid out as these (then finish() reads back and makes the Batch),
+        or None and nothing ran. then: a GuardedGraph over `totals`, launched in the same C call;
+        work enqueued later may read `totals` on the device too."""
         if self._packer is None or not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
             return None
         packed = self._buffer(input_ids.shape[0])
         types = packed.token_type_ids if token_type_ids is not None else None
         plan = self._packer.plan_for(input_ids, attention_mask, token_type_ids, packed.input_ids, types,
                                      packed.cu_seqlens)
-        if plan is not None:
-            self.launch(plan, packed, input_ids, attention_mask, token_type_ids, then)
-        return plan
+        if plan is None:
+            return None
+        launch = self._launcher(plan, packed, then)
+        launch(input_ids, attention_mask, token_type_ids)
+        return launch
 
-    def launch(self, plan, packed: InputBuffer, input_ids, attention_mask, token_type_ids, then=None) -> None:
-        """enqueue() with the plan it returned for inputs of this layout and the buffer `packed` it
-        packed into (the caller vouches for both): no lookups."""
-        self._packer.launch(plan, input_ids, attention_mask, token_type_ids, then)
-        self._pending = (input_ids, attention_mask, token_type_ids, packed)
+    def _launcher(self, plan, packed: InputBuffer, then):
+        """The packer's call for a plan, the buffer `packed` it packs into and `then`, bound to them
+        (PaddedInputPacker.launcher): no lookups when it is made again."""
+        launch_packer = self._packer.launcher(plan, then)
+
+        def launch(input_ids, attention_mask, token_type_ids) -> None:
+            launch_packer(input_ids, attention_mask, token_type_ids)
+            self._pending = (input_ids, attention_mask, token_type_ids, packed)
+
+        return launch
 
     def finish(self) -> Batch:
         """The Batch of the last enqueue() (raises InputError for bad inputs, as a call does)."""
