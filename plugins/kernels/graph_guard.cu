@@ -3,8 +3,54 @@
 // whole thing without waiting for the measurement it depends on.
 #include "graph_guard.h"
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include "driver_entry.h"
+
 namespace padfree {
 namespace {
+
+// A head's arguments are set through the driver with the kernel's CUfunction found once: the
+// runtime's call resolves the host stub on every call, on the path the GPU idles through.
+struct DriverCalls {
+    PFN_cuGraphKernelNodeGetParams_v12000 node_params =
+        driver_entry<PFN_cuGraphKernelNodeGetParams_v12000>("cuGraphKernelNodeGetParams", 12000);
+    PFN_cuGraphExecKernelNodeSetParams_v12000 set_exec_node_params =
+        driver_entry<PFN_cuGraphExecKernelNodeSetParams_v12000>("cuGraphExecKernelNodeSetParams", 12000);
+};
+
+const DriverCalls& driver() {
+    static const DriverCalls calls;
+    return calls;
+}
+
+void* driver_function(cudaGraphNode_t node) {
+    CUDA_KERNEL_NODE_PARAMS_v2 params{};
+    if (driver().node_params == nullptr || driver().set_exec_node_params == nullptr ||
+        driver().node_params(reinterpret_cast<CUgraphNode>(node), &params) != CUDA_SUCCESS)
+        return nullptr;
+    return params.func;
+}
+
+cudaError_t set_head(GuardedGraph* g, const cudaKernelNodeParams& head) {
+    if (g->head_function == nullptr) return cudaGraphExecKernelNodeSetParams(g->headed_exec, g->head, &head);
+    CUDA_KERNEL_NODE_PARAMS_v2 params{};
+    params.func = static_cast<CUfunction>(g->head_function);
+    params.gridDimX = head.gridDim.x;
+    params.gridDimY = head.gridDim.y;
+    params.gridDimZ = head.gridDim.z;
+    params.blockDimX = head.blockDim.x;
+    params.blockDimY = head.blockDim.y;
+    params.blockDimZ = head.blockDim.z;
+    params.sharedMemBytes = head.sharedMemBytes;
+    params.kernelParams = head.kernelParams;
+    params.extra = head.extra;
+    if (driver().set_exec_node_params(reinterpret_cast<CUgraphExec>(g->headed_exec),
+                                      reinterpret_cast<CUgraphNode>(g->head), &params) == CUDA_SUCCESS)
+        return cudaSuccess;
+    return cudaGraphExecKernelNodeSetParams(g->headed_exec, g->head, &head);  // the same refusal, as a cudaError_t
+}
 
 __global__ void fits_guard_kernel(cudaGraphConditionalHandle handle, const int32_t* stats, FitRanges fit) {
     const int32_t flags = stats[0], total = stats[1], longest = stats[2];
@@ -53,6 +99,7 @@ cudaError_t build_headed(GuardedGraph* g, const cudaKernelNodeParams& head) {
         return err;
     }
     g->head_func = head.func;
+    g->head_function = driver_function(g->head);
     return cudaSuccess;
 }
 
@@ -88,7 +135,7 @@ cudaError_t launch_guarded_graph_behind(GuardedGraph* graph, const cudaKernelNod
         if (err != cudaSuccess) return err;
     } else {
         if (head.func != graph->head_func) return cudaErrorInvalidValue;
-        const cudaError_t err = cudaGraphExecKernelNodeSetParams(graph->headed_exec, graph->head, &head);
+        const cudaError_t err = set_head(graph, head);
         if (err != cudaSuccess) return err;
     }
     return cudaGraphLaunch(graph->headed_exec, stream);

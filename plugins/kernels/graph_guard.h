@@ -26,7 +26,8 @@ struct GuardedGraph {
     cudaGraph_t headed_graph = nullptr;
     cudaGraphExec_t headed_exec = nullptr;
     cudaGraphNode_t head = nullptr;
-    void* head_func = nullptr;
+    void* head_func = nullptr;      // the runtime's handle of head's kernel (its host stub)
+    void* head_function = nullptr;  // the driver's (CUfunction), null where it cannot be had
 };
 
 // body is cloned (a child graph of a conditional node): the caller keeps ownership of it.

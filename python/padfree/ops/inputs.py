@@ -131,6 +131,7 @@ class PaddedInputPacker:
         self._host_values = self._host.numpy()
         self._seqlens = torch.empty(0, dtype=torch.int32, device=self.device)
         self._last_seqlens = self._seqlens  # where the last call's lengths are (repack reads them)
+        self.last_inputs: tuple = ()  # the last launch's (input_ids, attention_mask, token_type_ids)
         self._totals = torch.empty(3, dtype=torch.int32, device=self.device)
         # The packed buffers the plans were made for, kept alive (so identity is a sound test).
         self._buffers: tuple = ()
@@ -200,6 +201,7 @@ class PaddedInputPacker:
         def launch(input_ids, attention_mask, token_type_ids) -> None:
             values.fill(-1)  # results() waits until all three are written
             self._last_seqlens = seqlens
+            self.last_inputs = (input_ids, attention_mask, token_type_ids)
             status = fn(plan_handle, ptr(attention_mask), input_ids.data_ptr(), ptr(token_type_ids), then_handle,
                         stream_handle(device))
             if status:

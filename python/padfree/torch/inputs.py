@@ -126,7 +126,7 @@ class DeviceInputs:
         self._ops = ops
         self._buffer = buffer
         self._packer = None  # pinned memory: made on first use
-        self._pending = None  # enqueue()'s inputs, for finish()
+        self._packed = None  # the buffer enqueue() packed into, for finish()
 
     def __call__(self, input_ids, attention_mask, token_type_ids) -> Batch:
         for name, t in (("input_ids", input_ids), ("attention_mask", attention_mask),
@@ -164,25 +164,17 @@ class DeviceInputs:
                                      packed.cu_seqlens)
         if plan is None:
             return None
-        launch = self._launcher(plan, packed, then)
+        launch = self._packer.launcher(plan, then)
         launch(input_ids, attention_mask, token_type_ids)
-        return launch
-
-    def _launcher(self, plan, packed: InputBuffer, then):
-        """The packer's call for a plan, the buffer `packed` it packs into and `then`, bound to them
-        (PaddedInputPacker.launcher): no lookups when it is made again."""
-        launch_packer = self._packer.launcher(plan, then)
-
-        def launch(input_ids, attention_mask, token_type_ids) -> None:
-            launch_packer(input_ids, attention_mask, token_type_ids)
-            self._pending = (input_ids, attention_mask, token_type_ids, packed)
-
+        # finish() reads `packed` after later calls of `launch` too: they pack nowhere else (the
+        # encoder keeps a launcher only while its input buffer is this one)
+        self._packed = packed
         return launch
 
     def finish(self) -> Batch:
-        """The Batch of the last enqueue() (raises InputError for bad inputs, as a call does)."""
-        pending, self._pending = self._pending, None
-        return self._batch(*self._packer.results(), *pending)
+        """The Batch of the last enqueue(), or of the last call of the launcher it returned (raises
+        InputError for bad inputs, as a call does)."""
+        return self._batch(*self._packer.results(), *self._packer.last_inputs, self._packed)
 
     @property
     def totals(self) -> torch.Tensor | None:
