@@ -178,7 +178,8 @@ padfree_status padfree_input_plan_launch(const padfree_input_plan* plan, const v
     padfree::PrepareKernelNode head;
     if (then != nullptr && padfree::one_block_prepare_node(args, &head)) {
         const cudaError_t err = padfree::launch_guarded_graph_behind(&then->graph, head.params, cuda_stream);
-        return err == cudaSuccess ? PADFREE_OK : padfree::cuda_failure("input_plan_launch", err);
+        if (err != cudaErrorNotSupported)
+            return err == cudaSuccess ? PADFREE_OK : padfree::cuda_failure("input_plan_launch", err);
     }
     padfree::launch_prepare_padded_inputs(args, cuda_stream);
     PADFREE_CHECK(padfree::check_launch("input_plan_launch"));

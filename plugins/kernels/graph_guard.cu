@@ -130,11 +130,15 @@ void destroy_guarded_graph(GuardedGraph* graph) {
 }
 
 cudaError_t launch_guarded_graph_behind(GuardedGraph* graph, const cudaKernelNodeParams& head, cudaStream_t stream) {
+    if (graph->headed_failed) return cudaErrorNotSupported;
     if (graph->headed_exec == nullptr) {
-        const cudaError_t err = build_headed(graph, head);
-        if (err != cudaSuccess) return err;
+        if (build_headed(graph, head) != cudaSuccess) {
+            cudaGetLastError();  // not this call's error: the caller goes the two launches' way
+            graph->headed_failed = true;
+            return cudaErrorNotSupported;
+        }
     } else {
-        if (head.func != graph->head_func) return cudaErrorInvalidValue;
+        if (head.func != graph->head_func) return cudaErrorNotSupported;
         const cudaError_t err = set_head(graph, head);
         if (err != cudaSuccess) return err;
     }

@@ -28,6 +28,7 @@ struct GuardedGraph {
     cudaGraphNode_t head = nullptr;
     void* head_func = nullptr;      // the runtime's handle of head's kernel (its host stub)
     void* head_function = nullptr;  // the driver's (CUfunction), null where it cannot be had
+    bool headed_failed = false;     // its instantiation failed: not tried again
 };
 
 // body is cloned (a child graph of a conditional node): the caller keeps ownership of it.
@@ -36,8 +37,9 @@ void destroy_guarded_graph(GuardedGraph* graph);
 
 // The kernel `head` (a kernel node's parameters: the step that writes stats), then the guarded graph,
 // as one graph launch rather than a kernel launch and a graph launch. The first call instantiates
-// that graph with head's kernel; later calls set head's parameters in it, so they pass the same
-// kernel (cudaErrorInvalidValue otherwise, and nothing is launched).
+// that graph with head's kernel; later calls set head's parameters in it. cudaErrorNotSupported,
+// with nothing launched, where that graph cannot be had (its instantiation failed, on this call or
+// an earlier one, or head is another kernel than the first call's): the caller launches both itself.
 cudaError_t launch_guarded_graph_behind(GuardedGraph* graph, const cudaKernelNodeParams& head, cudaStream_t stream);
 
 }  // namespace padfree

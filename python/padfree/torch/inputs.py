@@ -174,7 +174,9 @@ class DeviceInputs:
     def finish(self) -> Batch:
         """The Batch of the last enqueue(), or of the last call of the launcher it returned (raises
         InputError for bad inputs, as a call does)."""
-        return self._batch(*self._packer.results(), *self._packer.last_inputs, self._packed)
+        packer = self._packer
+        inputs, packer.last_inputs = packer.last_inputs, ()  # not kept alive past the call
+        return self._batch(*packer.results(), *inputs, self._packed)
 
     @property
     def totals(self) -> torch.Tensor | None:
