@@ -177,7 +177,8 @@ padfree_status padfree_input_plan_launch(const padfree_input_plan* plan, const v
     // bench/NOTES-bert.md v26).
     padfree::PrepareKernelNode head;
     if (then != nullptr && padfree::one_block_prepare_node(args, &head)) {
-        const cudaError_t err = padfree::launch_guarded_graph_behind(&then->graph, head.params, cuda_stream);
+        const cudaError_t err =
+            padfree::launch_guarded_graph_behind(&then->graph, head.params, &head.guard, args.stats, cuda_stream);
         if (err != cudaErrorNotSupported)
             return err == cudaSuccess ? PADFREE_OK : padfree::cuda_failure("input_plan_launch", err);
     }

@@ -202,7 +202,7 @@ __global__ void padded_input_stats_kernel(PaddedInputs in, int32_t* seqlens, int
 // only hold the kernel back.
 __global__ void __launch_bounds__(kOneBlockThreads, 1) one_block_prepare_kernel(PaddedInputs in, int32_t* seqlens,
                                                                             int32_t* stats, int32_t* host_stats,
-                                                                            PackedOutputs out) {
+                                                                            PackedOutputs out, GuardCondition guard) {
     wait_on_producer();
     __shared__ int flags, longest;
     __shared__ int32_t lengths[kOneBlockMaxRows], starts[kOneBlockMaxRows + 1];
@@ -221,6 +221,7 @@ __global__ void __launch_bounds__(kOneBlockThreads, 1) one_block_prepare_kernel(
             host_stats[1] = total;
             host_stats[2] = longest;
         }
+        decide_guard(guard, flags, total, longest);
     }
     store_cu_seqlens(starts, in.batch, total, out);
     pack_warp_rows(in, lengths, starts, out);
@@ -343,7 +344,7 @@ void launch_prepare_padded_inputs(const PrepareArgs& args, cudaStream_t stream) 
     }
     if (one_block_batch(in)) {
         launch_kernel(one_block_prepare_kernel, 1, kOneBlockThreads, 0, stream, in, args.seqlens, args.stats,
-                      args.host_stats_mapped, out);
+                      args.host_stats_mapped, out, GuardCondition{});
         return;
     }
     // At most one CTA per SM, so that the whole grid is resident (which its barriers need; the
@@ -376,6 +377,8 @@ bool one_block_prepare_node(const PrepareArgs& args, PrepareKernelNode* node) {
     node->args[2] = &node->stats;
     node->args[3] = &node->host_stats_mapped;
     node->args[4] = &node->out;
+    node->guard = GuardCondition{};
+    node->args[5] = &node->guard;
     node->params = cudaKernelNodeParams{};
     node->params.func = reinterpret_cast<void*>(one_block_prepare_kernel);
     node->params.gridDim = dim3(1);

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "graph_guard.h"
+
 namespace padfree {
 
 // seqlens[b] = ones in mask row b (padded_seqlen where mask is null); stats[0] = OR of the
@@ -79,6 +81,8 @@ void launch_prepare_padded_inputs(const PrepareArgs& args, cudaStream_t stream);
 // step and is launched again with other inputs (cudaGraphExecKernelNodeSetParams): one graph launch
 // instead of a kernel launch and a graph launch. Made by one_block_prepare_node, which says whether
 // the batch is one of the one-CTA kind; params.kernelParams point into the node, so it stays put.
+// `guard`, one of the kernel's arguments: a guarded graph's condition, decided from the totals
+// (launch_guarded_graph_behind enables it).
 struct PrepareKernelNode {
     cudaKernelNodeParams params{};
     PaddedInputs in{};
@@ -86,7 +90,8 @@ struct PrepareKernelNode {
     int32_t* stats = nullptr;
     int32_t* host_stats_mapped = nullptr;
     PackedOutputs out{};
-    void* args[5] = {};
+    GuardCondition guard{};
+    void* args[6] = {};
 
     PrepareKernelNode() = default;
     PrepareKernelNode(const PrepareKernelNode&) = delete;
