@@ -2,6 +2,8 @@
 (and PaddedInputPacker.enqueue, which writes those totals without a read-back)."""
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
@@ -19,6 +21,17 @@ def _counting_graph(counter: torch.Tensor) -> torch.cuda.CUDAGraph:
     with torch.cuda.graph(graph, stream=stream):
         counter.add_(1)
     return graph
+
+
+def _guarded_counter(seed, tokens: int, rows: int, longest: int):
+    """A generator, a packer with its buffers (no token types), and a counting graph guarded over the
+    packer's totals with ranges (1, tokens) and (1, longest)."""
+    gen = torch.Generator().manual_seed(seed)
+    packer = ops.PaddedInputPacker(torch.device("cuda"), VOCAB, TYPE_VOCAB)
+    buffers = _packer_buffers(tokens, rows, False)
+    counter = torch.zeros(1, device="cuda")
+    graph = _counting_graph(counter)
+    return gen, packer, buffers, counter, graph, ops.GuardedGraph(graph, packer.totals, (1, tokens), (1, longest))
 
 
 @pytest.mark.gpu
@@ -138,12 +151,7 @@ def test_packer_enqueue_launches_a_guarded_graph_behind_the_prepare(seed, batch,
 def test_guarded_graph_behind_many_layouts_and_other_totals(seed):
     """One guarded graph behind many input layouts (a plan each), and behind a packer whose totals
     it does not read: its guard reads its own stats."""
-    gen = torch.Generator().manual_seed(seed)
-    packer = ops.PaddedInputPacker(torch.device("cuda"), VOCAB, TYPE_VOCAB)
-    buffers = _packer_buffers(16 * 64, 20, False)
-    counter = torch.zeros(1, device="cuda")
-    graph = _counting_graph(counter)
-    guarded = ops.GuardedGraph(graph, packer.totals, (1, 16 * 64), (1, 64))
+    gen, packer, buffers, counter, graph, guarded = _guarded_counter(seed, 16 * 64, 20, 64)
     widths = list(range(20, 31))
     for width in widths:
         _, ids, mask, _, _ = padded_batch(gen, 4, width, torch.int64, torch.int64, False)
@@ -167,4 +175,38 @@ def test_guarded_graph_behind_many_layouts_and_other_totals(seed):
         torch.cuda.synchronize()
         assert float(counter) == expected, stats
     elsewhere.close()
+    guarded.close()
+
+
+@pytest.mark.gpu
+def test_guarded_graph_behind_one_cta_and_grid_prepares(seed):
+    """One guarded graph behind prepare steps of one CTA (one graph launch: that kernel in front of
+    the graph), of a cooperative grid (a kernel launch, then the graph) and launched alone, in turn:
+    each launch runs the body at most once, on that call's totals and packed ids."""
+    gen, packer, buffers, counter, _, guarded = _guarded_counter(seed, 40 * 30, 45, 30)
+    shapes = [(4, 30), (40, 30), (8, 20), (1, 30)]
+    for batch, width in shapes:  # a plan each
+        _, ids, mask, _, _ = padded_batch(gen, batch, width, torch.int64, torch.int64, False)
+        packer(ids, mask, None, *buffers)
+    order = shapes * 3
+    random.Random(seed).shuffle(order)
+    for i, (batch, width) in enumerate(order):
+        lengths, ids, mask, _, host_mask = padded_batch(gen, batch, width, torch.int64, torch.int64, False)
+        bad = i % 5 == 4
+        if bad:
+            mask[batch - 1, 0] = 2
+        counter.fill_(-5.0)
+        buffers[0].fill_(-7)
+        assert packer.enqueue(ids, mask, None, *buffers, then=guarded)
+        flags, total, longest = packer.results()
+        torch.cuda.synchronize()
+        assert float(counter) == (-5.0 if bad else -4.0), (batch, width, bad)
+        assert (flags != 0) == bad
+        if not bad:
+            assert (total, longest) == (int(lengths.sum()), int(lengths.max()))
+            assert torch.equal(buffers[0][:total].cpu(), ids.cpu()[host_mask].to(torch.int32))
+        counter.fill_(-5.0)
+        guarded.launch()  # alone: decided by the totals this call left
+        torch.cuda.synchronize()
+        assert float(counter) == (-5.0 if bad else -4.0)
     guarded.close()

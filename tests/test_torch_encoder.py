@@ -7,8 +7,10 @@ graphs, against HF eager in fp32 (TF32 off) and fp16.
 """
 from __future__ import annotations
 
+import gc
 import math
 import types
+import weakref
 
 import numpy as np
 import pytest
@@ -829,6 +831,32 @@ def test_evicted_graphs_are_released_despite_guesses(seed):
     assert torch.equal(encoder(short).last_hidden_state, first)  # recaptured (ordinary)
     assert torch.equal(encoder(short).last_hidden_state, first)  # speculative on the new graph
     assert encoder._graphs.get(encoder.graph_buckets[0]).guarded
+
+
+@pytest.mark.gpu
+def test_a_capture_drops_the_route_and_its_evicted_graph(seed, no_tf32):
+    """The route holds its graph (and the guarded graph its C call launches): a capture, which may
+    evict that graph, drops the route, so an evicted graph is released as without one."""
+    rng = np.random.default_rng(seed)
+    model = make_model("bert", hidden=128, heads=2, positions=64, seed=seed)
+    encoder = from_hf(model, dtype=torch.float32, max_graphs=1)
+    ids, mask = (t.cuda() for t in random_batch(model, 3, 64, rng, lengths=[10, 7, 12])[:2])
+    encoder(ids, mask)
+    encoder(ids, mask)  # speculative: makes the route
+    assert encoder._route is not None
+    routed = weakref.ref(encoder._route.graph)
+    lengths = [64, 50, 64]  # another bucket, captured by forward_packed (the route is not consulted)
+    longer_ids, longer_mask = random_batch(model, 3, 64, rng, lengths=lengths)[:2]
+    packed = longer_ids[longer_mask.bool()].to(torch.int32).cuda()
+    cu_seqlens = torch.tensor([0, *np.cumsum(lengths)], dtype=torch.int32, device="cuda")
+    out = encoder.forward_packed(packed, cu_seqlens, max(lengths))
+    ref_hidden, _ = hf_reference(model, longer_ids, longer_mask, None, "cuda", torch.float32)
+    assert rel_err(out["last_hidden_state"].cpu(), ref_hidden.cpu()[longer_mask.bool()]) < 1e-4
+    assert encoder._route is None
+    gc.collect()
+    assert routed() is None, "the evicted graph is still referenced"
+    check_padded_output(encoder(ids, mask), *hf_reference(model, ids.cpu(), mask.cpu(), None, "cuda",
+                                                          torch.float32), mask.cpu(), 1e-4)
 
 
 @pytest.mark.gpu

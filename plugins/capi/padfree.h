@@ -213,7 +213,9 @@ PADFREE_API padfree_status padfree_input_plan_create(int32_t mask_bytes, int32_t
                                                      padfree_input_plan** out);
 /* padfree_prepare_padded_inputs on inputs laid out as the plan says ([batch, padded_seqlen],
  * contiguous), then, where `then` is not NULL, padfree_guarded_graph_launch(then): the HF-style
- * call's whole host work in front of a speculative forward, in one call. */
+ * call's whole host work in front of a speculative forward, in one call. Where the prepare step is
+ * one kernel of one CTA (up to 32 rows and 32K positions), both go in one graph launch: `then`'s
+ * graph behind that kernel, instantiated on the first such call. */
 PADFREE_API padfree_status padfree_input_plan_launch(const padfree_input_plan* plan, const void* attention_mask,
                                                      const void* input_ids, const void* token_type_ids,
                                                      padfree_guarded_graph* then, padfree_stream stream);

@@ -24,18 +24,6 @@ constexpr int32_t kOneBlockMaxRows = 2048;  // lengths and starts in shared memo
 // are prepared by a cooperative grid of CTAs this size, at most one per SM.
 constexpr int kGridThreads = 256;
 
-struct PaddedInputs {
-    const void* mask;  // null: every position is a token
-    int mask_bytes;
-    const void* ids;
-    const void* types;  // may be null
-    int id_bytes;
-    int32_t batch;
-    int32_t padded_seqlen;
-    int64_t vocab_size;
-    int64_t type_vocab_size;
-};
-
 // The inputs' element types, one instantiation per pair (dispatched per row, outside the loops), so
 // that the loads of several positions have no branch on a width between them and can be in flight
 // together.
@@ -114,14 +102,6 @@ __device__ __forceinline__ RowStats check_row(const PaddedInputs& in, int32_t ro
     return with_input_types(
         in, [&](auto mask, auto id) { return check_row_as<decltype(mask), decltype(id)>(in, row, lane); });
 }
-
-struct PackedOutputs {
-    int32_t cu_capacity;      // cu_seqlens has cu_capacity + 1 entries
-    int32_t packed_capacity;  // packed_ids (and packed_types) length
-    int32_t* packed_ids;
-    int32_t* packed_types;    // null: types are not packed
-    int32_t* cu_seqlens;
-};
 
 // `threads` threads (this one is `rank`) copy row `row`'s first `seqlen` ids (and types) to packed
 // position `start` onwards, clamped to the packed buffers whatever seqlen holds: memory stays safe.
@@ -222,7 +202,7 @@ __global__ void padded_input_stats_kernel(PaddedInputs in, int32_t* seqlens, int
 // only hold the kernel back.
 __global__ void __launch_bounds__(kOneBlockThreads, 1) one_block_prepare_kernel(PaddedInputs in, int32_t* seqlens,
                                                                             int32_t* stats, int32_t* host_stats,
-                                                                            PackedOutputs out) {
+                                                                            PackedOutputs out, GuardCondition guard) {
     wait_on_producer();
     __shared__ int flags, longest;
     __shared__ int32_t lengths[kOneBlockMaxRows], starts[kOneBlockMaxRows + 1];
@@ -241,6 +221,7 @@ __global__ void __launch_bounds__(kOneBlockThreads, 1) one_block_prepare_kernel(
             host_stats[1] = total;
             host_stats[2] = longest;
         }
+        decide_guard(guard, flags, total, longest);
     }
     store_cu_seqlens(starts, in.batch, total, out);
     pack_warp_rows(in, lengths, starts, out);
@@ -338,48 +319,72 @@ void launch_pack_padded_inputs(const void* input_ids, const void* token_type_ids
                                  cu_seqlens));
 }
 
-void launch_prepare_padded_inputs(const void* mask, int mask_bytes, const void* input_ids,
-                                  const void* token_type_ids, int id_bytes, int32_t batch, int32_t padded_seqlen,
-                                  int64_t vocab_size, int64_t type_vocab_size, int32_t* seqlens, int32_t* stats,
-                                  int32_t* host_stats, int32_t* host_stats_mapped, int32_t cu_capacity,
-                                  int32_t packed_capacity, int32_t* packed_ids, int32_t* packed_token_type_ids,
-                                  int32_t* cu_seqlens, cudaStream_t stream) {
+namespace {
+
+bool one_block_batch(const PaddedInputs& in) {
+    return in.batch <= kOneBlockThreads / kWarpSize &&
+           static_cast<int64_t>(in.batch) * in.padded_seqlen <= kOneBlockMaxPositions;
+}
+
+}  // namespace
+
+void launch_prepare_padded_inputs(const PrepareArgs& args, cudaStream_t stream) {
+    const PaddedInputs& in = args.in;
+    const PackedOutputs& out = args.out;
     const auto separate_launches = [&] {
-        launch_padded_input_stats(mask, mask_bytes, input_ids, token_type_ids, id_bytes, batch, padded_seqlen,
-                                  vocab_size, type_vocab_size, seqlens, stats, host_stats, stream);
-        launch_pack_padded_inputs(input_ids, token_type_ids, id_bytes, seqlens, batch, padded_seqlen, cu_capacity,
-                                  packed_capacity, packed_ids, packed_token_type_ids, cu_seqlens, stream);
+        launch_padded_input_stats(in.mask, in.mask_bytes, in.ids, in.types, in.id_bytes, in.batch, in.padded_seqlen,
+                                  in.vocab_size, in.type_vocab_size, args.seqlens, args.stats, args.host_stats, stream);
+        launch_pack_padded_inputs(in.ids, in.types, in.id_bytes, args.seqlens, in.batch, in.padded_seqlen,
+                                  out.cu_capacity, out.packed_capacity, out.packed_ids, out.packed_types,
+                                  out.cu_seqlens, stream);
     };
-    if (batch > kOneBlockMaxRows || (host_stats != nullptr && host_stats_mapped == nullptr)) {
+    if (in.batch > kOneBlockMaxRows || (args.host_stats != nullptr && args.host_stats_mapped == nullptr)) {
         separate_launches();
         return;
     }
-    const PaddedInputs in{mask, mask_bytes, input_ids, token_type_ids, id_bytes, batch, padded_seqlen, vocab_size,
-                          type_vocab_size};
-    const PackedOutputs out =
-        packed_outputs(token_type_ids, cu_capacity, packed_capacity, packed_ids, packed_token_type_ids, cu_seqlens);
-    const bool one_block = batch <= kOneBlockThreads / kWarpSize &&
-                           static_cast<int64_t>(batch) * padded_seqlen <= kOneBlockMaxPositions;
-    if (one_block) {
-        launch_kernel(one_block_prepare_kernel, 1, kOneBlockThreads, 0, stream, in, seqlens, stats, host_stats_mapped,
-                      out);
+    if (one_block_batch(in)) {
+        launch_kernel(one_block_prepare_kernel, 1, kOneBlockThreads, 0, stream, in, args.seqlens, args.stats,
+                      args.host_stats_mapped, out, GuardCondition{});
         return;
     }
     // At most one CTA per SM, so that the whole grid is resident (which its barriers need; the
     // cooperative launch checks it). Not PDL: the launch attribute is cooperative alone.
     const int sms = current_device_value<query_sm_count>();
-    const int32_t wanted = ceil_div<int32_t>(batch, kGridThreads / kWarpSize);
+    const int32_t wanted = ceil_div<int32_t>(in.batch, kGridThreads / kWarpSize);
     const unsigned blocks = static_cast<unsigned>(sms > 0 && wanted > sms ? sms : wanted);
     cudaLaunchAttribute cooperative{};
     cooperative.id = cudaLaunchAttributeCooperative;
     cooperative.val.cooperative = 1;
     const cudaLaunchConfig_t config{blocks, kGridThreads, 0, stream, &cooperative, 1};
-    if (cudaLaunchKernelEx(&config, grid_prepare_kernel, in, seqlens, stats, host_stats_mapped, out) != cudaSuccess) {
+    if (cudaLaunchKernelEx(&config, grid_prepare_kernel, in, args.seqlens, args.stats, args.host_stats_mapped, out) !=
+        cudaSuccess) {
         // refused (no room for the grid: SMs held by other work, MPS limits): the same results in
         // separate launches rather than an error
         cudaGetLastError();
         separate_launches();
     }
+}
+
+bool one_block_prepare_node(const PrepareArgs& args, PrepareKernelNode* node) {
+    if (!one_block_batch(args.in) || (args.host_stats != nullptr && args.host_stats_mapped == nullptr)) return false;
+    node->in = args.in;
+    node->seqlens = args.seqlens;
+    node->stats = args.stats;
+    node->host_stats_mapped = args.host_stats_mapped;
+    node->out = args.out;
+    node->args[0] = &node->in;
+    node->args[1] = &node->seqlens;
+    node->args[2] = &node->stats;
+    node->args[3] = &node->host_stats_mapped;
+    node->args[4] = &node->out;
+    node->guard = GuardCondition{};
+    node->args[5] = &node->guard;
+    node->params = cudaKernelNodeParams{};
+    node->params.func = reinterpret_cast<void*>(one_block_prepare_kernel);
+    node->params.gridDim = dim3(1);
+    node->params.blockDim = dim3(kOneBlockThreads);
+    node->params.kernelParams = node->args;
+    return true;
 }
 
 }  // namespace padfree

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "graph_guard.h"
+
 namespace padfree {
 
 // seqlens[b] = ones in mask row b (padded_seqlen where mask is null); stats[0] = OR of the
@@ -35,16 +37,67 @@ void launch_pack_padded_inputs(const void* input_ids, const void* token_type_ids
 // (pageable memory). Pinned memory keeps its mapping for its lifetime: callers may keep the result.
 int32_t* mapped_host_stats(int32_t* host_stats);
 
+// The padded inputs as the kernels read them.
+struct PaddedInputs {
+    const void* mask;  // null: every position is a token
+    int mask_bytes;
+    const void* ids;
+    const void* types;  // may be null
+    int id_bytes;
+    int32_t batch;
+    int32_t padded_seqlen;
+    int64_t vocab_size;
+    int64_t type_vocab_size;
+};
+
+// Where the packed inputs go.
+struct PackedOutputs {
+    int32_t cu_capacity;      // cu_seqlens has cu_capacity + 1 entries
+    int32_t packed_capacity;  // packed_ids (and packed_types) length
+    int32_t* packed_ids;
+    int32_t* packed_types;    // null: types are not packed
+    int32_t* cu_seqlens;
+};
+
+// The arguments of the whole prepare step: the two launchers' above, and host_stats' device address
+// (mapped_host_stats(host_stats)).
+struct PrepareArgs {
+    PaddedInputs in;
+    int32_t* seqlens;
+    int32_t* stats;
+    int32_t* host_stats;
+    int32_t* host_stats_mapped;
+    PackedOutputs out;  // packed_types null where in.types is
+};
+
 // Both of the above, same results (cu_seqlens written, host_stats filled when the stream gets there),
-// in one launch for up to 2048 rows, which stores to host_stats through host_stats_mapped
-// (mapped_host_stats(host_stats)): one CTA measures, sums, scans and packs batches of up to 32 rows
-// and 32K positions, a cooperative grid larger ones. Past 2048 rows, or where host_stats is not
-// mapped, the five operations of the two calls above.
-void launch_prepare_padded_inputs(const void* mask, int mask_bytes, const void* input_ids,
-                                  const void* token_type_ids, int id_bytes, int32_t batch, int32_t padded_seqlen,
-                                  int64_t vocab_size, int64_t type_vocab_size, int32_t* seqlens, int32_t* stats,
-                                  int32_t* host_stats, int32_t* host_stats_mapped, int32_t cu_capacity,
-                                  int32_t packed_capacity, int32_t* packed_ids, int32_t* packed_token_type_ids,
-                                  int32_t* cu_seqlens, cudaStream_t stream);
+// in one launch for up to 2048 rows, which stores to host_stats through host_stats_mapped: one CTA
+// measures, sums, scans and packs batches of up to 32 rows and 32K positions, a cooperative grid
+// larger ones. Past 2048 rows, or where host_stats is not mapped, the five operations of the two
+// calls above.
+void launch_prepare_padded_inputs(const PrepareArgs& args, cudaStream_t stream);
+
+// The one-CTA launch above as a CUDA graph's kernel node, for a graph that starts with the prepare
+// step and is launched again with other inputs (cudaGraphExecKernelNodeSetParams): one graph launch
+// instead of a kernel launch and a graph launch. Made by one_block_prepare_node, which says whether
+// the batch is one of the one-CTA kind; params.kernelParams point into the node, so it stays put.
+// `guard`, one of the kernel's arguments: a guarded graph's condition, decided from the totals
+// (launch_guarded_graph_behind enables it).
+struct PrepareKernelNode {
+    cudaKernelNodeParams params{};
+    PaddedInputs in{};
+    int32_t* seqlens = nullptr;
+    int32_t* stats = nullptr;
+    int32_t* host_stats_mapped = nullptr;
+    PackedOutputs out{};
+    GuardCondition guard{};
+    void* args[6] = {};
+
+    PrepareKernelNode() = default;
+    PrepareKernelNode(const PrepareKernelNode&) = delete;
+    PrepareKernelNode& operator=(const PrepareKernelNode&) = delete;
+};
+
+bool one_block_prepare_node(const PrepareArgs& args, PrepareKernelNode* node);
 
 }  // namespace padfree

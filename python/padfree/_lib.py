@@ -149,20 +149,29 @@ def available() -> bool:
         return False
 
 
-def call(name: str, *args) -> None:
-    """Call a status-returning ABI function; a non-zero status raises the matching PadfreeError."""
-    lib = load()
+def function(name: str):
+    """The ABI function `name`, its signature set: for a caller that makes the same call many times
+    and checks the status itself (raise_for_status)."""
     fn = _BOUND.get(name)
     if fn is None:
-        fn = _BOUND[name] = _bind(lib, name)
-    status = fn(*args)
-    if status == 0:
-        return
-    message = (lib.padfree_last_error() or b"").decode(errors="replace")
+        fn = _BOUND[name] = _bind(load(), name)
+    return fn
+
+
+def raise_for_status(name: str, status: int) -> None:
+    """Raise the PadfreeError matching a non-zero status of the ABI function `name`."""
+    message = (load().padfree_last_error() or b"").decode(errors="replace")
     error = {STATUS_INVALID_ARGUMENT: KernelArgumentError,
              STATUS_UNSUPPORTED: KernelUnsupportedError,
              STATUS_CUDA: CudaError}.get(status, PadfreeError)
     raise error(f"{name}: {message}")
+
+
+def call(name: str, *args) -> None:
+    """Call a status-returning ABI function; a non-zero status raises the matching PadfreeError."""
+    status = function(name)(*args)
+    if status != 0:
+        raise_for_status(name, status)
 
 
 class OwnedHandle:

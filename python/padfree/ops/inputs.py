@@ -131,6 +131,7 @@ class PaddedInputPacker:
         self._host_values = self._host.numpy()
         self._seqlens = torch.empty(0, dtype=torch.int32, device=self.device)
         self._last_seqlens = self._seqlens  # where the last call's lengths are (repack reads them)
+        self.last_inputs: tuple = ()  # the last launch's (input_ids, attention_mask, token_type_ids)
         self._totals = torch.empty(3, dtype=torch.int32, device=self.device)
         # The packed buffers the plans were made for, kept alive (so identity is a sound test).
         self._buffers: tuple = ()
@@ -184,12 +185,30 @@ class PaddedInputPacker:
     def launch(self, plan, input_ids, attention_mask, token_type_ids, then=None) -> None:
         """enqueue() with the plan plan_for() returned for this layout of the inputs (the caller
         vouches for the layout and for the plan's buffers being the ones it was made with)."""
+        self.launcher(plan, then)(input_ids, attention_mask, token_type_ids)
+
+    def launcher(self, plan, then=None):
+        """launch() bound to a plan and a guarded graph: fn(input_ids, attention_mask, token_type_ids)
+        makes the C call with what launch() looks up per call looked up once, for a caller that
+        launches them again and again (the HF-style call's speculative route, Python in front of
+        the GPU's first kernel). Holds both open while it is held."""
         from .. import _lib
 
-        self._host_values.fill(-1)  # results() waits until all three are written
-        self._last_seqlens = plan.seqlens
-        _lib.call("padfree_input_plan_launch", plan.handle, ptr(attention_mask), input_ids.data_ptr(),
-                  ptr(token_type_ids), None if then is None else then.handle, stream_handle(self.device))
+        name = "padfree_input_plan_launch"
+        fn, values, seqlens, device = _lib.function(name), self._host_values, plan.seqlens, self.device
+        plan_handle, then_handle = plan.handle, None if then is None else then.handle
+
+        def launch(input_ids, attention_mask, token_type_ids) -> None:
+            values.fill(-1)  # results() waits until all three are written
+            self._last_seqlens = seqlens
+            self.last_inputs = (input_ids, attention_mask, token_type_ids)
+            status = fn(plan_handle, ptr(attention_mask), input_ids.data_ptr(), ptr(token_type_ids), then_handle,
+                        stream_handle(device))
+            if status:
+                _lib.raise_for_status(name, status)
+
+        launch.holds = (plan, then)
+        return launch
 
     @property
     def totals(self) -> torch.Tensor:

@@ -126,7 +126,7 @@ class DeviceInputs:
         self._ops = ops
         self._buffer = buffer
         self._packer = None  # pinned memory: made on first use
-        self._pending = None  # enqueue()'s inputs, for finish()
+        self._packed = None  # the buffer enqueue() packed into, for finish()
 
     def __call__(self, input_ids, attention_mask, token_type_ids) -> Batch:
         for name, t in (("input_ids", input_ids), ("attention_mask", attention_mask),
@@ -152,30 +152,31 @@ class DeviceInputs:
 
     def enqueue(self, input_ids, attention_mask, token_type_ids, then=None):
         """The packer's one C call without its read-back (PaddedInputPacker.enqueue), where the inputs
-        are laid out as in an earlier call: returns the packer's plan for that layout (then finish()
-        reads back and makes the Batch; launch() takes the plan again), or None and nothing ran.
-        then: a GuardedGraph over `totals`, launched in the same C call; work enqueued later may read
-        `totals` on the device too."""
+        are laid out as in an earlier call: returns that call as fn(input_ids, attention_mask,
+        token_type_ids), for inputs laid out as these (then finish() reads back and makes the Batch),
+        or None and nothing ran. then: a GuardedGraph over `totals`, launched in the same C call;
+        work enqueued later may read `totals` on the device too."""
         if self._packer is None or not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
             return None
         packed = self._buffer(input_ids.shape[0])
         types = packed.token_type_ids if token_type_ids is not None else None
         plan = self._packer.plan_for(input_ids, attention_mask, token_type_ids, packed.input_ids, types,
                                      packed.cu_seqlens)
-        if plan is not None:
-            self.launch(plan, packed, input_ids, attention_mask, token_type_ids, then)
-        return plan
-
-    def launch(self, plan, packed: InputBuffer, input_ids, attention_mask, token_type_ids, then=None) -> None:
-        """enqueue() with the plan it returned for inputs of this layout and the buffer `packed` it
-        packed into (the caller vouches for both): no lookups."""
-        self._packer.launch(plan, input_ids, attention_mask, token_type_ids, then)
-        self._pending = (input_ids, attention_mask, token_type_ids, packed)
+        if plan is None:
+            return None
+        launch = self._packer.launcher(plan, then)
+        launch(input_ids, attention_mask, token_type_ids)
+        # finish() reads `packed` after later calls of `launch` too: they pack nowhere else (the
+        # encoder keeps a launcher only while its input buffer is this one)
+        self._packed = packed
+        return launch
 
     def finish(self) -> Batch:
-        """The Batch of the last enqueue() (raises InputError for bad inputs, as a call does)."""
-        pending, self._pending = self._pending, None
-        return self._batch(*self._packer.results(), *pending)
+        """The Batch of the last enqueue(), or of the last call of the launcher it returned (raises
+        InputError for bad inputs, as a call does)."""
+        packer = self._packer
+        inputs, packer.last_inputs = packer.last_inputs, ()  # not kept alive past the call
+        return self._batch(*packer.results(), *inputs, self._packed)
 
     @property
     def totals(self) -> torch.Tensor | None:
