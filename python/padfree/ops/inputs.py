@@ -153,21 +153,25 @@ class PaddedInputPacker:
 
     def enqueue(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                 token_type_ids: torch.Tensor | None, packed_ids: torch.Tensor,
-                packed_token_type_ids: torch.Tensor | None, cu_seqlens: torch.Tensor, then=None) -> bool:
+                packed_token_type_ids: torch.Tensor | None, cu_seqlens: torch.Tensor, then=None, layout=None):
         """The one C call without the read-back, where the inputs and buffers are laid out as in an
-        earlier call (True: enqueued, its flags / total / longest land in `totals` on the device and
-        are read with results()); False where they are not, and nothing ran (the caller then calls
-        the packer, which checks them). then: a padfree.ops.GuardedGraph over `totals` to launch in
-        the same C call, right behind (only where True is returned)."""
-        plan = self.plan_for(input_ids, attention_mask, token_type_ids, packed_ids, packed_token_type_ids, cu_seqlens)
+        earlier call: returns the launcher that made it (see launcher(); its flags / total / longest
+        land in `totals` on the device and are read with results()); None where they are not, and
+        nothing ran (the caller then calls the packer, which checks them). then: a
+        padfree.ops.GuardedGraph over `totals` to launch in the same C call, right behind. layout:
+        input_layout() of the inputs where the caller has it already."""
+        plan = self.plan_for(input_ids, attention_mask, token_type_ids, packed_ids, packed_token_type_ids,
+                             cu_seqlens, layout)
         if plan is None:
-            return False
-        self.launch(plan, input_ids, attention_mask, token_type_ids, then)
-        return True
+            return None
+        launch = self.launcher(plan, then)
+        launch(input_ids, attention_mask, token_type_ids)
+        return launch
 
-    def plan_for(self, input_ids, attention_mask, token_type_ids, packed_ids, packed_token_type_ids, cu_seqlens):
-        """The plan an earlier call made for this layout of the inputs and these buffers, or None
-        (plans made with other buffers are dropped)."""
+    def plan_for(self, input_ids, attention_mask, token_type_ids, packed_ids, packed_token_type_ids, cu_seqlens,
+                 layout=None):
+        """The plan an earlier call made for this layout of the inputs (input_layout(), or `layout`
+        where the caller has it) and these buffers, or None (plans made with other buffers are dropped)."""
         # Python of the fewest steps: it is latency in front of the GPU's first kernel
         # (NOTES-bert.md v11)
         buffers = self._buffers
@@ -176,22 +180,20 @@ class PaddedInputPacker:
             self._plans.clear()  # made with other buffers (their sizes are part of the checks)
             self._buffers = ()
             return None
-        try:
-            plan = self._plans.get(input_layout(input_ids, attention_mask, token_type_ids))
-        except AttributeError:  # not tensors: the checked bindings say what is wrong
-            return None
+        if layout is None:
+            try:
+                layout = input_layout(input_ids, attention_mask, token_type_ids)
+            except AttributeError:  # not tensors: the checked bindings say what is wrong
+                return None
+        plan = self._plans.get(layout)
         return plan if plan is not None and current_device() == self.device.index else None
 
-    def launch(self, plan, input_ids, attention_mask, token_type_ids, then=None) -> None:
-        """enqueue() with the plan plan_for() returned for this layout of the inputs (the caller
-        vouches for the layout and for the plan's buffers being the ones it was made with)."""
-        self.launcher(plan, then)(input_ids, attention_mask, token_type_ids)
-
     def launcher(self, plan, then=None):
-        """launch() bound to a plan and a guarded graph: fn(input_ids, attention_mask, token_type_ids)
-        makes the C call with what launch() looks up per call looked up once, for a caller that
-        launches them again and again (the HF-style call's speculative route, Python in front of
-        the GPU's first kernel). Holds both open while it is held."""
+        """The packer's C call bound to a plan (from plan_for) and a guarded graph (or None):
+        fn(input_ids, attention_mask, token_type_ids) for inputs of the plan's layout, with the
+        library function, handles and buffers looked up once, for a caller that launches them again
+        and again (the HF-style call's speculative route: Python in front of the GPU's first
+        kernel). Holds both open while it is held."""
         from .. import _lib
 
         name = "padfree_input_plan_launch"

@@ -150,25 +150,23 @@ class DeviceInputs:
             return self._on_host(input_ids, attention_mask, token_type_ids)
         return self._batch(flags, total, longest, input_ids, attention_mask, token_type_ids, packed)
 
-    def enqueue(self, input_ids, attention_mask, token_type_ids, then=None):
+    def enqueue(self, input_ids, attention_mask, token_type_ids, then=None, layout=None):
         """The packer's one C call without its read-back (PaddedInputPacker.enqueue), where the inputs
         are laid out as in an earlier call: returns that call as fn(input_ids, attention_mask,
         token_type_ids), for inputs laid out as these (then finish() reads back and makes the Batch),
         or None and nothing ran. then: a GuardedGraph over `totals`, launched in the same C call;
-        work enqueued later may read `totals` on the device too."""
+        work enqueued later may read `totals` on the device too. layout: the inputs' input_layout()
+        where the caller has it."""
         if self._packer is None or not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
             return None
         packed = self._buffer(input_ids.shape[0])
         types = packed.token_type_ids if token_type_ids is not None else None
-        plan = self._packer.plan_for(input_ids, attention_mask, token_type_ids, packed.input_ids, types,
-                                     packed.cu_seqlens)
-        if plan is None:
-            return None
-        launch = self._packer.launcher(plan, then)
-        launch(input_ids, attention_mask, token_type_ids)
-        # finish() reads `packed` after later calls of `launch` too: they pack nowhere else (the
-        # encoder keeps a launcher only while its input buffer is this one)
-        self._packed = packed
+        launch = self._packer.enqueue(input_ids, attention_mask, token_type_ids, packed.input_ids, types,
+                                      packed.cu_seqlens, then, layout)
+        if launch is not None:
+            # finish() reads `packed` after later calls of `launch` too: they pack nowhere else (the
+            # encoder keeps a launcher only while its input buffer is this one)
+            self._packed = packed
         return launch
 
     def finish(self) -> Batch:
