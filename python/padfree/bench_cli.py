@@ -296,6 +296,19 @@ def print_table(rows: list[dict]) -> None:
           "(stretch 1.25), compile/pf >= 2, 1x128 pf <= 0.4 ms")
 
 
+def host_loop_ms() -> float:
+    """Milliseconds of a fixed pure-Python loop (best of 5): the process's host speed. The device
+    machines are VMs whose CPU speed differs up to 2x between processes, and the small shapes' calls
+    carry their host time before the GPU's first kernel (1x128: ~20 us between the slow and the fast
+    processes; NOTES-bert.md v27), so a run records it beside its times."""
+    def once():
+        t0, d = time.perf_counter(), {}
+        for i in range(200000):
+            d[i & 1023] = i
+        return (time.perf_counter() - t0) * 1e3
+    return round(min(once() for _ in range(5)), 2)
+
+
 def run(args) -> int:
     import torch
     if not torch.cuda.is_available():
@@ -313,7 +326,7 @@ def run(args) -> int:
     if args.varlen_attn:
         from padfree.torch import PadfreeEncoder
         fa_encoder = PadfreeEncoder(encoder.weights, encoder.config, ops=torch_attention_ops())
-    rows = []
+    rows, host_ms = [], [host_loop_ms()]
     for batch, max_seqlen in shapes:
         row = bench_shape(batch, max_seqlen, models, encoder, args, compiled, fa_encoder)
         rows.append(row)
@@ -327,6 +340,7 @@ def run(args) -> int:
               # the library's A/B switches (attention.cu, common.cuh), so that a run says what it ran
               "environment": {k: v for k, v in os.environ.items()
                               if k.startswith("PADFREE_") and not k.endswith("_LIBRARY")},
+              "host_loop_ms": {"start": host_ms[0], "end": host_loop_ms()},  # host_loop_ms()
               "lengths": "uniform in [0.2*max, max], torch.Generator seed 0",
               "timing": f"CUDA events per call, median of {args.reps} after {args.warmup} warm-up calls",
               "rows": rows}
@@ -334,7 +348,7 @@ def run(args) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as f:
         json.dump(result, f, indent=1)
-    print(f"wrote {out}; {name}, torch {torch.__version__}")
+    print(f"wrote {out}; {name}, torch {torch.__version__}, host loop {result['host_loop_ms']} ms")
     for row in rows:
         if "profile" in row:
             print_profile(row)
