@@ -29,10 +29,22 @@ kernel_tests=(tests/test_padding.py tests/test_layernorm.py tests/test_embedding
 # Not tests/test_graph_edges.py: under memcheck the probe found torch's elementwise consumer waiting
 # (H100, session 10: the tool held it past the producer's 20 ms spin), which the test's control
 # rejects; in plain runs it passes. The feature is off by default and relaxes nothing on that stack.
+# torch's caching allocator off: inside its cached segments an access past a tensor's end lands in
+# another live block, which memcheck cannot tell from a valid one. One process per test file:
+# memcheck keeps device memory past each cudaFree, and over the whole list the driver's free memory
+# fell from 80 GB to 28 MB by test 700 while torch held none (H100, session 24), after which every
+# test failed with out-of-memory.
 sanitize() {
-  local tool=$1; shift
-  compute-sanitizer --tool "$tool" --error-exitcode 1 --target-processes all \
-    python3 -m pytest -q -x -m gpu -p no:cacheprovider "$@"
+  local tool=$1 rc=0 file; shift
+  local files=() args=()
+  for a in "$@"; do [[ $a == tests/*.py ]] && files+=("$a") || args+=("$a"); done
+  for file in "${files[@]}"; do
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool "$tool" --error-exitcode 1 --target-processes all \
+      python3 -m pytest -q -x -m gpu -p no:cacheprovider "$file" "${args[@]}"
+    local status=$?
+    [ $status -eq 0 ] || [ $status -eq 5 ] || rc=1  # 5: the filter selected nothing in this file
+  done
+  return $rc
 }
 
 modes=("${@:-all}")
