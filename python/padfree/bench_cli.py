@@ -340,7 +340,7 @@ def run(args) -> int:
               # the library's A/B switches (attention.cu, common.cuh), so that a run says what it ran
               "environment": {k: v for k, v in os.environ.items()
                               if k.startswith("PADFREE_") and not k.endswith("_LIBRARY")},
-              "host_loop_ms": {"start": host_ms[0], "end": host_loop_ms()},  # host_loop_ms()
+              "host_loop_ms": {"start": host_ms[0], "end": host_loop_ms()},
               "lengths": "uniform in [0.2*max, max], torch.Generator seed 0",
               "timing": f"CUDA events per call, median of {args.reps} after {args.warmup} warm-up calls",
               "rows": rows}
