@@ -125,8 +125,8 @@ padfree_status padfree_prepare_padded_inputs(const void* attention_mask, int32_t
          stats,
          host_stats,
          padfree::mapped_host_stats(host_stats),
-         {cu_capacity, packed_capacity, packed_ids, token_type_ids != nullptr ? packed_token_type_ids : nullptr,
-          cu_seqlens}},
+         padfree::packed_outputs(token_type_ids, cu_capacity, packed_capacity, packed_ids, packed_token_type_ids,
+                                 cu_seqlens)},
         padfree::as_cuda_stream(stream));
     return padfree::check_launch("prepare_padded_inputs");
     PADFREE_CAPI_GUARD_END

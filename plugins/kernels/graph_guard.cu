@@ -93,12 +93,15 @@ cudaError_t build(cudaGraph_t graph, cudaGraph_t body, const int32_t* stats, Fit
     return add_if(graph, handle, guard, body);
 }
 
+// What the head's GuardCondition argument is in g's headed graph.
+GuardCondition headed_condition(const GuardedGraph& g) { return GuardCondition{g.headed_condition, g.fit, 1}; }
+
 // head (deciding the condition) -> IF(body).
 cudaError_t build_headed(GuardedGraph* g, const cudaKernelNodeParams& head, GuardCondition* condition) {
     cudaError_t err = cudaGraphCreate(&g->headed_graph, 0);
     if (err == cudaSuccess) err = skipping_condition(g->headed_graph, &g->headed_condition);
     if (err == cudaSuccess) {
-        *condition = GuardCondition{g->headed_condition, g->fit, 1};
+        *condition = headed_condition(*g);
         err = cudaGraphAddKernelNode(&g->head, g->headed_graph, nullptr, 0, &head);
     }
     if (err == cudaSuccess) err = add_if(g->headed_graph, g->headed_condition, g->head, g->body);
@@ -152,7 +155,7 @@ cudaError_t launch_guarded_graph_behind(GuardedGraph* graph, const cudaKernelNod
         }
     } else {
         if (head.func != graph->head_func) return cudaErrorNotSupported;
-        *condition = GuardCondition{graph->headed_condition, graph->fit, 1};
+        *condition = headed_condition(*graph);
         const cudaError_t err = set_head(graph, head);
         if (err != cudaSuccess) return err;
     }

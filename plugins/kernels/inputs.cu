@@ -277,13 +277,13 @@ __global__ void pack_padded_inputs_kernel(PaddedInputs in, const int32_t* seqlen
 
 unsigned row_blocks(int32_t batch) { return static_cast<unsigned>(batch < kMaxRowBlocks ? batch : kMaxRowBlocks); }
 
+}  // namespace
+
 PackedOutputs packed_outputs(const void* token_type_ids, int32_t cu_capacity, int32_t packed_capacity,
                              int32_t* packed_ids, int32_t* packed_token_type_ids, int32_t* cu_seqlens) {
     return {cu_capacity, packed_capacity, packed_ids, token_type_ids != nullptr ? packed_token_type_ids : nullptr,
             cu_seqlens};
 }
-
-}  // namespace
 
 // Pinned host memory is mapped under unified addressing (every 64-bit CUDA platform).
 int32_t* mapped_host_stats(int32_t* host_stats) {
@@ -326,6 +326,11 @@ bool one_block_batch(const PaddedInputs& in) {
            static_cast<int64_t>(in.batch) * in.padded_seqlen <= kOneBlockMaxPositions;
 }
 
+// The single-launch kernels store host_stats through its mapping: none, and they cannot.
+bool unmapped_host_stats(const PrepareArgs& args) {
+    return args.host_stats != nullptr && args.host_stats_mapped == nullptr;
+}
+
 }  // namespace
 
 void launch_prepare_padded_inputs(const PrepareArgs& args, cudaStream_t stream) {
@@ -338,7 +343,7 @@ void launch_prepare_padded_inputs(const PrepareArgs& args, cudaStream_t stream) 
                                   out.cu_capacity, out.packed_capacity, out.packed_ids, out.packed_types,
                                   out.cu_seqlens, stream);
     };
-    if (in.batch > kOneBlockMaxRows || (args.host_stats != nullptr && args.host_stats_mapped == nullptr)) {
+    if (in.batch > kOneBlockMaxRows || unmapped_host_stats(args)) {
         separate_launches();
         return;
     }
@@ -366,7 +371,7 @@ void launch_prepare_padded_inputs(const PrepareArgs& args, cudaStream_t stream) 
 }
 
 bool one_block_prepare_node(const PrepareArgs& args, PrepareKernelNode* node) {
-    if (!one_block_batch(args.in) || (args.host_stats != nullptr && args.host_stats_mapped == nullptr)) return false;
+    if (!one_block_batch(args.in) || unmapped_host_stats(args)) return false;
     node->in = args.in;
     node->seqlens = args.seqlens;
     node->stats = args.stats;
