@@ -30,19 +30,30 @@ kernel_tests=(tests/test_padding.py tests/test_layernorm.py tests/test_embedding
 # (H100, session 10: the tool held it past the producer's 20 ms spin), which the test's control
 # rejects; in plain runs it passes. The feature is off by default and relaxes nothing on that stack.
 # torch's caching allocator off: inside its cached segments an access past a tensor's end lands in
-# another live block, which memcheck cannot tell from a valid one. One process per test file:
-# memcheck keeps device memory past each cudaFree, and over the whole list the driver's free memory
-# fell from 80 GB to 28 MB by test 700 while torch held none (H100, session 24), after which every
-# test failed with out-of-memory.
+# another live block, which memcheck cannot tell from a valid one. One test file at a time: memcheck
+# keeps device memory past each cudaFree, and over the whole list the driver's free memory fell from
+# 80 GB to 28 MB by test 700 while torch held none (H100, session 24), after which every test failed
+# with out-of-memory. Each file in SANITIZE_PROCESSES processes (pytest --shard, tests/conftest.py):
+# the tools slow the kernels 100-fold and more, and racecheck of the five kernel files took ~40 min
+# of wall time over 8-18 processes on one H100 (session 25; one process gets through ~0.7 tests/s).
 sanitize() {
-  local tool=$1 rc=0 file; shift
-  local files=() args=()
+  local tool=$1 rc=0 file k status log; shift
+  local files=() args=() pids=() processes=${SANITIZE_PROCESSES:-8}
   for a in "$@"; do [[ $a == tests/*.py ]] && files+=("$a") || args+=("$a"); done
   for file in "${files[@]}"; do
-    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool "$tool" --error-exitcode 1 --target-processes all \
-      python3 -m pytest -q -x -m gpu -p no:cacheprovider "$file" "${args[@]}"
-    local status=$?
-    [ $status -eq 0 ] || [ $status -eq 5 ] || rc=1  # 5: the filter selected nothing in this file
+    pids=()
+    for ((k = 0; k < processes; k++)); do
+      PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool "$tool" --error-exitcode 1 --target-processes all \
+        python3 -m pytest -q -m gpu -p no:cacheprovider --shard "$k/$processes" "$file" "${args[@]}" \
+        > "$logs/$tool-$(basename "$file" .py)-$k.log" 2>&1 &
+      pids+=($!)
+    done
+    for k in "${!pids[@]}"; do
+      wait "${pids[$k]}"; status=$?; log="$logs/$tool-$(basename "$file" .py)-$k.log"
+      [ $status -eq 0 ] || [ $status -eq 5 ] || rc=1  # 5: the filter selected nothing in this shard
+      echo "$file shard $k/$processes rc=$status: $(grep -E '[0-9]+ (passed|failed|skipped|deselected)' "$log" | tail -n 1) $(grep -E '(ERROR|RACECHECK) SUMMARY' "$log" | tail -n 1)"
+      [ $status -eq 0 ] || [ $status -eq 5 ] || grep -v -E "^(platform|rootdir|configfile|plugins|cachedir)" "$log" | tail -n 40
+    done
   done
   return $rc
 }
@@ -55,9 +66,8 @@ for mode in "${modes[@]}"; do
       [ -x build/device/plugins/trt/padfree_trt_harness ] && step trt-harness python3 -m pytest -q tests/test_trt_plugins.py ;;&
     sanitize|all)
       step memcheck sanitize memcheck "${kernel_tests[@]}"
-      # racecheck walks every shared-memory access: the kernels that share tiles, one dtype.
-      step racecheck sanitize racecheck tests/test_attention.py tests/test_layernorm.py tests/test_inputs.py \
-        -k "${RACECHECK_FILTER:-float16}" ;;&
+      # racecheck walks every shared-memory access; RACECHECK_FILTER (a -k expression) narrows it
+      step racecheck sanitize racecheck "${kernel_tests[@]}" ${RACECHECK_FILTER:+-k "$RACECHECK_FILTER"} ;;&
     bench|all)
       step bench-kernels python3 bench/kernels.py
       step bench-attn python3 bench/attention.py

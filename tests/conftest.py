@@ -20,7 +20,30 @@ def _gpu_skip_reason() -> str | None:
     return None
 
 
+def pytest_addoption(parser):
+    parser.addoption("--shard", metavar="K/N", default=None,
+                     help="run only the tests at positions K, K+N, K+2N, ... of the collection (0 <= K < N): "
+                          "the sanitizers run one test file in N processes over one GPU")
+
+
+def _select_shard(config, items) -> None:
+    spec = config.getoption("--shard")
+    if spec is None:
+        return
+    try:
+        k, n = (int(part) for part in spec.split("/"))
+    except ValueError:
+        raise pytest.UsageError(f"--shard: expected K/N, got {spec!r}") from None
+    if not 0 <= k < n:
+        raise pytest.UsageError(f"--shard: expected 0 <= K < N, got {spec!r}")
+    # Every N-th test rather than a contiguous block: a file's slow cases (long sequences) sit
+    # together, and a block would leave them all to one process.
+    config.hook.pytest_deselected(items=[item for i, item in enumerate(items) if i % n != k])
+    items[:] = items[k::n]
+
+
 def pytest_collection_modifyitems(config, items):
+    _select_shard(config, items)
     reason = _gpu_skip_reason()
     if reason is None:
         return
