@@ -10,9 +10,13 @@ ROOT = Path(__file__).resolve().parents[1]
 FILE = "tests/test_padding.py"  # ~100 parametrized ids (collection only: no GPU needed)
 
 
+def collect(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                           FILE, *args], cwd=ROOT, capture_output=True, text=True)
+
+
 def collected(*args: str) -> list[str]:
-    result = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                             FILE, *args], cwd=ROOT, capture_output=True, text=True)
+    result = collect(*args)
     assert result.returncode == 0, result.stdout + result.stderr
     return [line for line in result.stdout.splitlines() if "::" in line]
 
@@ -28,7 +32,6 @@ def test_shards_cover_each_test_once():
 
 @pytest.mark.parametrize("spec", ["3/3", "-1/2", "x", "1/0"])
 def test_bad_shard_is_a_usage_error(spec):
-    result = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                             FILE, "--shard", spec], cwd=ROOT, capture_output=True, text=True)
+    result = collect("--shard", spec)
     assert result.returncode == 4, result.stdout + result.stderr
     assert "--shard" in result.stderr
