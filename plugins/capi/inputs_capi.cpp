@@ -125,8 +125,8 @@ padfree_status padfree_prepare_padded_inputs(const void* attention_mask, int32_t
          stats,
          host_stats,
          padfree::mapped_host_stats(host_stats),
-         padfree::packed_outputs(token_type_ids, cu_capacity, packed_capacity, packed_ids, packed_token_type_ids,
-                                 cu_seqlens)},
+         padfree::packed_outputs(token_type_ids != nullptr, cu_capacity, packed_capacity, packed_ids,
+                                 packed_token_type_ids, cu_seqlens)},
         padfree::as_cuda_stream(stream));
     return padfree::check_launch("prepare_padded_inputs");
     PADFREE_CAPI_GUARD_END
@@ -142,9 +142,9 @@ padfree_status padfree_input_plan_create(int32_t mask_bytes, int32_t id_bytes, i
     PADFREE_REQUIRE(out != nullptr, "out is NULL");
     PADFREE_CHECK(check_stats_sizes(mask_bytes != 0, mask_bytes, id_bytes, batch, padded_seqlen, vocab_size,
                                     type_vocab_size, seqlens, stats));
-    PADFREE_CHECK(check_pack_sizes(with_token_types != 0, id_bytes, seqlens, batch, padded_seqlen, cu_capacity,
-                                   packed_capacity, packed_ids, packed_token_type_ids, cu_seqlens));
     const bool token_types = with_token_types != 0;
+    PADFREE_CHECK(check_pack_sizes(token_types, id_bytes, seqlens, batch, padded_seqlen, cu_capacity,
+                                   packed_capacity, packed_ids, packed_token_type_ids, cu_seqlens));
     *out = new padfree_input_plan{
         token_types,
         {{nullptr, mask_bytes, nullptr, nullptr, id_bytes, batch, padded_seqlen, vocab_size, type_vocab_size},
@@ -152,7 +152,8 @@ padfree_status padfree_input_plan_create(int32_t mask_bytes, int32_t id_bytes, i
          stats,
          host_stats,
          padfree::mapped_host_stats(host_stats),
-         {cu_capacity, packed_capacity, packed_ids, token_types ? packed_token_type_ids : nullptr, cu_seqlens}}};
+         padfree::packed_outputs(token_types, cu_capacity, packed_capacity, packed_ids, packed_token_type_ids,
+                                 cu_seqlens)}};
     return PADFREE_OK;
     PADFREE_CAPI_GUARD_END
 }

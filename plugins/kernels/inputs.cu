@@ -279,10 +279,9 @@ unsigned row_blocks(int32_t batch) { return static_cast<unsigned>(batch < kMaxRo
 
 }  // namespace
 
-PackedOutputs packed_outputs(const void* token_type_ids, int32_t cu_capacity, int32_t packed_capacity,
-                             int32_t* packed_ids, int32_t* packed_token_type_ids, int32_t* cu_seqlens) {
-    return {cu_capacity, packed_capacity, packed_ids, token_type_ids != nullptr ? packed_token_type_ids : nullptr,
-            cu_seqlens};
+PackedOutputs packed_outputs(bool token_types, int32_t cu_capacity, int32_t packed_capacity, int32_t* packed_ids,
+                             int32_t* packed_token_type_ids, int32_t* cu_seqlens) {
+    return {cu_capacity, packed_capacity, packed_ids, token_types ? packed_token_type_ids : nullptr, cu_seqlens};
 }
 
 // Pinned host memory is mapped under unified addressing (every 64-bit CUDA platform).
@@ -315,8 +314,8 @@ void launch_pack_padded_inputs(const void* input_ids, const void* token_type_ids
     launch_cu_seqlens_from_seqlens(seqlens, batch, cu_seqlens, stream);
     const PaddedInputs in{nullptr, 0, input_ids, token_type_ids, id_bytes, batch, padded_seqlen, 0, 0};
     launch_kernel(pack_padded_inputs_kernel, row_blocks(batch), kRowThreads, 0, stream, in, seqlens,
-                  packed_outputs(token_type_ids, cu_capacity, packed_capacity, packed_ids, packed_token_type_ids,
-                                 cu_seqlens));
+                  packed_outputs(token_type_ids != nullptr, cu_capacity, packed_capacity, packed_ids,
+                                 packed_token_type_ids, cu_seqlens));
 }
 
 namespace {

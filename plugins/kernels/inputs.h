@@ -59,9 +59,9 @@ struct PackedOutputs {
     int32_t* cu_seqlens;
 };
 
-// packed_token_type_ids where there are token types to pack (token_type_ids not null), else null.
-PackedOutputs packed_outputs(const void* token_type_ids, int32_t cu_capacity, int32_t packed_capacity,
-                             int32_t* packed_ids, int32_t* packed_token_type_ids, int32_t* cu_seqlens);
+// packed_token_type_ids where there are token types to pack, else null.
+PackedOutputs packed_outputs(bool token_types, int32_t cu_capacity, int32_t packed_capacity, int32_t* packed_ids,
+                             int32_t* packed_token_type_ids, int32_t* cu_seqlens);
 
 // The arguments of the whole prepare step: the two launchers' above, and host_stats' device address
 // (mapped_host_stats(host_stats)).
