@@ -5,6 +5,9 @@ Columns per shape (batch x max_seqlen, lengths uniform in [0.2*max, max], torch.
   compile               torch.compile(mode="reduce-overhead") of the sdpa model, padded batch
   padfree               the HF-style call on the padded device batch (validation, packing, the graph
                         replay, padded output): what replaces the HF call
+  padfree_gpu           (diagnostic) the same call timed with the GPU kept busy first, so that the host
+                        has enqueued it before its start event fires: the call's GPU time alone, without
+                        the host's work in front of the first kernel
   padfree_host_inputs   the same call with the padded batch on the CPU (a tokenizer's output): validated
                         and packed on the host, one asynchronous copy, no synchronization
   padfree_packed        forward_packed on already packed inputs (what padfree.runtime calls)
@@ -83,13 +86,18 @@ def gpu_slug(name: str) -> str:
     return known.group(1) if known else re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
-def time_ms(fn, reps: int, warmup: int) -> float:
+GPU_AHEAD_CYCLES = 2_000_000  # ~1 ms at the H100's clock: longer than any call's host work before its launches
+
+
+def time_ms(fn, reps: int, warmup: int, gpu_only: bool = False) -> float:
     """Median ms of fn() between CUDA events on the current stream, in a block of its own calls.
     Never interleaved with another column's calls: under a sustained load the GPU runs at its power
     cap, and a call inherits the clock the previous one left. Timed call by call in turn, padfree and
     torch.compile measured 7.74 and 17.29 ms at 64x512 against 8.44 and 16.83 in blocks, 1x128 0.418
     and 0.926 against 0.401 and 1.110 (H100, one run, bench/NOTES-bert.md v23): each column's own
-    steady state is what a server running one model sees."""
+    steady state is what a server running one model sees. gpu_only: the stream sleeps GPU_AHEAD_CYCLES
+    before each start event, so the host has enqueued fn's work by the time the start fires (its GPU
+    time alone; padfree_gpu)."""
     import torch
     for _ in range(warmup):
         fn()
@@ -97,6 +105,8 @@ def time_ms(fn, reps: int, warmup: int) -> float:
     times = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if gpu_only:
+            torch.cuda._sleep(GPU_AHEAD_CYCLES)
         start.record()
         fn()
         end.record()
@@ -231,6 +241,7 @@ def bench_shape(batch: int, max_seqlen: int, models: dict, encoder, args, compil
             ms["compile"] = time_ms(lambda: compiled(input_ids=ids, attention_mask=mask), args.reps,
                                     max(args.warmup, 5))
         ms["padfree"] = time_ms(lambda: encoder(ids, mask), args.reps, args.warmup)
+        ms["padfree_gpu"] = time_ms(lambda: encoder(ids, mask), args.reps, args.warmup, gpu_only=True)
         ids_cpu, mask_cpu = ids.cpu(), mask.cpu()
         ms["padfree_host_inputs"] = time_ms(lambda: encoder(ids_cpu, mask_cpu), args.reps, args.warmup)
         packed = {"input_ids": ids[mask.bool()].to(torch.int32),
@@ -281,7 +292,7 @@ def print_profile(row: dict) -> None:
 
 
 def print_table(rows: list[dict]) -> None:
-    cols = {"hf_eager": "eager", "hf_sdpa": "sdpa", "compile": "compile", "padfree": "padfree",
+    cols = {"hf_eager": "eager", "hf_sdpa": "sdpa", "compile": "compile", "padfree": "padfree", "padfree_gpu": "pf-gpu",
             "padfree_host_inputs": "host-in", "padfree_packed": "packed",
             "padfree_packed_with_varlen_attn": "pk+FA", "floor": "floor"}
     print(f"{'shape':>8} {'tokens':>6} " + " ".join(f"{c:>8}" for c in cols.values())
