@@ -24,3 +24,56 @@ def test_table_prints_the_ratios(capsys):
     bench_cli.print_table([row(64, 512, 8.0, 16.4, 6.2)])
     line = capsys.readouterr().out.splitlines()[1]
     assert "1.29" in line and "1.42" in line and "2.05" in line and line.endswith("ok")
+
+
+def test_table_leaves_out_what_a_system_alone_cannot_judge(capsys):
+    hf_only = {"batch": 1, "max_seqlen": 128, "total_tokens": 93, "ms": {"hf_eager": 1.9}, "ratios": {}}
+    bench_cli.print_table([hf_only])
+    line = capsys.readouterr().out.splitlines()[1]
+    assert "1.900" in line and line.endswith("n/a")
+
+
+def _args(**kw):
+    import argparse
+    parser = argparse.ArgumentParser()
+    bench_cli.add_arguments(parser)
+    return parser.parse_args([a for k, v in kw.items() for a in ((f"--{k}",) if v is True else (f"--{k}", v))])
+
+
+def test_systems_follow_the_switches():
+    assert bench_cli.chosen_systems(_args()) == ["hf", "compile", "padfree"]
+    assert bench_cli.chosen_systems(_args(**{"no-hf": True})) == ["compile", "padfree"]
+    assert bench_cli.chosen_systems(_args(**{"no-compile": True, "no-hf": True})) == ["padfree"]
+    assert bench_cli.chosen_systems(_args(systems="compile")) == ["compile"]
+    import pytest
+    with pytest.raises(SystemExit, match="unknown systems"):
+        bench_cli.chosen_systems(_args(systems="trt"))
+
+
+def test_each_child_times_one_system_with_the_runs_settings():
+    from padfree import bench_processes
+    args = _args(shapes="1x128", reps="7", profile=True, **{"gemm-tuning": "t.json", "no-hf": True})
+    padfree = bench_processes.child_argv(args, "padfree", "p.json")
+    assert padfree[padfree.index("--systems") + 1] == "padfree" and padfree[padfree.index("--reps") + 1] == "7"
+    assert {"--profile", "--no-hf", "--gemm-tuning"} <= set(padfree)
+    compile_ = bench_processes.child_argv(args, "compile", "c.json")
+    assert compile_[compile_.index("--shapes") + 1] == "1x128" and "--profile" not in compile_
+    parsed = _args(**dict(zip([a[2:] for a in compile_[3::2]], compile_[4::2])))  # the child parses it
+    assert parsed.systems == "compile" and parsed.out == "c.json"
+
+
+def test_merge_joins_each_processes_times_and_judges_them_together():
+    from padfree import bench_processes
+
+    def result(ms, host):
+        rows = [{"batch": 16, "max_seqlen": 256, "total_tokens": 2564, "ms": ms, "ratios": {}}]
+        return {"device": "H100", "torch": "2.11", "date": f"2026-11-24T0{host}", "host_loop_ms": host, "rows": rows}
+    merged = bench_processes.merge({
+        "hf": result({"hf_eager": 3.0, "hf_sdpa": 2.5}, 1),
+        "compile": result({"compile": 2.4}, 2),
+        "padfree": result({"padfree": 1.1, "padfree_packed": 1.2, "floor": 0.8}, 3)})
+    row = merged["rows"][0]
+    assert row["ms"] == {"padfree": 1.1, "padfree_packed": 1.2, "floor": 0.8, "hf_eager": 3.0, "hf_sdpa": 2.5,
+                         "compile": 2.4}
+    assert abs(row["ratios"]["compile_over_padfree"] - 2.4 / 1.1) < 1e-12
+    assert merged["host_loop_ms"] == {"hf": 1, "compile": 2, "padfree": 3} and merged["date"] == "2026-11-24T01"

@@ -20,6 +20,8 @@ Timing: CUDA events around each call after a warm-up, median of --reps. The padf
 inputs synchronizes once inside (the token count must reach the host), and that wait is in its time.
 The profile (--profile) is a torch.profiler trace of one forward_packed, kernel time by name.
 
+Each system (HF, torch.compile, padfree) is timed in a process of its own, as a server runs one model
+(bench_processes.py says why); --one-process times them all in one.
 The script bench/bert.py runs this with its defaults; results go to bench/results/bert-<gpu>.json.
 """
 from __future__ import annotations
@@ -34,6 +36,7 @@ import sys
 import time
 
 SHAPES = ((1, 128), (16, 256), (64, 512), (128, 128))
+SYSTEMS = ("hf", "compile", "padfree")  # hf: the eager and sdpa columns; padfree: its columns and the floor
 # (shape) -> the issue's "done" targets: padfree <= 1.5x floor and >= 2x faster than compile, or a latency
 FLOOR_RATIO_TARGET, COMPILE_SPEEDUP_TARGET, SMALL_LATENCY_TARGET_MS = 1.5, 2.0, 0.4
 STRETCH_FLOOR_RATIO = 1.25
@@ -67,6 +70,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="experimental: programmatic edges into the GEMMs of each captured forward (from_hf)")
     p.add_argument("--varlen-attn", action="store_true",
                    help="diagnostic column: the packed forward with torch's varlen_attn as its attention")
+    p.add_argument("--one-process", action="store_true",
+                   help="time every system in this process (default: each in a process of its own)")
+    p.add_argument("--systems", default=None,
+                   help="comma-separated systems to time, of " + ",".join(SYSTEMS)
+                   + " (default: all that --no-hf / --no-compile leave)")
 
 
 def _shape(text: str) -> tuple[int, int]:
@@ -118,6 +126,7 @@ def time_ms(fn, reps: int, warmup: int, gpu_only: bool = False) -> float:
 def floor_graph(weights, tokens: int, reps: int):
     """The four projection GEMMs of every layer on `tokens` rows, captured once; returns (ms, flops)."""
     import torch
+    from padfree.torch.streams import side_stream
     h, inter = weights.hidden_size, weights.intermediate_size
     gen = torch.Generator(device=weights.word_embeddings.device).manual_seed(1)
 
@@ -133,13 +142,13 @@ def floor_graph(weights, tokens: int, reps: int):
             torch.mm(ctx, lw.out_weight.t(), out=proj)
             torch.mm(mid, lw.up_weight.t(), out=up_out)
             torch.mm(up, lw.down_weight.t(), out=down)
-    stream = torch.cuda.Stream()
+    stream = side_stream()  # not a stream of its own: each one more slows every graph (streams.py)
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         gemms()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=stream):
         gemms()
     flops = 2.0 * tokens * h * (3 * h + h + 2 * inter) * len(weights.layers)
     return time_ms(graph.replay, reps, 5), flops
@@ -198,9 +207,10 @@ def _group(name: str) -> str:
     return "other"
 
 
-def build_models(layers: int, with_hf: bool, gemm_search: str = "heuristic", gemm_tuning: str | None = None,
-                 programmatic_edges: bool = False):
-    """BERT-base with random weights (seed 0) in fp16 on the GPU: HF eager and sdpa copies, padfree."""
+def build_models(layers: int, hf_impls: tuple[str, ...], with_padfree: bool, gemm_search: str = "heuristic",
+                 gemm_tuning: str | None = None, programmatic_edges: bool = False):
+    """BERT-base with random weights (seed 0) in fp16 on the GPU: HF copies (attn_implementation in
+    hf_impls) and padfree's encoder (or None)."""
     import torch
     import transformers
     import padfree.torch as pt
@@ -208,75 +218,103 @@ def build_models(layers: int, with_hf: bool, gemm_search: str = "heuristic", gem
     torch.manual_seed(0)
     source = transformers.BertModel(config).eval()
     models = {}
-    if with_hf:
-        for impl in ("eager", "sdpa"):
-            model = transformers.BertModel(transformers.BertConfig(num_hidden_layers=layers,
-                                                                   attn_implementation=impl))
-            model.load_state_dict(source.state_dict())
-            models[impl] = model.to(device="cuda", dtype=torch.float16).eval()
+    for impl in hf_impls:
+        model = transformers.BertModel(transformers.BertConfig(num_hidden_layers=layers, attn_implementation=impl))
+        model.load_state_dict(source.state_dict())
+        models[impl] = model.to(device="cuda", dtype=torch.float16).eval()
     encoder = pt.from_hf(source, dtype=torch.float16, device="cuda", gemm_search=gemm_search,
-                         gemm_tuning=gemm_tuning, programmatic_edges=programmatic_edges)
+                         gemm_tuning=gemm_tuning, programmatic_edges=programmatic_edges) if with_padfree else None
     return models, encoder
 
 
-def bench_shape(batch: int, max_seqlen: int, models: dict, encoder, args, compiled, fa_encoder) -> dict:
+def chosen_systems(args) -> list[str]:
+    if args.systems:
+        systems = [s for s in args.systems.split(",") if s]
+        unknown = set(systems) - set(SYSTEMS)
+        if unknown:
+            raise SystemExit(f"padfree bench: unknown systems {sorted(unknown)}; known: {', '.join(SYSTEMS)}")
+        return systems
+    return [s for s in SYSTEMS if not (s == "hf" and args.no_hf) and not (s == "compile" and args.no_compile)]
+
+
+def bench_shape(batch: int, max_seqlen: int, timed: dict, args, vocab_size: int) -> dict:
+    """One shape's row. timed: {"hf": {impl: model}, "compile": module, "padfree": encoder,
+    "varlen_attn": encoder, "reference": HF sdpa model for padfree's accuracy}, each where present."""
     import torch
     lengths = lengths_for(batch, max_seqlen)
     tokens = sum(lengths)
     gen = torch.Generator().manual_seed(2)
-    ids = torch.randint(1000, encoder.weights.vocab_size, (batch, max_seqlen), generator=gen)
+    ids = torch.randint(1000, vocab_size, (batch, max_seqlen), generator=gen)
     mask = (torch.arange(max_seqlen)[None, :] < torch.tensor(lengths)[:, None]).long()
     ids, mask = (ids * mask).cuda(), mask.cuda()
     row = {"batch": batch, "max_seqlen": max_seqlen, "total_tokens": tokens, "longest": max(lengths),
            "padding_fraction": 1 - tokens / (batch * max_seqlen), "ms": {}}
     ms = row["ms"]
     with torch.no_grad():
-        t0 = time.perf_counter()
-        encoder(ids, mask)  # captures the bucket's graph, tuning its GEMMs first
-        torch.cuda.synchronize()
-        row["first_call_s"] = time.perf_counter() - t0
-        for impl, model in models.items():
+        for impl, model in timed.get("hf", {}).items():
             ms[f"hf_{impl}"] = time_ms(lambda: model(input_ids=ids, attention_mask=mask), args.reps, args.warmup)
-        if compiled is not None:
-            ms["compile"] = time_ms(lambda: compiled(input_ids=ids, attention_mask=mask), args.reps,
+        if "compile" in timed:
+            ms["compile"] = time_ms(lambda: timed["compile"](input_ids=ids, attention_mask=mask), args.reps,
                                     max(args.warmup, 5))
-        ms["padfree"] = time_ms(lambda: encoder(ids, mask), args.reps, args.warmup)
-        ms["padfree_gpu"] = time_ms(lambda: encoder(ids, mask), args.reps, args.warmup, gpu_only=True)
-        ids_cpu, mask_cpu = ids.cpu(), mask.cpu()
-        ms["padfree_host_inputs"] = time_ms(lambda: encoder(ids_cpu, mask_cpu), args.reps, args.warmup)
-        packed = {"input_ids": ids[mask.bool()].to(torch.int32),
-                  "cu_seqlens": torch.tensor([0] + lengths, device="cuda").cumsum(0).to(torch.int32),
-                  "max_seqlen": max(lengths)}
-        ms["padfree_packed"] = time_ms(lambda: encoder.forward_packed(**packed), args.reps, args.warmup)
-        if fa_encoder is not None:
-            ms["padfree_packed_with_varlen_attn"] = time_ms(lambda: fa_encoder.forward_packed(**packed),
-                                                           args.reps, args.warmup)
-        ms["floor"], flops = floor_graph(encoder.weights, tokens, args.reps)
-        row["floor_tflops"] = flops / (ms["floor"] * 1e-3) / 1e12
-        valid = mask.bool()
-        ours = encoder(ids, mask).last_hidden_state.float()
-        if "sdpa" in models:
-            ref = models["sdpa"](input_ids=ids, attention_mask=mask).last_hidden_state.float()
-            row["rel_err_vs_hf_sdpa"] = float((ours[valid] - ref[valid]).norm() / ref[valid].norm())
-        if fa_encoder is not None:
-            ref = fa_encoder(ids, mask).last_hidden_state.float()
-            row["rel_err_vs_varlen_attn_variant"] = float((ours[valid] - ref[valid]).norm() / ref[valid].norm())
-        row["bucket"] = encoder.graph_buckets[-1]._asdict()
-        row["gemms"] = encoder.gemm_choices(encoder.graph_buckets[-1])
-        if args.profile:
-            row["profile_mode"], row["profile"] = kernel_profile(encoder, packed)
-    ratios = row["ratios"] = {"padfree_over_floor": ms["padfree"] / ms["floor"],
-                              "packed_over_floor": ms["padfree_packed"] / ms["floor"]}
-    if "compile" in ms:
-        ratios["compile_over_padfree"] = ms["compile"] / ms["padfree"]
+        if "padfree" in timed:
+            _bench_padfree(row, ids, mask, lengths, timed, args)
+    add_ratios(row)
     return row
 
 
+def _bench_padfree(row: dict, ids, mask, lengths: list[int], timed: dict, args) -> None:
+    import torch
+    encoder, fa_encoder, ms = timed["padfree"], timed.get("varlen_attn"), row["ms"]
+    t0 = time.perf_counter()
+    encoder(ids, mask)  # captures the bucket's graph, tuning its GEMMs first
+    torch.cuda.synchronize()
+    row["first_call_s"] = time.perf_counter() - t0
+    ms["padfree"] = time_ms(lambda: encoder(ids, mask), args.reps, args.warmup)
+    ms["padfree_gpu"] = time_ms(lambda: encoder(ids, mask), args.reps, args.warmup, gpu_only=True)
+    ids_cpu, mask_cpu = ids.cpu(), mask.cpu()
+    ms["padfree_host_inputs"] = time_ms(lambda: encoder(ids_cpu, mask_cpu), args.reps, args.warmup)
+    packed = {"input_ids": ids[mask.bool()].to(torch.int32),
+              "cu_seqlens": torch.tensor([0] + lengths, device="cuda").cumsum(0).to(torch.int32),
+              "max_seqlen": max(lengths)}
+    ms["padfree_packed"] = time_ms(lambda: encoder.forward_packed(**packed), args.reps, args.warmup)
+    if fa_encoder is not None:
+        ms["padfree_packed_with_varlen_attn"] = time_ms(lambda: fa_encoder.forward_packed(**packed),
+                                                       args.reps, args.warmup)
+    ms["floor"], flops = floor_graph(encoder.weights, row["total_tokens"], args.reps)
+    row["floor_tflops"] = flops / (ms["floor"] * 1e-3) / 1e12
+    # accuracy after every timing: the reference's kernels run on the caller's stream only
+    valid = mask.bool()
+    ours = encoder(ids, mask).last_hidden_state.float()
+    if "reference" in timed:
+        ref = timed["reference"](input_ids=ids, attention_mask=mask).last_hidden_state.float()
+        row["rel_err_vs_hf_sdpa"] = float((ours[valid] - ref[valid]).norm() / ref[valid].norm())
+    if fa_encoder is not None:
+        ref = fa_encoder(ids, mask).last_hidden_state.float()
+        row["rel_err_vs_varlen_attn_variant"] = float((ours[valid] - ref[valid]).norm() / ref[valid].norm())
+    row["bucket"] = encoder.graph_buckets[-1]._asdict()
+    row["gemms"] = encoder.gemm_choices(encoder.graph_buckets[-1])
+    if args.profile:
+        row["profile_mode"], row["profile"] = kernel_profile(encoder, packed)
+
+
+def add_ratios(row: dict) -> None:
+    """The ratios of the columns present (the systems' processes merge their times first)."""
+    ms, ratios = row["ms"], {}
+    if "padfree" in ms and "floor" in ms:
+        ratios["padfree_over_floor"] = ms["padfree"] / ms["floor"]
+        ratios["packed_over_floor"] = ms["padfree_packed"] / ms["floor"]
+    if "compile" in ms and "padfree" in ms:
+        ratios["compile_over_padfree"] = ms["compile"] / ms["padfree"]
+    row["ratios"] = ratios
+
+
 def _targets(row: dict) -> str:
+    r = row["ratios"]
+    if "padfree" not in row["ms"]:
+        return "n/a"
     if (row["batch"], row["max_seqlen"]) == (1, 128):
         return "ok" if row["ms"]["padfree"] <= SMALL_LATENCY_TARGET_MS else "MISS"
-    r = row["ratios"]
-    ok = r["padfree_over_floor"] <= FLOOR_RATIO_TARGET and r.get("compile_over_padfree", 0) >= COMPILE_SPEEDUP_TARGET
+    ok = r.get("padfree_over_floor", FLOOR_RATIO_TARGET + 1) <= FLOOR_RATIO_TARGET and r.get("compile_over_padfree", 0) >= COMPILE_SPEEDUP_TARGET
     return "ok" if ok else ("MISS" if "compile_over_padfree" in r else "n/a")
 
 
@@ -299,10 +337,9 @@ def print_table(rows: list[dict]) -> None:
           + f" {'pf/floor':>8} {'pk/floor':>8} {'cmp/pf':>7} target")
     for r in rows:
         cells = " ".join(f"{r['ms'][c]:8.3f}" if c in r["ms"] else f"{'-':>8}" for c in cols)
-        cmp = r["ratios"].get("compile_over_padfree")
-        print(f"{r['batch']:>4}x{r['max_seqlen']:<3} {r['total_tokens']:6d} {cells} "
-              f"{r['ratios']['padfree_over_floor']:8.2f} {r['ratios']['packed_over_floor']:8.2f} "
-              f"{'-' if cmp is None else f'{cmp:7.2f}':>7} {_targets(r)}")
+        ratios = [r["ratios"].get(k) for k in ("padfree_over_floor", "packed_over_floor", "compile_over_padfree")]
+        cells += "".join(f" {'-' if x is None else f'{x:.2f}':>{w}}" for x, w in zip(ratios, (8, 8, 7)))
+        print(f"{r['batch']:>4}x{r['max_seqlen']:<3} {r['total_tokens']:6d} {cells} {_targets(r)}")
     print("median ms; pf = padfree HF-style call on device inputs, pk = packed; targets: pf/floor <= 1.5 "
           "(stretch 1.25), compile/pf >= 2, 1x128 pf <= 0.4 ms")
 
@@ -325,46 +362,60 @@ def run(args) -> int:
     if not torch.cuda.is_available():
         print("padfree bench: no CUDA device here; the benchmark runs on a GPU machine", file=sys.stderr)
         return 1
-    import transformers
-    shapes = [_shape(s) for s in args.shapes.split(",") if s]
-    models, encoder = build_models(args.layers, not args.no_hf, args.gemm_search, args.gemm_tuning,
-                                   args.programmatic_edges)
-    compiled = None
-    if not args.no_compile:
-        sdpa = models.get("sdpa") or build_models(args.layers, True)[0]["sdpa"]
-        compiled = torch.compile(sdpa, mode="reduce-overhead", dynamic=False)
-    fa_encoder = None
-    if args.varlen_attn:
-        from padfree.torch import PadfreeEncoder
-        fa_encoder = PadfreeEncoder(encoder.weights, encoder.config, ops=torch_attention_ops())
-    rows, host_ms = [], [host_loop_ms()]
-    for batch, max_seqlen in shapes:
-        row = bench_shape(batch, max_seqlen, models, encoder, args, compiled, fa_encoder)
-        rows.append(row)
-        print(json.dumps({k: v for k, v in row.items() if k != "profile"}), flush=True)
-    name = torch.cuda.get_device_name()
-    result = {"benchmark": "BERT-base encoder, fp16, random weights", "device": name,
-              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "torch": torch.__version__, "transformers": transformers.__version__, "cuda": torch.version.cuda,
-              "layers": args.layers, "encoder": repr(encoder),
-              "programmatic_edges": args.programmatic_edges,
-              # the library's A/B switches (attention.cu, common.cuh), so that a run says what it ran
-              "environment": {k: v for k, v in os.environ.items()
-                              if k.startswith("PADFREE_") and not k.endswith("_LIBRARY")},
-              "host_loop_ms": {"start": host_ms[0], "end": host_loop_ms()},
-              "lengths": "uniform in [0.2*max, max], torch.Generator seed 0",
-              "timing": f"CUDA events per call, median of {args.reps} after {args.warmup} warm-up calls",
-              "rows": rows}
-    out = args.out or os.path.join("bench", "results", f"bert-{gpu_slug(name)}.json")
+    systems = chosen_systems(args)
+    if args.one_process or len(systems) == 1:
+        result = measure(args, systems)
+    else:
+        from .bench_processes import measure_apart
+        result = measure_apart(args, systems)
+    out = args.out or os.path.join("bench", "results", f"bert-{gpu_slug(result['device'])}.json")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as f:
         json.dump(result, f, indent=1)
-    print(f"wrote {out}; {name}, torch {torch.__version__}, host loop {result['host_loop_ms']} ms")
-    for row in rows:
+    print(f"wrote {out}; {result['device']}, torch {result['torch']}, host loop {result['host_loop_ms']} ms")
+    for row in result["rows"]:
         if "profile" in row:
             print_profile(row)
-    print_table(rows)
+    print_table(result["rows"])
     return 0
+
+
+def measure(args, systems: list[str]) -> dict:
+    """Every shape's row for `systems`, timed in this process."""
+    import torch
+    import transformers
+    hf_impls = ("eager", "sdpa") if "hf" in systems else ()
+    with_reference = "padfree" in systems and not args.no_hf and "sdpa" not in hf_impls
+    models, encoder = build_models(args.layers, hf_impls + (("sdpa",) if with_reference else ()),
+                                   "padfree" in systems, args.gemm_search, args.gemm_tuning, args.programmatic_edges)
+    timed = {"hf": {impl: models[impl] for impl in hf_impls}}
+    if "compile" in systems:
+        sdpa = models.get("sdpa") or build_models(args.layers, ("sdpa",), False)[0]["sdpa"]
+        timed["compile"] = torch.compile(sdpa, mode="reduce-overhead", dynamic=False)
+    if encoder is not None:
+        timed["padfree"] = encoder
+        if "sdpa" in models and not args.no_hf:
+            timed["reference"] = models["sdpa"]
+        if args.varlen_attn:
+            from padfree.torch import PadfreeEncoder
+            timed["varlen_attn"] = PadfreeEncoder(encoder.weights, encoder.config, ops=torch_attention_ops())
+    vocab_size = transformers.BertConfig().vocab_size
+    rows, host_ms = [], [host_loop_ms()]
+    for batch, max_seqlen in [_shape(s) for s in args.shapes.split(",") if s]:
+        rows.append(bench_shape(batch, max_seqlen, timed, args, vocab_size))
+        print(json.dumps({k: v for k, v in rows[-1].items() if k != "profile"}), flush=True)
+    return {"benchmark": "BERT-base encoder, fp16, random weights", "device": torch.cuda.get_device_name(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "torch": torch.__version__, "transformers": transformers.__version__, "cuda": torch.version.cuda,
+            "layers": args.layers, "systems": systems, "processes": "one",
+            "encoder": repr(encoder), "programmatic_edges": args.programmatic_edges,
+            # the library's A/B switches (attention.cu, common.cuh), so that a run says what it ran
+            "environment": {k: v for k, v in os.environ.items()
+                            if k.startswith("PADFREE_") and not k.endswith("_LIBRARY")},
+            "host_loop_ms": {"start": host_ms[0], "end": host_loop_ms()},
+            "lengths": "uniform in [0.2*max, max], torch.Generator seed 0",
+            "timing": f"CUDA events per call, median of {args.reps} after {args.warmup} warm-up calls",
+            "rows": rows}
 
 
 def main(argv: list[str] | None = None) -> int:

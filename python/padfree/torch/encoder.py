@@ -35,6 +35,7 @@ from .buckets import LRU, Bucket, bucket_for, round_seqlen, round_tokens
 from .ffn import FfnUp, epilogue_matches
 from .gemms import SEARCHES, EncoderGemms, load_tuning, save_tuning
 from .inputs import Batch, DeviceInputs, InputBuffer, from_host
+from .streams import side_stream
 from .weights import EncoderWeights
 from .workspaces import cublas_workspaces_in_pool, keeping_cuda_graph
 
@@ -344,7 +345,7 @@ class PadfreeEncoder:
         g = _Graph(bucket=bucket, graph=keeping_cuda_graph(), inputs=inputs, hidden=hidden, pooled=pooled)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-            self._capture_stream = torch.cuda.Stream(self.device)
+            self._capture_stream = side_stream(self.device)
         g.gemms = self._gemms(bucket.tokens, tune=True)  # times candidates: before any capture
         if self.gemm_tuning is not None:
             save_tuning(self.gemm_tuning, self.device)

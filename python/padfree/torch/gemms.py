@@ -34,6 +34,7 @@ from typing import Callable
 import torch
 
 from . import cublaslt
+from .streams import side_stream
 from .workspaces import CounterSlots, keeping_cuda_graph
 
 log = logging.getLogger("padfree.gemms")
@@ -113,7 +114,7 @@ def graph_call_us(fn: Callable, calls: int = _CALLS, replays: int = _REPLAYS, sl
     torch.cuda.graph would collect garbage every time. slot_bytes > 0: fn takes a workspace, each
     call its own slot of that size, zeroed at the graph's start with cuBLASLt's memsets removed, as
     EncoderGemms' calls run in a captured forward."""
-    side = torch.cuda.Stream()
+    side = side_stream()
     side.wait_stream(torch.cuda.current_stream())
     slots = CounterSlots(calls, slot_bytes, torch.device("cuda", torch.cuda.current_device())) if slot_bytes else None
     call = fn if slots is None else (lambda: fn(slots.take()))
