@@ -7,7 +7,8 @@ Columns per shape (batch x max_seqlen, lengths uniform in [0.2*max, max], torch.
                         replay, padded output): what replaces the HF call
   padfree_gpu           (diagnostic) the same call timed with the GPU kept busy first, so that the host
                         has enqueued it before its start event fires: the call's GPU time alone, without
-                        the host's work in front of the first kernel
+                        the host's work in front of the first kernel (for the small shapes: at the
+                        power-capped large ones the idle millisecond before each call lifts the clock)
   padfree_host_inputs   the same call with the padded batch on the CPU (a tokenizer's output): validated
                         and packed on the host, one asynchronous copy, no synchronization
   padfree_packed        forward_packed on already packed inputs (what padfree.runtime calls)
