@@ -315,7 +315,8 @@ def _targets(row: dict) -> str:
         return "n/a"
     if (row["batch"], row["max_seqlen"]) == (1, 128):
         return "ok" if row["ms"]["padfree"] <= SMALL_LATENCY_TARGET_MS else "MISS"
-    ok = r.get("padfree_over_floor", FLOOR_RATIO_TARGET + 1) <= FLOOR_RATIO_TARGET and r.get("compile_over_padfree", 0) >= COMPILE_SPEEDUP_TARGET
+    ok = (r.get("padfree_over_floor", FLOOR_RATIO_TARGET + 1) <= FLOOR_RATIO_TARGET
+          and r.get("compile_over_padfree", 0) >= COMPILE_SPEEDUP_TARGET)
     return "ok" if ok else ("MISS" if "compile_over_padfree" in r else "n/a")
 
 
@@ -386,8 +387,8 @@ def measure(args, systems: list[str]) -> dict:
     import torch
     import transformers
     hf_impls = ("eager", "sdpa") if "hf" in systems else ()
-    with_reference = "padfree" in systems and not args.no_hf and "sdpa" not in hf_impls
-    models, encoder = build_models(args.layers, hf_impls + (("sdpa",) if with_reference else ()),
+    with_reference = "padfree" in systems and not args.no_hf  # HF sdpa, padfree's accuracy check
+    models, encoder = build_models(args.layers, hf_impls or (("sdpa",) if with_reference else ()),
                                    "padfree" in systems, args.gemm_search, args.gemm_tuning, args.programmatic_edges)
     timed = {"hf": {impl: models[impl] for impl in hf_impls}}
     if "compile" in systems:
@@ -395,7 +396,7 @@ def measure(args, systems: list[str]) -> dict:
         timed["compile"] = torch.compile(sdpa, mode="reduce-overhead", dynamic=False)
     if encoder is not None:
         timed["padfree"] = encoder
-        if "sdpa" in models and not args.no_hf:
+        if with_reference:
             timed["reference"] = models["sdpa"]
         if args.varlen_attn:
             from padfree.torch import PadfreeEncoder
