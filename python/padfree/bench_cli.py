@@ -388,12 +388,13 @@ def measure(args, systems: list[str]) -> dict:
     import transformers
     hf_impls = ("eager", "sdpa") if "hf" in systems else ()
     with_reference = "padfree" in systems and not args.no_hf  # HF sdpa, padfree's accuracy check
-    models, encoder = build_models(args.layers, hf_impls or (("sdpa",) if with_reference else ()),
+    # one HF sdpa model serves its column, torch.compile's source and the accuracy reference
+    needs_sdpa = with_reference or "compile" in systems
+    models, encoder = build_models(args.layers, hf_impls or (("sdpa",) if needs_sdpa else ()),
                                    "padfree" in systems, args.gemm_search, args.gemm_tuning, args.programmatic_edges)
     timed = {"hf": {impl: models[impl] for impl in hf_impls}}
     if "compile" in systems:
-        sdpa = models.get("sdpa") or build_models(args.layers, ("sdpa",), False)[0]["sdpa"]
-        timed["compile"] = torch.compile(sdpa, mode="reduce-overhead", dynamic=False)
+        timed["compile"] = torch.compile(models["sdpa"], mode="reduce-overhead", dynamic=False)
     if encoder is not None:
         timed["padfree"] = encoder
         if with_reference:
