@@ -54,6 +54,8 @@ def _finish(graph: gs.Graph, ctx: Context, original: onnx.ModelProto) -> onnx.Mo
     for t in graph.outputs:
         t.shape = None
     model = gs.export_onnx(graph, do_type_check=False)
+    declared = {o.name: [d.dim_param or d.dim_value or None for d in o.type.tensor_type.shape.dim]
+                for o in original.graph.output}
     del model.graph.value_info[:]
     domains = {o.domain for o in model.opset_import}
     if ctx.spec.namespace not in domains:
@@ -64,9 +66,9 @@ def _finish(graph: gs.Graph, ctx: Context, original: onnx.ModelProto) -> onnx.Mo
     meta.update({"padfree.io": ctx.io, "padfree.spec_version": ctx.spec.version})
     onnx.helper.set_model_props(model, meta)
     try:
-        model = shapes.infer(model, ctx.spec.namespace)
+        model = shapes.infer(model, ctx.spec, declared)
         onnx.checker.check_model(model, full_check=True)
-    except (ValueError, onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
+    except (shapes.ShapeError, onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
         raise ExportError(f"the rewritten model does not check: {e}") from e
     return model
 
