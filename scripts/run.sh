@@ -16,6 +16,19 @@ py=.venv/bin/python
 # torch first and pinned: a range would pull a multi-GB CUDA build on a CPU-only machine.
 $py -m pip install -q --upgrade pip
 $py -m pip list 2>/dev/null | grep -q '^torch ' || $py -m pip install -q torch==2.13.0
+# The TensorRT plugin library (libpadfree_trt.so) compiles against TensorRT's public headers only:
+# ../shared/third_party/tensorrt beside the checkout, or $TensorRT_ROOT. Without them the kernel
+# library still builds and the plugin parts skip with a message.
+trt_root="${TensorRT_ROOT:-}"
+if [ -z "$trt_root" ] && [ -f ../shared/third_party/tensorrt/include/NvInferRuntime.h ]; then
+  trt_root="$(cd ../shared/third_party/tensorrt && pwd)"
+fi
+if [ -n "$trt_root" ]; then
+  export SKBUILD_CMAKE_DEFINE="TensorRT_ROOT=$trt_root${SKBUILD_CMAKE_DEFINE:+;$SKBUILD_CMAKE_DEFINE}"
+else
+  echo "padfree: no TensorRT headers (../shared/third_party/tensorrt or \$TensorRT_ROOT): libpadfree_trt.so is not" \
+       "built, and engines build from the plain export only" >&2
+fi
 $py -m pip install -q -e '.[export,test,trt-rtx]'
 
 case "$job" in
