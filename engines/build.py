@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ _WORKER_ENV = "PADFREE_ENGINES_BUILD_WORKER"
 class BuildOptions:
     onnx: str
     output: str
-    precision: str = "fp16"
+    precision: str | None = None  # None: the backend's default for the model's dtype (trt_api.default_precision)
     max_tokens: int = 4096
     max_batch: int = 64
     max_seqlen: int | None = None  # default: min(max_tokens, the model's position table, 512 if unknown)
@@ -50,6 +50,8 @@ def build(options: BuildOptions) -> dict[str, Any]:
     info = model_info.read(onnx_path)
     _check_kernel_sizes(info, onnx_path)
     api = trt_api.load(options.backend)
+    if options.precision is None:
+        options = replace(options, precision=api.default_precision(info.float_dtype))
     strongly_typed, flags, precision_mode = api.plan_precision(options.precision, info.float_dtype)
     all_profiles = _profiles(options, info)
     library = plugin_library.find(options.plugin_library) if info.plugins else None

@@ -13,8 +13,9 @@ def register(subparsers) -> None:
     p.add_argument("onnx", metavar="MODEL.onnx", help="model.padfree.onnx (plugin nodes) or a plain model.onnx")
     p.add_argument("-o", "--output", required=True, metavar="MODEL.engine",
                    help="engine file; its sidecar goes to MODEL.engine.json")
-    p.add_argument("--precision", choices=PRECISIONS, default="fp16",
-                   help="fp16 (default), bf16 or fp32; TensorRT-RTX builds the ONNX's own dtype only")
+    p.add_argument("--precision", choices=PRECISIONS, default=None,
+                   help="fp16, bf16 or fp32 (default: the ONNX's own dtype on TensorRT-RTX, which builds that"
+                        " only, and for fp16 / bf16 exports; fp16 for a float32 ONNX on TensorRT)")
     p.add_argument("--max-tokens", type=int, default=4096, help="most tokens of one batch (default 4096)")
     p.add_argument("--max-batch", type=int, default=64, help="most sequences of one batch (default 64)")
     p.add_argument("--max-seqlen", type=int, help="longest sequence (default: min(max-tokens, position table))")

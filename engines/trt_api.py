@@ -9,6 +9,8 @@ Precision, per backend (what `padfree build --precision` does):
 - tensorrt_rtx: every network is strongly typed and there are no precision flags: the ONNX's
   dtypes decide. The requested precision must equal the model's float dtype; otherwise the build
   is refused (export the model in that dtype), rather than silently building another precision.
+Without --precision a build follows the model (default_precision): its own dtype, except a float32
+ONNX on TensorRT, which builds weakly typed with fp16 allowed.
 
 TensorRT-RTX's ONNX parser dlopens "libtensorrt_rtx.so" (the unversioned name, which its wheel does
 not ship) when it imports a plugin node; `needs_parser_link` says so, and padfree.engines.build
@@ -62,18 +64,26 @@ class Api:
             flags |= 1 << int(strongly)
         return builder.create_network(flags)
 
-    def plan_precision(self, requested: str, model_dtype: str) -> tuple[bool, list[str], str]:
+    def default_precision(self, model_dtype: str) -> str:
+        """What a build without --precision makes: the ONNX's own dtype where the network is strongly
+        typed (TensorRT-RTX always; TensorRT for an fp16 / bf16 export), else fp16 for a float32 ONNX
+        on TensorRT (weakly typed, so the builder may choose fp16 kernels)."""
+        return model_dtype if self.strongly_typed_only or model_dtype != "fp32" else "fp16"
+
+    def plan_precision(self, requested: str | None, model_dtype: str) -> tuple[bool, list[str], str]:
         """(strongly typed, builder flags to set, a sentence saying what the build does).
 
+        requested: "fp32" | "fp16" | "bf16", or None for default_precision(model_dtype).
         model_dtype: the ONNX model's float dtype ("fp32", "fp16", "bf16")."""
+        requested = requested or self.default_precision(model_dtype)
         if requested not in PRECISIONS:
             raise PrecisionError(f"precision must be one of {PRECISIONS}, got {requested!r}")
         if self.strongly_typed_only:
             if requested != model_dtype:
                 raise PrecisionError(
                     f"{self.name} {self.version} builds strongly typed networks only: the ONNX's dtypes decide the"
-                    f" precision, and this model is {model_dtype}. Export it in {requested} or build with"
-                    f" --precision {model_dtype}.")
+                    f" precision, and this model is {model_dtype}. Export it with `padfree export --dtype {requested}`"
+                    f" or build without --precision (it follows the model).")
             return True, [], f"strongly typed: {model_dtype} as exported ({self.name} has no precision flags)"
         if model_dtype != "fp32":
             if requested != model_dtype:

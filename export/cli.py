@@ -20,6 +20,9 @@ def register(subparsers) -> None:
     p.add_argument("--io", choices=("packed", "padded"), default="packed",
                    help="packed: input_ids[T], cu_seqlens[B+1], max_seqlen[S] (default); "
                         "padded: input_ids[B,S] + attention_mask[B,S] with padding plugins at the edges")
+    p.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default="fp32",
+                   help="float dtype of model.padfree.onnx, and so of a TensorRT-RTX engine built from it "
+                        "(default fp32; model.onnx, the check's reference, is always fp32)")
     p.add_argument("--opset", type=int, default=None, help="ONNX opset (>= 17; default 18)")
     p.add_argument("--allow-partial", action="store_true",
                    help="keep what did not fuse on padded rows instead of refusing the model")
@@ -36,7 +39,7 @@ def main(args: argparse.Namespace) -> int:
     _quiet_exporter(args.verbose)
     try:
         result = export(args.source, args.output, io=args.io, opset=args.opset, allow_partial=args.allow_partial,
-                        attn_implementation=args.attn_implementation)
+                        attn_implementation=args.attn_implementation, dtype=args.dtype)
     except ExportError as e:
         log.error("%s", e)
         return 1

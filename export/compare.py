@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from .precision import cast, float_dtype, round_weights
 from .reference import with_references
 from .spec import load as load_spec
 
@@ -167,6 +168,8 @@ def compare(rewritten: onnx.ModelProto, reference: onnx.ModelProto, batch: int =
 
     An element passes when its absolute error is <= atol or its relative error <= rtol (polygraphy's
     elementwise rule); padded outputs of the padded form must also be exactly 0 in padded rows.
+    A fp16 / bf16 rewritten model runs cast back to float32, against the reference with its weights
+    rounded to that dtype (export.precision): float32 tolerances hold for every dtype.
     """
     from polygraphy import comparator as pc
     from polygraphy.logger import G_LOGGER
@@ -180,6 +183,9 @@ def compare(rewritten: onnx.ModelProto, reference: onnx.ModelProto, batch: int =
         max_seqlen = facts.max_seqlen
     data = random_batch(facts, batch, max_seqlen, seed)
     Runner = _runner_classes()
+    dtype = float_dtype(rewritten)
+    if dtype != "fp32":  # both in float32 on the same rounded weights (export.precision)
+        rewritten, reference = cast(rewritten, "fp32"), round_weights(reference, dtype)
     runners = [Runner(reference, "reference", "reference"), Runner(with_references(rewritten), facts.io, "padfree")]
     with G_LOGGER.verbosity(G_LOGGER.INFO if verbose else G_LOGGER.ERROR):
         results = pc.Comparator.run(runners, data_loader=[data.feed])

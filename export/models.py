@@ -13,6 +13,11 @@ from .errors import ExportError
 # name -> (transformers config class, model class, config fields)
 _SMALL = dict(vocab_size=512, max_position_embeddings=128)
 BUILTIN: dict[str, tuple[str, str, dict]] = {
+    # The demo's model: BERT at real depth (12 layers) and a small width (the shape of Google's
+    # BERT-Small checkpoints, L-12 H-256 A-4), so the whole pipeline runs in seconds on a CPU.
+    "small-bert": ("BertConfig", "BertModel",
+                   dict(vocab_size=8192, max_position_embeddings=512, hidden_size=256, num_hidden_layers=12,
+                        num_attention_heads=4, intermediate_size=1024)),
     "tiny-bert": ("BertConfig", "BertModel",
                   dict(_SMALL, hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256)),
     "tiny-bert-hd128": ("BertConfig", "BertModel",

@@ -6,7 +6,7 @@ import logging
 import onnx
 import onnx_graphsurgeon as gs
 
-from . import shapes
+from . import precision, shapes
 from . import spec as spec_mod
 from .context import Context
 from .errors import ExportError, PartialFusionError
@@ -18,15 +18,19 @@ log = logging.getLogger("padfree.export")
 
 
 def rewrite(model: onnx.ModelProto, io: str = "packed", allow_partial: bool = False,
-            spec: spec_mod.Spec | None = None) -> tuple[onnx.ModelProto, RewriteReport]:
+            spec: spec_mod.Spec | None = None, dtype: str = "fp32") -> tuple[onnx.ModelProto, RewriteReport]:
     """Replace the encoder's subgraphs of an exported HF encoder with padfree plugin nodes.
 
     io="packed": inputs input_ids [T], token_type_ids [T] (where the model has them), cu_seqlens
     [B+1], max_seqlen [S] (only its length is read), all int32; outputs last_hidden_state [T, H]
     and pooler_output [B, H]. io="padded": inputs input_ids, attention_mask, token_type_ids [B, S]
     int32; padded outputs (zeros in padded rows).
+    dtype: "fp32" | "fp16" | "bf16", the float dtype of the rewritten model's weights and outputs
+    (export.precision).
     Raises PartialFusionError naming what did not match, unless allow_partial.
     """
+    if dtype not in precision.DTYPES:
+        raise ExportError(f"dtype must be one of {', '.join(precision.DTYPES)}, got {dtype!r}")
     spec = spec or spec_mod.load()
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     if opset < MIN_OPSET:
@@ -42,10 +46,10 @@ def rewrite(model: onnx.ModelProto, io: str = "packed", allow_partial: bool = Fa
         raise PartialFusionError(report)
     if not report.fused:
         raise ExportError("nothing in this model matched a padfree pattern: " + "; ".join(report.unmatched))
-    return _finish(graph, ctx, model), report
+    return _finish(graph, ctx, model, dtype), report
 
 
-def _finish(graph: gs.Graph, ctx: Context, original: onnx.ModelProto) -> onnx.ModelProto:
+def _finish(graph: gs.Graph, ctx: Context, original: onnx.ModelProto, dtype: str) -> onnx.ModelProto:
     """Export, with fresh shape inference through the plugins, metadata and onnx.checker."""
     ends = {id(t) for t in graph.inputs} | {id(t) for t in graph.outputs}
     for t in graph.tensors().values():
@@ -65,6 +69,8 @@ def _finish(graph: gs.Graph, ctx: Context, original: onnx.ModelProto) -> onnx.Mo
     meta = {p.key: p.value for p in original.metadata_props}
     meta.update({"padfree.io": ctx.io, "padfree.spec_version": ctx.spec.version})
     onnx.helper.set_model_props(model, meta)
+    model = precision.cast(model, dtype)
+    log.info("inferring shapes and checking the rewritten model (%s)", dtype)
     try:
         model = shapes.infer(model, ctx.spec, declared)
         onnx.checker.check_model(model, full_check=True)

@@ -26,7 +26,9 @@ def register(subparsers) -> None:
     p.add_argument("--max-seqlen", type=int, default=64, help="longest sequence (default 64)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random batch (default 0)")
     p.add_argument("--precision", choices=tuple(RTOL), default="fp32",
-                   help="sets the default tolerances (with --engine, the engine's own precision does)")
+                   help="sets the default tolerances (default fp32: a fp16 / bf16 rewritten model is checked in "
+                        "float32 against the reference with the same rounded weights; with --engine, the "
+                        "engine's own precision sets them)")
     p.add_argument("--rtol", type=float, default=None, help="relative tolerance (fp32 default 1e-4)")
     p.add_argument("--atol", type=float, default=None, help="absolute tolerance (default rtol / 10)")
     p.add_argument("--verbose", action="store_true", help="polygraphy's full comparison log")
@@ -47,6 +49,7 @@ def main(args: argparse.Namespace) -> int:
     import onnx
 
     from padfree.export.compare import compare, format_results
+    from padfree.export.precision import float_dtype
 
     try:
         rewritten, reference = onnx.load(args.model), onnx.load(args.reference)
@@ -55,8 +58,10 @@ def main(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as e:
         log.error("%s", e)
         return 2
-    print(f"{args.model} vs {args.reference}: batch {args.batch}, lengths {data.lengths.tolist()}, "
-          f"seed {args.seed}, ONNX Runtime CPU")
+    dtype = float_dtype(rewritten)
+    weights = "" if dtype == "fp32" else f" (weights as {dtype} in both)"
+    print(f"{args.model} vs {args.reference}{weights}: batch {args.batch}, lengths "
+          f"{data.lengths.tolist()}, seed {args.seed}, ONNX Runtime CPU")
     print(format_results(results, args.rtol, args.atol))
     print("PASS" if ok else "FAIL: past the tolerance")
     return 0 if ok else 1

@@ -1,4 +1,4 @@
-"""`padfree demo`: export the built-in tiny BERT, rewrite it onto padfree plugins, check the
+"""`padfree demo`: export a built-in 12-layer BERT, rewrite it onto padfree plugins, check the
 rewrite against the plain export on ONNX Runtime (CPU), then build a TensorRT engine where a
 TensorRT (or TensorRT-RTX) is installed. No GPU needed; without TensorRT the last step says why not."""
 from __future__ import annotations
@@ -13,9 +13,10 @@ log = logging.getLogger("padfree.demo")
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("demo", help="export + rewrite + check (+ engine build where TensorRT is) a built-in tiny BERT on the CPU")
+    p = subparsers.add_parser("demo", help="export + rewrite + check (+ engine build where TensorRT is) a built-in 12-layer BERT on the CPU")
     p.add_argument("-o", "--output", default=None, help="output folder (default: a temporary one)")
-    p.add_argument("--model", default="tiny-bert", help="built-in model to use (default tiny-bert)")
+    p.add_argument("--model", default="small-bert",
+                   help="built-in model to use (default small-bert: 12 layers, hidden 256)")
     p.add_argument("--io", choices=("packed", "padded"), default="packed")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=main)
@@ -71,8 +72,8 @@ def _build_engine(result, out: Path) -> str:
     library = plugin_library.find(required=False)
     source = result.padfree_path if library is not None else result.model_path
     engine = out / (Path(source).stem + ".engine")
-    try:  # the built-in models export in float32, and TensorRT-RTX builds the ONNX's own dtype
-        build(BuildOptions(onnx=str(source), output=str(engine), precision="fp32", max_tokens=1024,
+    try:  # precision None: the engine follows the exported dtype
+        build(BuildOptions(onnx=str(source), output=str(engine), precision=None, max_tokens=1024,
                           max_batch=16, plugin_library=None if library is None else str(library),
                           progress=False))
     except EngineError as e:
