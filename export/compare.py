@@ -130,8 +130,8 @@ def _runner_classes():
         def _feed(self, feed):
             if self.form == "packed":
                 return packed_feed(feed)
-            dtype = np.int64 if self.form == "reference" else np.int32
-            return {k: v.astype(dtype) for k, v in feed.items() if k in self.inputs}
+            return {k: v.astype(helper.tensor_dtype_to_np_dtype(self.inputs[k].type.tensor_type.elem_type))
+                    for k, v in feed.items() if k in self.inputs}
 
         def infer_impl(self, feed_dict):
             import time

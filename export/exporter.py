@@ -57,8 +57,10 @@ def export_onnx(model, source: str = "", opset: int = DEFAULT_OPSET) -> onnx.Mod
 
     lengths = torch.tensor(_EXAMPLE_LENGTHS)
     batch, seqlen = len(_EXAMPLE_LENGTHS), int(lengths.max())
-    mask = (torch.arange(seqlen)[None, :] < lengths[:, None]).long()
-    ids = torch.randint(3, model.config.vocab_size, (batch, seqlen)) * mask
+    # int32 inputs, as the rewritten model takes them (the kernels' and TensorRT's plugins' index
+    # type): both files have one interface, and TensorRT needs no int64 bindings for either.
+    mask = (torch.arange(seqlen)[None, :] < lengths[:, None]).int()
+    ids = torch.randint(3, model.config.vocab_size, (batch, seqlen), dtype=torch.int32) * mask
     kwargs = {"input_ids": ids, "attention_mask": mask}
     if types:
         kwargs["token_type_ids"] = torch.zeros_like(ids)

@@ -25,3 +25,6 @@ def test_demo_passes_and_keeps_its_files(tmp_path, capsys):
     engines = list(tmp_path.glob("*.engine"))
     assert len(engines) == 1 and engines[0].stat().st_size > 0, printed
     assert f"engine: built {engines[0].name}" in printed
+    from padfree.engines import plugin_library
+    if plugin_library.find(required=False) is not None:  # the README's main job: padfree's plugins
+        assert engines[0].name == "model.padfree.engine" and "from model.padfree.onnx" in printed, printed
