@@ -90,11 +90,12 @@ def read(path: str | Path) -> ModelInfo:
     info.vocab_size = _table_rows(graph, "input_ids", "word_embeddings")
     if info.vocab_size is None:
         info.vocab_size = meta_int("padfree.vocab_size")
-    info.type_vocab_size = _table_rows(graph, "token_type_ids", "token_type_embeddings")
-    if info.type_vocab_size is None:
-        info.type_vocab_size = meta_int("padfree.type_vocab_size")
-        if info.type_vocab_size is None and "token_type_ids" not in names:
-            info.type_vocab_size = 0
+    if "token_type_ids" not in names:
+        info.type_vocab_size = 0  # nothing to feed them through: the model takes none
+    else:
+        info.type_vocab_size = _table_rows(graph, "token_type_ids", "token_type_embeddings")
+        if info.type_vocab_size is None:
+            info.type_vocab_size = meta_int("padfree.type_vocab_size")
     offset = _position_offset(graph)
     rows = _table_rows(graph, None, "position_embeddings")
     if rows is None:

@@ -625,11 +625,12 @@ def test_cli_json_padded_and_random(seed, tmp_path, monkeypatch, capsys):
 
 
 def test_cli_reports_bad_input(tmp_path, monkeypatch):
+    from padfree.arguments import CommandError
     (tmp_path / "bad.json").write_text(json.dumps([[1, 2], [VOCAB]]))
-    with pytest.raises(SystemExit, match="bad input: token id 100 at sequence 1"):
+    with pytest.raises(CommandError, match="bad input: token id 100 at sequence 1"):
         _cli(monkeypatch, ["x", "--input", str(tmp_path / "bad.json")], ToyBackend())
     (tmp_path / "odd.json").write_text(json.dumps({"ids": []}))
-    with pytest.raises(SystemExit, match="expected a list of token-id lists"):
+    with pytest.raises(CommandError, match="expected a list of token-id lists"):
         _cli(monkeypatch, ["x", "--input", str(tmp_path / "odd.json")], ToyBackend())
 
 
