@@ -138,7 +138,7 @@ def test_model_info_sizes_of_a_plain_export(bert_onnx):
     assert (info.vocab_size, info.type_vocab_size, info.max_positions) == (VOCAB, TYPES, POSITIONS)
 
 
-def _embedding_onnx(path: Path, with_types: bool, vocab: int, types: int) -> Path:
+def _embedding_onnx(path: Path, with_types: bool, vocab: int, types: int, offset: int = 0) -> Path:
     """A packed graph of one PadfreeEmbLayerNorm node whose tables carry no HF names."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
@@ -149,7 +149,7 @@ def _embedding_onnx(path: Path, with_types: bool, vocab: int, types: int) -> Pat
     ids = ["input_ids"] + (["token_type_ids"] if with_types else []) + ["cu_seqlens"]
     tables = ["t0", "t1"] + (["t2"] if with_types else [])
     node = helper.make_node("PadfreeEmbLayerNorm", ids + tables + ["g", "b"], ["y"], domain="padfree",
-                            epsilon=1e-12, position_offset=0, has_token_type=int(with_types))
+                            epsilon=1e-12, position_offset=offset, has_token_type=int(with_types))
     graph = helper.make_graph([node], "emb", [helper.make_tensor_value_info(n, TensorProto.INT32, ["T"]) for n in ids],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["T", 8])], inits)
     model = helper.make_model(graph)
@@ -166,6 +166,41 @@ def test_model_info_sizes_from_plugin_tables(tmp_path, with_types):
     info = model_info.read(_embedding_onnx(tmp_path / "emb.onnx", with_types, vocab=37, types=3))
     assert info.vocab_size == 37 and info.max_positions == 16
     assert info.type_vocab_size == (3 if with_types else 0)  # no token_type_ids input: the model takes none
+    assert info.position_pad_id is None
+
+
+def test_model_info_reads_roberta_numbering_from_the_node(tmp_path):
+    """position_offset 2 (RoBERTa, padding id 1): two rows fewer, and the padding id for the runtime."""
+    from padfree.engines import model_info
+    info = model_info.read(_embedding_onnx(tmp_path / "emb.onnx", False, vocab=37, types=0, offset=2))
+    assert (info.max_positions, info.position_pad_id) == (14, 1)
+
+
+def test_engine_check_never_draws_the_padding_id_inside_a_sequence():
+    from padfree.engines.check import random_feeds
+    feeds = random_feeds(["input_ids", "attention_mask"], np.int32, 3, 6, 40, vocab_size=5, type_vocab_size=0,
+                         seed=0, pad_id=1)
+    for feed in feeds:
+        tokens = feed["input_ids"][feed["attention_mask"] == 1]
+        assert 1 not in tokens and set(np.unique(tokens)) == {0, 2, 3, 4}  # every other id still drawn
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("max_batch", 0, "max_batch must be a positive integer, got 0"),
+    ("max_tokens", -5, "max_tokens must be a positive integer"),
+    ("max_seqlen", 0, "max_seqlen must be a positive integer, got 0"),  # 0 used to mean "the default"
+    ("output", "TMP", "is a folder"),
+    ("output", "TMP/m.engine.json", "sidecar's suffix"),
+    ("timing_cache", "TMP", "is a folder"),
+])
+def test_build_refuses_bad_options_before_building(tmp_path, monkeypatch, field, value, message):
+    from padfree.engines import build as build_module
+    monkeypatch.setattr(build_module.trt_api, "load", lambda *a: pytest.fail("reached TensorRT"))
+    path = _embedding_onnx(tmp_path / "emb.onnx", False, vocab=37, types=0)
+    options = build_module.BuildOptions(str(path), str(tmp_path / "m.engine"), progress=False)
+    setattr(options, field, value.replace("TMP", str(tmp_path)) if isinstance(value, str) else value)
+    with pytest.raises(BuildError, match=message):
+        build_module.build(options)
 
 
 def _attention_onnx(path: Path, heads: int, head_dim: int) -> Path:
@@ -314,6 +349,7 @@ _CORRUPTIONS = [
     (lambda d: d.update(outputs=[{"dtype": "float16"}]), r"outputs\[0\]\.name is missing"),
     (lambda d: d.update(plugins="PadfreeAttention"), "plugins is"),
     (lambda d: d["plugin_library"].update(path=3), r"plugin_library\.path is 3"),
+    (lambda d: d["model"].update(position_pad_id=-1), r"model\.position_pad_id is -1"),
 ]
 
 
