@@ -54,11 +54,12 @@ def _tensor(value_info) -> Tensor:
 
 def read(path: str | Path) -> ModelInfo:
     """Reads the graph structure only (external weights are not loaded)."""
+    from padfree.export.errors import ExportError
+    from padfree.export.onnx_files import load_model
     try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as e:  # noqa: BLE001 - protobuf raises several types
-        first = (str(e).strip().splitlines() or ["no message"])[0]
-        raise BuildError(f"{path} is not a readable ONNX model ({type(e).__name__}: {first}); export it again") from e
+        model = load_model(path, "the model", load_external_data=False)
+    except ExportError as e:
+        raise BuildError(str(e)) from e
     graph = model.graph
     initializer_names = {i.name for i in graph.initializer}
     inputs = [_tensor(i) for i in graph.input if i.name not in initializer_names]

@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from . import wiring
 from .reference import with_references
 from .spec import load as load_spec
 
@@ -195,6 +196,9 @@ def compare(rewritten: onnx.ModelProto, reference: onnx.ModelProto, batch: int =
 
     facts = model_facts(rewritten)
     _check_reference(reference, load_spec().namespace)
+    miswired = wiring.problems(rewritten)
+    if miswired:  # ONNX Runtime would stop at a shape error deep inside the references
+        raise ValueError("plugin nodes wired against the spec (plugins/spec/plugins.json): " + "; ".join(miswired))
     if max_seqlen > facts.max_seqlen:
         log.warning("max_seqlen %d exceeds the position table (%d); using %d", max_seqlen, facts.max_seqlen,
                     facts.max_seqlen)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .errors import ExportError
+from .errors import ExportError, first_line
 
 # name -> (transformers config class, model class, config fields)
 _SMALL = dict(vocab_size=512, max_position_embeddings=128)
@@ -82,15 +82,10 @@ def load(source: str, attn_implementation: str | None = None):
     try:
         model, info = transformers.AutoModel.from_pretrained(path, output_loading_info=True, **kwargs)
     except Exception as e:  # noqa: BLE001 - transformers raises OSError, ValueError, RuntimeError, KeyError...
-        raise ExportError(f"cannot load a Hugging Face model from {path} ({type(e).__name__}: {_first_line(e)});"
+        raise ExportError(f"cannot load a Hugging Face model from {path} ({type(e).__name__}: {first_line(e)});"
                           " check its config.json and weight files, or save it again with save_pretrained") from e
     _check_loaded(model, info, path)
     return model.eval(), f"{model.config.model_type} from {path}"
-
-
-def _first_line(e: Exception) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else "no message"
 
 
 def _keys(keys, limit: int = 6) -> str:

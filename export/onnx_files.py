@@ -10,7 +10,7 @@ import onnx
 
 from padfree import outputs
 
-from .errors import ExportError
+from .errors import ExportError, first_line
 
 _PROTO_LIMIT = 1_800_000_000  # protobuf's 2 GiB cap, with headroom
 
@@ -44,6 +44,5 @@ def load_model(path: str | os.PathLike, what: str = "the model", load_external_d
     try:
         return onnx.load(str(path), load_external_data=load_external_data)
     except Exception as e:  # noqa: BLE001 - protobuf and onnx raise several unrelated types
-        first = (str(e).strip().splitlines() or ["no message"])[0]
-        raise ExportError(f"{what} {path} is not a readable ONNX model ({type(e).__name__}: {first}); export it"
-                          " again with `padfree export`") from e
+        raise ExportError(f"{what} {path} is not a readable ONNX model ({type(e).__name__}: {first_line(e)});"
+                          " export it again with `padfree export`") from e

@@ -51,11 +51,16 @@ def _types(graph: onnx.GraphProto) -> dict[str, tuple[int, list[Dim]]]:
         t = vi.type.tensor_type
         if not vi.type.HasField("tensor_type") or not t.HasField("shape"):
             continue
-        dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
+        dims = [d.dim_value if d.HasField("dim_value") else _named(d.dim_param) for d in t.shape.dim]
         out[vi.name] = (t.elem_type, dims)
     for init in graph.initializer:
         out[init.name] = (init.data_type, list(init.dims))
     return out
+
+
+def _named(dim_param: str) -> str | None:
+    # onnx's shape inference names the dimensions it cannot relate to others unk__N: not a symbol
+    return None if not dim_param or dim_param.startswith("unk__") else dim_param
 
 
 def _value(expression: str, fields: dict) -> int | None:
