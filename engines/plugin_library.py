@@ -36,10 +36,14 @@ def candidates() -> list[Path]:
 def find(explicit: str | os.PathLike | None = None, required: bool = True) -> Path | None:
     """The plugin library to use: `explicit` if given (it must exist), else the first candidate
     ($PADFREE_TRT_LIBRARY, then the installation's). Never a path read from a model or a sidecar."""
+    if explicit is None and os.environ.get(ENV_VAR):  # set by the user: as explicit as a flag
+        explicit, where = os.environ[ENV_VAR], f" (${ENV_VAR})"
+    else:
+        where = ""
     if explicit is not None:
         path = Path(explicit)
         if not path.is_file():
-            raise PluginLibraryError(f"plugin library {path} does not exist")
+            raise PluginLibraryError(f"plugin library {path}{where} does not exist: give the path of {LIBRARY_NAME}")
         return path.resolve()
     for path in candidates():
         if path.is_file():

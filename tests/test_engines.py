@@ -459,6 +459,10 @@ def test_a_sidecar_never_chooses_the_library_to_load(plugin_engine, monkeypatch,
     with pytest.raises(PluginLibraryError, match="allow-plugin-mismatch"):
         _open(engine, plugin_library_path=other)
     assert loads == []  # refused before loading: a library's constructors run when it loads
+    monkeypatch.setenv(plugin_library.ENV_VAR, str(tmp_path / "missing.so"))  # a typo is not skipped over
+    with pytest.raises(PluginLibraryError, match="PADFREE_TRT_LIBRARY\\) does not exist"):
+        _open(engine)
+    monkeypatch.setenv(plugin_library.ENV_VAR, str(other))
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: past the plugins, TensorRT would deserialize the fake plan")
     for kwargs in ({"plugin_library_path": recorded}, {"plugin_library_path": other, "allow_plugin_mismatch": True}):
