@@ -35,23 +35,25 @@ _TRT_TO_TORCH = {"FLOAT": torch.float32, "HALF": torch.float16, "BF16": torch.bf
 
 
 def open_engine(path: str | os.PathLike, plugin_library_path: str | os.PathLike | None = None,
-                backend: str | None = None, device: Any = None, **ignored: Any) -> "EngineBackend":
+                backend: str | None = None, device: Any = None, allow_plugin_mismatch: bool = False,
+                **ignored: Any) -> "EngineBackend":
     """The backend for `path` (Runtime's entry for engine files)."""
-    return EngineBackend(path, plugin_library_path=plugin_library_path, backend=backend, device=device)
+    return EngineBackend(path, plugin_library_path=plugin_library_path, backend=backend, device=device,
+                         allow_plugin_mismatch=allow_plugin_mismatch)
 
 
 class EngineBackend:
     """limits, output_names, device and execute_packed over one engine file."""
 
     def __init__(self, path: str | os.PathLike, plugin_library_path: str | os.PathLike | None = None,
-                 backend: str | None = None, device: Any = None):
+                 backend: str | None = None, device: Any = None, allow_plugin_mismatch: bool = False):
         self.path = Path(path)
         self.metadata = sidecar.read(self.path)
         self.api = self._api(backend)
         sidecar.check_backend(self.metadata, self.api.name, self.api.version, self.path)
         blob = sidecar.read_engine_bytes(self.path, self.metadata)
         if self.metadata.get("plugins"):
-            self._load_plugins(plugin_library_path)
+            self._load_plugins(plugin_library_path, allow_plugin_mismatch)
         # sidecar.read checked these fields' structure and types
         self.io = self.metadata["model"]["io"]
         self.profiles = [Profile(p["max_tokens"], p["max_batch"], p["max_seqlen"]) for p in self.metadata["profiles"]]
@@ -83,14 +85,15 @@ class EngineBackend:
         except (BackendUnavailableError, ValueError):
             return trt_api.load()
 
-    def _load_plugins(self, explicit: str | os.PathLike | None) -> None:
-        recorded = (self.metadata.get("plugin_library") or {}).get("path")
+    def _load_plugins(self, explicit: str | os.PathLike | None, allow_mismatch: bool) -> None:
+        # The sidecar's recorded path is never loaded (a data file must not choose code to run): the
+        # library comes from the caller, $PADFREE_TRT_LIBRARY or the installation, and its hash must
+        # be the recorded one before it is loaded.
         try:
-            library = plugin_library.find(explicit if explicit is not None else
-                                          (recorded if recorded and Path(recorded).is_file() else None))
+            library = plugin_library.find(explicit)
         except PluginLibraryError as e:
             raise PluginLibraryError(f"{self.path} uses padfree plugins ({', '.join(self.metadata['plugins'])}): {e}") from e
-        plugin_library.warn_if_changed(library, self.metadata.get("plugin_library"), self.path)
+        plugin_library.check_recorded(library, self.metadata.get("plugin_library"), self.path, allow_mismatch)
         plugin_library.load_into(self.api.trt, library)
 
     def _limits(self):
@@ -103,7 +106,7 @@ class EngineBackend:
         precision = self.metadata["precision"]
         return Limits(max_tokens=max_tokens, max_batch=largest.max_batch, max_seqlen=largest.max_seqlen,
                       vocab_size=model.get("vocab_size"), type_vocab_size=model.get("type_vocab_size"),
-                      dtype=PRECISION_DTYPES[precision])
+                      dtype=PRECISION_DTYPES[precision], position_pad_id=model.get("position_pad_id"))
 
     def _profile_for(self, tokens: int, batch: int, seqlen: int) -> int:
         for index, profile in enumerate(self.profiles):

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import padfree
-from padfree import kernel_sizes
+from padfree import kernel_sizes, outputs
 
 from . import model_info, plugin_library, profiles, sidecar, trt_api
 from .errors import BuildError, EngineError
@@ -47,8 +47,11 @@ def build(options: BuildOptions) -> dict[str, Any]:
     onnx_path = Path(options.onnx)
     if not onnx_path.is_file():
         raise BuildError(f"{onnx_path} does not exist")
+    _check_options(options)
     info = model_info.read(onnx_path)
     _check_kernel_sizes(info, onnx_path)
+    if info.plugins:
+        _check_wiring(onnx_path)
     api = trt_api.load(options.backend)
     if options.precision is None:
         options = replace(options, precision=api.default_precision(info.float_dtype))
@@ -100,10 +103,8 @@ def build(options: BuildOptions) -> dict[str, Any]:
         raise BuildError(f"{api.name} failed to build {onnx_path} (its messages are above; rerun with -v for more)")
     blob = bytes(plan)
     if cache is not None:
-        Path(timing_cache).write_bytes(bytes(config.get_timing_cache().serialize()))
+        outputs.write_bytes(timing_cache, bytes(config.get_timing_cache().serialize()))
     out = Path(options.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_bytes(blob)
     metadata = {
         "format": sidecar.FORMAT,
         "format_version": sidecar.FORMAT_VERSION,
@@ -124,10 +125,43 @@ def build(options: BuildOptions) -> dict[str, Any]:
         "engine": {"bytes": len(blob), "sha256": sidecar.digest(blob)},
         "build_seconds": round(time.perf_counter() - start, 2),
     }
-    sidecar.write(out, metadata)
+    # The engine, then its sidecar (the mark of a complete build), each renamed into place whole: an
+    # interruption between the two leaves a pair whose hashes disagree, which open_engine refuses.
+    with outputs.staged(out.parent) as stage:
+        stage.path(out.name).write_bytes(blob)
+        stage.path(sidecar.path_for(out).name).write_text(sidecar.text(metadata))
     log.info("wrote %s (%.1f MB) and %s in %.1f s", out, len(blob) / 1e6, sidecar.path_for(out).name,
              metadata["build_seconds"])
     return metadata
+
+
+def _check_options(options: BuildOptions) -> None:
+    """The numbers and paths of a build, checked before the slow part (a build takes minutes)."""
+    for name in ("max_tokens", "max_batch", "max_seqlen"):
+        value = getattr(options, name)
+        if value is None and name == "max_seqlen":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise BuildError(f"{name} must be a positive integer, got {value!r}")
+    if Path(options.output).suffix == ".json":
+        raise BuildError(f"output {options.output} ends in .json, the sidecar's suffix: name the engine file"
+                         " (MODEL.engine); its sidecar goes beside it")
+    try:
+        outputs.writable_file(options.output, "engine output")
+        if options.timing_cache is not None:
+            outputs.writable_file(options.timing_cache, "timing cache")
+    except outputs.OutputError as e:
+        raise BuildError(str(e)) from e
+
+
+def _check_wiring(onnx_path: Path) -> None:
+    """Plugin nodes whose inputs are the wrong tensors still parse and build; refuse them here."""
+    from padfree.export.wiring import problems
+
+    found = problems(onnx_path)
+    if found:
+        raise BuildError(f"{onnx_path}: plugin nodes wired against the spec (plugins/spec/plugins.json):\n  - "
+                         + "\n  - ".join(found) + "\nExport the model again with `padfree export`.")
 
 
 def _check_kernel_sizes(info: model_info.ModelInfo, onnx_path: Path) -> None:
@@ -153,7 +187,8 @@ def _check_plugin_layers(layers: list[dict[str, str]], nodes: dict[str, int], on
 
 def _profiles(options: BuildOptions, info: model_info.ModelInfo) -> list[profiles.Profile]:
     limit = info.max_positions
-    max_seqlen = options.max_seqlen or min(options.max_tokens, limit or DEFAULT_MAX_SEQLEN)
+    max_seqlen = options.max_seqlen if options.max_seqlen is not None else \
+        min(options.max_tokens, limit or DEFAULT_MAX_SEQLEN)
     if limit is not None and max_seqlen > limit:
         raise BuildError(f"max_seqlen {max_seqlen} exceeds the model's position table ({limit} positions)")
     try:
@@ -203,7 +238,7 @@ def _worker_main(argv: list[str]) -> int:
     options = BuildOptions(**json.loads(argv[0]))
     try:
         build(options)
-    except EngineError as e:
+    except (EngineError, OSError) as e:  # an unwritable output too: one message in the parent
         Path(os.environ[_WORKER_ENV]).write_text(json.dumps([type(e).__name__, str(e)]))
         return 1
     return 0

@@ -29,15 +29,21 @@ class OutputError:
 
 
 def random_feeds(input_names: list[str], dtype: np.dtype, iterations: int, batch: int, max_seqlen: int,
-                 vocab_size: int, type_vocab_size: int, seed: int) -> list[OrderedDict]:
-    """HF-style padded feeds: lengths uniform in [1, max_seqlen], the first two at max_seqlen and 1."""
+                 vocab_size: int, type_vocab_size: int, seed: int, pad_id: int | None = None) -> list[OrderedDict]:
+    """HF-style padded feeds: lengths uniform in [1, max_seqlen], the first two at max_seqlen and 1.
+    pad_id: an id never drawn inside a sequence (RoBERTa numbers positions around it), and the padding."""
     rng = np.random.default_rng(seed)
     feeds = []
     for _ in range(iterations):
         lengths = rng.integers(1, max_seqlen + 1, batch)
         lengths[: min(batch, 2)] = [max_seqlen, 1][: min(batch, 2)]
         mask = (np.arange(max_seqlen)[None, :] < lengths[:, None]).astype(dtype)
-        feed = OrderedDict(input_ids=(rng.integers(0, vocab_size, (batch, max_seqlen)) * mask).astype(dtype))
+        if pad_id is None:
+            ids = rng.integers(0, vocab_size, (batch, max_seqlen)) * mask
+        else:
+            ids = rng.integers(0, vocab_size - 1, (batch, max_seqlen))
+            ids = np.where(mask == 1, np.where(ids >= pad_id, ids + 1, ids), pad_id)
+        feed = OrderedDict(input_ids=ids.astype(dtype))
         if "attention_mask" in input_names:
             feed["attention_mask"] = mask
         if "token_type_ids" in input_names:
@@ -93,9 +99,12 @@ def report(errors: list[OutputError], atol: float, rtol: float) -> str:
 
 def main(args: argparse.Namespace) -> int:
     """Reads args.engine, args.reference, and where present: seed, batch (or batch_size), iterations,
-    max_seqlen, atol, rtol, plugin_library (as `padfree check` defines them)."""
+    max_seqlen, atol, rtol, plugin_library, allow_plugin_mismatch (as `padfree check` defines them).
+    Exit status 0 within tolerance, 1 past it, 2 when the check could not run."""
     import onnx
 
+    from padfree.export.errors import ExportError
+    from padfree.export.onnx_files import load_model
     from padfree.polygraphy_runners import DEFAULT_INPUTS, EngineRunner
 
     from . import sidecar
@@ -111,7 +120,11 @@ def main(args: argparse.Namespace) -> int:
     atol, rtol = TOLERANCES[precision]
     atol = _arg(args, "atol", atol)
     rtol = _arg(args, "rtol", rtol)
-    reference = onnx.load(args.reference, load_external_data=False)
+    try:
+        reference = load_model(args.reference, "the reference (--reference)", load_external_data=False)
+    except ExportError as e:
+        log.error("%s", e)
+        return 2
     inputs = [i for i in reference.graph.input if i.name in DEFAULT_INPUTS]
     dtype = onnx.helper.tensor_dtype_to_np_dtype(inputs[0].type.tensor_type.elem_type) if inputs else np.int64
     names = [i.name for i in inputs]
@@ -119,10 +132,13 @@ def main(args: argparse.Namespace) -> int:
     max_seqlen = min(_arg(args, "max_seqlen", 64), largest["max_seqlen"], model.get("max_positions") or 10**9)
     batch = min(_arg(args, "batch", _arg(args, "batch_size", 8)), largest["max_batch"])
     feeds = random_feeds(names, dtype, _arg(args, "iterations", 2), batch, max_seqlen,
-                         model.get("vocab_size") or 100, model.get("type_vocab_size") or 0, _arg(args, "seed", 0))
+                         model.get("vocab_size") or 100, model.get("type_vocab_size") or 0, _arg(args, "seed", 0),
+                         model.get("position_pad_id"))
     options: dict[str, Any] = {"input_names": names, "index_dtype": dtype}
     if getattr(args, "plugin_library", None):
         options["plugin_library_path"] = args.plugin_library
+    if getattr(args, "allow_plugin_mismatch", False):
+        options["allow_plugin_mismatch"] = True
     runner = EngineRunner(args.engine, name="padfree-engine", **options)
     try:
         errors = compare(runner, args.reference, feeds, atol, rtol)

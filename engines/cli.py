@@ -8,6 +8,8 @@ log = logging.getLogger("padfree.build")
 
 
 def register(subparsers) -> None:
+    from padfree.arguments import positive_int
+
     from .trt_api import PRECISIONS
     p = subparsers.add_parser("build", help="build a TensorRT engine from an ONNX model", description=__doc__)
     p.add_argument("onnx", metavar="MODEL.onnx", help="model.padfree.onnx (plugin nodes) or a plain model.onnx")
@@ -16,19 +18,23 @@ def register(subparsers) -> None:
     p.add_argument("--precision", choices=PRECISIONS, default=None,
                    help="fp16, bf16 or fp32 (default: the ONNX's own dtype on TensorRT-RTX, which builds that"
                         " only, and for fp16 / bf16 exports; fp16 for a float32 ONNX on TensorRT)")
-    p.add_argument("--max-tokens", type=int, default=4096, help="most tokens of one batch (default 4096)")
-    p.add_argument("--max-batch", type=int, default=64, help="most sequences of one batch (default 64)")
-    p.add_argument("--max-seqlen", type=int, help="longest sequence (default: min(max-tokens, position table))")
+    p.add_argument("--max-tokens", type=positive_int, default=4096, help="most tokens of one batch (default 4096)")
+    p.add_argument("--max-batch", type=positive_int, default=64, help="most sequences of one batch (default 64)")
+    p.add_argument("--max-seqlen", type=positive_int,
+                   help="longest sequence (default: min(max-tokens, position table))")
     p.add_argument("--profiles", nargs="+", default=[], metavar="TxB[xS]",
                    help="extra optimization profiles, e.g. 512x16 4096x64 (within the max limits)")
     p.add_argument("--timing-cache", metavar="FILE", help="read and update this timing cache")
-    p.add_argument("--plugin-library", metavar="LIB", help="libpadfree_trt.so (default: found beside padfree)")
+    p.add_argument("--plugin-library", metavar="LIB",
+                   help="libpadfree_trt.so (default: $PADFREE_TRT_LIBRARY, else the one installed with padfree)")
     p.add_argument("--backend", choices=("tensorrt", "tensorrt_rtx"), help="which installed TensorRT to use")
     p.add_argument("--no-progress", action="store_true", help="no progress display")
     p.set_defaults(func=main)
 
 
 def main(args: argparse.Namespace) -> int:
+    from padfree.arguments import CommandError
+
     from .build import BuildOptions, build
     from .errors import EngineError
     options = BuildOptions(onnx=args.onnx, output=args.output, precision=args.precision, max_tokens=args.max_tokens,
@@ -37,9 +43,10 @@ def main(args: argparse.Namespace) -> int:
                            progress=not args.no_progress, verbose=bool(getattr(args, "verbose", False)))
     try:
         metadata = build(options)
-    except (EngineError, ValueError) as e:
-        log.error("%s", e)
-        return 1
+    except ValueError as e:  # padfree's errors end the command in padfree.cli; these join them
+        if isinstance(e, EngineError):
+            raise
+        raise CommandError(str(e)) from e
     log.info("%s: %s %s, %s (%s), io %s, plugins: %s", args.output, metadata["backend"]["name"],
              metadata["backend"]["version"], metadata["precision"], metadata["precision_mode"],
              metadata["model"]["io"], ", ".join(metadata["plugins"]) or "none")

@@ -1,6 +1,8 @@
 """What the builder and the runtime need to know about an ONNX encoder: its I/O form, float dtype,
-inputs and outputs, the plugin nodes it uses, and (where the exporter recorded them, as
-metadata_props "padfree.*") vocabulary sizes and the longest position the model allows."""
+inputs and outputs, the plugin nodes it uses, vocabulary sizes and the longest position the model
+allows. Sizes come from the tables the ids index (the weights decide what an id means); the
+exporter's metadata_props "padfree.*", which anyone can edit, only fill in what the graph does not
+tell."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -34,6 +36,9 @@ class ModelInfo:
     vocab_size: int | None = None
     type_vocab_size: int | None = None  # 0: the model takes no token types
     max_positions: int | None = None  # longest sequence the position table allows
+    # RoBERTa-style numbering: positions count the tokens that are not this id (HF), so a sequence
+    # holding it inside would be numbered differently by padfree; the runtime refuses such input.
+    position_pad_id: int | None = None
     attention_sizes: list = field(default_factory=list)  # (num_heads, head_dim) of each PadfreeAttention node
 
     def to_dict(self) -> dict:
@@ -49,10 +54,12 @@ def _tensor(value_info) -> Tensor:
 
 def read(path: str | Path) -> ModelInfo:
     """Reads the graph structure only (external weights are not loaded)."""
+    from padfree.export.errors import ExportError
+    from padfree.export.onnx_files import load_model
     try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as e:  # noqa: BLE001 - protobuf raises several types
-        raise BuildError(f"{path} is not a readable ONNX model: {e}") from e
+        model = load_model(path, "the model", load_external_data=False)
+    except ExportError as e:
+        raise BuildError(str(e)) from e
     graph = model.graph
     initializer_names = {i.name for i in graph.initializer}
     inputs = [_tensor(i) for i in graph.input if i.name not in initializer_names]
@@ -80,24 +87,39 @@ def read(path: str | Path) -> ModelInfo:
         except (KeyError, ValueError):
             return None
 
-    info.vocab_size = meta_int("padfree.vocab_size")
-    info.type_vocab_size = meta_int("padfree.type_vocab_size")
-    # No exporter metadata: the tables the ids index give the sizes, so that the runtime can still
-    # refuse an id out of range before the kernels clamp it to a wrong row.
+    # The tables first: metadata is only a fallback for a graph whose tables cannot be told apart.
+    info.vocab_size = _table_rows(graph, "input_ids", "word_embeddings")
     if info.vocab_size is None:
-        info.vocab_size = _table_rows(graph, "input_ids", "word_embeddings")
-    if info.type_vocab_size is None:
+        info.vocab_size = meta_int("padfree.vocab_size")
+    if "token_type_ids" not in names:
+        info.type_vocab_size = 0  # nothing to feed them through: the model takes none
+    else:
         info.type_vocab_size = _table_rows(graph, "token_type_ids", "token_type_embeddings")
-    positions = meta_int("padfree.max_position_embeddings")
-    if positions is not None:
-        positions = positions_served(positions, meta.get("padfree.model_type", ""),
-                                     meta_int("padfree.pad_token_id") or 0)
-    if positions is None:
-        # No exporter metadata (a model exported by other means): HF's position table keeps its name.
-        tables = [i for i in graph.initializer if "position_embeddings" in i.name and len(i.dims) == 2]
-        positions = int(tables[0].dims[0]) if len(tables) == 1 else None
-    info.max_positions = positions
+        if info.type_vocab_size is None:
+            info.type_vocab_size = meta_int("padfree.type_vocab_size")
+    offset = _position_offset(graph)
+    rows = _table_rows(graph, None, "position_embeddings")
+    if rows is None:
+        rows = meta_int("padfree.max_position_embeddings")
+    if rows is not None:
+        # a plugin node states its offset; a plain export's model type (metadata) says how it numbers
+        info.max_positions = rows - offset if offset is not None else positions_served(
+            rows, meta.get("padfree.model_type", ""), meta_int("padfree.pad_token_id") or 0)
+        if info.max_positions < 1:
+            raise BuildError(f"{path}: the position table has {rows} rows, none left after the position offset")
+    info.position_pad_id = offset - 1 if offset else None
     return info
+
+
+def _position_offset(graph) -> int | None:
+    """The position of a sequence's first token, as the PadfreeEmbLayerNorm node says (RoBERTa:
+    padding_idx + 1); None for a graph without one (a plain export)."""
+    for n in graph.node:
+        if n.op_type == "PadfreeEmbLayerNorm":
+            fields = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+            value = fields.get("position_offset", 0)
+            return int(value) if isinstance(value, int) and value >= 0 else 0
+    return None
 
 
 def _table_rows(graph, ids_input: str, table_port: str) -> int | None:

@@ -1,5 +1,10 @@
 """Where libpadfree_trt.so (the TensorRT plugins, plugins/trt) is found, and loading it into a
-TensorRT plugin registry through IPluginRegistry.loadLibrary (its getCreators entry point)."""
+TensorRT plugin registry through IPluginRegistry.loadLibrary (its getCreators entry point).
+
+Loading a shared library runs its code, so only the user chooses it: an explicit path (--plugin-library),
+$PADFREE_TRT_LIBRARY, or the library installed with padfree. An engine's sidecar records the SHA-256
+of the library it was built with (and its path, for messages only); a library whose hash differs is
+refused before it is loaded unless the caller allows it explicitly (--allow-plugin-mismatch)."""
 from __future__ import annotations
 
 import glob
@@ -29,11 +34,16 @@ def candidates() -> list[Path]:
 
 
 def find(explicit: str | os.PathLike | None = None, required: bool = True) -> Path | None:
-    """The plugin library to use: `explicit` if given (it must exist), else the first candidate."""
+    """The plugin library to use: `explicit` if given (it must exist), else the first candidate
+    ($PADFREE_TRT_LIBRARY, then the installation's). Never a path read from a model or a sidecar."""
+    if explicit is None and os.environ.get(ENV_VAR):  # set by the user: as explicit as a flag
+        explicit, where = os.environ[ENV_VAR], f" (${ENV_VAR})"
+    else:
+        where = ""
     if explicit is not None:
         path = Path(explicit)
         if not path.is_file():
-            raise PluginLibraryError(f"plugin library {path} does not exist")
+            raise PluginLibraryError(f"plugin library {path}{where} does not exist: give the path of {LIBRARY_NAME}")
         return path.resolve()
     for path in candidates():
         if path.is_file():
@@ -53,20 +63,23 @@ def sha256(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-def warn_if_changed(library: Path, recorded: dict | None, engine: str | os.PathLike) -> bool:
-    """Log a warning when `library` is not the build the engine recorded (its sidecar's
-    plugin_library); True when they differ. A plan keeps its plugins' serialized state, not their
-    code: another build may read that state differently, so the engine should be rebuilt."""
+def check_recorded(library: Path, recorded: dict | None, engine: str | os.PathLike,
+                   allow_mismatch: bool = False) -> bool:
+    """Refuse (PluginLibraryError) `library` unless its SHA-256 is the one the engine's sidecar
+    recorded at build; True when they differ and allow_mismatch let it through (with a warning). A plan
+    keeps its plugins' serialized state, not their code: another build may misread that state."""
     want = (recorded or {}).get("sha256")
-    if want is None:
-        return False
     have = sha256(library)
     if want == have:
         return False
-    log.warning("%s was built with the plugin library %s (sha256 %s), but %s (sha256 %s) is loaded: another"
-                " build of the plugins may refuse or misread the engine's plugin state; rebuild the engine with"
-                " `padfree build` if it fails or its results change", engine, recorded.get("path"), want, library,
-                have)
+    built = f"{recorded.get('path')} (sha256 {want})" if want else "a plugin library it did not record"
+    message = (f"{engine} was built with {built}, but the plugin library to load is {library} (sha256 {have}):"
+               " another build of the plugins may refuse or misread the engine's plugin state")
+    if not allow_mismatch:
+        raise PluginLibraryError(f"{message}. Rebuild the engine with `padfree build`, give the library it was built"
+                                 f" with (--plugin-library or {ENV_VAR}), or pass --allow-plugin-mismatch"
+                                 " (allow_plugin_mismatch=True) to load this one anyway.")
+    log.warning("%s; loading it because the mismatch was allowed", message)
     return True
 
 

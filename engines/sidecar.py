@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import padfree
+from padfree import outputs
 
 from .errors import CorruptEngineError, EngineFormatError, EngineVersionError
 from .trt_api import PRECISIONS
@@ -34,10 +35,12 @@ def digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def text(metadata: dict[str, Any]) -> str:
+    return json.dumps(metadata, indent=2, sort_keys=False) + "\n"
+
+
 def write(engine: str | os.PathLike, metadata: dict[str, Any]) -> Path:
-    path = path_for(engine)
-    path.write_text(json.dumps(metadata, indent=2, sort_keys=False) + "\n")
-    return path
+    return outputs.write_text(path_for(engine), text(metadata))
 
 
 def read(engine: str | os.PathLike) -> dict[str, Any]:
@@ -116,7 +119,7 @@ def _check_structure(data: dict[str, Any], path: Path) -> None:
     _value(path, engine, "sha256", "engine", _is_sha256, "a SHA-256 hex digest")
     model = _object(path, data, "model")
     _value(path, model, "io", "model", lambda v: v in IO_FORMS, f"one of {', '.join(IO_FORMS)}")
-    for key, minimum in (("vocab_size", 1), ("type_vocab_size", 0), ("max_positions", 1)):
+    for key, minimum in (("vocab_size", 1), ("type_vocab_size", 0), ("max_positions", 1), ("position_pad_id", 0)):
         _value(path, model, key, "model", _optional(_is_int(minimum)), f"null or an int >= {minimum}", required=False)
     _value(path, data, "precision", "", lambda v: v in PRECISIONS, f"one of {', '.join(PRECISIONS)}")
     for i, profile in enumerate(_objects(path, data, "profiles")):

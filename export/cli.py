@@ -5,6 +5,8 @@ import argparse
 import logging
 import warnings
 
+from padfree.arguments import positive_int
+
 from .models import BUILTIN
 
 log = logging.getLogger("padfree.export")
@@ -23,7 +25,7 @@ def register(subparsers) -> None:
     p.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default="fp32",
                    help="float dtype of model.padfree.onnx, and so of a TensorRT-RTX engine built from it "
                         "(default fp32; model.onnx, the check's reference, is always fp32)")
-    p.add_argument("--opset", type=int, default=None, help="ONNX opset (>= 17; default 18)")
+    p.add_argument("--opset", type=positive_int, default=None, help="ONNX opset (>= 17; default 18)")
     p.add_argument("--allow-partial", action="store_true",
                    help="keep what did not fuse on padded rows instead of refusing the model")
     p.add_argument("--attn-implementation", choices=("sdpa", "eager"), default=None,
@@ -33,16 +35,12 @@ def register(subparsers) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from .errors import ExportError
+    """ExportError and unwritable outputs end the command in padfree.cli (exit status 2)."""
     from .pipeline import export
 
     _quiet_exporter(args.verbose)
-    try:
-        result = export(args.source, args.output, io=args.io, opset=args.opset, allow_partial=args.allow_partial,
-                        attn_implementation=args.attn_implementation, dtype=args.dtype)
-    except ExportError as e:
-        log.error("%s", e)
-        return 1
+    result = export(args.source, args.output, io=args.io, opset=args.opset, allow_partial=args.allow_partial,
+                    attn_implementation=args.attn_implementation, dtype=args.dtype)
     print(result.report.format())
     print(f"wrote {result.model_path}, {result.padfree_path}, {result.report_path}")
     return 0

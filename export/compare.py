@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from . import wiring
 from .precision import cast, float_dtype, round_weights
 from .reference import with_references
 from .spec import load as load_spec
@@ -43,16 +44,36 @@ def model_facts(rewritten: onnx.ModelProto) -> ModelFacts:
     if emb is None:
         raise ValueError("the model has no PadfreeEmbLayerNorm node: is it a padfree-rewritten model?")
     attrs = {a.name: helper.get_attribute_value(a) for a in emb.attribute}
-    names = spec["PadfreeEmbLayerNorm"].input_names(attrs)
+    try:
+        names = spec["PadfreeEmbLayerNorm"].input_names(attrs)
+        offset = int(attrs["position_offset"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"the PadfreeEmbLayerNorm node lacks a valid field ({e}): export the model again") from e
     port = dict(zip(names, emb.input))
-    offset = int(attrs["position_offset"])
     meta = {p.key: p.value for p in rewritten.metadata_props}
     inputs = [i.name for i in rewritten.graph.input]
-    io = meta.get("padfree.io") or ("packed" if "cu_seqlens" in inputs else "padded")
-    pad = int(meta.get("padfree.pad_token_id", offset - 1 if offset > 0 else 0))
-    return ModelFacts(io, inits[port["word_embeddings"]][0],
-                      inits[port["token_type_embeddings"]][0] if "token_type_embeddings" in port else 0,
-                      inits[port["position_embeddings"]][0] - offset, pad, [o.name for o in rewritten.graph.output])
+    io = "packed" if "cu_seqlens" in inputs else "padded"  # the graph's inputs, not editable metadata
+
+    def rows(name: str) -> int:
+        if name not in port or port[name] not in inits or len(inits[port[name]]) != 2:
+            raise ValueError(f"the PadfreeEmbLayerNorm node's {name} is not a 2-D weight of the model: export it again")
+        return int(inits[port[name]][0])
+
+    vocab = rows("word_embeddings")
+    # The graph says RoBERTa's padding id (position_offset - 1); BERT's numbering ignores it, so the
+    # exporter's metadata, which anyone can edit, is used only where it names a row of the table.
+    pad = offset - 1 if offset > 0 else _int_or(meta.get("padfree.pad_token_id"), 0)
+    pad = pad if 0 <= pad < vocab else 0
+    return ModelFacts(io, vocab,
+                      rows("token_type_embeddings") if "token_type_embeddings" in port else 0,
+                      rows("position_embeddings") - offset, pad, [o.name for o in rewritten.graph.output])
+
+
+def _int_or(text: str | None, default: int) -> int:
+    try:
+        return int(text) if text is not None else default
+    except ValueError:
+        return default
 
 
 @dataclass
@@ -177,6 +198,10 @@ def compare(rewritten: onnx.ModelProto, reference: onnx.ModelProto, batch: int =
     simple = getattr(pc, "SimpleCompareFunc", None) or pc.CompareFunc.simple  # renamed in polygraphy 0.53
 
     facts = model_facts(rewritten)
+    _check_reference(reference, load_spec().namespace)
+    miswired = wiring.problems(rewritten)
+    if miswired:  # ONNX Runtime would stop at a shape error deep inside the references
+        raise ValueError("plugin nodes wired against the spec (plugins/spec/plugins.json): " + "; ".join(miswired))
     if max_seqlen > facts.max_seqlen:
         log.warning("max_seqlen %d exceeds the position table (%d); using %d", max_seqlen, facts.max_seqlen,
                     facts.max_seqlen)
@@ -206,6 +231,17 @@ def compare(rewritten: onnx.ModelProto, reference: onnx.ModelProto, batch: int =
     if missing:
         raise ValueError(f"outputs {sorted(missing)} of the rewritten model have no counterpart in the reference")
     return all(r.passed for r in out), out, data
+
+
+def _check_reference(reference: onnx.ModelProto, namespace: str) -> None:
+    """The reference must be a plain export that ONNX Runtime runs on HF-style padded inputs."""
+    if any(n.domain == namespace for n in reference.graph.node):
+        raise ValueError("the reference holds padfree plugin nodes: give the plain export (model.onnx), not a"
+                         " rewritten model")
+    inputs = {i.name for i in reference.graph.input}
+    if not {"input_ids", "attention_mask"} <= inputs:
+        raise ValueError(f"the reference's inputs are {sorted(inputs)}, expected input_ids and attention_mask (+"
+                         " token_type_ids): give the plain export (model.onnx)")
 
 
 def format_results(results: list[OutputResult], rtol: float, atol: float) -> str:

@@ -4,6 +4,12 @@ from __future__ import annotations
 from padfree import PadfreeError
 
 
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message: libraries' multi-line reports shortened for one line."""
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else "no message"
+
+
 class ExportError(PadfreeError, ValueError):
     """The model could not be exported or rewritten."""
 

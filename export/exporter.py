@@ -41,6 +41,9 @@ def export_onnx(model, source: str = "", opset: int = DEFAULT_OPSET) -> onnx.Mod
 
     if opset < MIN_OPSET:
         raise ExportError(f"opset {opset} is too old: padfree needs LayerNormalization (opset >= {MIN_OPSET})")
+    if opset > onnx.defs.onnx_opset_version():
+        raise ExportError(f"opset {opset} is newer than this onnx ({onnx.__version__}) knows"
+                          f" ({onnx.defs.onnx_opset_version()}); choose one in [{MIN_OPSET}, {onnx.defs.onnx_opset_version()}]")
     model = model.float().eval()
     types = has_token_types(model)
     has_pooler = getattr(model, "pooler", None) is not None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .errors import ExportError
+from .errors import ExportError, first_line
 
 # name -> (transformers config class, model class, config fields)
 _SMALL = dict(vocab_size=512, max_position_embeddings=128)
@@ -66,7 +66,14 @@ def build(config_cls: str, model_cls: str, seed: int = SEED, attn_implementation
 
 
 def load(source: str, attn_implementation: str | None = None):
-    """(model, description) for a built-in name or a local HF model directory."""
+    """(model, description) for a built-in name or a local HF model directory.
+
+    Every weight the model declares must come from the checkpoint: transformers only logs the
+    parameters it had to initialise at random (a config.json that says more layers than the
+    checkpoint holds) and the ones it ignored (fewer), and either would export a model that runs and
+    answers wrongly. Those are ExportErrors naming the keys; so are an unreadable folder and weights
+    of the wrong shape. One exception: a checkpoint without pooler weights (saved from a masked-LM
+    head, as roberta-base is) is exported without the pooler, rather than with a random one."""
     if source in BUILTIN:
         config_cls, model_cls, fields = BUILTIN[source]
         return build(config_cls, model_cls, attn_implementation=attn_implementation, **fields), f"built-in {source}"
@@ -77,5 +84,44 @@ def load(source: str, attn_implementation: str | None = None):
     import transformers
 
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
-    model = transformers.AutoModel.from_pretrained(path, **kwargs)
+    try:
+        model, info = transformers.AutoModel.from_pretrained(path, output_loading_info=True, **kwargs)
+    except Exception as e:  # noqa: BLE001 - transformers raises OSError, ValueError, RuntimeError, KeyError...
+        raise ExportError(f"cannot load a Hugging Face model from {path} ({type(e).__name__}: {first_line(e)});"
+                          " check its config.json and weight files, or save it again with save_pretrained") from e
+    _check_loaded(model, info, path)
     return model.eval(), f"{model.config.model_type} from {path}"
+
+
+def _keys(keys, limit: int = 6) -> str:
+    keys = sorted(map(str, keys))
+    return ", ".join(keys[:limit]) + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
+
+
+def _check_loaded(model, info: dict, path: Path) -> None:
+    """Refuse a model whose checkpoint does not give every weight (see load)."""
+    import logging
+
+    missing = set(info.get("missing_keys") or ())
+    pooler = {k for k in missing if k.startswith("pooler.")}
+    if pooler and pooler == missing and getattr(model, "pooler", None) is not None:
+        logging.getLogger("padfree.export").warning(
+            "%s has no pooler weights (%s): exporting without the pooler, so there is no pooler_output", path,
+            _keys(pooler))
+        model.pooler = None
+        missing = set()
+    if missing:
+        raise ExportError(f"{path}: the checkpoint lacks {len(missing)} weights that config.json declares"
+                          f" ({_keys(missing)}); transformers would initialise them at random. Fix config.json"
+                          " (e.g. num_hidden_layers) to match the weights, or give the complete checkpoint.")
+    # Keys under the model's own modules that it did not take: the config declares fewer layers or
+    # heads than the checkpoint holds. Keys of a task head (cls., lm_head., classifier.) are not the encoder's.
+    own = {name for name, _ in model.named_children()}
+    ignored = {k for k in (info.get("unexpected_keys") or ()) if k.split(".", 1)[0] in own}
+    if ignored:
+        raise ExportError(f"{path}: the checkpoint holds {len(ignored)} encoder weights that config.json does not"
+                          f" declare ({_keys(ignored)}); they would be dropped. Fix config.json (e.g."
+                          " num_hidden_layers) to match the weights.")
+    if info.get("mismatched_keys") or info.get("error_msgs"):
+        raise ExportError(f"{path}: weights of the wrong shape or unreadable: "
+                          f"{_keys(info.get('mismatched_keys') or ()) or '; '.join(info['error_msgs'])}")

@@ -7,13 +7,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import onnx
+from padfree import outputs
 
+from .errors import ExportError
+from .onnx_files import data_file, save_model as save
 from .report import RewriteReport
 
 log = logging.getLogger("padfree.export")
 MODEL, REWRITTEN, REPORT = "model.onnx", "model.padfree.onnx", "report.json"
-_PROTO_LIMIT = 1_800_000_000  # protobuf's 2 GiB cap, with headroom
 
 
 @dataclass
@@ -24,10 +25,9 @@ class ExportResult:
     report: RewriteReport
 
 
-def save(model: onnx.ModelProto, path: Path) -> None:
-    large = model.ByteSize() > _PROTO_LIMIT
-    onnx.save_model(model, str(path), save_as_external_data=large,
-                    location=path.name + ".data" if large else None)
+def output_set(out: Path) -> list[Path]:
+    """The files of one export, in the order they are written (report.json last: it marks completion)."""
+    return [out / MODEL, data_file(out / MODEL), out / REWRITTEN, data_file(out / REWRITTEN), out / REPORT]
 
 
 def export(source, out_dir: str | Path, io: str = "packed", opset: int | None = None,
@@ -37,22 +37,33 @@ def export(source, out_dir: str | Path, io: str = "packed", opset: int | None = 
     Writes out_dir/model.onnx (the plain export, dynamic batch and sequence axes),
     out_dir/model.padfree.onnx (rewritten onto padfree plugin nodes, `io` form) and
     out_dir/report.json (what was fused). model.onnx is float32 (the check's reference);
-    model.padfree.onnx is in `dtype` ("fp32", "fp16" or "bf16"). Raises PartialFusionError unless everything fused or
-    allow_partial is set (model.onnx is written either way).
+    model.padfree.onnx is in `dtype` ("fp32", "fp16" or "bf16"). Raises PartialFusionError unless
+    everything fused or allow_partial is set (model.onnx is written either way).
+
+    The previous export's files in out_dir are removed once the model has loaded, before anything
+    is written, and each file is written atomically: whatever a failure or an interruption leaves,
+    no file of an older export sits beside a newer one, and report.json (written last) exists only
+    for a complete export.
     """
     from .exporter import DEFAULT_OPSET, export_onnx
     from .models import load
     from .rewrite import rewrite
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    from .precision import DTYPES
+
+    if io not in ("packed", "padded"):  # checked before the slow export, not after it
+        raise ExportError(f"io must be 'packed' or 'padded', got {io!r}")
+    if dtype not in DTYPES:
+        raise ExportError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    out = outputs.writable_folder(out_dir)
     t0 = time.perf_counter()
     if isinstance(source, (str, Path)):
         log.info("loading %s", source)
         model, description = load(str(source), attn_implementation)
     else:
         model, description = source, type(source).__name__
-    proto = export_onnx(model, description, opset or DEFAULT_OPSET)
+    outputs.remove(output_set(out))
+    proto = export_onnx(model, description, DEFAULT_OPSET if opset is None else opset)
     save(proto, out / MODEL)
     log.info("wrote %s (%d nodes) in %.1f s", out / MODEL, len(proto.graph.node), time.perf_counter() - t0)
     t1 = time.perf_counter()
@@ -60,6 +71,7 @@ def export(source, out_dir: str | Path, io: str = "packed", opset: int | None = 
     rewritten, report = rewrite(proto, io=io, allow_partial=allow_partial, dtype=dtype)
     save(rewritten, out / REWRITTEN)
     log.info("wrote %s (%d nodes) in %.1f s", out / REWRITTEN, len(rewritten.graph.node), time.perf_counter() - t1)
-    data = {"source": description, "io": io, "dtype": dtype, "model": MODEL, "rewritten": REWRITTEN, **report.to_dict()}
-    (out / REPORT).write_text(json.dumps(data, indent=2) + "\n")
+    data = {"source": description, "io": io, "dtype": dtype, "model": MODEL, "rewritten": REWRITTEN,
+            **report.to_dict()}
+    outputs.write_text(out / REPORT, json.dumps(data, indent=2) + "\n")
     return ExportResult(out / MODEL, out / REWRITTEN, out / REPORT, report)

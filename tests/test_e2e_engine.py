@@ -122,22 +122,24 @@ def test_rewritten_export_builds_with_the_plugins(exported, tmp_path, io):
 
 @needs_trt
 @needs_library
-def test_engine_warns_when_loaded_with_another_plugin_build(exported, tmp_path, caplog):
-    """The backend compares the plugin library it loads with the one the sidecar recorded."""
+def test_engine_refuses_another_plugin_build_unless_allowed(exported, tmp_path, caplog):
+    """The backend compares the plugin library it is to load with the one the sidecar recorded."""
     import json
     import logging
 
     from padfree.engines.backend import open_engine
-    from padfree.engines.errors import EngineError
+    from padfree.engines.errors import EngineError, PluginLibraryError
     library = _library()
     engine = tmp_path / "packed.engine"
     _build(exported["packed"], engine, "--plugin-library", str(library))
     data = json.loads(sidecar.path_for(engine).read_text())
     data["plugin_library"]["sha256"] = "0" * 64  # as if built with another build of the plugins
     sidecar.path_for(engine).write_text(json.dumps(data))
+    with pytest.raises(PluginLibraryError, match="allow-plugin-mismatch"):
+        open_engine(engine, plugin_library_path=library)
     with caplog.at_level(logging.WARNING, logger="padfree.engines"):
         try:
-            open_engine(engine, plugin_library_path=library)
+            open_engine(engine, plugin_library_path=library, allow_plugin_mismatch=True)
         except EngineError as e:  # without a GPU: refused after the plugins were loaded
             assert "needs a CUDA device" in str(e)
     assert "0" * 64 in caplog.text and plugin_library.sha256(library) in caplog.text

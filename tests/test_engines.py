@@ -138,7 +138,7 @@ def test_model_info_sizes_of_a_plain_export(bert_onnx):
     assert (info.vocab_size, info.type_vocab_size, info.max_positions) == (VOCAB, TYPES, POSITIONS)
 
 
-def _embedding_onnx(path: Path, with_types: bool, vocab: int, types: int) -> Path:
+def _embedding_onnx(path: Path, with_types: bool, vocab: int, types: int, offset: int = 0) -> Path:
     """A packed graph of one PadfreeEmbLayerNorm node whose tables carry no HF names."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
@@ -149,10 +149,14 @@ def _embedding_onnx(path: Path, with_types: bool, vocab: int, types: int) -> Pat
     ids = ["input_ids"] + (["token_type_ids"] if with_types else []) + ["cu_seqlens"]
     tables = ["t0", "t1"] + (["t2"] if with_types else [])
     node = helper.make_node("PadfreeEmbLayerNorm", ids + tables + ["g", "b"], ["y"], domain="padfree",
-                            epsilon=1e-12, position_offset=0, has_token_type=int(with_types))
+                            epsilon=1e-12, position_offset=offset, has_token_type=int(with_types))
     graph = helper.make_graph([node], "emb", [helper.make_tensor_value_info(n, TensorProto.INT32, ["T"]) for n in ids],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["T", 8])], inits)
-    onnx.save(helper.make_model(graph), str(path))
+    model = helper.make_model(graph)
+    # metadata that disagrees with the tables, as an edited file could: the tables must win
+    helper.set_model_props(model, {"padfree.vocab_size": "100000", "padfree.type_vocab_size": "9",
+                                   "padfree.max_position_embeddings": "4096"})
+    onnx.save(model, str(path))
     return path
 
 
@@ -160,8 +164,43 @@ def _embedding_onnx(path: Path, with_types: bool, vocab: int, types: int) -> Pat
 def test_model_info_sizes_from_plugin_tables(tmp_path, with_types):
     from padfree.engines import model_info
     info = model_info.read(_embedding_onnx(tmp_path / "emb.onnx", with_types, vocab=37, types=3))
-    assert info.vocab_size == 37
-    assert info.type_vocab_size == (3 if with_types else None)
+    assert info.vocab_size == 37 and info.max_positions == 16
+    assert info.type_vocab_size == (3 if with_types else 0)  # no token_type_ids input: the model takes none
+    assert info.position_pad_id is None
+
+
+def test_model_info_reads_roberta_numbering_from_the_node(tmp_path):
+    """position_offset 2 (RoBERTa, padding id 1): two rows fewer, and the padding id for the runtime."""
+    from padfree.engines import model_info
+    info = model_info.read(_embedding_onnx(tmp_path / "emb.onnx", False, vocab=37, types=0, offset=2))
+    assert (info.max_positions, info.position_pad_id) == (14, 1)
+
+
+def test_engine_check_never_draws_the_padding_id_inside_a_sequence():
+    from padfree.engines.check import random_feeds
+    feeds = random_feeds(["input_ids", "attention_mask"], np.int32, 3, 6, 40, vocab_size=5, type_vocab_size=0,
+                         seed=0, pad_id=1)
+    for feed in feeds:
+        tokens = feed["input_ids"][feed["attention_mask"] == 1]
+        assert 1 not in tokens and set(np.unique(tokens)) == {0, 2, 3, 4}  # every other id still drawn
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("max_batch", 0, "max_batch must be a positive integer, got 0"),
+    ("max_tokens", -5, "max_tokens must be a positive integer"),
+    ("max_seqlen", 0, "max_seqlen must be a positive integer, got 0"),  # 0 used to mean "the default"
+    ("output", "TMP", "is a folder"),
+    ("output", "TMP/m.engine.json", "sidecar's suffix"),
+    ("timing_cache", "TMP", "is a folder"),
+])
+def test_build_refuses_bad_options_before_building(tmp_path, monkeypatch, field, value, message):
+    from padfree.engines import build as build_module
+    monkeypatch.setattr(build_module.trt_api, "load", lambda *a: pytest.fail("reached TensorRT"))
+    path = _embedding_onnx(tmp_path / "emb.onnx", False, vocab=37, types=0)
+    options = build_module.BuildOptions(str(path), str(tmp_path / "m.engine"), progress=False)
+    setattr(options, field, value.replace("TMP", str(tmp_path)) if isinstance(value, str) else value)
+    with pytest.raises(BuildError, match=message):
+        build_module.build(options)
 
 
 def _attention_onnx(path: Path, heads: int, head_dim: int) -> Path:
@@ -310,6 +349,7 @@ _CORRUPTIONS = [
     (lambda d: d.update(outputs=[{"dtype": "float16"}]), r"outputs\[0\]\.name is missing"),
     (lambda d: d.update(plugins="PadfreeAttention"), "plugins is"),
     (lambda d: d["plugin_library"].update(path=3), r"plugin_library\.path is 3"),
+    (lambda d: d["model"].update(position_pad_id=-1), r"model\.position_pad_id is -1"),
 ]
 
 
@@ -355,8 +395,9 @@ def test_refuses_missing_plugin_library(engine_copy, monkeypatch):
         _open(engine_copy, plugin_library_path="/nonexistent/libpadfree_trt.so")
 
 
-def test_plugin_library_other_than_the_built_one_is_named(tmp_path, caplog):
-    """The sidecar records the plugin library's SHA-256 at build; loading another build warns with both."""
+def test_plugin_library_other_than_the_built_one_is_refused(tmp_path, caplog):
+    """The sidecar records the plugin library's SHA-256 at build; another build is refused unless the
+    caller allows it, and then loaded with a warning naming both."""
     import logging
     from padfree.engines import plugin_library
     built, loaded = tmp_path / "built" / plugin_library.LIBRARY_NAME, tmp_path / "loaded" / plugin_library.LIBRARY_NAME
@@ -364,15 +405,70 @@ def test_plugin_library_other_than_the_built_one_is_named(tmp_path, caplog):
         path.parent.mkdir()
         path.write_bytes(content)
     recorded = {"path": str(built), "sha256": plugin_library.sha256(built)}
+    assert not plugin_library.check_recorded(built, recorded, "m.engine")
+    for record in (recorded, None):  # None: a sidecar of plugins that records no library cannot vouch for one
+        with pytest.raises(PluginLibraryError, match="--allow-plugin-mismatch") as refused:
+            plugin_library.check_recorded(loaded, record, "m.engine")
+        assert plugin_library.sha256(loaded) in str(refused.value)
     with caplog.at_level(logging.WARNING, logger="padfree.engines"):
-        assert not plugin_library.warn_if_changed(built, recorded, "m.engine")
-        assert not plugin_library.warn_if_changed(loaded, None, "m.engine")  # nothing recorded: nothing to compare
-        assert caplog.records == []
-        assert plugin_library.warn_if_changed(loaded, recorded, "m.engine")
+        assert plugin_library.check_recorded(loaded, recorded, "m.engine", allow_mismatch=True)
     (record,) = caplog.records
-    assert record.levelname == "WARNING"
-    for part in ("m.engine", str(built), recorded["sha256"], str(loaded), plugin_library.sha256(loaded), "rebuild"):
+    for part in ("m.engine", str(built), recorded["sha256"], str(loaded), plugin_library.sha256(loaded)):
         assert part in record.getMessage()
+
+
+@pytest.fixture
+def plugin_engine(tmp_path, monkeypatch):
+    """A synthetic engine using plugins, recorded as built by the installed TensorRT with the
+    library `recorded.so`; the library actually loaded is spied on (nothing is dlopened)."""
+    from padfree.engines import plugin_library
+    api = trt_api.load()
+    recorded = tmp_path / "recorded" / plugin_library.LIBRARY_NAME
+    recorded.parent.mkdir()
+    recorded.write_bytes(b"the plugins the engine was built with")
+    engine = tmp_path / "plugins.engine"
+    engine.write_bytes(b"not a plan")
+    data = _synthetic_sidecar(engine.read_bytes())
+    data["backend"] = {"name": api.name, "version": api.version}
+    data["plugin_library"] = {"path": str(recorded), "sha256": plugin_library.sha256(recorded)}
+    sidecar.write(engine, data)
+    loads = []
+    monkeypatch.setattr(plugin_library, "load_into", lambda trt, path: loads.append(path))
+    import os  # no installed library: only $PADFREE_TRT_LIBRARY, where a test sets it
+    monkeypatch.setattr(plugin_library, "candidates",
+                        lambda: [Path(os.environ[plugin_library.ENV_VAR])] if os.environ.get(plugin_library.ENV_VAR) else [])
+    monkeypatch.delenv(plugin_library.ENV_VAR, raising=False)
+    return engine, recorded, loads
+
+
+@needs_trt
+def test_a_sidecar_never_chooses_the_library_to_load(plugin_engine, monkeypatch, tmp_path):
+    """The recorded path exists and has the recorded hash, yet it is not loaded: only the caller,
+    $PADFREE_TRT_LIBRARY or the installation choose code to run."""
+    import torch
+    from padfree.engines import plugin_library
+    engine, recorded, loads = plugin_engine
+    with pytest.raises(PluginLibraryError, match="was not found"):
+        _open(engine)
+    assert loads == []
+    other = tmp_path / "other.so"
+    other.write_bytes(b"some other code")
+    monkeypatch.setenv(plugin_library.ENV_VAR, str(other))
+    with pytest.raises(PluginLibraryError, match="allow-plugin-mismatch"):
+        _open(engine)
+    with pytest.raises(PluginLibraryError, match="allow-plugin-mismatch"):
+        _open(engine, plugin_library_path=other)
+    assert loads == []  # refused before loading: a library's constructors run when it loads
+    monkeypatch.setenv(plugin_library.ENV_VAR, str(tmp_path / "missing.so"))  # a typo is not skipped over
+    with pytest.raises(PluginLibraryError, match="PADFREE_TRT_LIBRARY\\) does not exist"):
+        _open(engine)
+    monkeypatch.setenv(plugin_library.ENV_VAR, str(other))
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: past the plugins, TensorRT would deserialize the fake plan")
+    for kwargs in ({"plugin_library_path": recorded}, {"plugin_library_path": other, "allow_plugin_mismatch": True}):
+        with pytest.raises(EngineError, match="needs a CUDA device"):
+            _open(engine, **kwargs)
+    assert loads == [recorded.resolve(), other.resolve()]
 
 
 @needs_trt

@@ -5,6 +5,7 @@ Each model is exported once per module (the slow step); rewrites and checks reus
 """
 from __future__ import annotations
 
+import re
 import sys
 import types
 
@@ -230,7 +231,7 @@ def test_cli_export_and_check_from_a_local_hf_directory(tmp_path, capsys, seed):
     assert "last_hidden_state" in out and "PASS" in out
 
 
-def test_check_hands_engines_over(monkeypatch, tmp_path, caplog):
+def test_check_hands_engines_over(monkeypatch, tmp_path, capsys):
     from padfree.cli import main
 
     seen = {}
@@ -245,7 +246,7 @@ def test_check_hands_engines_over(monkeypatch, tmp_path, caplog):
     assert seen["args"].rtol == 0.5
     monkeypatch.setitem(sys.modules, "padfree.engines.check", None)
     assert main(["check", "--engine", "x.engine", "--reference", "m.onnx"]) == 2
-    assert "padfree.engines.check" in caplog.text
+    assert "padfree check: error: --engine needs padfree.engines.check" in capsys.readouterr().err
 
 
 def test_report_lists_fusions():
@@ -254,3 +255,174 @@ def test_report_lists_fusions():
     assert "PadfreeAttention" in text and "packed I/O" in text
     assert report.to_dict()["complete"] is True
     assert np.sum(list(report.fused.values())) == 1 + 2 + 4 + 2
+
+
+# ---- hostile and careless input -----------------------------------------------------------------
+def _saved_hf(tmp_path, name="tiny-bert", **fields):
+    config_cls, model_cls, base = models.BUILTIN[name]
+    model = models.build(config_cls, model_cls, **{**base, **fields})
+    model.save_pretrained(tmp_path)
+    return model
+
+
+def _edit_config(folder, **changes):
+    import json
+    config = json.loads((folder / "config.json").read_text())
+    config.update(changes)
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("layers, message", [(3, "lacks 16 weights that config.json declares \\(encoder.layer.2"),
+                                             (1, "holds 16 encoder weights that config.json does not declare")])
+def test_every_declared_weight_must_come_from_the_checkpoint(tmp_path, layers, message):
+    """transformers only logs weights it initialised at random or dropped; the export refuses them."""
+    _saved_hf(tmp_path)
+    models.load(str(tmp_path))  # as saved: loads
+    _edit_config(tmp_path, num_hidden_layers=layers)
+    with pytest.raises(ExportError, match=message):
+        models.load(str(tmp_path))
+
+
+def test_corrupt_model_folders_are_export_errors(tmp_path):
+    _saved_hf(tmp_path)
+    _edit_config(tmp_path, vocab_size=600)  # a table of another shape
+    with pytest.raises(ExportError, match="cannot load a Hugging Face model"):
+        models.load(str(tmp_path))
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ExportError, match="cannot load a Hugging Face model .*config"):
+        models.load(str(tmp_path))
+
+
+def test_a_checkpoint_without_pooler_exports_without_one(tmp_path, caplog):
+    """A checkpoint saved from a masked-LM head has no pooler: no random pooler_output is exported."""
+    import logging
+    import transformers
+    config_cls, _, fields = models.BUILTIN["tiny-bert"]
+    config = getattr(transformers, config_cls)(**fields)
+    models.randomize(transformers.BertModel(config, add_pooling_layer=False)).save_pretrained(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="padfree.export"):
+        model, _ = models.load(str(tmp_path))
+    assert model.pooler is None and "no pooler weights" in caplog.text
+
+
+def test_a_failed_export_leaves_no_file_of_the_previous_one(tmp_path, monkeypatch):
+    """model.onnx of a new export never sits beside the previous model.padfree.onnx / report.json."""
+    from padfree.export import pipeline
+    from padfree.export import rewrite as rewrite_module
+
+    pipeline.export("tiny-distilbert", tmp_path)
+    assert _names(tmp_path) == ["model.onnx", "model.padfree.onnx", "report.json"]
+
+    def fails(*args, **kwargs):
+        raise ExportError("the rewrite failed")
+
+    monkeypatch.setattr(rewrite_module, "rewrite", fails)
+    with pytest.raises(ExportError, match="the rewrite failed"):
+        pipeline.export("tiny-bert", tmp_path)
+    assert _names(tmp_path) == ["model.onnx"]  # the new plain export only, no partial or temporary file
+    meta = {p.key: p.value for p in onnx.load(str(tmp_path / "model.onnx")).metadata_props}
+    assert meta["padfree.source"] == "built-in tiny-bert"
+
+
+def _names(folder):
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_export_refuses_bad_outputs_and_forms_before_exporting(tmp_path, monkeypatch):
+    from padfree.export import exporter, pipeline
+    from padfree.outputs import OutputError
+
+    monkeypatch.setattr(exporter, "export_onnx", lambda *a, **k: pytest.fail("exported before the check"))
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(OutputError, match="is a file, not a folder"):
+        pipeline.export("tiny-bert", tmp_path / "file")
+    with pytest.raises(ExportError, match="io must be"):
+        pipeline.export("tiny-bert", tmp_path, io="ragged")
+
+
+def _rewired(model: onnx.ModelProto, op_type: str, port: int, tensor_of) -> onnx.ModelProto:
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    node = next(n for n in copy.graph.node if n.op_type == op_type)
+    node.input[port] = tensor_of(copy.graph)
+    return copy
+
+
+def _first(graph, op_type, output=False, index=0):
+    node = next(n for n in graph.node if n.op_type == op_type)
+    return (node.output if output else node.input)[index]
+
+
+_MISWIRINGS = [  # (plugin, input index, the tensor it gets, what the message names)
+    ("PadfreeAttention", 2, lambda g: "input_ids", "B\\+1 = 'total_tokens'"),
+    ("PadfreeAttention", 0, lambda g: _first(g, "PadfreeEmbLayerNorm", output=True), "3\\*num_heads\\*head_dim"),
+    ("PadfreeAttention", 1, lambda g: "cu_seqlens", "qkv_bias .* is INT32"),
+    ("PadfreeSkipLayerNorm", 2, lambda g: _first(g, "PadfreeAttention", index=1), "H = 384"),
+    ("PadfreeEmbLayerNorm", 2, lambda g: "input_ids", "B\\+1"),
+]
+
+
+@pytest.mark.parametrize("op_type, port, tensor_of, message", _MISWIRINGS)
+def test_plugin_inputs_wired_to_the_wrong_tensors_are_found(op_type, port, tensor_of, message, tmp_path):
+    from padfree.export.wiring import problems
+    rewritten, _ = rewrite(exported("tiny-bert"))
+    assert problems(rewritten) == []
+    bad = _rewired(rewritten, op_type, port, tensor_of)
+    found = problems(bad)
+    assert found and any(re.search(message, f) for f in found), found
+    # and `padfree build` refuses it before TensorRT (which would build it)
+    from padfree.engines.build import BuildOptions, build
+    from padfree.engines.errors import BuildError
+    onnx.save(bad, str(tmp_path / "bad.onnx"))
+    with pytest.raises(BuildError, match="wired against the spec"):
+        build(BuildOptions(str(tmp_path / "bad.onnx"), str(tmp_path / "bad.engine"), precision="fp32",
+                           progress=False))
+    assert not (tmp_path / "bad.engine").exists()
+
+
+def test_check_exit_status_tells_a_difference_from_a_failure_to_run(tmp_path, capsys, seed):
+    """0: within tolerance; 1: the check ran and found a difference; 2: it could not run."""
+    from padfree.cli import main
+
+    reference = exported("tiny-bert")
+    rewritten, _ = rewrite(reference)
+    onnx.save(reference, str(tmp_path / "model.onnx"))
+    onnx.save(rewritten, str(tmp_path / "good.onnx"))
+    bias = next(t for t in rewritten.graph.initializer if "qkv_bias" in t.name)
+    value = onnx.numpy_helper.to_array(bias).copy()
+    value[0] += 1e-2
+    bias.CopyFrom(onnx.numpy_helper.from_array(value, bias.name))
+    onnx.save(rewritten, str(tmp_path / "bad.onnx"))
+    (tmp_path / "corrupt.onnx").write_bytes(b"\x08\x07garbage that is no model")
+    common = ["--reference", str(tmp_path / "model.onnx"), "--batch", "3", "--max-seqlen", "16", "--seed", str(seed)]
+    assert main(["check", str(tmp_path / "good.onnx"), *common]) == 0
+    assert main(["check", str(tmp_path / "bad.onnx"), *common]) == 1
+    assert "FAIL" in capsys.readouterr().out
+    for model, reference_path, said in [
+            ("corrupt.onnx", "model.onnx", "not a readable ONNX model"),
+            ("missing.onnx", "model.onnx", "not found"),
+            ("good.onnx", "good.onnx", "holds padfree plugin nodes"),  # the rewritten model as the reference
+            ("model.onnx", "model.onnx", "no PadfreeEmbLayerNorm")]:
+        args = ["check", str(tmp_path / model), "--reference", str(tmp_path / reference_path), "--batch", "2"]
+        assert main(args) == 2, said
+        err = capsys.readouterr().err
+        assert said in err and "Traceback" not in err and err.startswith("padfree check: error:")
+    for option, value in [("--rtol", "nan"), ("--atol", "nan"), ("--rtol", "-1"), ("--atol", "inf"),
+                          ("--batch", "0"), ("--max-seqlen", "-4"), ("--seed", "-1")]:
+        with pytest.raises(SystemExit) as usage:
+            main(["check", str(tmp_path / "bad.onnx"), *common, option, value])
+        assert usage.value.code == 2
+        assert f"argument {option}" in capsys.readouterr().err
+
+
+def test_cli_errors_are_one_line_with_exit_status_2(tmp_path, capsys):
+    from padfree.cli import main
+
+    (tmp_path / "file").write_text("x")
+    assert main(["export", "tiny-bert", "-o", str(tmp_path / "file")]) == 2
+    assert main(["export", str(tmp_path), "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "is a file, not a folder" in err[0] and "neither a built-in model" in err[1]
+    with pytest.raises(SystemExit) as usage:
+        main(["export", "tiny-bert", "-o", str(tmp_path), "--opset", "0"])
+    assert usage.value.code == 2

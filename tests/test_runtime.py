@@ -433,11 +433,57 @@ def test_encoder_backend_limits_from_config(seed, model_type, pad, max_pos, type
                                else ["last_hidden_state", "pooler_output"])
     rng = np.random.default_rng(seed)
     seqs = [rng.integers(0, VOCAB, size=n) for n in (1, max_seqlen, 7, 3, 5)]
+    if model_type == "roberta":  # its padding id may not sit inside a sequence (the next test)
+        seqs = [np.where(s == pad, pad + 1, s) for s in seqs]
+    assert rt.limits.position_pad_id == (pad if model_type == "roberta" else None)
     out = rt.run(seqs, padded=True)
     for i, s in enumerate(seqs):
         np.testing.assert_array_equal(out["last_hidden_state"][i, :len(s)].numpy(), expected_sequence(s))
     with pytest.raises(InputError, match=f"more than this model serves \\(max_seqlen {max_seqlen}"):
         rt.run([[1] * (max_seqlen + 1)])
+
+
+def test_padding_id_inside_a_roberta_sequence_is_refused():
+    """HF numbers RoBERTa positions around the padding id (every later token moves by one), padfree
+    numbers tokens in order: such a sequence is refused, where it sits named, not answered differently."""
+    roberta = pytest.importorskip("transformers.models.roberta.modeling_roberta")
+    pad_id = 1
+    hf = roberta.RobertaEmbeddings.create_position_ids_from_input_ids(torch.tensor([[5, pad_id, 7]]), pad_id)
+    assert hf.tolist() != [[pad_id + 1, pad_id + 2, pad_id + 3]]  # what padfree would use: the two disagree
+    backend = ToyBackend()
+    backend.limits = Limits(**{**backend.limits.__dict__, "position_pad_id": pad_id})
+    rt = Runtime(backend)
+    with pytest.raises(InputError, match="token id 1 \\(the padding id\\) at sequence 1, position 2"):
+        rt.run([[5, 7], [6, 8, pad_id, 9]])
+    ids, mask = pad([np.array([5, 7]), np.array([6, 8, 9])], fill=pad_id)
+    check_padded(rt.run(ids, mask, padded=True), [[5, 7], [6, 8, 9]], 3)  # as padding it is fine
+    with pytest.raises(InputError, match="the padding id"):
+        rt.run(ids)  # no mask: every position is a token, the padding id included
+
+
+def test_device_inputs_find_the_padding_id_only_in_tokens():
+    """The PyTorch path's device packer does not look for the id; DeviceInputs does before using it."""
+    from padfree.torch.inputs import DeviceInputs
+    limits = Limits(max_tokens=64, max_batch=8, max_seqlen=8, position_pad_id=1)
+    inputs = DeviceInputs(limits, torch.device("cpu"), None, None)
+    ids = torch.tensor([[5, 7, 1], [6, 1, 9]])
+    assert inputs._holds_pad_id(ids, torch.tensor([[1, 1, 0], [1, 1, 1]]))
+    assert not inputs._holds_pad_id(ids, torch.tensor([[1, 1, 0], [1, 0, 0]]))
+    assert inputs._holds_pad_id(ids, None)
+    inputs.limits = Limits(max_tokens=64, max_batch=8, max_seqlen=8)
+    assert not inputs._holds_pad_id(ids, None)
+
+
+@pytest.mark.parametrize("limit", ["max_batch", "max_tokens"])
+@pytest.mark.parametrize("value", [0, -3, True, 2.5])
+def test_chunk_limits_must_be_positive_ints(limit, value):
+    """0 used to mean "unset" (`max_batch or default`): every value given is now taken or refused."""
+    with pytest.raises(ValueError, match=f"{limit} must be a positive int"):
+        Runtime(ToyBackend(), **{limit: value})
+    config = _FakeConfig(model_type="bert", pad_token_id=0, max_position_embeddings=40, vocab_size=VOCAB)
+    with pytest.raises(ValueError, match=f"{limit} must be a positive int"):
+        EncoderBackend(_FakeEncoder(config), **{limit: value})
+    assert Runtime(ToyBackend(), **{limit: np.int64(1)}).limits.__dict__[limit] == 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -624,12 +670,29 @@ def test_cli_json_padded_and_random(seed, tmp_path, monkeypatch, capsys):
     assert len(backend.calls) == 3  # 5 sequences of at most 24 tokens, 2 per chunk
 
 
+def test_cli_writes_exactly_the_named_file_and_checks_it_first(seed, tmp_path, monkeypatch):
+    seqs, _ = random_sequences(np.random.default_rng(seed), 3)
+    (tmp_path / "batch.json").write_text(json.dumps([s.tolist() for s in seqs]))
+    out = tmp_path / "outputs.bin"  # np.savez(path) would have written outputs.bin.npz
+    assert _cli(monkeypatch, ["x", "--input", str(tmp_path / "batch.json"), "-o", str(out)], ToyBackend()) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["batch.json", "outputs.bin"]  # no temporary left
+    np.testing.assert_array_equal(np.load(out)["cu_seqlens"], np.cumsum([0] + [len(s) for s in seqs]))
+    from padfree.outputs import OutputError
+    backend = ToyBackend()
+    with pytest.raises(OutputError, match="is a folder"):
+        _cli(monkeypatch, ["x", "--input", str(tmp_path / "batch.json"), "-o", str(tmp_path)], backend)
+    with pytest.raises(OutputError, match="is a file, not a folder"):
+        _cli(monkeypatch, ["x", "--input", str(tmp_path / "batch.json"), "-o", str(out / "o.npz")], backend)
+    assert backend.calls == []  # refused before anything ran
+
+
 def test_cli_reports_bad_input(tmp_path, monkeypatch):
+    from padfree.arguments import CommandError
     (tmp_path / "bad.json").write_text(json.dumps([[1, 2], [VOCAB]]))
-    with pytest.raises(SystemExit, match="bad input: token id 100 at sequence 1"):
+    with pytest.raises(CommandError, match="bad input: token id 100 at sequence 1"):
         _cli(monkeypatch, ["x", "--input", str(tmp_path / "bad.json")], ToyBackend())
     (tmp_path / "odd.json").write_text(json.dumps({"ids": []}))
-    with pytest.raises(SystemExit, match="expected a list of token-id lists"):
+    with pytest.raises(CommandError, match="expected a list of token-id lists"):
         _cli(monkeypatch, ["x", "--input", str(tmp_path / "odd.json")], ToyBackend())
 
 

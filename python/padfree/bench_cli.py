@@ -36,6 +36,9 @@ import statistics
 import sys
 import time
 
+from . import outputs
+from .arguments import CommandError, non_negative_int, positive_int
+
 SHAPES = ((1, 128), (16, 256), (64, 512), (128, 128))
 SYSTEMS = ("hf", "compile", "padfree")  # hf: the eager and sdpa columns; padfree: its columns and the floor
 # (shape) -> the "done" targets: padfree <= 1.5x floor and >= 2x faster than compile, or a latency
@@ -57,12 +60,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shapes", default=",".join(f"{b}x{s}" for b, s in SHAPES),
                    help="comma-separated BATCHxMAX shapes (default: the issue's four)")
     p.add_argument("--out", default=None, help="result JSON (default bench/results/bert-<gpu>.json)")
-    p.add_argument("--reps", type=int, default=50, help="timed calls per column (median reported)")
-    p.add_argument("--warmup", type=int, default=10, help="untimed calls first")
+    p.add_argument("--reps", type=positive_int, default=50, help="timed calls per column (median reported)")
+    p.add_argument("--warmup", type=non_negative_int, default=10, help="untimed calls first")
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile column (slow to build)")
     p.add_argument("--no-hf", action="store_true", help="skip the HF eager and sdpa columns")
     p.add_argument("--profile", action="store_true", help="kernel time by name of one padfree forward per shape")
-    p.add_argument("--layers", type=int, default=12, help="encoder layers (default 12: BERT-base)")
+    p.add_argument("--layers", type=positive_int, default=12, help="encoder layers (default 12: BERT-base)")
     p.add_argument("--gemm-search", default="exhaustive", choices=("heuristic", "exhaustive"),
                    help="how the encoder tunes a bucket's GEMMs at capture (padfree.torch.from_hf)")
     p.add_argument("--gemm-tuning", metavar="FILE.json",
@@ -233,7 +236,7 @@ def chosen_systems(args) -> list[str]:
         systems = [s for s in args.systems.split(",") if s]
         unknown = set(systems) - set(SYSTEMS)
         if unknown:
-            raise SystemExit(f"padfree bench: unknown systems {sorted(unknown)}; known: {', '.join(SYSTEMS)}")
+            raise CommandError(f"unknown systems {sorted(unknown)}; known: {', '.join(SYSTEMS)}")
         return systems
     return [s for s in SYSTEMS if not (s == "hf" and args.no_hf) and not (s == "compile" and args.no_compile)]
 
@@ -362,8 +365,7 @@ def host_loop_ms() -> float:
 def run(args) -> int:
     import torch
     if not torch.cuda.is_available():
-        print("padfree bench: no CUDA device here; the benchmark runs on a GPU machine", file=sys.stderr)
-        return 1
+        raise CommandError("no CUDA device here; the benchmark runs on a GPU machine")
     systems = chosen_systems(args)
     if args.one_process or len(systems) == 1:
         result = measure(args, systems)
@@ -371,9 +373,7 @@ def run(args) -> int:
         from .bench_processes import measure_apart
         result = measure_apart(args, systems)
     out = args.out or os.path.join("bench", "results", f"bert-{gpu_slug(result['device'])}.json")
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(result, f, indent=1)
+    outputs.write_text(out, json.dumps(result, indent=1))
     print(f"wrote {out}; {result['device']}, torch {result['torch']}, host loop {result['host_loop_ms']} ms")
     for row in result["rows"]:
         if "profile" in row:

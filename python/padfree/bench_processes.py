@@ -44,7 +44,8 @@ def measure_apart(args, systems: list[str]) -> dict:
             print(f"== {system}, in a process of its own", flush=True)
             done = subprocess.run(child_argv(args, system, out))
             if done.returncode != 0:
-                raise SystemExit(f"padfree bench: timing {system} failed (exit {done.returncode})")
+                from .arguments import CommandError
+                raise CommandError(f"timing {system} failed (exit {done.returncode}); its messages are above")
             with open(out) as f:
                 results[system] = json.load(f)
     return merge(results)

@@ -9,6 +9,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from .arguments import EXIT_DIFFERENCE, EXIT_OK, non_negative_int
+
 log = logging.getLogger("padfree.demo")
 
 
@@ -18,7 +20,7 @@ def register(subparsers) -> None:
     p.add_argument("--model", default="small-bert",
                    help="built-in model to use (default small-bert: 12 layers, hidden 256)")
     p.add_argument("--io", choices=("packed", "padded"), default="packed")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=non_negative_int, default=0)
     p.set_defaults(func=main)
 
 
@@ -55,7 +57,7 @@ def _run(args, out: Path) -> int:
     where = out if args.output else "a temporary folder (use -o DIR to keep the files)"
     print(f"\nmodel.onnx, model.padfree.onnx, report.json (and any engine) in {where}")
     print("demo PASS" if ok else "demo FAIL: the rewrite does not match the plain export")
-    return 0 if ok else 1
+    return EXIT_OK if ok else EXIT_DIFFERENCE
 
 
 def _build_engine(result, out: Path) -> str:

@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from .arguments import CommandError, non_negative_int, positive_int
+
 log = logging.getLogger("padfree.run")
 
 DTYPES = ("fp32", "fp16", "bf16")
@@ -30,7 +32,7 @@ def register(subparsers) -> None:
                            ' "token_type_ids": ...} (padded when attention_mask is given)')
     what.add_argument("--random", metavar="B,S", type=_batch_shape,
                       help="B random sequences, lengths uniform in [ceil(0.2*S), S]")
-    p.add_argument("--seed", type=int, default=0, help="seed of --random (default 0)")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="seed of --random (default 0)")
     p.add_argument("--padded", action="store_true", help="padded [B, S, H] outputs (zeros in padding)")
     p.add_argument("-o", "--output", type=Path, metavar="OUT.npz",
                    help="write the outputs (per-sequence form: packed [T, H] plus cu_seqlens)")
@@ -41,19 +43,20 @@ def register(subparsers) -> None:
                         "configuration, seconds per bucket; padfree.torch.from_hf)")
     p.add_argument("--gemm-tuning", metavar="FILE.json",
                    help="PyTorch path: keep the GEMM choices in this file across runs (read if it exists)")
-    p.add_argument("--max-batch", type=int, help="split batches into chunks of at most this many sequences")
-    p.add_argument("--max-tokens", type=int, help="split batches into chunks of at most this many tokens")
+    p.add_argument("--max-batch", type=positive_int, help="split batches into chunks of at most this many sequences")
+    p.add_argument("--max-tokens", type=positive_int, help="split batches into chunks of at most this many tokens")
+    p.add_argument("--plugin-library", metavar="LIB", help="engine: the padfree plugin library to load (default:"
+                   " $PADFREE_TRT_LIBRARY, else the installed one; never the path a sidecar records)")
+    p.add_argument("--allow-plugin-mismatch", action="store_true",
+                   help="engine: load a plugin library whose SHA-256 differs from the one it was built with")
     p.set_defaults(func=main)
 
 
 def _batch_shape(text: str) -> tuple[int, int]:
-    try:
-        b, s = (int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected B,S (two integers), got {text!r}") from None
-    if b < 1 or s < 1:
-        raise argparse.ArgumentTypeError(f"B and S must be positive, got {text!r}")
-    return b, s
+    parts = text.split(",")
+    if len(parts) != 2:
+        raise argparse.ArgumentTypeError(f"expected B,S (two integers), got {text!r}")
+    return positive_int(parts[0]), positive_int(parts[1])
 
 
 def load_hf_model(source: str) -> Any:
@@ -64,23 +67,14 @@ def load_hf_model(source: str) -> Any:
     try:
         model, description = load(source)
     except ExportError as e:
-        raise SystemExit(f"padfree run: {source!r} is not an engine file, and {e}") from None
+        raise CommandError(f"{source!r} is not an engine file, and {e}") from None
     log.info("model: %s", description)
     return model
 
 
 def open_runtime(args: argparse.Namespace):
     """The Runtime for SOURCE; padfree's errors (a bad engine, an unsupported model) end the command
-    with their message rather than a traceback."""
-    from padfree import PadfreeError
-
-    try:
-        return _open_runtime(args)
-    except PadfreeError as e:
-        raise SystemExit(f"padfree run: {e}") from None
-
-
-def _open_runtime(args: argparse.Namespace):
+    in padfree.cli with their message rather than a traceback."""
     import torch
 
     from padfree.runtime import Runtime
@@ -88,13 +82,14 @@ def _open_runtime(args: argparse.Namespace):
     limits = {"max_batch": args.max_batch, "max_tokens": args.max_tokens}
     if Path(args.source).is_file():
         log.info("serving engine %s", args.source)
-        return Runtime(args.source, **limits)
+        return Runtime(args.source, **limits, plugin_library_path=args.plugin_library,
+                       allow_plugin_mismatch=args.allow_plugin_mismatch)
     from padfree.ops._tensors import PRECISION_DTYPES
     from padfree.torch import from_hf
     model = load_hf_model(args.source)
     if not torch.cuda.is_available():
-        raise SystemExit("padfree run: the PyTorch path runs padfree's CUDA kernels, and torch sees no CUDA"
-                         " device here")
+        raise CommandError("the PyTorch path runs padfree's CUDA kernels, and torch sees no CUDA device here;"
+                           " serve an engine file, or run on a machine with a GPU")
     dtype = PRECISION_DTYPES[args.dtype]
     log.info("serving %s through the PyTorch path (%s on %s)", type(model).__name__, args.dtype, args.device)
     return Runtime(from_hf(model, dtype=dtype, device=args.device, gemm_search=args.gemm_search,
@@ -106,19 +101,20 @@ def read_batch(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
-        raise SystemExit(f"padfree run: cannot read {path}: {e}") from None
+        raise CommandError(f"cannot read {path}: {e}") from None
     if isinstance(data, list):
         return {"batch": data}
     if isinstance(data, dict) and "input_ids" in data:
         unknown = set(data) - {"input_ids", "attention_mask", "token_type_ids"}
         if unknown:
-            raise SystemExit(f"padfree run: {path}: unknown keys {sorted(unknown)}")
+            raise CommandError(f"{path}: unknown keys {sorted(unknown)}; expected input_ids, attention_mask,"
+                               " token_type_ids")
         padded = data.get("attention_mask") is not None
         conv = np.asarray if padded else (lambda x: x)
         return {"batch": conv(data["input_ids"]),
                 "attention_mask": conv(data["attention_mask"]) if padded else None,
                 "token_type_ids": None if data.get("token_type_ids") is None else conv(data["token_type_ids"])}
-    raise SystemExit(f"padfree run: {path}: expected a list of token-id lists or an object with input_ids")
+    raise CommandError(f"{path}: expected a list of token-id lists or an object with input_ids")
 
 
 def random_batch(batch: int, max_len: int, vocab_size: int | None, seed: int) -> list[np.ndarray]:
@@ -131,6 +127,8 @@ def random_batch(batch: int, max_len: int, vocab_size: int | None, seed: int) ->
 def main(args: argparse.Namespace) -> int:
     from padfree.ops._tensors import InputError
 
+    if args.output is not None:  # before the model loads and the batch runs
+        _writable_npz(args.output)
     runtime = open_runtime(args)
     if args.input is not None:
         run_args = read_batch(args.input)
@@ -142,7 +140,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         out = runtime.run(**run_args, padded=args.padded, output="numpy")
     except InputError as e:
-        raise SystemExit(f"padfree run: bad input: {e}") from None
+        raise CommandError(f"bad input: {e}") from None
     elapsed = time.perf_counter() - start
     print(describe(out, elapsed))
     if args.output is not None:
@@ -173,5 +171,14 @@ def save(out: dict[str, Any], path: Path) -> None:
             arrays["cu_seqlens"] = np.concatenate(([0], np.cumsum([len(v) for v in value]))).astype(np.int32)
         else:
             arrays[name] = value
-    path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(path, **arrays)
+    import io
+
+    from padfree import outputs
+    buffer = io.BytesIO()  # np.savez(path) would append .npz to any other name
+    np.savez(buffer, **arrays)
+    outputs.write_bytes(path, buffer.getvalue())
+
+
+def _writable_npz(path: Path) -> None:
+    from padfree import outputs
+    outputs.writable_file(path, "output (-o)")

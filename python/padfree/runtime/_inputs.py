@@ -185,11 +185,25 @@ def validate(batch: HostBatch, limits: Limits) -> None:
                          f" (max_seqlen {limits.max_seqlen}, max_tokens {limits.max_tokens});"
                          " truncate it")
     _check_range(batch, batch.input_ids, limits.vocab_size, "token id", "vocab_size")
+    if limits.position_pad_id is not None:
+        check_no_pad_id(batch, limits.position_pad_id)
     if batch.token_type_ids is not None:
         if limits.type_vocab_size == 0:
             raise InputError("token_type_ids given, but this model has no token type embeddings")
         _check_range(batch, batch.token_type_ids, limits.type_vocab_size, "token type id",
                      "type_vocab_size")
+
+
+def check_no_pad_id(batch: HostBatch, pad_id: int) -> None:
+    """RoBERTa-style models number positions around the padding id (HF counts only other tokens, so
+    every token after it moves by one); padfree numbers a sequence's tokens in order. Rather than
+    answer differently from HF, a sequence holding that id is refused."""
+    where = np.flatnonzero(batch.input_ids == pad_id)
+    if where.size:
+        seq, pos = batch.locate(int(where[0]))
+        raise InputError(f"token id {pad_id} (the padding id) at sequence {seq}, position {pos}: this model numbers"
+                         " positions around the padding id, so a sequence may not hold it; remove it, or mark"
+                         " padding with attention_mask instead")
 
 
 def _check_range(batch: HostBatch, values: np.ndarray, size: int | None, what: str, limit_name: str):

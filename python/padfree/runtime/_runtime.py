@@ -13,7 +13,7 @@ from ._inputs import HostBatch, to_host_batch, validate
 from ._outputs import OutputGather, padded_index, shape_outputs, to_host, to_numpy
 from ._plan import Chunk, plan_chunks
 from ._staging import Staging
-from .backend import Limits, device_of, limits_of
+from .backend import Limits, check_chunk_limits, device_of, limits_of
 
 OUTPUT_FORMATS = ("torch", "numpy")
 
@@ -41,12 +41,13 @@ def open_backend(source: Any, max_tokens: int | None = None, max_batch: int | No
 
 def _tighten(limits: Limits, max_tokens: int | None, max_batch: int | None) -> Limits:
     """Apply the caller's chunk limits; an engine cannot be asked for more than it was built for."""
+    check_chunk_limits(max_tokens, max_batch)
     for name, want in (("max_tokens", max_tokens), ("max_batch", max_batch)):
         have = getattr(limits, name)
         if want is not None and want > have:
             raise ValueError(f"{name}={want} exceeds what the backend serves ({have})")
-    return dataclasses.replace(limits, max_tokens=max_tokens or limits.max_tokens,
-                               max_batch=max_batch or limits.max_batch)
+    return dataclasses.replace(limits, max_tokens=limits.max_tokens if max_tokens is None else int(max_tokens),
+                               max_batch=limits.max_batch if max_batch is None else int(max_batch))
 
 
 def _as_stream(stream: Any, device: torch.device) -> torch.cuda.Stream | None:
@@ -83,6 +84,7 @@ class Runtime:
                  max_tokens: int | None = None, max_batch: int | None = None, **engine_options: Any):
         if output not in OUTPUT_FORMATS:
             raise ValueError(f"output must be one of {OUTPUT_FORMATS}, got {output!r}")
+        check_chunk_limits(max_tokens, max_batch)  # before an engine or a model is loaded
         self.backend = open_backend(source, max_tokens=max_tokens, max_batch=max_batch, **engine_options)
         self.limits = _tighten(limits_of(self.backend), max_tokens, max_batch)
         self.output_names = list(self.backend.output_names)

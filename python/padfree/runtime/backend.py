@@ -6,6 +6,7 @@ An optional `device` attribute says where execute_packed wants its inputs (CUDA 
 """
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -21,13 +22,16 @@ PER_SEQUENCE_OUTPUTS = frozenset({"pooler_output"})
 @dataclass(frozen=True)
 class Limits:
     """What one execute_packed call accepts. vocab_size / type_vocab_size of None mean unknown (not
-    checked); a type_vocab_size of 0 means the model takes no token_type_ids."""
+    checked); a type_vocab_size of 0 means the model takes no token_type_ids. position_pad_id: the id
+    a RoBERTa-style model's positions are numbered around (HF counts only the other tokens); padfree
+    numbers a sequence's tokens 0, 1, 2, ... so a sequence holding this id is refused (None: no such id)."""
     max_tokens: int
     max_batch: int
     max_seqlen: int
     vocab_size: int | None = None
     type_vocab_size: int | None = None
     dtype: torch.dtype | None = None
+    position_pad_id: int | None = None
 
     def __post_init__(self):
         for name in ("max_tokens", "max_batch", "max_seqlen"):
@@ -44,6 +48,14 @@ class Backend(Protocol):
     def execute_packed(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
                        token_type_ids: torch.Tensor | None,
                        stream: torch.cuda.Stream | None) -> dict[str, torch.Tensor]: ...
+
+
+def check_chunk_limits(max_tokens: Any, max_batch: Any) -> None:
+    """A caller's max_tokens / max_batch: None (the backend's own) or a positive int, never 0 or a
+    negative taken for "unset"."""
+    for name, value in (("max_tokens", max_tokens), ("max_batch", max_batch)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1):
+            raise ValueError(f"{name} must be a positive int or None (the backend's limit), got {value!r}")
 
 
 def limits_of(backend: Any) -> Limits:
@@ -68,7 +80,7 @@ def limits_of(backend: Any) -> Limits:
                   max_seqlen=int(field("max_seqlen", required=True)),
                   vocab_size=as_int(field("vocab_size")),
                   type_vocab_size=as_int(field("type_vocab_size")),
-                  dtype=field("dtype"))
+                  dtype=field("dtype"), position_pad_id=as_int(field("position_pad_id")))
 
 
 def device_of(backend: Any) -> torch.device:

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from ..ops._tensors import INT32_MAX
-from ..positions import positions_served
-from .backend import Limits, limits_of
+from ..positions import OFFSET_POSITION_MODEL_TYPES, positions_served
+from .backend import Limits, check_chunk_limits, limits_of
 
 # one call of BERT-base at 32768 fp16 tokens holds ~0.4 GB of intermediates; bench's 64x512 fits
 DEFAULT_MAX_TOKENS = 32768
@@ -36,10 +36,12 @@ def _model_limits(encoder: Any) -> Limits:
         raise TypeError(f"{type(encoder).__name__} has neither .limits nor an HF .config: EncoderBackend"
                         " cannot tell its vocabulary and position table sizes")
     parameter = next(iter(encoder.parameters()), None) if hasattr(encoder, "parameters") else None
+    offset_positions = getattr(config, "model_type", "") in OFFSET_POSITION_MODEL_TYPES
     return Limits(max_tokens=INT32_MAX, max_batch=INT32_MAX, max_seqlen=max_positions(config),
                   vocab_size=int(config.vocab_size),
                   type_vocab_size=int(getattr(config, "type_vocab_size", 0) or 0),
-                  dtype=getattr(encoder, "dtype", None) or getattr(parameter, "dtype", None))
+                  dtype=getattr(encoder, "dtype", None) or getattr(parameter, "dtype", None),
+                  position_pad_id=int(getattr(config, "pad_token_id", 1)) if offset_positions else None)
 
 
 def _has_pooler(encoder: Any) -> bool:
@@ -59,12 +61,13 @@ class EncoderBackend:
     """limits / output_names / execute_packed over PadfreeEncoder.forward_packed (DESIGN.md)."""
 
     def __init__(self, encoder: Any, max_tokens: int | None = None, max_batch: int | None = None):
+        check_chunk_limits(max_tokens, max_batch)
         model = _model_limits(encoder)
         self.encoder = encoder
         self.device = _device(encoder)
         self.limits = dataclasses.replace(
-            model, max_tokens=min(int(max_tokens or DEFAULT_MAX_TOKENS), model.max_tokens),
-            max_batch=min(int(max_batch or DEFAULT_MAX_BATCH), model.max_batch))
+            model, max_tokens=min(int(DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens), model.max_tokens),
+            max_batch=min(int(DEFAULT_MAX_BATCH if max_batch is None else max_batch), model.max_batch))
         names = getattr(encoder, "output_names", None)
         self.output_names = list(names) if names is not None else (
             ["last_hidden_state"] + (["pooler_output"] if _has_pooler(encoder) else []))

@@ -162,7 +162,9 @@ class PadfreeEncoder:
         self.ffn_up = FfnUp(weights.activation, use_epilogue, self._ops)
         self.limits = Limits(max_tokens=INT32_MAX, max_batch=INT32_MAX, max_seqlen=weights.max_seqlen,
                              vocab_size=weights.vocab_size, type_vocab_size=weights.type_vocab_size,
-                             dtype=self.dtype)
+                             dtype=self.dtype,
+                             # RoBERTa: HF numbers positions around padding_idx = position_offset - 1
+                             position_pad_id=weights.position_offset - 1 if weights.position_offset else None)
         self._inputs: InputBuffer | None = None  # every graph's inputs: views of this one buffer
         self._device_inputs = DeviceInputs(self.limits, self.device, self._ops, lambda b: self._input_buffer(0, b))
         self.has_pooler = weights.pooler_weight is not None

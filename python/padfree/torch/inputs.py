@@ -183,7 +183,8 @@ class DeviceInputs:
 
     def _batch(self, flags, total, longest, input_ids, attention_mask, token_type_ids, packed) -> Batch:
         lim = self.limits
-        if flags or longest > min(lim.max_seqlen, lim.max_tokens) or total > lim.max_tokens:
+        if flags or longest > min(lim.max_seqlen, lim.max_tokens) or total > lim.max_tokens or \
+                self._holds_pad_id(input_ids, attention_mask):
             return self._on_host(input_ids, attention_mask, token_type_ids)
         complete = total <= packed.input_ids.shape[0]
         packer = self._packer
@@ -195,6 +196,17 @@ class DeviceInputs:
 
         batch, width = input_ids.shape
         return Batch(total, batch, longest, width, token_type_ids is not None, fill)
+
+    def _holds_pad_id(self, input_ids, attention_mask) -> bool:
+        """Whether a token (not padding) is the id a RoBERTa-style model numbers positions around; the
+        device packer does not look for it, the host validation then refuses it with its place."""
+        pad = self.limits.position_pad_id
+        if pad is None:
+            return False
+        hit = input_ids == pad
+        if attention_mask is not None:
+            hit &= attention_mask.to(torch.bool)
+        return bool(hit.any())
 
     def _on_host(self, input_ids, attention_mask, token_type_ids) -> Batch:
         """Copied to pinned host memory, then validated and packed as host inputs (raises InputError
