@@ -55,18 +55,49 @@ __device__ __forceinline__ float block_max_f(float v, float* scratch) {
     return v;
 }
 
+// (max, sum of exp(x - max)) of two parts as one: each sum rescaled to the larger max.
+__device__ __forceinline__ float2 merge_max_sum(float2 a, float2 b) {
+    const float m = fmaxf(a.x, b.x);
+    if (m == -CUDART_INF_F) return make_float2(m, 0.f);
+    return make_float2(m, a.y * __expf(a.x - m) + b.y * __expf(b.x - m));
+}
+
+// The whole block's (max, sum), returned to every thread: one barrier pair instead of two reductions.
+__device__ __forceinline__ float2 block_max_sum(float2 v, float2* scratch) {
+#pragma unroll
+    for (int offset = kWarpSize / 2; offset > 0; offset /= 2)
+        v = merge_max_sum(v, make_float2(__shfl_xor_sync(0xffffffffu, v.x, offset),
+                                         __shfl_xor_sync(0xffffffffu, v.y, offset)));
+    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float2 total = scratch[0];
+    for (int w = 1; w < static_cast<int>(blockDim.x / kWarpSize); ++w) total = merge_max_sum(total, scratch[w]);
+    return total;
+}
+
 struct SelectShared {
     int hist[256];
     int bin, above, count;
     int emitted;
 };
 
-// Emits, through emit(slot, key) with slots 0..min(n, k)-1, the k largest of keys[0..n) (distinct),
-// unordered: a radix select on 8-bit digits from the top that stops once the digit's bin holds
+// Emits, through emit(slot, key) with slots 0..min(n, k)-1, the k largest of keys[0..n) (distinct):
+// up to one key per thread by ranking (slot = rank), past that unordered, by a radix select on 8-bit digits from the top that stops once the digit's bin holds
 // exactly the keys still needed. Every thread of the block calls it.
 template <int kBlock, class Emit>
 __device__ void block_select(const unsigned long long* keys, int n, int k, SelectShared& s, Emit emit) {
     const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
+    if (n <= kBlock) {  // one key per thread: its place is the number of larger keys (sorted for free)
+        if (tid < n) {
+            const unsigned long long mine = keys[tid];
+            int rank = 0;
+#pragma unroll 8
+            for (int j = 0; j < n; ++j) rank += keys[j] > mine;
+            if (rank < k) emit(rank, mine);
+        }
+        return;
+    }
     if (tid == 0) s.emitted = 0;
     __syncthreads();
     unsigned long long prefix = 0, mask = 0;
@@ -135,7 +166,7 @@ __global__ void __launch_bounds__(kThreads) topk_chunks_kernel(LogitsTopkArgs a,
     __shared__ uint32_t special_bits[kChunk / 32];
     __shared__ SelectShared select;
     __shared__ uint32_t warp_bound[kWarps];
-    __shared__ float scratch[kWarpSize];
+    __shared__ float2 pair_scratch[kWarps];
     __shared__ int candidates;
 
     const int tid = threadIdx.x;
@@ -197,12 +228,14 @@ __global__ void __launch_bounds__(kThreads) topk_chunks_kernel(LogitsTopkArgs a,
     __syncthreads();
     // Ids the processors change are no candidates here (stage 2 adds them processed).
     const int specials = a.num_penalty + a.num_banned;
-    for (int i = tid; i < specials; i += kThreads) {
-        const int id = i < a.num_penalty ? a.penalty_ids[static_cast<int64_t>(r) * a.num_penalty + i]
-                                         : a.banned_ids[static_cast<int64_t>(r) * a.num_banned + i - a.num_penalty];
-        if (id >= e0 && id < e1) atomicOr(&special_bits[(id - e0) / 32], 1u << ((id - e0) % 32));
+    if (specials > 0) {  // the same for the whole block
+        for (int i = tid; i < specials; i += kThreads) {
+            const int id = i < a.num_penalty ? a.penalty_ids[static_cast<int64_t>(r) * a.num_penalty + i]
+                                             : a.banned_ids[static_cast<int64_t>(r) * a.num_banned + i - a.num_penalty];
+            if (id >= e0 && id < e1) atomicOr(&special_bits[(id - e0) / 32], 1u << ((id - e0) % 32));
+        }
+        __syncthreads();
     }
-    __syncthreads();
 
     float x[kElems];
     uint32_t key[kElems];
@@ -219,15 +252,14 @@ __global__ void __launch_bounds__(kThreads) topk_chunks_kernel(LogitsTopkArgs a,
         thread_key = max(thread_key, key[j]);
     }
 
-    if (a.normalize) {  // the chunk's max and sum of exp, combined in stage 2
-        const float m = block_max_f(thread_max, scratch);
+    if (a.normalize) {  // the chunk's max and sum of exp (online softmax's pairs), combined in stage 2
         float sum = 0.f;
-        if (m != -CUDART_INF_F) {
+        if (thread_max != -CUDART_INF_F) {
 #pragma unroll
-            for (int j = 0; j < kElems; ++j) sum += __expf(x[j] - m);
+            for (int j = 0; j < kElems; ++j) sum += __expf(x[j] - thread_max);
         }
-        sum = block_sum(sum);
-        if (tid == 0) stats[static_cast<int64_t>(r) * nchunks + chunk] = make_float2(m, sum);
+        const float2 ms = block_max_sum(make_float2(thread_max, sum), pair_scratch);
+        if (tid == 0) stats[static_cast<int64_t>(r) * nchunks + chunk] = ms;
     }
 
     // A lower bound of the k-th largest candidate key: each warp's ceil(k / warps)-th largest thread
