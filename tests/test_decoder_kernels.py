@@ -152,10 +152,13 @@ def test_self_attention_is_deterministic_and_graph_capturable(seed):
     torch.cuda.current_stream().wait_stream(stream)
     caches[2].zero_()
     caches[3].zero_()
+    # preallocated: nothing is allocated inside the capture (also with PYTORCH_NO_CUDA_MEMORY_CACHING)
+    workspace = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+    one = torch.ones(1, dtype=torch.int32, device="cuda")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        decoder_self_attention(static_qkv, caches[2], caches[3], indir, step, heads, out=out)
-        step.add_(1)
+        decoder_self_attention(static_qkv, caches[2], caches[3], indir, step, heads, out=out, workspace=workspace)
+        step.add_(one)
     step.zero_()
     for qkv, expected in zip(qkvs, eager):
         static_qkv.copy_(qkv)

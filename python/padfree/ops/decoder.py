@@ -84,7 +84,9 @@ def decoder_self_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     step:        int32 CUDA tensor [1], 0 <= step < L (a device value: not checked here; the kernel
                  clamps it)
     qkv_bias:    [3 * hidden] or None. softmax_scale: defaults to 1 / sqrt(D).
-    workspace:   uint8 CUDA scratch for the split-K partials, or None (allocated as needed)
+    workspace:   uint8 CUDA scratch for the split-K partials, or None (allocated per call where the
+                 sizes call for splits). Any size: a smaller one means fewer splits. Pass one to keep
+                 allocations out of a CUDA-graph capture.
     Returns out [rows, hidden]: softmax over positions 0..step of q . k, times v.
     """
     check(qkv, "qkv", shape=(None, None))
@@ -134,6 +136,7 @@ def cross_attention(q: torch.Tensor, kv_mem: torch.Tensor, cu_seqlens: torch.Ten
                 s = r // num_beams, read in place by all beams of s. Lengths must be in [1, max_seqlen]:
                 the caller checks them (they live on the device); an empty source gives zeros, a longer
                 one is cut at max_seqlen.
+    workspace:  as for decoder_self_attention.
     Returns out [rows, hidden].
     """
     check(q, "q", shape=(None, None))
