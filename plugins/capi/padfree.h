@@ -33,7 +33,8 @@ extern "C" {
 /* Bumped on any incompatible change of a signature below; the bindings refuse a mismatch.
  * 2: remove_padding, rebuild_padding and attention_varlen take total_tokens. 4: guarded graphs.
  * 5: input plans. 6: programmatic edges into other libraries' kernels. 7: their probe.
- * 8: removal of memsets made redundant. 9: L2 prefetch ranges for the LayerNorms before a GEMM. */
+ * 8: removal of memsets made redundant. 9: L2 prefetch ranges for the LayerNorms before a GEMM.
+ * (New functions, such as the decoder's, add to a version without bumping it.) */
 #define PADFREE_ABI_VERSION 9
 
 typedef enum padfree_status {
@@ -286,6 +287,82 @@ PADFREE_API padfree_status padfree_bias_gelu(const void* x, const void* bias, in
                                              int32_t cols, int32_t approximate,
                                              padfree_dtype dtype, void* out,
                                              padfree_stream stream);
+
+/* ---- decoder: one decoding step's attention (kernels/decoder/) --------------------------------
+ * rows = batch * num_beams hypotheses, one query row each (row r belongs to source r / num_beams);
+ * H = num_heads, D = head_dim (64 or 128), hidden = H * D, L = max_len (the cache's capacity).
+ * A call whose grid would leave SMs idle splits the positions over CTAs (split-K flash-decoding)
+ * into `workspace`, whose size the *_workspace_size call gives for the same sizes (0: none needed;
+ * a smaller workspace means fewer splits, and PADFREE_ERROR_INVALID_ARGUMENT only where shared
+ * memory needs more than it holds). Device values (step, cache_indir, cu_seqlens) are clamped into
+ * range by the kernels: a bad value gives unspecified results, never an access outside a tensor. */
+
+PADFREE_API padfree_status padfree_decoder_self_attention_workspace_size(int32_t rows, int32_t num_heads,
+                                                                         int32_t head_dim, int32_t max_len,
+                                                                         int64_t* bytes);
+
+/* qkv:         [rows, 3, H, D]  this step's fused Q | K | V projection (bias not yet added)
+ * qkv_bias:    [3, H, D] or NULL
+ * k_cache, v_cache: [rows, H, L, D]; this step's K and V (bias added) are written to [r, :, step, :]
+ * cache_indir: [rows, L] int32: for t < step, the row whose cache holds position t of row r's history
+ * step:        device int32 scalar, 0 <= step < L: attends over positions 0..step (a graph replays)
+ * out:         [rows, H, D]
+ * softmax_scale: finite and positive (1/sqrt(D) usually; 1 where the scale is folded into Q). */
+PADFREE_API padfree_status padfree_decoder_self_attention(const void* qkv, const void* qkv_bias, void* k_cache,
+                                                          void* v_cache, const int32_t* cache_indir,
+                                                          const int32_t* step, int32_t rows, int32_t num_heads,
+                                                          int32_t head_dim, int32_t max_len, float softmax_scale,
+                                                          void* workspace, int64_t workspace_bytes,
+                                                          padfree_dtype dtype, void* out, padfree_stream stream);
+
+PADFREE_API padfree_status padfree_decoder_cross_attention_workspace_size(int32_t rows, int32_t num_heads,
+                                                                          int32_t head_dim, int32_t max_seqlen,
+                                                                          int64_t* bytes);
+
+/* q:          [batch * num_beams, H, D] (q_bias [H, D] or NULL, added as Q is loaded)
+ * kv_mem:     [total_tokens, 2, H, D]  the encoder output's K | V projections, bias added, packed
+ * cu_seqlens: [batch + 1] int32; row r attends over kv_mem rows cu_seqlens[s] .. cu_seqlens[s + 1] - 1,
+ *             s = r / num_beams (in place: the beams of a source share its rows)
+ * out:        [batch * num_beams, H, D]
+ * Source lengths are at most max_seqlen (longer ones are cut there); an empty source gives zeros. */
+PADFREE_API padfree_status padfree_decoder_cross_attention(const void* q, const void* q_bias, const void* kv_mem,
+                                                           const int32_t* cu_seqlens, int32_t batch,
+                                                           int32_t num_beams, int64_t total_tokens,
+                                                           int32_t max_seqlen, int32_t num_heads, int32_t head_dim,
+                                                           float softmax_scale, void* workspace,
+                                                           int64_t workspace_bytes, padfree_dtype dtype, void* out,
+                                                           padfree_stream stream);
+
+/* ---- decoding: scores to hypotheses (kernels/decoding/) -------------------------------------- */
+
+/* cache_indir, out: [rows, L] int32 (must not overlap); parents: [rows] int32; step: device int32.
+ * out[r, t] = cache_indir[parents[r], t] for t < step, out[r, step] = parents[r]; positions past step
+ * are not written. 16-byte aligned rows where L % 4 == 0 (then moved as vectors), else 4-byte. */
+PADFREE_API padfree_status padfree_beam_reorder_cache_indir(const int32_t* cache_indir, const int32_t* parents,
+                                                            const int32_t* step, int32_t rows, int32_t max_len,
+                                                            int32_t* out, padfree_stream stream);
+
+PADFREE_API padfree_status padfree_logits_topk_workspace_size(int32_t rows, int32_t vocab, int32_t k,
+                                                              int64_t* bytes);
+
+/* logits:      [rows, vocab] (rows <= 65535; any alignment of a row, the tensor 16-byte aligned)
+ * bias:        [vocab] or NULL (Marian's final_logits_bias)
+ * beam_scores: [rows] fp32 or NULL, added last
+ * penalty_ids: [rows, num_penalty] int32, banned_ids: [rows, num_banned] int32 (-1 and ids outside
+ *              [0, vocab) unused; num_penalty + num_banned <= 2048); forced_ids: [rows] int32 or NULL
+ * out_scores:  [rows, k] fp32, out_ids: [rows, k] int32: the k largest (1 <= k <= min(64, vocab))
+ *              descending, ties to the smaller id, of
+ *   s = log_softmax(logits + bias) (normalize = 1; s = logits + bias with 0), then HF's processors:
+ *   repetition penalty (s < 0 ? s * p : s / p) at penalty_ids, -inf at banned_ids, and where
+ *   0 <= forced_ids[r] < vocab, 0 at the forced id and -inf elsewhere; then s += beam_scores[r].
+ * workspace:   at least padfree_logits_topk_workspace_size bytes, 16-byte aligned. */
+PADFREE_API padfree_status padfree_logits_topk(const void* logits, const void* bias, const float* beam_scores,
+                                               const int32_t* penalty_ids, int32_t num_penalty,
+                                               float repetition_penalty, const int32_t* banned_ids,
+                                               int32_t num_banned, const int32_t* forced_ids, int32_t rows,
+                                               int32_t vocab, int32_t k, int32_t normalize, void* workspace,
+                                               int64_t workspace_bytes, padfree_dtype dtype, float* out_scores,
+                                               int32_t* out_ids, padfree_stream stream);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -54,6 +54,16 @@ _SIGNATURES: dict[str, list] = {
     "padfree_graph_exec_create": [_p, _p, c_int32, ctypes.POINTER(c_int32), ctypes.POINTER(c_void_p)],
     "padfree_graph_exec_launch": [_p, _p],
     "padfree_graph_exec_destroy": [_p],
+    "padfree_decoder_self_attention_workspace_size": [c_int32, c_int32, c_int32, c_int32, ctypes.POINTER(c_int64)],
+    "padfree_decoder_self_attention": [_p, _p, _p, _p, _i32p, _i32p, c_int32, c_int32, c_int32, c_int32, c_float,
+                                       _p, c_int64, c_int, _p, _p],
+    "padfree_decoder_cross_attention_workspace_size": [c_int32, c_int32, c_int32, c_int32, ctypes.POINTER(c_int64)],
+    "padfree_decoder_cross_attention": [_p, _p, _p, _i32p, c_int32, c_int32, c_int64, c_int32, c_int32, c_int32,
+                                        c_float, _p, c_int64, c_int, _p, _p],
+    "padfree_beam_reorder_cache_indir": [_i32p, _i32p, _i32p, c_int32, c_int32, _i32p, _p],
+    "padfree_logits_topk_workspace_size": [c_int32, c_int32, c_int32, ctypes.POINTER(c_int64)],
+    "padfree_logits_topk": [_p, _p, _p, _i32p, c_int32, c_float, _i32p, c_int32, _i32p, c_int32, c_int32, c_int32,
+                            c_int32, _p, c_int64, c_int, _p, _i32p, _p],
 }
 _RESTYPES = {
     "padfree_abi_version": c_int,

@@ -12,4 +12,6 @@ from .embedding import embedding_layernorm  # noqa: F401
 from .activation import bias_gelu  # noqa: F401
 from .inputs import PaddedInputPacker, pack_padded_inputs, padded_input_stats, stream_synchronize  # noqa: F401
 from .graph_guard import GuardedGraph  # noqa: F401
+from .decoder import cross_attention, decoder_self_attention  # noqa: F401
+from .decoding import beam_reorder_cache_indir, log_softmax_topk  # noqa: F401
 from . import graph_edges  # noqa: F401

@@ -1,0 +1,147 @@
+"""Achieved bandwidth of the decoder kernels (one decoding step) against a device-to-device copy.
+
+Each kernel is captured CALLS times into a CUDA graph cycling through input sets (up to ~200 MB, so
+repeated calls do not just re-read L2), and the median replay over REPS, divided by CALLS, is the
+time per call (CUDA events). Bytes are what the kernel must read: self-attention the K and V of
+positions 0..step of every row (through the indirection), cross-attention each source's K/V rows
+once (its beams share them in L2), the top-k every logit once. The copy figure is
+(read + write bytes) / time of `dst.copy_(src)` of 1 GiB.
+
+    python bench/decoder.py [--out results.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch
+
+from padfree import ops
+
+CALLS = 20
+REPS = 20
+ROTATE_BYTES = 200 << 20
+MODELS = {  # heads, head_dim, vocab
+    "marian-base": (8, 64, 58101),
+    "nllb-600m": (16, 64, 256206),
+}
+NUM_BEAMS = 4
+MAX_LEN = 256
+SOURCE_LEN = 64
+
+
+def time_ms(fns) -> float:
+    for fn in fns:
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(graph, stream=stream):
+            for i in range(CALLS):
+                fns[i % len(fns)]()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(REPS):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / CALLS)
+    return statistics.median(times)
+
+
+def copy_bandwidth() -> float:
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = time_ms([lambda: dst.copy_(src)])
+    return 2 * src.numel() / ms / 1e6  # GB/s
+
+
+def sets_for(bytes_per_set: int) -> int:
+    return max(1, min(CALLS, ROTATE_BYTES // max(bytes_per_set, 1)))
+
+
+def bench_self(heads, head_dim, rows, step, dtype):
+    hidden = heads * head_dim
+    elt = torch.finfo(dtype).bits // 8
+    cache_bytes = 2 * rows * heads * MAX_LEN * head_dim * elt
+    fns = []
+    step_t = torch.tensor([step], dtype=torch.int32, device="cuda")
+    for _ in range(sets_for(cache_bytes)):
+        qkv = torch.randn(rows, 3 * hidden, device="cuda", dtype=dtype)
+        k = torch.randn(rows, heads, MAX_LEN, head_dim, device="cuda", dtype=dtype)
+        v = torch.randn_like(k)
+        indir = torch.randint(0, rows, (rows, MAX_LEN), device="cuda", dtype=torch.int32)
+        out = torch.empty(rows, hidden, device="cuda", dtype=dtype)
+        fns.append(lambda qkv=qkv, k=k, v=v, indir=indir, out=out: ops.decoder_self_attention(
+            qkv, k, v, indir, step_t, heads, out=out))
+    ms = time_ms(fns)
+    return ms, 2 * rows * heads * (step + 1) * head_dim * elt
+
+
+def bench_cross(heads, head_dim, rows, dtype):
+    hidden = heads * head_dim
+    elt = torch.finfo(dtype).bits // 8
+    batch = rows // NUM_BEAMS
+    total = batch * SOURCE_LEN
+    cu = torch.arange(batch + 1, dtype=torch.int32, device="cuda") * SOURCE_LEN
+    fns = []
+    for _ in range(sets_for(total * 2 * hidden * elt)):
+        q = torch.randn(rows, hidden, device="cuda", dtype=dtype)
+        kv = torch.randn(total, 2 * hidden, device="cuda", dtype=dtype)
+        out = torch.empty(rows, hidden, device="cuda", dtype=dtype)
+        fns.append(lambda q=q, kv=kv, out=out: ops.cross_attention(q, kv, cu, SOURCE_LEN, NUM_BEAMS, heads, out=out))
+    ms = time_ms(fns)
+    return ms, total * 2 * hidden * elt
+
+
+def bench_topk(vocab, rows, dtype):
+    elt = torch.finfo(dtype).bits // 8
+    k = 2 * NUM_BEAMS
+    fns = []
+    bs = torch.zeros(rows, device="cuda")
+    for _ in range(sets_for(rows * vocab * elt)):
+        logits = torch.randn(rows, vocab, device="cuda", dtype=dtype)
+        scores = torch.empty(rows, k, device="cuda")
+        ids = torch.empty(rows, k, device="cuda", dtype=torch.int32)
+        ws = torch.empty(1 << 22, dtype=torch.uint8, device="cuda")
+        fns.append(lambda logits=logits, scores=scores, ids=ids, ws=ws: ops.log_softmax_topk(
+            logits, k, beam_scores=bs, out_scores=scores, out_ids=ids, workspace=ws))
+    ms = time_ms(fns)
+    return ms, rows * vocab * elt
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out")
+    parser.add_argument("--dtype", default="fp16", choices=["fp16", "bf16", "fp32"])
+    args = parser.parse_args()
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
+    copy = copy_bandwidth()
+    print(f"{torch.cuda.get_device_name()}  copy {copy:.0f} GB/s (read + write)  dtype {args.dtype}")
+    results = {"device": torch.cuda.get_device_name(), "copy_GBps": copy, "rows": []}
+
+    def report(name, ms, nbytes):
+        gbps = nbytes / ms / 1e6
+        print(f"{name:44s} {ms * 1e3:8.2f} us  {nbytes / 1e6:9.2f} MB  {gbps:7.0f} GB/s  {gbps / copy:6.1%} of copy")
+        results["rows"].append({"kernel": name, "us": ms * 1e3, "bytes": nbytes, "GBps": gbps})
+
+    for model, (heads, head_dim, vocab) in MODELS.items():
+        for rows in (4, 64, 256):
+            for step in (32, 64):
+                report(f"{model} self  rows {rows:3d} step {step}", *bench_self(heads, head_dim, rows, step, dtype))
+            report(f"{model} cross rows {rows:3d} src {SOURCE_LEN}", *bench_cross(heads, head_dim, rows, dtype))
+            report(f"{model} topk  rows {rows:3d} V {vocab} k {2 * NUM_BEAMS}", *bench_topk(vocab, rows, dtype))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

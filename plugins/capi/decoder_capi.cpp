@@ -1,0 +1,136 @@
+// C ABI of the decoder family (kernels/decoder/): one decoding step's self- and cross-attention.
+// Argument checks, then the launchers; device values (step, cache_indir, cu_seqlens) are clamped by
+// the kernels, never read here.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "decoder/cross_attention.h"
+#include "decoder/self_attention.h"
+#include "rowwise_checks.h"
+
+namespace {
+
+constexpr int32_t kMaxGridYZ = 65535;           // heads are grid dimension y
+constexpr int32_t kMaxPositions = 64 * 8192;    // splits x one CTA's positions (decoder_attention.cuh)
+
+padfree_status check_heads(const char* what, int32_t num_heads, int32_t head_dim) {
+    PADFREE_REQUIRE(num_heads >= 1 && num_heads <= kMaxGridYZ, what, ": num_heads must be in [1, ", kMaxGridYZ,
+                    "], got ", num_heads);
+    if (head_dim != 64 && head_dim != 128)
+        return padfree::fail(PADFREE_ERROR_UNSUPPORTED, what, ": head_dim ", head_dim,
+                             " is not built (supported: 64, 128)");
+    return PADFREE_OK;
+}
+
+padfree_status check_scale(const char* what, float softmax_scale) {
+    PADFREE_REQUIRE(std::isfinite(softmax_scale) && softmax_scale > 0.f, what,
+                    ": softmax_scale must be finite and positive, got ", softmax_scale);
+    return PADFREE_OK;
+}
+
+bool aligned4(const void* p) { return reinterpret_cast<uintptr_t>(p) % 4 == 0; }
+
+padfree_status configured(const char* what, cudaError_t err) {
+    if (err == cudaErrorInvalidValue)
+        return padfree::fail(PADFREE_ERROR_INVALID_ARGUMENT, what,
+                             ": workspace too small (see the *_workspace_size call)");
+    if (err != cudaSuccess) return padfree::cuda_failure(what, err);
+    return padfree::check_launch(what);
+}
+
+}  // namespace
+
+extern "C" {
+
+padfree_status padfree_decoder_self_attention_workspace_size(int32_t rows, int32_t num_heads, int32_t head_dim,
+                                                             int32_t max_len, int64_t* bytes) {
+    PADFREE_CAPI_GUARD_BEGIN
+    PADFREE_REQUIRE(bytes != nullptr, "decoder_self_attention_workspace_size: bytes is NULL");
+    PADFREE_REQUIRE(rows >= 0, "decoder_self_attention: rows must be >= 0, got ", rows);
+    PADFREE_CHECK(check_heads("decoder_self_attention", num_heads, head_dim));
+    PADFREE_REQUIRE(max_len >= 1 && max_len <= kMaxPositions, "decoder_self_attention: max_len must be in [1, ",
+                    kMaxPositions, "], got ", max_len);
+    *bytes = rows == 0 ? 0 : padfree::self_attention_workspace_bytes(rows, num_heads, head_dim, max_len);
+    return PADFREE_OK;
+    PADFREE_CAPI_GUARD_END
+}
+
+padfree_status padfree_decoder_self_attention(const void* qkv, const void* qkv_bias, void* k_cache, void* v_cache,
+                                              const int32_t* cache_indir, const int32_t* step, int32_t rows,
+                                              int32_t num_heads, int32_t head_dim, int32_t max_len,
+                                              float softmax_scale, void* workspace, int64_t workspace_bytes,
+                                              padfree_dtype dtype, void* out, padfree_stream stream) {
+    PADFREE_CAPI_GUARD_BEGIN
+    using namespace padfree;
+    PADFREE_CHECK(check_dtype(dtype));
+    PADFREE_REQUIRE(rows >= 0, "decoder_self_attention: rows must be >= 0, got ", rows);
+    PADFREE_CHECK(check_heads("decoder_self_attention", num_heads, head_dim));
+    PADFREE_REQUIRE(max_len >= 1 && max_len <= kMaxPositions, "decoder_self_attention: max_len must be in [1, ",
+                    kMaxPositions, "], got ", max_len);
+    PADFREE_CHECK(check_scale("decoder_self_attention", softmax_scale));
+    PADFREE_REQUIRE(workspace_bytes >= 0, "decoder_self_attention: workspace_bytes must be >= 0");
+    if (rows == 0) return PADFREE_OK;
+    PADFREE_CHECK(check_tensor(qkv, "qkv"));
+    PADFREE_CHECK(check_optional_tensor(qkv_bias, "qkv_bias"));
+    PADFREE_CHECK(check_tensor(k_cache, "k_cache"));
+    PADFREE_CHECK(check_tensor(v_cache, "v_cache"));
+    PADFREE_CHECK(check_tensor(out, "out"));
+    PADFREE_CHECK(check_optional_tensor(workspace, "workspace"));
+    PADFREE_REQUIRE(cache_indir != nullptr && aligned4(cache_indir), "cache_indir must be a 4-byte aligned pointer");
+    PADFREE_REQUIRE(step != nullptr && aligned4(step), "step must be a 4-byte aligned device pointer");
+    SelfAttentionArgs args{qkv, qkv_bias, k_cache, v_cache, cache_indir, step, out,
+                           rows, num_heads, head_dim, max_len, softmax_scale};
+    return configured("decoder_self_attention",
+                      launch_self_attention(args, workspace, workspace_bytes, dtype, as_cuda_stream(stream)));
+    PADFREE_CAPI_GUARD_END
+}
+
+padfree_status padfree_decoder_cross_attention_workspace_size(int32_t rows, int32_t num_heads, int32_t head_dim,
+                                                              int32_t max_seqlen, int64_t* bytes) {
+    PADFREE_CAPI_GUARD_BEGIN
+    PADFREE_REQUIRE(bytes != nullptr, "decoder_cross_attention_workspace_size: bytes is NULL");
+    PADFREE_REQUIRE(rows >= 0, "decoder_cross_attention: rows must be >= 0, got ", rows);
+    PADFREE_CHECK(check_heads("decoder_cross_attention", num_heads, head_dim));
+    PADFREE_REQUIRE(max_seqlen >= 1 && max_seqlen <= kMaxPositions, "decoder_cross_attention: max_seqlen must be in [1, ",
+                    kMaxPositions, "], got ", max_seqlen);
+    *bytes = rows == 0 ? 0 : padfree::cross_attention_workspace_bytes(rows, num_heads, head_dim, max_seqlen);
+    return PADFREE_OK;
+    PADFREE_CAPI_GUARD_END
+}
+
+padfree_status padfree_decoder_cross_attention(const void* q, const void* q_bias, const void* kv_mem,
+                                               const int32_t* cu_seqlens, int32_t batch, int32_t num_beams,
+                                               int64_t total_tokens, int32_t max_seqlen, int32_t num_heads,
+                                               int32_t head_dim, float softmax_scale, void* workspace,
+                                               int64_t workspace_bytes, padfree_dtype dtype, void* out,
+                                               padfree_stream stream) {
+    PADFREE_CAPI_GUARD_BEGIN
+    using namespace padfree;
+    PADFREE_CHECK(check_dtype(dtype));
+    PADFREE_REQUIRE(batch >= 0, "decoder_cross_attention: batch must be >= 0, got ", batch);
+    PADFREE_REQUIRE(num_beams >= 1, "decoder_cross_attention: num_beams must be >= 1, got ", num_beams);
+    PADFREE_REQUIRE(static_cast<int64_t>(batch) * num_beams <= INT32_MAX,
+                    "decoder_cross_attention: batch * num_beams must fit int32");
+    PADFREE_REQUIRE(total_tokens >= 0, "decoder_cross_attention: total_tokens must be >= 0, got ", total_tokens);
+    PADFREE_CHECK(check_heads("decoder_cross_attention", num_heads, head_dim));
+    PADFREE_REQUIRE(max_seqlen >= 1 && max_seqlen <= kMaxPositions, "decoder_cross_attention: max_seqlen must be in [1, ",
+                    kMaxPositions, "], got ", max_seqlen);
+    PADFREE_CHECK(check_scale("decoder_cross_attention", softmax_scale));
+    PADFREE_REQUIRE(workspace_bytes >= 0, "decoder_cross_attention: workspace_bytes must be >= 0");
+    if (batch == 0) return PADFREE_OK;
+    PADFREE_CHECK(check_tensor(q, "q"));
+    PADFREE_CHECK(check_optional_tensor(q_bias, "q_bias"));
+    PADFREE_CHECK(check_tensor(kv_mem, "kv_mem"));
+    PADFREE_CHECK(check_tensor(out, "out"));
+    PADFREE_CHECK(check_optional_tensor(workspace, "workspace"));
+    PADFREE_REQUIRE(cu_seqlens != nullptr && aligned4(cu_seqlens), "cu_seqlens must be a 4-byte aligned pointer");
+    CrossAttentionArgs args{q, q_bias, kv_mem, cu_seqlens, out, batch * num_beams, batch, num_beams,
+                            static_cast<int32_t>(std::min<int64_t>(total_tokens, INT32_MAX)), max_seqlen,
+                            num_heads, head_dim, softmax_scale};
+    return configured("decoder_cross_attention",
+                      launch_cross_attention(args, workspace, workspace_bytes, dtype, as_cuda_stream(stream)));
+    PADFREE_CAPI_GUARD_END
+}
+
+}  // extern "C"

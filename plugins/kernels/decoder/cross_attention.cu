@@ -1,0 +1,44 @@
+// Cross-attention over the packed encoder output (decoder_attention.cuh): the beams of one source
+// read that source's K/V rows in place (no per-beam copy); their CTAs are neighbours in the grid
+// (x = row), so the rows one beam brings into L2 serve the others.
+#include "cross_attention.h"
+
+#include "decoder_attention.cuh"
+
+namespace padfree {
+
+namespace {
+constexpr float kLog2e = 1.4426950408889634f;
+}  // namespace
+
+int64_t cross_attention_workspace_bytes(int32_t rows, int32_t num_heads, int32_t head_dim, int32_t max_seqlen) {
+    const int64_t row_heads = static_cast<int64_t>(rows) * num_heads;
+    return decoder::partial_bytes(row_heads, decoder::choose_splits(row_heads, max_seqlen), head_dim);
+}
+
+cudaError_t launch_cross_attention(const CrossAttentionArgs& args, void* workspace, int64_t workspace_bytes,
+                                   padfree_dtype dtype, cudaStream_t stream) {
+    const int64_t row_heads = static_cast<int64_t>(args.rows) * args.num_heads;
+    decoder::DecoderAttentionArgs a{};
+    a.splits = decoder::fitting_splits(row_heads, args.max_seqlen, args.head_dim,
+                                       workspace != nullptr ? workspace_bytes : 0);
+    if (a.splits == 0) return cudaErrorInvalidValue;
+    a.q = args.q;
+    a.q_bias = args.q_bias;
+    a.q_row_stride = static_cast<int64_t>(args.num_heads) * args.head_dim;
+    a.kv_mem = args.kv_mem;
+    a.cu_seqlens = args.cu_seqlens;
+    a.batch = args.batch;
+    a.total_tokens = args.total_tokens;
+    a.max_seqlen = args.max_seqlen;
+    a.num_beams = args.num_beams;
+    a.out = args.out;
+    a.partial = static_cast<float*>(workspace);
+    a.rows = args.rows;
+    a.num_heads = args.num_heads;
+    a.chunk_cap = ceil_div(args.max_seqlen, a.splits);
+    a.scale_log2 = args.softmax_scale * kLog2e;
+    return decoder::launch_decoder_attention<false>(a, args.head_dim, dtype, stream);
+}
+
+}  // namespace padfree

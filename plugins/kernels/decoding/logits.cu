@@ -1,0 +1,448 @@
+// Bias + log-softmax + processors + top-k over the vocabulary in two stages (two-stage top-k, as
+// FasterTransformer's beam search): stage 1 reads each 4096-logit chunk of a row once, keeps its max
+// and sum of exp (for the log-softmax, combined as in online softmax) and its k best candidates;
+// stage 2 merges a row's candidates. Every selection is an exact radix select on 64-bit keys
+// (order-preserving float bits | ~id), so ties go to the smaller id without a sort.
+//
+// The processors touch few ids (repetition penalty, banned ids): stage 1 leaves those out of its
+// candidates, stage 2 reads them again and adds them with their processed scores, so a penalised id
+// can neither displace a candidate nor be lost.
+#include "logits.h"
+
+#include <math_constants.h>
+
+#include "common.cuh"
+
+namespace padfree {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kElems = 16;                  // logits per thread in stage 1
+constexpr int kChunk = kThreads * kElems;   // logits per stage-1 CTA
+constexpr int kWarps = kThreads / kWarpSize;
+constexpr int kMergeThreads = 512;
+constexpr uint32_t kPenalised = 1, kBanned = 2;
+
+// Float order as unsigned order (the usual radix-sort map): negative floats reversed, positive
+// floats above them.
+__device__ __forceinline__ uint32_t order_key(float f) {
+    const uint32_t b = __float_as_uint(f);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+__device__ __forceinline__ float key_value(uint32_t k) {
+    return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+__device__ __forceinline__ unsigned long long full_key(uint32_t value_key, int32_t id) {
+    return (static_cast<unsigned long long>(value_key) << 32) | static_cast<uint32_t>(~id);
+}
+
+__device__ __forceinline__ int32_t key_id(unsigned long long key) {
+    return static_cast<int32_t>(~static_cast<uint32_t>(key));
+}
+
+__device__ __forceinline__ float block_max_f(float v, float* scratch) {
+#pragma unroll
+    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < static_cast<int>(blockDim.x / kWarpSize) ? scratch[lane] : -CUDART_INF_F;
+#pragma unroll
+    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    return v;
+}
+
+// (max, sum of exp(x - max)) of two parts as one: each sum rescaled to the larger max.
+__device__ __forceinline__ float2 merge_max_sum(float2 a, float2 b) {
+    const float m = fmaxf(a.x, b.x);
+    if (m == -CUDART_INF_F) return make_float2(m, 0.f);
+    return make_float2(m, a.y * __expf(a.x - m) + b.y * __expf(b.x - m));
+}
+
+// The whole block's (max, sum), returned to every thread: one barrier pair instead of two reductions.
+__device__ __forceinline__ float2 block_max_sum(float2 v, float2* scratch) {
+#pragma unroll
+    for (int offset = kWarpSize / 2; offset > 0; offset /= 2)
+        v = merge_max_sum(v, make_float2(__shfl_xor_sync(0xffffffffu, v.x, offset),
+                                         __shfl_xor_sync(0xffffffffu, v.y, offset)));
+    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float2 total = scratch[0];
+    for (int w = 1; w < static_cast<int>(blockDim.x / kWarpSize); ++w) total = merge_max_sum(total, scratch[w]);
+    return total;
+}
+
+struct SelectShared {
+    int hist[256];
+    int bin, above, count;
+    int emitted;
+};
+
+// Emits, through emit(slot, key) with slots 0..min(n, k)-1, the k largest of keys[0..n) (distinct):
+// up to one key per thread by ranking (slot = rank), past that unordered, by a radix select on 8-bit digits from the top that stops once the digit's bin holds
+// exactly the keys still needed. Every thread of the block calls it.
+template <int kBlock, class Emit>
+__device__ void block_select(const unsigned long long* keys, int n, int k, SelectShared& s, Emit emit) {
+    const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
+    if (n <= kBlock) {  // one key per thread: its place is the number of larger keys (sorted for free)
+        if (tid < n) {
+            const unsigned long long mine = keys[tid];
+            int rank = 0;
+#pragma unroll 8
+            for (int j = 0; j < n; ++j) rank += keys[j] > mine;
+            if (rank < k) emit(rank, mine);
+        }
+        return;
+    }
+    if (tid == 0) s.emitted = 0;
+    __syncthreads();
+    unsigned long long prefix = 0, mask = 0;
+    if (n > k) {
+        int need = k;
+        for (int shift = 56; shift >= 0; shift -= 8) {
+            for (int i = tid; i < 256; i += kBlock) s.hist[i] = 0;
+            __syncthreads();
+            for (int i = tid; i < n; i += kBlock) {
+                const unsigned long long key = keys[i];
+                if ((key & mask) == prefix) atomicAdd(&s.hist[(key >> shift) & 255], 1);
+            }
+            __syncthreads();
+            if (warp == 0) {  // lane l holds bins 255 - 8l ... 248 - 8l: a scan in descending bin order
+                int c[8], sum = 0;
+#pragma unroll
+                for (int j = 0; j < 8; ++j) sum += (c[j] = s.hist[255 - 8 * lane - j]);
+                int incl = sum;
+#pragma unroll
+                for (int offset = 1; offset < kWarpSize; offset *= 2) {
+                    const int v = __shfl_up_sync(0xffffffffu, incl, offset);
+                    if (lane >= offset) incl += v;
+                }
+                int running = incl - sum;
+                if (running < need && need <= incl) {
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) {
+                        if (running < need && need <= running + c[j]) {
+                            s.bin = 255 - 8 * lane - j;
+                            s.above = running;
+                            s.count = c[j];
+                        }
+                        running += c[j];
+                    }
+                }
+            }
+            __syncthreads();
+            need -= s.above;
+            prefix |= static_cast<unsigned long long>(s.bin) << shift;
+            mask |= 0xffull << shift;
+            const bool done = s.count == need;  // keys are distinct: true at the last digit at the latest
+            __syncthreads();                    // s is rewritten by the next digit
+            if (done) break;
+        }
+    }
+    for (int i = tid; i < n; i += kBlock) {
+        const unsigned long long key = keys[i];
+        if ((key & mask) >= prefix) emit(atomicAdd(&s.emitted, 1), key);
+    }
+}
+
+// ---- stage 1: one CTA per (chunk of kChunk logits, row) --------------------------------------------
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) topk_chunks_kernel(LogitsTopkArgs a, float2* stats, float* cand_value,
+                                                               int32_t* cand_id) {
+    constexpr int VEC = Vec<T>::size;
+    constexpr int kStageVecs = kChunk / VEC + 1;
+    __shared__ union {
+        struct {
+            float x[kChunk + VEC];
+            float bias[kChunk];
+        } stage;
+        unsigned long long keys[kChunk];
+    } sm;
+    __shared__ uint32_t special_bits[kChunk / 32];
+    __shared__ SelectShared select;
+    __shared__ uint32_t warp_bound[kWarps];
+    __shared__ float2 pair_scratch[kWarps];
+    __shared__ int candidates;
+
+    const int tid = threadIdx.x;
+    const int chunk = blockIdx.x, r = blockIdx.y;
+    const int nchunks = gridDim.x;
+    wait_on_producer();
+    if (a.forced_ids != nullptr) {
+        const int forced = a.forced_ids[r];
+        if (forced >= 0 && forced < a.vocab) return;  // stage 2 writes a forced row without candidates
+    }
+    const int64_t vocab = a.vocab;
+    const int e0 = chunk * kChunk;
+    const int e1 = static_cast<int>(min(static_cast<int64_t>(e0) + kChunk, vocab));
+    const T* logits = static_cast<const T*>(a.logits);
+    const T* bias = static_cast<const T*>(a.bias);
+
+    // Rows start anywhere when vocab % VEC != 0 (NLLB's 256206): the chunk is read as the aligned
+    // 16-byte vectors around it and realigned through shared memory.
+    const int64_t g0 = r * vocab + e0, g1 = r * vocab + e1;
+    const int64_t va = g0 / VEC, vb = ceil_div<int64_t>(g1, VEC);
+    const int64_t total = static_cast<int64_t>(a.rows) * vocab, full_vecs = total / VEC;
+    const int shift = static_cast<int>(g0 - va * VEC);
+    if (tid < kChunk / 32) special_bits[tid] = 0;
+    {
+        Vec<T> raw[kStageVecs / kThreads + 1];
+#pragma unroll
+        for (int j = 0; j < kStageVecs / kThreads + 1; ++j) {
+            const int64_t vi = va + tid + j * kThreads;
+            if (vi < vb && vi < full_vecs) raw[j] = load_vec_ro(logits + vi * VEC);
+        }
+#pragma unroll
+        for (int j = 0; j < kStageVecs / kThreads + 1; ++j) {
+            const int64_t vi = va + tid + j * kThreads;
+            if (vi >= vb) continue;
+            float f[VEC];
+            if (vi < full_vecs) {
+                vec_to_float(raw[j], f);
+            } else {  // the tensor's last, partial vector
+#pragma unroll
+                for (int i = 0; i < VEC; ++i) f[i] = vi * VEC + i < total ? to_float(logits[vi * VEC + i]) : 0.f;
+            }
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) sm.stage.x[(vi - va) * VEC + i] = f[i];
+        }
+        if (bias != nullptr) {  // bias + e0 is aligned: e0 is a multiple of kChunk
+            for (int p = tid * VEC; p < e1 - e0; p += kThreads * VEC) {
+                float f[VEC];
+                if (e0 + p + VEC <= vocab) {
+                    vec_to_float(load_vec_ro(bias + e0 + p), f);
+                } else {
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) f[i] = e0 + p + i < vocab ? to_float(bias[e0 + p + i]) : 0.f;
+                }
+#pragma unroll
+                for (int i = 0; i < VEC; ++i) sm.stage.bias[p + i] = f[i];
+            }
+        }
+    }
+    __syncthreads();
+    // Ids the processors change are no candidates here (stage 2 adds them processed).
+    const int specials = a.num_penalty + a.num_banned;
+    if (specials > 0) {  // the same for the whole block
+        for (int i = tid; i < specials; i += kThreads) {
+            const int id = i < a.num_penalty ? a.penalty_ids[static_cast<int64_t>(r) * a.num_penalty + i]
+                                             : a.banned_ids[static_cast<int64_t>(r) * a.num_banned + i - a.num_penalty];
+            if (id >= e0 && id < e1) atomicOr(&special_bits[(id - e0) / 32], 1u << ((id - e0) % 32));
+        }
+        __syncthreads();
+    }
+
+    float x[kElems];
+    uint32_t key[kElems];
+    float thread_max = -CUDART_INF_F;
+    uint32_t thread_key = 0;  // 0: no candidate
+#pragma unroll
+    for (int j = 0; j < kElems; ++j) {
+        const int p = j * kThreads + tid;  // consecutive threads, consecutive words: no bank conflicts
+        const bool valid = p < e1 - e0;
+        x[j] = valid ? sm.stage.x[shift + p] + (bias != nullptr ? sm.stage.bias[p] : 0.f) : -CUDART_INF_F;
+        if (valid) thread_max = fmaxf(thread_max, x[j]);
+        const bool candidate = valid && !((special_bits[p / 32] >> (p % 32)) & 1u);
+        key[j] = candidate ? max(order_key(x[j]), 1u) : 0u;  // 1: a NaN's key, still above "none"
+        thread_key = max(thread_key, key[j]);
+    }
+
+    if (a.normalize) {  // the chunk's max and sum of exp (online softmax's pairs), combined in stage 2
+        float sum = 0.f;
+        if (thread_max != -CUDART_INF_F) {
+#pragma unroll
+            for (int j = 0; j < kElems; ++j) sum += __expf(x[j] - thread_max);
+        }
+        const float2 ms = block_max_sum(make_float2(thread_max, sum), pair_scratch);
+        if (tid == 0) stats[static_cast<int64_t>(r) * nchunks + chunk] = ms;
+    }
+
+    // A lower bound of the k-th largest candidate key: each warp's ceil(k / warps)-th largest thread
+    // maximum (those maxima are distinct elements, at least k of them at or above the smallest bound).
+    {
+        const int lane = tid % kWarpSize, warp = tid / kWarpSize;
+        const int q = ceil_div(a.k, kWarps);
+        uint32_t work = thread_key, bound = 0;
+        for (int i = 0; i < q; ++i) {
+            bound = __reduce_max_sync(0xffffffffu, work);
+            if (bound == 0) break;
+            const unsigned holders = __ballot_sync(0xffffffffu, work == bound);
+            if (lane == __ffs(holders) - 1) work = 0;
+        }
+        if (lane == 0) warp_bound[warp] = bound;
+        if (tid == 0) candidates = 0;
+    }
+    __syncthreads();  // also: every thread has read the stage before keys (its alias) is written
+    uint32_t bound = warp_bound[0];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) bound = min(bound, warp_bound[w]);
+    bound = max(bound, 1u);
+#pragma unroll
+    for (int j = 0; j < kElems; ++j) {
+        if (key[j] >= bound) sm.keys[atomicAdd(&candidates, 1)] = full_key(key[j], e0 + j * kThreads + tid);
+    }
+    __syncthreads();
+    const int n = candidates;
+    const int64_t out_base = (static_cast<int64_t>(r) * nchunks + chunk) * a.k;
+    block_select<kThreads>(sm.keys, n, a.k, select, [&](int slot, unsigned long long k64) {
+        cand_value[out_base + slot] = key_value(static_cast<uint32_t>(k64 >> 32));
+        cand_id[out_base + slot] = key_id(k64);
+    });
+    allow_consumers();
+    for (int slot = min(n, a.k) + tid; slot < a.k; slot += kThreads) cand_id[out_base + slot] = -1;
+}
+
+// ---- stage 2: one CTA per row --------------------------------------------------------------------
+
+template <typename T>
+__global__ void __launch_bounds__(kMergeThreads) topk_merge_kernel(LogitsTopkArgs a, int32_t nchunks,
+                                                                   int32_t table_size, const float2* stats,
+                                                                   const float* cand_value, const int32_t* cand_id) {
+    extern __shared__ unsigned long long keys[];  // [nchunks * k + specials], then the table
+    __shared__ SelectShared select;
+    __shared__ unsigned long long chosen[kLogitsTopkMaxK];
+    __shared__ float scratch[kWarpSize];
+    __shared__ int count;
+    const int tid = threadIdx.x, r = blockIdx.x;
+    const int k = a.k;
+    wait_on_producer();
+    const float beam_score = a.beam_scores != nullptr ? a.beam_scores[r] : 0.f;
+    const int forced = a.forced_ids != nullptr ? a.forced_ids[r] : -1;
+    if (forced >= 0 && forced < a.vocab) {  // HF's forced token: 0 there, -inf elsewhere
+        for (int j = tid; j < k; j += kMergeThreads) {
+            a.out_ids[static_cast<int64_t>(r) * k + j] = j == 0 ? forced : (j - 1 < forced ? j - 1 : j);
+            a.out_scores[static_cast<int64_t>(r) * k + j] = j == 0 ? beam_score : -CUDART_INF_F;
+        }
+        return;
+    }
+    float lse = 0.f;
+    if (a.normalize) {
+        float m = -CUDART_INF_F;
+        for (int c = tid; c < nchunks; c += kMergeThreads) m = fmaxf(m, stats[static_cast<int64_t>(r) * nchunks + c].x);
+        m = block_max_f(m, scratch);
+        float sum = 0.f;
+        for (int c = tid; c < nchunks; c += kMergeThreads) {
+            const float2 st = stats[static_cast<int64_t>(r) * nchunks + c];
+            if (st.y > 0.f) sum += st.y * __expf(st.x - m);
+        }
+        sum = block_sum(sum);
+        lse = m + __logf(sum);
+    }
+
+    const int specials = a.num_penalty + a.num_banned;
+    int32_t* table = reinterpret_cast<int32_t*>(keys + static_cast<int64_t>(nchunks) * k + specials);
+    uint32_t* flags = reinterpret_cast<uint32_t*>(table + table_size);
+    for (int i = tid; i < table_size; i += kMergeThreads) {
+        table[i] = -1;
+        flags[i] = 0;
+    }
+    if (tid == 0) count = 0;
+    __syncthreads();
+    // The processed ids, deduplicated in an open-addressing table (an id penalised twice is penalised once).
+    for (int i = tid; i < specials; i += kMergeThreads) {
+        const bool penalised = i < a.num_penalty;
+        const int id = penalised ? a.penalty_ids[static_cast<int64_t>(r) * a.num_penalty + i]
+                                 : a.banned_ids[static_cast<int64_t>(r) * a.num_banned + i - a.num_penalty];
+        if (id < 0 || id >= a.vocab) continue;
+        uint32_t h = (static_cast<uint32_t>(id) * 2654435761u) & (table_size - 1);
+        while (true) {
+            const int prev = atomicCAS(&table[h], -1, id);
+            if (prev == -1 || prev == id) break;
+            h = (h + 1) & (table_size - 1);
+        }
+        atomicOr(&flags[h], penalised ? kPenalised : kBanned);
+    }
+    const int64_t row_cands = static_cast<int64_t>(r) * nchunks * k;
+    for (int i = tid; i < nchunks * k; i += kMergeThreads) {
+        const int id = cand_id[row_cands + i];
+        if (id < 0) continue;
+        const float s = cand_value[row_cands + i] - lse + beam_score;
+        keys[atomicAdd(&count, 1)] = full_key(order_key(s), id);
+    }
+    __syncthreads();
+    const T* logits = static_cast<const T*>(a.logits);
+    const T* bias = static_cast<const T*>(a.bias);
+    for (int h = tid; h < table_size; h += kMergeThreads) {
+        const int id = table[h];
+        if (id < 0) continue;
+        float s = to_float(logits[static_cast<int64_t>(r) * a.vocab + id]);
+        if (bias != nullptr) s += to_float(bias[id]);
+        s -= lse;
+        if (flags[h] & kPenalised) s = s < 0.f ? s * a.repetition_penalty : s / a.repetition_penalty;
+        if (flags[h] & kBanned) s = -CUDART_INF_F;
+        keys[atomicAdd(&count, 1)] = full_key(order_key(s + beam_score), id);
+    }
+    __syncthreads();
+    block_select<kMergeThreads>(keys, count, k, select, [&](int slot, unsigned long long k64) { chosen[slot] = k64; });
+    __syncthreads();
+    allow_consumers();
+    // k <= 64 distinct keys: each one's place is the number of larger ones.
+    const int chosen_count = min(count, k);  // k unless ids are missing (none where vocab >= k)
+    if (tid < chosen_count) {
+        const unsigned long long mine = chosen[tid];
+        int rank = 0;
+        for (int j = 0; j < chosen_count; ++j) rank += chosen[j] > mine;
+        a.out_scores[static_cast<int64_t>(r) * k + rank] = key_value(static_cast<uint32_t>(mine >> 32));
+        a.out_ids[static_cast<int64_t>(r) * k + rank] = key_id(mine);
+    } else if (tid < k) {
+        a.out_scores[static_cast<int64_t>(r) * k + tid] = -CUDART_INF_F;
+        a.out_ids[static_cast<int64_t>(r) * k + tid] = -1;
+    }
+}
+
+int32_t chunks_of(int32_t vocab) { return ceil_div(vocab, kChunk); }
+
+int32_t table_size_of(int32_t specials) {
+    int32_t size = 1;
+    while (size < 2 * specials) size *= 2;
+    return size;
+}
+
+size_t merge_smem(const LogitsTopkArgs& args) {
+    const int32_t specials = args.num_penalty + args.num_banned;
+    return (static_cast<size_t>(chunks_of(args.vocab)) * args.k + specials) * sizeof(unsigned long long) +
+           static_cast<size_t>(table_size_of(specials)) * 2 * sizeof(int32_t);
+}
+
+}  // namespace
+
+int64_t logits_topk_workspace_bytes(int32_t rows, int32_t vocab, int32_t k) {
+    const int64_t blocks = static_cast<int64_t>(rows) * chunks_of(vocab);
+    // stats (float2), then values (float) and ids (int32), each rounded up to 16 bytes
+    const auto round16 = [](int64_t b) { return (b + 15) / 16 * 16; };
+    return round16(blocks * 8) + 2 * round16(blocks * k * 4);
+}
+
+cudaError_t launch_logits_topk(const LogitsTopkArgs& args, void* workspace, padfree_dtype dtype,
+                               cudaStream_t stream) {
+    if (args.rows == 0) return cudaSuccess;
+    const int32_t nchunks = chunks_of(args.vocab);
+    const int64_t blocks = static_cast<int64_t>(args.rows) * nchunks;
+    const auto round16 = [](int64_t b) { return (b + 15) / 16 * 16; };
+    char* ws = static_cast<char*>(workspace);
+    float2* stats = reinterpret_cast<float2*>(ws);
+    float* cand_value = reinterpret_cast<float*>(ws + round16(blocks * 8));
+    int32_t* cand_id = reinterpret_cast<int32_t*>(ws + round16(blocks * 8) + round16(blocks * args.k * 4));
+    const size_t smem = merge_smem(args);
+    cudaError_t err = cudaSuccess;
+    dispatch_dtype(dtype, [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        if (smem > 48 * 1024) {
+            err = cudaFuncSetAttribute(topk_merge_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(smem));
+            if (err != cudaSuccess) return;
+        }
+        launch_kernel(topk_chunks_kernel<T>, dim3(nchunks, args.rows), dim3(kThreads), 0, stream, args, stats,
+                      cand_value, cand_id);
+        launch_kernel(topk_merge_kernel<T>, dim3(args.rows), dim3(kMergeThreads), smem, stream, args, nchunks,
+                      table_size_of(args.num_penalty + args.num_banned), stats, cand_value, cand_id);
+    });
+    return err;
+}
+
+}  // namespace padfree

@@ -1,0 +1,172 @@
+"""One decoding step's attention (kernels/decoder/): masked self-attention over the K/V cache through
+the beam search's cache indirection, and cross-attention over the packed encoder output.
+
+Rows are hypotheses: rows = batch * num_beams, row r belongs to source r // num_beams. Both calls
+run on torch's current stream without synchronizing; the step is a device scalar, so one captured
+CUDA graph replays every step.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import math
+
+import torch
+
+from ._tensors import (InputError, call_kernel, check, check_aligned, check_float, check_int32, dtype_code,
+                       output, ptr, stream_handle)
+
+HEAD_DIMS = (64, 128)  # the head sizes kernels/decoder instantiates
+
+
+def _scale(softmax_scale, head_dim: int) -> float:
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) \
+            or not math.isfinite(softmax_scale) or softmax_scale <= 0:
+        raise InputError(f"softmax_scale: expected a finite positive number, got {softmax_scale!r}")
+    return float(softmax_scale)
+
+
+def _head_dim(width: int, num_heads: int, name: str) -> int:
+    if width % num_heads:
+        raise InputError(f"{name}: width {width} is not num_heads * head_dim for num_heads={num_heads}")
+    head_dim = width // num_heads
+    if head_dim not in HEAD_DIMS:
+        raise InputError(f"{name}: head_dim {head_dim} is not built (supported: 64, 128)")
+    return head_dim
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
+
+@functools.lru_cache(maxsize=256)
+def _workspace_bytes(name: str, device: int, rows: int, num_heads: int, head_dim: int, positions: int) -> int:
+    # device: the split count follows the device's SM count
+    from .. import _lib
+    del device
+    value = ctypes.c_int64()
+    _lib.call(name, rows, num_heads, head_dim, positions, ctypes.byref(value))
+    return value.value
+
+
+def _workspace(workspace, name, device, rows, num_heads, head_dim, positions):
+    """(tensor, bytes): the caller's uint8 workspace, else a fresh one of the size the ABI asks for
+    (None where the call runs unsplit). torch's allocator orders its reuse on the stream."""
+    if workspace is not None:
+        check(workspace, "workspace", dtype=torch.uint8, shape=(None,), device=device)
+        check_aligned(workspace, "workspace")
+        return workspace, workspace.numel()
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index == torch.cuda.current_device():
+        size = _workspace_bytes(name, index, rows, num_heads, head_dim, positions)
+    else:
+        with torch.cuda.device(device):
+            size = _workspace_bytes(name, index, rows, num_heads, head_dim, positions)
+    if size == 0:
+        return None, 0
+    return torch.empty(size, dtype=torch.uint8, device=device), size
+
+
+def decoder_self_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           cache_indir: torch.Tensor, step: torch.Tensor, num_heads: int,
+                           qkv_bias: torch.Tensor | None = None, softmax_scale: float | None = None,
+                           out: torch.Tensor | None = None, *, workspace: torch.Tensor | None = None) -> torch.Tensor:
+    """One decoding step of masked self-attention over the K/V cache.
+
+    qkv:         [rows, 3 * hidden] this step's fused Q | K | V projection (bias not yet added)
+    k_cache, v_cache: [rows, H, L, D], qkv's dtype; this step's K and V (bias added) are written at
+                 [r, :, step, :]
+    cache_indir: int32 [rows, L]: for t < step, the row whose cache slot holds position t of row r's
+                 history (position step is r's own)
+    step:        int32 CUDA tensor [1], 0 <= step < L (a device value: not checked here; the kernel
+                 clamps it)
+    qkv_bias:    [3 * hidden] or None. softmax_scale: defaults to 1 / sqrt(D).
+    workspace:   uint8 CUDA scratch for the split-K partials, or None (allocated per call where the
+                 sizes call for splits). Any size: a smaller one means fewer splits. Pass one to keep
+                 allocations out of a CUDA-graph capture.
+    Returns out [rows, hidden]: softmax over positions 0..step of q . k, times v.
+    """
+    check(qkv, "qkv", shape=(None, None))
+    dtype = dtype_code(qkv, "qkv")
+    check_aligned(qkv, "qkv")
+    rows, width = qkv.shape
+    num_heads = check_int32(num_heads, "num_heads", minimum=1)
+    if width % 3:
+        raise InputError(f"qkv: width {width} is not 3 * hidden")
+    hidden = width // 3
+    head_dim = _head_dim(hidden, num_heads, "qkv")
+    check_float(k_cache, "k_cache", like=qkv, shape=(rows, num_heads, None, head_dim))
+    max_len = k_cache.shape[2]
+    if max_len < 1:
+        raise InputError("k_cache: expected a capacity L >= 1")
+    check_float(v_cache, "v_cache", like=qkv, shape=(rows, num_heads, max_len, head_dim))
+    check(cache_indir, "cache_indir", dtype=torch.int32, shape=(rows, max_len), device=qkv.device)
+    check(step, "step", dtype=torch.int32, shape=(1,), device=qkv.device)
+    check_float(qkv_bias, "qkv_bias", like=qkv, shape=(width,), optional=True)
+    scale = _scale(softmax_scale, head_dim)
+    out = output(out, (rows, hidden), qkv)
+    for name, other in (("qkv", qkv), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if _overlaps(out, other):
+            raise InputError(f"out: must not overlap {name}")
+    if _overlaps(k_cache, v_cache):
+        raise InputError("k_cache: must not overlap v_cache")
+    if rows == 0:
+        return out
+    ws, ws_bytes = _workspace(workspace, "padfree_decoder_self_attention_workspace_size", qkv.device, rows,
+                              num_heads, head_dim, max_len)
+    call_kernel("padfree_decoder_self_attention", qkv.device, ptr(qkv), ptr(qkv_bias), ptr(k_cache), ptr(v_cache),
+                ptr(cache_indir), ptr(step), rows, num_heads, head_dim, max_len, scale,
+                ptr(ws), ws_bytes, dtype, ptr(out),
+                stream_handle(qkv.device))
+    return out
+
+
+def cross_attention(q: torch.Tensor, kv_mem: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+                    num_beams: int, num_heads: int, q_bias: torch.Tensor | None = None,
+                    softmax_scale: float | None = None, out: torch.Tensor | None = None, *,
+                    workspace: torch.Tensor | None = None) -> torch.Tensor:
+    """One decoding step of cross-attention over the packed encoder output.
+
+    q:          [rows, hidden], rows = batch * num_beams (q_bias [hidden] or None)
+    kv_mem:     [T, 2 * hidden] packed source rows, K block | V block, bias already added
+    cu_seqlens: int32 [batch + 1]; row r attends over kv_mem rows cu_seqlens[s] .. cu_seqlens[s+1] - 1,
+                s = r // num_beams, read in place by all beams of s. Lengths must be in [1, max_seqlen]:
+                the caller checks them (they live on the device); an empty source gives zeros, a longer
+                one is cut at max_seqlen.
+    workspace:  as for decoder_self_attention.
+    Returns out [rows, hidden].
+    """
+    check(q, "q", shape=(None, None))
+    dtype = dtype_code(q, "q")
+    check_aligned(q, "q")
+    rows, hidden = q.shape
+    num_heads = check_int32(num_heads, "num_heads", minimum=1)
+    num_beams = check_int32(num_beams, "num_beams", minimum=1)
+    head_dim = _head_dim(hidden, num_heads, "q")
+    check_float(kv_mem, "kv_mem", like=q, shape=(None, 2 * hidden))
+    check(cu_seqlens, "cu_seqlens", dtype=torch.int32, shape=(None,), device=q.device)
+    batch = cu_seqlens.numel() - 1
+    if batch < 0:
+        raise InputError("cu_seqlens: expected [batch + 1], got an empty tensor")
+    if rows != batch * num_beams:
+        raise InputError(f"q: expected batch * num_beams = {batch} * {num_beams} = {batch * num_beams} rows, "
+                         f"got {rows}")
+    max_seqlen = check_int32(max_seqlen, "max_seqlen", minimum=1)
+    check_float(q_bias, "q_bias", like=q, shape=(hidden,), optional=True)
+    scale = _scale(softmax_scale, head_dim)
+    out = output(out, (rows, hidden), q)
+    for name, other in (("q", q), ("kv_mem", kv_mem)):
+        if _overlaps(out, other):
+            raise InputError(f"out: must not overlap {name}")
+    if rows == 0:
+        return out
+    ws, ws_bytes = _workspace(workspace, "padfree_decoder_cross_attention_workspace_size", q.device, rows,
+                              num_heads, head_dim, max_seqlen)
+    call_kernel("padfree_decoder_cross_attention", q.device, ptr(q), ptr(q_bias), ptr(kv_mem), ptr(cu_seqlens),
+                batch, num_beams, kv_mem.shape[0], max_seqlen, num_heads, head_dim, scale,
+                ptr(ws), ws_bytes, dtype, ptr(out),
+                stream_handle(q.device))
+    return out
