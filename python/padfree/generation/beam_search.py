@@ -25,7 +25,7 @@ import torch
 
 from .decoder import Decoder
 from .options import GenerationOptions
-from .processors import step_processors
+from .processors import Processors
 
 __all__ = ["BeamSearchResult", "beam_search"]
 
@@ -77,12 +77,13 @@ def beam_search(decoder: Decoder, options: GenerationOptions, bias: torch.Tensor
     top_beams = torch.arange(keep, device=device) < beams
     source_offset = torch.arange(batch, device=device)[:, None] * beams
 
+    processors_for = Processors(options, batch * beams, device)
     cur_len = 1
     while cur_len < max_length:
         step = cur_len - 1
         tokens = running[:, :, step].reshape(-1)
         logits = decoder.logits(tokens, step)
-        processors = step_processors(running[:, :, :cur_len].reshape(batch * beams, cur_len), options)
+        processors = processors_for.step(running[:, :, :cur_len].reshape(batch * beams, cur_len))
         cand_scores, cand_ids = ops.log_softmax_topk(logits, keep, bias=bias, beam_scores=running_scores.reshape(-1),
                                                      **processors.kwargs())
         # merge the beams' candidates: stable sort = flattened (beam, id) order among equal scores

@@ -13,7 +13,7 @@ import torch
 
 from .options import GenerationOptions
 
-__all__ = ["StepProcessors", "step_processors", "no_repeat_ngram_banned", "unique_ids"]
+__all__ = ["StepProcessors", "Processors", "no_repeat_ngram_banned", "unique_ids"]
 
 
 @dataclass
@@ -44,20 +44,6 @@ def no_repeat_ngram_banned(history: torch.Tensor, n: int) -> torch.Tensor | None
     return torch.where(matches, windows[..., -1], torch.full_like(windows[..., -1], -1))
 
 
-def _bad_words_banned(history: torch.Tensor, words: list[list[int]]) -> torch.Tensor | None:
-    """int64 [rows, len(words)]: each multi-token bad word's last token where its prefix ends the history."""
-    cur_len = history.shape[1]
-    cols = []
-    for word in words:
-        prefix = word[:-1]
-        if len(prefix) > cur_len:
-            continue                        # HF: a prefix longer than the context matches nothing
-        want = torch.tensor(prefix, dtype=history.dtype, device=history.device)
-        match = (history[:, cur_len - len(prefix):] == want).all(dim=-1)
-        cols.append(torch.where(match, word[-1], -1))
-    return torch.stack(cols, dim=1) if cols else None
-
-
 def unique_ids(history: torch.Tensor) -> torch.Tensor:
     """int32 [rows, cur_len]: each row's distinct tokens, repeats replaced by -1 (the kernel may apply a
     listed id's penalty once per occurrence; HF applies it once per id)."""
@@ -67,31 +53,57 @@ def unique_ids(history: torch.Tensor) -> torch.Tensor:
     return ordered.masked_fill(repeat, -1).to(torch.int32)
 
 
-def step_processors(history: torch.Tensor, options: GenerationOptions) -> StepProcessors:
-    """The processors' id lists for the step that picks token number history.shape[1] (0-based)."""
-    rows, cur_len = history.shape
-    device = history.device
-    banned = []
-    if options.no_repeat_ngram_size > 0:
-        ngram = no_repeat_ngram_banned(history, options.no_repeat_ngram_size)
-        if ngram is not None:
-            banned.append(ngram)
-    if options.bad_words_single:
-        banned.append(torch.tensor(options.bad_words_single, dtype=torch.long, device=device).expand(rows, -1))
-    if options.bad_words_multi:
-        multi = _bad_words_banned(history, options.bad_words_multi)
-        if multi is not None:
-            banned.append(multi)
-    if options.eos_token_ids and cur_len < options.min_length:
-        banned.append(torch.tensor(options.eos_token_ids, dtype=torch.long, device=device).expand(rows, -1))
-    banned_ids = torch.cat(banned, dim=1).to(torch.int32).contiguous() if banned else None
+class Processors:
+    """The options' processors for one generate() call: constant id tensors moved to the device once
+    (a host-to-device copy per step would wait for the GPU), then step() per decode step."""
 
-    penalty_ids = unique_ids(history) if options.repetition_penalty != 1.0 else None
+    def __init__(self, options: GenerationOptions, rows: int, device: torch.device):
+        self.options, self.rows = options, rows
 
-    forced = None
-    if options.forced_eos_token_id is not None and cur_len == options.max_length - 1:
-        forced = options.forced_eos_token_id
-    elif options.forced_bos_token_id is not None and cur_len == 1:
-        forced = options.forced_bos_token_id
-    forced_ids = None if forced is None else torch.full((rows,), forced, dtype=torch.int32, device=device)
-    return StepProcessors(banned_ids, penalty_ids, options.repetition_penalty, forced_ids)
+        def ids(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.long, device=device).expand(rows, -1)
+
+        self.bad_single = ids(options.bad_words_single) if options.bad_words_single else None
+        self.bad_multi = [(torch.tensor(w[:-1], dtype=torch.long, device=device), w[-1])
+                          for w in options.bad_words_multi]
+        self.eos = ids(options.eos_token_ids) if options.eos_token_ids else None
+        self.forced = {value: torch.full((rows,), value, dtype=torch.int32, device=device)
+                       for value in (options.forced_bos_token_id, options.forced_eos_token_id) if value is not None}
+
+    def _bad_words(self, history: torch.Tensor) -> torch.Tensor | None:
+        """int64 [rows, words]: each multi-token bad word's last token where its prefix ends the history."""
+        cur_len = history.shape[1]
+        cols = []
+        for prefix, last in self.bad_multi:
+            if prefix.shape[0] > cur_len:
+                continue                    # HF: a prefix longer than the context matches nothing
+            match = (history[:, cur_len - prefix.shape[0]:] == prefix).all(dim=-1)
+            cols.append(torch.where(match, last, -1))
+        return torch.stack(cols, dim=1) if cols else None
+
+    def step(self, history: torch.Tensor) -> StepProcessors:
+        """The processors' id lists for the step that picks token number history.shape[1] (0-based)."""
+        options = self.options
+        cur_len = history.shape[1]
+        banned = []
+        if options.no_repeat_ngram_size > 0:
+            ngram = no_repeat_ngram_banned(history, options.no_repeat_ngram_size)
+            if ngram is not None:
+                banned.append(ngram)
+        if self.bad_single is not None:
+            banned.append(self.bad_single)
+        if self.bad_multi:
+            multi = self._bad_words(history)
+            if multi is not None:
+                banned.append(multi)
+        if self.eos is not None and cur_len < options.min_length:
+            banned.append(self.eos)
+        banned_ids = torch.cat(banned, dim=1).to(torch.int32).contiguous() if banned else None
+        penalty_ids = unique_ids(history) if options.repetition_penalty != 1.0 else None
+        forced = None
+        if options.forced_eos_token_id is not None and cur_len == options.max_length - 1:
+            forced = options.forced_eos_token_id
+        elif options.forced_bos_token_id is not None and cur_len == 1:
+            forced = options.forced_bos_token_id
+        forced_ids = None if forced is None else self.forced[forced]
+        return StepProcessors(banned_ids, penalty_ids, options.repetition_penalty, forced_ids)

@@ -17,7 +17,7 @@ import torch
 
 from .decoder import Decoder
 from .options import GenerationOptions
-from .processors import StepProcessors, step_processors
+from .processors import Processors, StepProcessors
 from .reference_ops import MAX_TOPK
 
 __all__ = ["single_search", "make_generator"]
@@ -73,11 +73,12 @@ def single_search(decoder: Decoder, options: GenerationOptions, bias: torch.Tens
     sequences[:, 0] = options.decoder_start_token_id
     unfinished = torch.ones(rows, dtype=torch.bool, device=device)
     generated = torch.full((rows,), max_length - 1, dtype=torch.long, device=device)  # new tokens per row
+    processors_for = Processors(options, rows, device)
     cur_len = 1
     while cur_len < max_length:
         step = cur_len - 1
         logits = decoder.logits(sequences[:, step], step)
-        processors = step_processors(sequences[:, :cur_len], options)
+        processors = processors_for.step(sequences[:, :cur_len])
         if options.do_sample:
             tokens = _draw(decoder, logits, processors, options, bias, generator)
         else:
