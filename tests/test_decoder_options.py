@@ -71,14 +71,17 @@ def test_refused_extra_outputs_and_combinations():
         gen.generate(src, num_beams=16, max_new_tokens=3, eos_token_id=[0, 5, 6, 7])
 
 
-def test_options_a_model_config_carries_are_refused_too():
-    """Refusal covers the model's generation_config, not only keywords."""
+def test_options_a_model_config_carries_are_refused_at_load():
+    """Refusal covers the model's generation_config, not only keywords, and happens in from_hf."""
     model, _ = generator()
     model = copy.deepcopy(model)
     model.generation_config.suppress_tokens = [4]
-    gen = pt.from_hf(model, dtype=torch.float32, device="cpu")
     with pytest.raises(UnsupportedOptionError, match="suppress_tokens"):
-        gen.generate(sources(model), max_new_tokens=3)
+        pt.from_hf(model, dtype=torch.float32, device="cpu")          # refused at load, by name
+    model.generation_config.suppress_tokens = None
+    model.generation_config.num_beam_groups = 2
+    with pytest.raises(UnsupportedModelError, match="num_beam_groups"):
+        pt.from_hf(model, dtype=torch.float32, device="cpu")
 
 
 def test_options_without_effect_and_sampling_options_without_sampling_are_accepted():

@@ -54,6 +54,12 @@ class Seq2SeqGenerator:
         self.weights: Seq2SeqWeights = extract(model, self.spec, dtype, device)
         self.ops = DecoderOps(device, self.weights.encoder.head_dim, force_reference=force_reference_ops)
         self.check_every = 4
+        # the model's own generation_config is checked at load: an option it carries that padfree does not
+        # implement fails here, naming it, rather than at the first generate()
+        self.resolve()
+        if model.training:
+            log.warning("padfree.generation: %s is in training mode; padfree generates as in eval mode (no "
+                        "dropout), which HF's generate on this model would not", type(model).__name__)
 
     def __repr__(self) -> str:
         w = self.weights
