@@ -6,6 +6,11 @@ replayed from CUDA graphs per size bucket.
     out = encoder(input_ids, attention_mask)          # as HF: out.last_hidden_state, out.pooler_output
     out = encoder([[101, 7592, 102], [101, 102]])     # a list of token sequences
     out = encoder.forward_packed(ids, cu_seqlens, max_seqlen)   # packed, for padfree.runtime
+
+An encoder-decoder (Marian, M2M100/NLLB, BART, mBART) goes to padfree.generation instead:
+
+    generator = padfree.torch.from_hf(seq2seq_model, dtype=torch.float16)
+    sequences = generator.generate(input_ids, attention_mask, num_beams=4, max_new_tokens=64)
 """
 from __future__ import annotations
 
@@ -23,10 +28,13 @@ __all__ = ["from_hf", "PadfreeEncoder", "EncoderWeights", "Bucket", "InputError"
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def from_hf(model: torch.nn.Module, dtype: torch.dtype = torch.float16, device: str | torch.device = "cuda",
+def from_hf(model: torch.nn.Module, dtype: torch.dtype = torch.float16, device: str | torch.device | None = None,
             *, use_graphs: bool = True, max_graphs: int = 8, gemm_search: str = "heuristic",
-            gemm_tuning: str | os.PathLike | None = None, programmatic_edges: bool = False) -> PadfreeEncoder:
-    """A PadfreeEncoder with a copy of `model`'s weights in `dtype` on `device` (a CUDA device).
+            gemm_tuning: str | os.PathLike | None = None, programmatic_edges: bool = False):
+    """A PadfreeEncoder with a copy of `model`'s weights in `dtype` on `device` (a CUDA device; None:
+    the current one), or for an encoder-decoder model (config.is_encoder_decoder) a
+    padfree.generation.Seq2SeqGenerator on `device` (None: CUDA where available, else the CPU, which
+    runs the torch reference of the decoder kernels); the encoder options below apply to encoders only.
 
     model: BertModel, RobertaModel, DistilBertModel or one of the same architecture (a task model
       gives its base model). use_graphs=False runs eagerly (for debugging); max_graphs bounds the
@@ -43,9 +51,19 @@ def from_hf(model: torch.nn.Module, dtype: torch.dtype = torch.float16, device: 
     Raises UnsupportedModelError for an architecture or configuration it cannot run, or sizes the
     kernels are not built for (padfree.kernel_sizes: head_dim, hidden).
     """
+    if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        from ..generation import Seq2SeqGenerator   # imported here: encoder users never load it
+        encoder_only = {"use_graphs": (use_graphs, True), "max_graphs": (max_graphs, 8),
+                        "gemm_search": (gemm_search, "heuristic"), "gemm_tuning": (gemm_tuning, None),
+                        "programmatic_edges": (programmatic_edges, False)}
+        for name, (value, default) in encoder_only.items():
+            if value != default:
+                raise UnsupportedModelError(f"from_hf: {name}={value!r} applies to encoders; padfree.generation "
+                                            f"({type(model).__name__}) does not implement it")
+        return Seq2SeqGenerator(model, dtype=dtype, device=device)
     if dtype not in _DTYPES:
         raise InputError(f"dtype: expected one of {', '.join(map(str, _DTYPES))}, got {dtype}")
-    device = torch.device(device)
+    device = torch.device("cuda" if device is None else device)
     if device.type != "cuda":
         raise InputError(f"device: padfree's kernels run on CUDA devices, got {device}")
     if device.index is None:

@@ -1,0 +1,235 @@
+"""Encoder-decoder generation: padfree.generation vs Hugging Face generate (sdpa), fp16 (issue 36's benchmark).
+
+Models (random weights, from configs): Marian-base (vocab 58101, d_model 512, 6+6 layers, 8 heads,
+FFN 2048) and an NLLB-600M-size M2M100 (vocab 256206, d_model 1024, 12+12 layers, 16 heads, FFN
+4096). Sources: lengths uniform in [8, 64] (torch.Generator seed 7), random non-special ids.
+Exactly 64 new tokens (min_new_tokens = max_new_tokens = 64), batch x beams 1x4, 16x4, 64x4, 64x1.
+Columns: HF generate ms, padfree ms, padfree ms per decode step, and the step floor: the bytes one
+step must read (decoder weights incl. the output projection, the self-attention K/V cache at the mean
+length, the packed cross-attention K/V) over the GPU's measured copy bandwidth.
+Timing: CUDA events, warm-up calls, median of --reps (time.perf_counter on the CPU).
+On the device machine:
+  python bench/generate.py [--models marian,nllb] [--shapes 1x4,16x4,64x4,64x1] [--reps 5] [--out FILE.json]
+Smoke test anywhere (tiny config, CPU without CUDA; tests/test_decoder_generation.py runs it):
+  python bench/generate.py --quick
+Writes bench/results/generate-<gpu>.json (device, date, versions, commit, command, rows).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NEW_TOKENS = 64
+MODELS = {
+    "marian": ("MarianConfig", dict(vocab_size=58101, decoder_vocab_size=58101, d_model=512, encoder_layers=6,
+                                    decoder_layers=6, encoder_attention_heads=8, decoder_attention_heads=8,
+                                    encoder_ffn_dim=2048, decoder_ffn_dim=2048, max_position_embeddings=512,
+                                    pad_token_id=58100, eos_token_id=0, decoder_start_token_id=58100,
+                                    forced_eos_token_id=0, activation_function="swish", scale_embedding=True)),
+    "nllb": ("M2M100Config", dict(vocab_size=256206, d_model=1024, encoder_layers=12, decoder_layers=12,
+                                  encoder_attention_heads=16, decoder_attention_heads=16, encoder_ffn_dim=4096,
+                                  decoder_ffn_dim=4096, max_position_embeddings=1024, pad_token_id=1, eos_token_id=2,
+                                  bos_token_id=0, decoder_start_token_id=2, activation_function="relu",
+                                  scale_embedding=True)),
+    "tiny": ("MarianConfig", dict(vocab_size=97, decoder_vocab_size=97, d_model=64, encoder_layers=2, decoder_layers=2,
+                                  encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+                                  decoder_ffn_dim=128, max_position_embeddings=128, pad_token_id=96, eos_token_id=0,
+                                  decoder_start_token_id=96, activation_function="swish", scale_embedding=True)),
+}
+
+
+def gpu_slug(name: str) -> str:
+    known = re.search(r"(gh200|h100|h200|h20|b200|a100|a10g|l40s|l40|l4|t4)", name.lower())
+    return known.group(1) if known else re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def sources_for(batch: int, config, seed: int = 7) -> list[list[int]]:
+    """Lengths uniform in [8, 64] and random non-special ids, from one torch.Generator seeded 7."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(8, 65, (batch,), generator=gen).tolist()
+    special = {config.pad_token_id, config.eos_token_id, config.decoder_start_token_id,
+               getattr(config, "bos_token_id", None)}
+    low = max(i for i in special if i is not None and i < 16) + 1
+    high = min(config.vocab_size, 50000) - 1
+    return [torch.randint(low, high, (n,), generator=gen).tolist() for n in lengths]
+
+
+def padded(sources: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(map(len, sources))
+    ids = torch.full((len(sources), width), pad, dtype=torch.long)
+    mask = torch.zeros(len(sources), width, dtype=torch.long)
+    for i, s in enumerate(sources):
+        ids[i, :len(s)], mask[i, :len(s)] = torch.tensor(s), 1
+    return ids.to(device), mask.to(device)
+
+
+def time_ms(fn, reps: int, warmup: int, device: torch.device) -> float:
+    """Median ms of fn(): CUDA events on the current stream, or perf_counter on the CPU."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def copy_bandwidth(device: torch.device, nbytes: int) -> float:
+    """Measured device-to-device copy bandwidth in bytes/s (bytes read + bytes written per second)."""
+    src = torch.empty(nbytes // 2, dtype=torch.float16, device=device).fill_(1.0)
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src), reps=20, warmup=3, device=device)
+    return 2 * src.numel() * src.element_size() / (ms / 1e3)
+
+
+def step_bytes(weights, sources: list[list[int]], rows: int, new_tokens: int) -> dict:
+    """Bytes one decode step must read: decoder weights with the output projection, the self K/V cache at
+    the mean length over the run, the packed cross-attention K/V (once per source, not per beam)."""
+    element = torch.empty((), dtype=weights.dtype).element_size()
+    layers, hidden = len(weights.decoder.layers), weights.decoder.hidden
+    mean_length = (new_tokens + 1) / 2
+    parts = {"decoder_weights": weights.decoder_bytes(),
+             "self_kv_cache": int(2 * layers * rows * hidden * mean_length * element),
+             "cross_kv": 2 * layers * sum(map(len, sources)) * hidden * element}
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def build(name: str, dtype: torch.dtype, device: torch.device):
+    import transformers
+    config_class, values = MODELS[name]
+    config = getattr(transformers, config_class)(**values)
+    torch.manual_seed(0)
+    with warnings.catch_warnings(), torch.device(device):
+        warnings.simplefilter("ignore")
+        model = transformers.AutoModelForSeq2SeqLM.from_config(config, attn_implementation="sdpa", dtype=dtype).eval()
+    return model
+
+
+def bench_model(name: str, shapes: list[tuple[int, int]], args, device: torch.device, dtype: torch.dtype,
+                bandwidth: float) -> list[dict]:
+    import padfree.torch as pt
+    model = build(name, dtype, device)
+    generator = pt.from_hf(model, dtype=dtype, device=device)
+    print(f"# {name}: {generator!r}", flush=True)
+    rows = []
+    for batch, beams in shapes:
+        sources = sources_for(batch, model.config)
+        ids, mask = padded(sources, model.config.pad_token_id, device)
+        options = dict(num_beams=beams, min_new_tokens=args.new_tokens, max_new_tokens=args.new_tokens)
+        row = {"model": name, "batch": batch, "beams": beams, "new_tokens": args.new_tokens,
+               "source_tokens": sum(map(len, sources))}
+        with torch.inference_mode():
+            ours = generator.generate(ids, mask, **options)
+            row["padfree_ms"] = time_ms(lambda: generator.generate(ids, mask, **options), args.reps, args.warmup, device)
+            if not args.no_hf:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    theirs = model.generate(ids, attention_mask=mask, **options)
+                    row["hf_ms"] = time_ms(lambda: model.generate(ids, attention_mask=mask, **options), args.reps,
+                                           args.warmup, device)
+                row["speedup"] = row["hf_ms"] / row["padfree_ms"]
+                row["sequences_equal_hf"] = equal_share(ours, theirs, model.config.pad_token_id)
+        row["padfree_ms_per_step"] = row["padfree_ms"] / args.new_tokens
+        row["step_bytes"] = step_bytes(generator.weights, sources, batch * beams, args.new_tokens)
+        row["step_floor_ms"] = row["step_bytes"]["total"] / bandwidth * 1e3
+        row["step_over_floor"] = row["padfree_ms_per_step"] / row["step_floor_ms"]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def equal_share(ours: torch.Tensor, theirs: torch.Tensor, pad: int) -> float:
+    """The share of output sequences identical to HF's (the shorter output padded with pad)."""
+    width = max(ours.shape[1], theirs.shape[1])
+    a, b = (torch.nn.functional.pad(t, (0, width - t.shape[1]), value=pad) for t in (ours, theirs))
+    return float((a == b).all(dim=1).float().mean())
+
+
+def print_table(rows: list[dict]) -> None:
+    print(f"{'model':8} {'shape':>6} {'HF ms':>10} {'padfree ms':>11} {'x':>6} {'ms/step':>8} {'floor':>7} "
+          f"{'/floor':>7} {'=HF':>5}")
+    for r in rows:
+        hf = f"{r['hf_ms']:10.1f}" if "hf_ms" in r else f"{'-':>10}"
+        speed = f"{r['speedup']:6.2f}" if "speedup" in r else f"{'-':>6}"
+        equal = f"{r['sequences_equal_hf']:5.2f}" if "sequences_equal_hf" in r else f"{'-':>5}"
+        print(f"{r['model']:8} {r['batch']:>3}x{r['beams']:<2} {hf} {r['padfree_ms']:11.1f} {speed} "
+              f"{r['padfree_ms_per_step']:8.3f} {r['step_floor_ms']:7.3f} {r['step_over_floor']:7.2f} {equal}")
+
+
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="marian,nllb", help="comma-separated: marian, nllb (tiny: --quick's)")
+    parser.add_argument("--shapes", default="1x4,16x4,64x4,64x1", help="batch x beams, comma-separated")
+    parser.add_argument("--reps", type=int, default=5, help="timed calls per column (median reported)")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--new-tokens", type=int, default=NEW_TOKENS)
+    parser.add_argument("--no-hf", action="store_true", help="skip the HF generate column")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke test: the tiny model, shapes 1x4,2x1, 8 new tokens, one rep, CPU without CUDA")
+    parser.add_argument("--out", default=None, help="JSON report (default bench/results/generate-<gpu>.json)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.models, args.shapes, args.new_tokens, args.reps, args.warmup = "tiny", "1x4,2x1", 8, 1, 0
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type != "cuda" and not args.quick:
+        parser.error("the benchmark runs on a CUDA device; --quick runs the smoke test on the CPU")
+    dtype = torch.float16 if device.type == "cuda" else torch.float32
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",") if s]
+    bandwidth = copy_bandwidth(device, 2**30 if device.type == "cuda" else 2**24)
+    rows = []
+    for name in [m for m in args.models.split(",") if m]:
+        rows += bench_model(name, shapes, args, device, dtype, bandwidth)
+    print_table(rows)
+    import transformers
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    report = {"benchmark": "encoder-decoder generation, random weights, exactly new_tokens per hypothesis",
+              "device": device_name, "dtype": str(dtype),
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "torch": torch.__version__, "transformers": transformers.__version__, "cuda": torch.version.cuda,
+              "commit": commit(), "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
+              "copy_bandwidth_gbs": bandwidth / 1e9,
+              "sources": "lengths uniform in [8, 64], torch.Generator seed 7",
+              "timing": (f"CUDA events" if device.type == "cuda" else "perf_counter")
+              + f", median of {args.reps} after {args.warmup} warm-up calls",
+              "hf": "generate, attn_implementation=sdpa, same weights and options", "rows": rows}
+    out = args.out or os.path.join(ROOT, "bench", "results",
+                                   f"generate-{gpu_slug(device_name)}{'-quick' if args.quick else ''}.json")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(report, f, indent=1)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

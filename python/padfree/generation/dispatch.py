@@ -1,0 +1,98 @@
+"""The one place that decides which implementation of each contract op generation calls.
+
+padfree.ops' CUDA kernel where the device is CUDA, the kernel library loads, the binding exists in
+padfree.ops and the library exports its symbol (and, for the encoder's attention, the head_dim is one
+the kernel is built for); else the pure-torch reference (reference_ops), with the reason logged once
+per op and device. A kernel that refuses a configuration at its first call
+(KernelUnsupportedError) is replaced by the reference for the rest of the process's use of this
+DecoderOps, logged likewise. Nothing else in padfree.generation imports padfree.ops.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import torch
+
+from .. import kernel_sizes
+from . import reference_ops
+
+log = logging.getLogger("padfree.generation")
+
+# contract op -> the C symbol its padfree.ops binding calls (the library must export it)
+CONTRACT_OPS = {
+    "decoder_self_attention": "padfree_decoder_self_attention",
+    "beam_reorder_cache_indir": "padfree_beam_reorder_cache_indir",
+    "cross_attention": "padfree_cross_attention",
+    "log_softmax_topk": "padfree_log_softmax_topk",
+}
+ENCODER_OPS = {"attention_varlen": "padfree_attention_varlen"}
+
+
+def _kernel_unavailable(name: str, symbol: str, device: torch.device) -> tuple[Callable | None, str]:
+    """(the padfree.ops binding, "") or (None, why not)."""
+    if device.type != "cuda":
+        return None, f"device is {device.type}, the kernels run on CUDA"
+    try:
+        from .. import _lib
+        from .. import ops
+        lib = _lib.load()
+    except Exception as e:  # noqa: BLE001 - any failure to load means the reference runs; the reason is logged
+        return None, f"kernel library not loadable ({type(e).__name__}: {e})"
+    binding = getattr(ops, name, None)
+    if binding is None:
+        return None, f"padfree.ops has no {name} binding in this build"
+    if not hasattr(lib, symbol):
+        return None, f"the kernel library does not export {symbol}"
+    return binding, ""
+
+
+class DecoderOps:
+    """The contract's ops (plus the encoder's attention_varlen) bound to one device.
+
+    Attributes named as the ops; `sources` maps each op to "kernel" or "reference: <reason>".
+    force_reference=True takes the reference for every op (the GPU tests' reference run).
+    """
+
+    def __init__(self, device: torch.device, encoder_head_dim: int, force_reference: bool = False):
+        self.device = torch.device(device)
+        self.sources: dict[str, str] = {}
+        for name, symbol in {**ENCODER_OPS, **CONTRACT_OPS}.items():
+            reference = getattr(reference_ops, name)
+            if force_reference:
+                self._bind(name, reference, "reference: requested")
+                continue
+            kernel, reason = _kernel_unavailable(name, symbol, self.device)
+            if kernel is not None and name == "attention_varlen":
+                problem = kernel_sizes.head_dim_problem(encoder_head_dim)
+                if problem:
+                    kernel, reason = None, problem
+            if kernel is None:
+                self._bind(name, reference, f"reference: {reason}")
+            else:
+                self._bind(name, self._guarded(name, kernel, reference), "kernel")
+        # the torch computation behind log_softmax_topk, for full-vocabulary sampling (no kernel by design)
+        self.process_scores = reference_ops.process_scores
+
+    def _bind(self, name: str, fn: Callable, source: str) -> None:
+        setattr(self, name, fn)
+        self.sources[name] = source
+        if source != "kernel":
+            log.info("padfree.generation: %s on %s runs the torch %s", name, self.device, source)
+
+    def _guarded(self, name: str, kernel: Callable, reference: Callable) -> Callable:
+        """kernel, replaced by the reference on its first KernelUnsupportedError (logged)."""
+        from .._lib import KernelUnsupportedError
+
+        def call(*args, **kwargs):
+            try:
+                return kernel(*args, **kwargs)
+            except KernelUnsupportedError as e:
+                log.warning("padfree.generation: %s kernel refused this configuration (%s); using the torch "
+                            "reference from now on", name, e)
+                self._bind(name, reference, f"reference: kernel refused ({e})")
+                return reference(*args, **kwargs)
+        return call
+
+    def describe(self) -> str:
+        return ", ".join(f"{name}={source}" for name, source in self.sources.items())

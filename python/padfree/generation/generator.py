@@ -1,0 +1,110 @@
+"""Seq2SeqGenerator: the object padfree.torch.from_hf returns for an encoder-decoder model."""
+from __future__ import annotations
+
+import copy
+import logging
+
+import torch
+
+from ..ops._tensors import InputError
+from . import inputs
+from .beam_search import beam_search
+from .decoder import Decoder
+from .dispatch import DecoderOps
+from .encoder import PackedSources, cross_attention_memory, encode
+from .models import detect_family, validate_config
+from .options import GenerationOptions, resolve_options
+from .sampling import make_generator, single_search
+from .weights import Seq2SeqWeights, extract
+
+__all__ = ["Seq2SeqGenerator"]
+
+log = logging.getLogger("padfree.generation")
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class Seq2SeqGenerator:
+    """Encoder-decoder generation (Marian, M2M100/NLLB, BART, mBART) on packed sources.
+
+        gen = padfree.torch.from_hf(model, dtype=torch.float16)          # model: e.g. MarianMTModel
+        out = gen.generate(input_ids, attention_mask, num_beams=4, max_new_tokens=64)
+        out = gen.generate([[12, 7, 0], [5, 0]], num_beams=4, return_dict_in_generate=True, output_scores=True)
+
+    generate() reads the model's generation_config and HF's option names and returns what HF's
+    generate returns (a LongTensor of sequences, or with return_dict_in_generate HF's output class with
+    `sequences` and, for beam search with output_scores, `sequences_scores`; per-step `scores` are not
+    produced). Options it does not implement raise UnsupportedOptionError naming them. The model runs
+    as in eval mode (no dropout), whatever its training flag.
+    """
+
+    def __init__(self, model: torch.nn.Module, dtype: torch.dtype = torch.float16,
+                 device: str | torch.device | None = None, *, force_reference_ops: bool = False):
+        if dtype not in _DTYPES:
+            raise InputError(f"dtype: expected one of {', '.join(map(str, _DTYPES))}, got {dtype}")
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.spec = detect_family(model)
+        validate_config(model.config, self.spec)
+        self.config = copy.deepcopy(model.config)
+        self.generation_config = copy.deepcopy(model.generation_config)
+        self.device, self.dtype = device, dtype
+        self.weights: Seq2SeqWeights = extract(model, self.spec, dtype, device)
+        self.ops = DecoderOps(device, self.weights.encoder.head_dim, force_reference=force_reference_ops)
+        self.check_every = 4
+        # the model's own generation_config is checked at load: an option it carries that padfree does not
+        # implement fails here, naming it, rather than at the first generate()
+        self.resolve()
+        if model.training:
+            log.warning("padfree.generation: %s is in training mode; padfree generates as in eval mode (no "
+                        "dropout), which HF's generate on this model would not", type(model).__name__)
+
+    def __repr__(self) -> str:
+        w = self.weights
+        return (f"Seq2SeqGenerator({self.spec.hf_class}, {len(w.encoder.layers)}+{len(w.decoder.layers)} layers, "
+                f"hidden {w.decoder.hidden}, vocab {w.target_vocab_size}, {self.dtype}, {self.device}; "
+                f"ops: {self.ops.describe()})")
+
+    def resolve(self, generation_config=None, **kwargs) -> GenerationOptions:
+        """The options a generate() call with these arguments would run with (HF's merge, padfree's checks)."""
+        return resolve_options(self.generation_config, self.config, self.weights.target_vocab_size,
+                               generation_config, **kwargs)
+
+    def generate(self, input_ids=None, attention_mask: torch.Tensor | None = None, generation_config=None,
+                 **kwargs):
+        """HF-compatible generate. input_ids: int tensor [batch, S] (+ attention_mask, right padding) or a
+        list of token-id lists; kwargs: HF's generation options, plus `seed` (int) for sampling."""
+        if input_ids is None:
+            input_ids = kwargs.pop("inputs", None)
+        options = self.resolve(generation_config, **kwargs)
+        sources = inputs.source_lists(input_ids, attention_mask)
+        inputs.check_lengths(sources, self.weights, options.max_length)
+        rows = len(sources) * options.rows_per_source
+        lengths = [len(s) for s in sources]
+        needed = inputs.estimate_bytes(self.weights, len(sources), sum(lengths), max(lengths), rows,
+                                       options.max_length - 1)
+        inputs.check_memory(needed, self.device, inputs.free_device_bytes(self.device))
+        with torch.inference_mode():
+            return self._run(sources, options)
+
+    def _run(self, sources: list[list[int]], options: GenerationOptions):
+        packed = PackedSources.from_lists(sources, self.device)
+        kv_mem = cross_attention_memory(self.weights, encode(self.weights, self.ops, packed))
+        decoder = Decoder(self.weights, self.ops, packed, kv_mem, options.rows_per_source, options.max_length - 1)
+        bias = self.weights.logits_bias
+        if options.num_beams > 1:
+            result = beam_search(decoder, options, bias, check_every=self.check_every)
+            sequences, scores = result.sequences, result.scores
+        else:
+            generator = make_generator(self.device, options.seed) if options.do_sample else None
+            sequences = single_search(decoder, options, bias, generator, check_every=self.check_every)
+            scores = None
+        if not options.return_dict_in_generate:
+            return sequences
+        from transformers.generation.utils import GenerateBeamEncoderDecoderOutput, GenerateEncoderDecoderOutput
+        if options.num_beams > 1:
+            return GenerateBeamEncoderDecoderOutput(sequences=sequences,
+                                                    sequences_scores=scores if options.output_scores else None)
+        return GenerateEncoderDecoderOutput(sequences=sequences)

@@ -1,0 +1,114 @@
+"""generate()'s inputs -> validated source token lists, and the memory check before any GPU work.
+
+Everything here runs on the host on small data (token ids), before the encoder allocates anything,
+so that a bad call fails with an InputError that names what was expected and found.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..ops._tensors import InputError
+from .decoder import cache_bytes
+from .weights import Seq2SeqWeights
+
+__all__ = ["source_lists", "check_lengths", "estimate_bytes", "free_device_bytes", "check_memory"]
+
+
+def source_lists(input_ids, attention_mask=None) -> list[list[int]]:
+    """The sources as lists of token ids.
+
+    input_ids: int tensor [batch, S] (with attention_mask [batch, S] of ones then zeros: right padding,
+    as the Marian/M2M100/BART tokenizers pad; without a mask every token is a source token, as HF's
+    encoder-decoder generate reads it), or a list of token-id lists (no mask).
+    """
+    if isinstance(input_ids, (list, tuple)):
+        if attention_mask is not None:
+            raise InputError("attention_mask: give it with a padded input_ids tensor, not with a list of token lists")
+        sources = []
+        for i, source in enumerate(input_ids):
+            if hasattr(source, "tolist"):
+                source = source.tolist()
+            if not isinstance(source, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                              for t in source):
+                raise InputError(f"input_ids[{i}]: expected a list of int token ids, got {source!r:.80}")
+            sources.append(list(source))
+    elif isinstance(input_ids, torch.Tensor):
+        if input_ids.dim() != 2 or input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool:
+            raise InputError(f"input_ids: expected an integer tensor [batch, seq_len], got {input_ids.dtype} "
+                             f"{list(input_ids.shape)}")
+        ids = input_ids.detach().cpu()
+        if attention_mask is None:
+            sources = ids.tolist()
+        else:
+            if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != input_ids.shape:
+                raise InputError(f"attention_mask: expected a tensor of input_ids' shape {list(input_ids.shape)}, "
+                                 f"got {getattr(attention_mask, 'shape', type(attention_mask).__name__)}")
+            mask = attention_mask.detach().cpu() != 0
+            lengths = mask.sum(dim=1)
+            prefix = torch.arange(mask.shape[1])[None, :] < lengths[:, None]
+            if not torch.equal(mask, prefix):
+                row = int((mask != prefix).any(dim=1).nonzero()[0])
+                raise InputError(f"attention_mask: row {row} is not ones followed by zeros; padfree packs right-padded "
+                                 f"inputs (tokenizer padding_side='right'); left padding shifts HF's positions")
+            sources = [row[:n] for row, n in zip(ids.tolist(), lengths.tolist())]
+    else:
+        raise InputError(f"input_ids: expected a tensor [batch, seq_len] or a list of token-id lists, got "
+                         f"{type(input_ids).__name__}")
+    if not sources:
+        raise InputError("input_ids: the batch is empty; give at least one source")
+    for i, source in enumerate(sources):
+        if not source:
+            raise InputError(f"input_ids[{i}]: the source is empty (no token; an all-zero attention_mask row); every "
+                             f"source needs at least one token")
+    return sources
+
+
+def check_lengths(sources: list[list[int]], weights: Seq2SeqWeights, max_length: int) -> None:
+    """Token ids inside the source vocabulary, sources and the decoder within their position tables."""
+    vocab = weights.source_vocab_size
+    for i, source in enumerate(sources):
+        low, high = min(source), max(source)
+        if low < 0 or high >= vocab:
+            bad = low if low < 0 else high
+            raise InputError(f"input_ids[{i}]: token id {bad} is outside the vocabulary [0, {vocab})")
+    limit = weights.encoder.max_positions
+    longest = max(len(s) for s in sources)
+    if limit is not None and longest > limit:
+        i = next(i for i, s in enumerate(sources) if len(s) == longest)
+        raise InputError(f"input_ids[{i}]: {longest} tokens, but the model's position table holds {limit} "
+                         f"(max_position_embeddings); truncate the source")
+    limit = weights.decoder.max_positions
+    if limit is not None and max_length - 1 > limit:
+        raise InputError(f"max_length={max_length}: the decoder reads positions up to {max_length - 2}, but its "
+                         f"position table holds {limit} (max_position_embeddings); lower max_new_tokens/max_length")
+
+
+def estimate_bytes(weights: Seq2SeqWeights, batch: int, total_tokens: int, max_seqlen: int, rows: int,
+                   capacity: int) -> int:
+    """An upper estimate of the device memory one generate() call allocates besides the weights: K/V caches,
+    the packed cross-attention memory, encoder activations and one step's logits and their fp32 copies."""
+    element = torch.empty((), dtype=weights.dtype).element_size()
+    hidden = weights.decoder.hidden
+    layers = len(weights.decoder.layers)
+    ffn = max(layer.ffn.fc1_weight.shape[0] for layer in weights.encoder.layers + weights.decoder.layers)
+    vocab = weights.target_vocab_size
+    caches = cache_bytes(weights, rows, capacity)
+    memory = layers * total_tokens * 2 * hidden * element
+    encoder = total_tokens * (3 * hidden + ffn + 2 * hidden) * element * 2
+    attention = batch * weights.encoder.num_heads * max_seqlen * max_seqlen * 4 * 2
+    step = rows * vocab * (element + 4 * 4) + rows * (3 * hidden + ffn) * element * 2
+    return caches + memory + encoder + attention + step
+
+
+def free_device_bytes(device: torch.device) -> int | None:
+    """Free memory on a CUDA device (None on the CPU: no check there)."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.mem_get_info(device)[0]
+
+
+def check_memory(needed: int, device: torch.device, free: int | None) -> None:
+    if free is not None and needed > 0.9 * free:
+        raise InputError(f"this call needs about {needed / 2**30:.2f} GiB on {device} (K/V caches, cross-attention "
+                         f"memory, activations) but {free / 2**30:.2f} GiB is free; lower the batch, num_beams or "
+                         f"max_new_tokens")

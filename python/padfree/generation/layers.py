@@ -1,0 +1,79 @@
+"""The sublayers encoder and decoder share: embeddings with positions, LayerNorm, the FFN, residuals.
+
+GEMMs run through torch (cuBLAS on the GPU, as padfree.torch's encoder does); the attention ops come
+from dispatch.DecoderOps. Pre-LN families (M2M100, mBART) normalise each sublayer's input and add
+the residual after; post-LN families (Marian, BART) add the residual and normalise the sum.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .models import FamilySpec
+from .weights import FFNWeights, LayerNormWeights, StackWeights, fairseq_sinusoidal_table
+
+__all__ = ["layer_norm", "activation", "ffn", "residual", "embed", "position_rows", "ensure_position_rows"]
+
+
+def layer_norm(x: torch.Tensor, ln: LayerNormWeights) -> torch.Tensor:
+    return F.layer_norm(x, (x.shape[-1],), ln.weight, ln.bias, ln.eps)
+
+
+def activation(x: torch.Tensor, name: str) -> torch.Tensor:
+    if name == "relu":
+        return F.relu(x)
+    if name == "gelu":
+        return F.gelu(x)
+    if name == "gelu_tanh":
+        return F.gelu(x, approximate="tanh")
+    if name == "silu":
+        return F.silu(x)
+    raise ValueError(f"activation {name!r}: expected relu, gelu, gelu_tanh or silu")
+
+
+def residual(x: torch.Tensor, sublayer, ln: LayerNormWeights, pre_ln: bool) -> torch.Tensor:
+    """x + sublayer(LN(x)) (pre-LN) or LN(x + sublayer(x)) (post-LN)."""
+    if pre_ln:
+        return x + sublayer(layer_norm(x, ln))
+    return layer_norm(x + sublayer(x), ln)
+
+
+def ffn(x: torch.Tensor, w: FFNWeights, act: str) -> torch.Tensor:
+    return F.linear(activation(F.linear(x, w.fc1_weight, w.fc1_bias), act), w.fc2_weight, w.fc2_bias)
+
+
+def position_rows(spec: FamilySpec, pad: int, positions: torch.Tensor, tokens: torch.Tensor,
+                  nonpad_rank: torch.Tensor | None = None) -> torch.Tensor:
+    """Rows of the position table that tokens at 0-based `positions` read.
+
+    marian: p; learned (BART, mBART): p + 2; fairseq (M2M100): padding_idx + 1 + p where p counts the
+    sequence's non-pad tokens before this one (nonpad_rank, the encoder's cumsum; the decoder passes
+    None and p = position), and padding_idx (a zero row) for a pad token, as HF's
+    create_position_ids_from_input_ids computes.
+    """
+    if spec.positions == "marian":
+        return positions
+    if spec.positions == "learned":
+        return positions + 2
+    rank = positions if nonpad_rank is None else nonpad_rank
+    return torch.where(tokens == pad, torch.full_like(rank, pad), pad + 1 + rank)
+
+
+def ensure_position_rows(stack: StackWeights, spec: FamilySpec, pad: int, rows_needed: int) -> None:
+    """Grow a fairseq table to rows_needed rows (HF grows its buffer the same way); other tables are fixed
+    and the caller checks lengths against StackWeights.max_positions first."""
+    if spec.positions == "fairseq" and stack.positions.shape[0] < rows_needed:
+        table = fairseq_sinusoidal_table(rows_needed, stack.hidden, pad)
+        stack.positions = table.to(device=stack.positions.device, dtype=stack.positions.dtype)
+
+
+def embed(stack: StackWeights, tokens: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """embed_tokens[tokens] * embed_scale + positions[rows], then layernorm_embedding where the family has it.
+
+    tokens, rows: int64 [n]. Returns [n, hidden] in the weights' dtype (HF scales in the model dtype).
+    """
+    x = F.embedding(tokens, stack.embed_tokens) * stack.embed_scale
+    x = x + F.embedding(rows, stack.positions)
+    if stack.layernorm_embedding is not None:
+        x = layer_norm(x, stack.layernorm_embedding)
+    return x

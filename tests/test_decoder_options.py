@@ -1,0 +1,214 @@
+"""padfree.generation refuses what it does not implement, by name, and bad input before any device work."""
+from __future__ import annotations
+
+import copy
+import os
+import sys
+import warnings
+
+import pytest
+import torch
+
+import padfree.torch as pt
+from padfree.generation import UnsupportedOptionError, inputs
+from padfree.ops import InputError
+from padfree.torch import UnsupportedModelError
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _seq2seq import build, config_for, model_class, random_sources  # noqa: E402
+
+_CACHE: dict = {}
+
+
+def generator(family: str = "marian"):
+    if family not in _CACHE:
+        model = build(family)
+        _CACHE[family] = (model, pt.from_hf(model, dtype=torch.float32, device="cpu"))
+    return _CACHE[family]
+
+
+def sources(model, count=3):
+    return random_sources(model.config, count, seed=2)
+
+
+@pytest.mark.parametrize("option,value", [
+    ("typical_p", 0.5), ("min_p", 0.1), ("epsilon_cutoff", 0.01), ("eta_cutoff", 0.01), ("top_h", 0.5),
+])
+def test_sampling_only_options_are_refused_when_sampling(option, value):
+    model, gen = generator()
+    with pytest.raises(UnsupportedOptionError, match=option):
+        gen.generate(sources(model), do_sample=True, max_new_tokens=3, **{option: value})
+
+
+@pytest.mark.parametrize("option,value", [
+    ("encoder_repetition_penalty", 1.3), ("encoder_no_repeat_ngram_size", 2), ("suppress_tokens", [5]),
+    ("begin_suppress_tokens", [5]), ("exponential_decay_length_penalty", (3, 1.1)), ("renormalize_logits", True),
+    ("remove_invalid_values", True), ("sequence_bias", [[[5], -1.0]]), ("max_time", 1.0), ("guidance_scale", 2.0),
+    ("num_beam_groups", 2), ("diversity_penalty", 0.5), ("penalty_alpha", 0.6), ("stop_strings", ["x"]),
+    ("token_healing", True), ("decoder_input_ids", torch.tensor([[96, 5]])), ("encoder_outputs", object()),
+    ("logits_processor", [object()]), ("stopping_criteria", [object()]), ("streamer", object()),
+    ("assistant_model", object()), ("prefix_allowed_tokens_fn", lambda b, ids: [1]), ("not_an_option", 3),
+])
+def test_unimplemented_options_are_refused_by_name(option, value):
+    model, gen = generator()
+    with pytest.raises(UnsupportedOptionError, match=option):
+        gen.generate(sources(model), max_new_tokens=3, **{option: value})
+
+
+def test_refused_extra_outputs_and_combinations():
+    model, gen = generator()
+    src = sources(model)
+    for option in ("output_attentions", "output_hidden_states", "output_logits"):
+        with pytest.raises(UnsupportedOptionError, match=option):
+            gen.generate(src, max_new_tokens=3, return_dict_in_generate=True, **{option: True})
+    with pytest.raises(UnsupportedOptionError, match="beam sampling"):
+        gen.generate(src, do_sample=True, num_beams=2, max_new_tokens=3)
+    with pytest.raises(UnsupportedOptionError, match="output_scores"):
+        gen.generate(src, max_new_tokens=3, return_dict_in_generate=True, output_scores=True)
+    with pytest.raises(UnsupportedOptionError, match="forced_eos_token_id"):
+        gen.generate(src, max_new_tokens=3, forced_eos_token_id=[0, 5])
+    with pytest.raises(UnsupportedOptionError, match="eos_token_id"):
+        gen.generate(src, num_beams=16, max_new_tokens=3, eos_token_id=[0, 5, 6, 7])
+
+
+def test_options_a_model_config_carries_are_refused_at_load():
+    """Refusal covers the model's generation_config, not only keywords, and happens in from_hf."""
+    model, _ = generator()
+    model = copy.deepcopy(model)
+    model.generation_config.suppress_tokens = [4]
+    with pytest.raises(UnsupportedOptionError, match="suppress_tokens"):
+        pt.from_hf(model, dtype=torch.float32, device="cpu")          # refused at load, by name
+    model.generation_config.suppress_tokens = None
+    model.generation_config.num_beam_groups = 2
+    with pytest.raises(UnsupportedModelError, match="num_beam_groups"):
+        pt.from_hf(model, dtype=torch.float32, device="cpu")
+
+
+def test_options_without_effect_and_sampling_options_without_sampling_are_accepted():
+    """HF ignores temperature/top_k/top_p without do_sample, and cache choices change no output."""
+    model, gen = generator()
+    src = sources(model)
+    base = gen.generate(src, max_new_tokens=4)
+    same = gen.generate(src, max_new_tokens=4, temperature=0.5, top_k=3, top_p=0.5, use_cache=True,
+                        cache_implementation="static", typical_p=0.5, synced_gpus=False)
+    assert torch.equal(base, same)
+
+
+@pytest.mark.parametrize("num_beams", [0, 17])
+def test_num_beams_out_of_range(num_beams):
+    model, gen = generator()
+    with pytest.raises((InputError, ValueError), match="num_beams"):
+        gen.generate(sources(model), num_beams=num_beams, max_new_tokens=3)
+
+
+def test_hf_validation_errors_come_through():
+    model, gen = generator()
+    with pytest.raises(ValueError, match="num_return_sequences"):
+        gen.generate(sources(model), num_beams=2, num_return_sequences=3, max_new_tokens=3)
+    with pytest.raises(ValueError, match="num_return_sequences"):
+        gen.generate(sources(model), num_return_sequences=2, max_new_tokens=3)   # greedy
+    with pytest.raises(ValueError, match="early_stopping"):
+        gen.generate(sources(model), num_beams=2, early_stopping="sometimes", max_new_tokens=3)
+    with pytest.raises(ValueError, match="max_length"):
+        gen.generate(sources(model), max_length=1)
+
+
+def test_bad_inputs_fail_before_device_work(monkeypatch):
+    model, gen = generator()
+    calls = []
+    import padfree.generation.generator as generator_module
+    monkeypatch.setattr(generator_module, "encode", lambda *a, **k: calls.append(1))
+    vocab = model.config.vocab_size
+    cases = [
+        ([[5, 6], []], "empty"),
+        ([], "empty"),
+        ([[5, vocab]], "outside the vocabulary"),
+        ([[5, -1]], "outside the vocabulary"),
+        ([[5] * 65], "position table"),
+        ([["a"]], "list of int"),
+        ("text", "tensor"),
+        (torch.ones(2, 3), "integer tensor"),
+    ]
+    for value, message in cases:
+        with pytest.raises(InputError, match=message):
+            gen.generate(value, max_new_tokens=3)
+    with pytest.raises(InputError, match="position table"):
+        gen.generate([[5, 6]], max_new_tokens=70)
+    with pytest.raises(InputError, match="ones followed by zeros"):
+        gen.generate(torch.tensor([[5, 6, 7]]), attention_mask=torch.tensor([[0, 1, 1]]), max_new_tokens=3)
+    with pytest.raises(InputError, match="empty"):
+        gen.generate(torch.tensor([[5, 6, 7]]), attention_mask=torch.tensor([[0, 0, 0]]), max_new_tokens=3)
+    with pytest.raises(InputError, match="bad_words_ids"):
+        gen.generate([[5]], max_new_tokens=3, bad_words_ids=[[vocab + 3]])
+    with pytest.raises(InputError, match="seed"):
+        gen.generate([[5]], max_new_tokens=3, do_sample=True, seed="x")
+    assert calls == []
+
+
+def test_cache_that_does_not_fit_is_refused_before_allocation(monkeypatch):
+    model, gen = generator()
+    import padfree.generation.generator as generator_module
+    calls = []
+    monkeypatch.setattr(generator_module, "encode", lambda *a, **k: calls.append(1))
+    monkeypatch.setattr(inputs, "free_device_bytes", lambda device: 10_000)
+    with pytest.raises(InputError, match="GiB is free"):
+        gen.generate(sources(model), num_beams=4, max_new_tokens=30)
+    assert calls == []
+    needed = inputs.estimate_bytes(gen.weights, 64, 64 * 40, 64, 64 * 4, 64)
+    from padfree.generation.decoder import cache_bytes
+    assert needed > cache_bytes(gen.weights, 256, 64) > 0
+
+
+def _model(family, **overrides):
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return model_class(family)(config_for(family, **overrides)).eval()
+
+
+@pytest.mark.parametrize("family,flag,value", [
+    ("bart", "normalize_before", True), ("mbart", "normalize_before", False), ("marian", "add_final_layer_norm", True),
+    ("bart", "static_position_embeddings", True), ("bart", "add_bias_logits", True),
+    ("marian", "normalize_embedding", True),
+])
+def test_legacy_flags_that_disagree_with_the_class_are_refused(family, flag, value):
+    model = _model(family)
+    setattr(model.config, flag, value)
+    with pytest.raises(UnsupportedModelError, match=flag):
+        pt.from_hf(model, dtype=torch.float32, device="cpu")
+
+
+def test_unsupported_models_and_config_values():
+    with pytest.raises(UnsupportedModelError, match="activation_function"):
+        pt.from_hf(_model("bart", activation_function="tanh"), dtype=torch.float32, device="cpu")
+    from transformers import T5Config, T5ForConditionalGeneration
+    t5 = T5ForConditionalGeneration(T5Config(vocab_size=32, d_model=16, d_kv=4, d_ff=32, num_layers=1,
+                                             num_heads=4, decoder_start_token_id=0))
+    with pytest.raises(UnsupportedModelError, match="T5ForConditionalGeneration"):
+        pt.from_hf(t5, dtype=torch.float32, device="cpu")
+    from transformers import BartModel
+    with pytest.raises(UnsupportedModelError, match="BartModel"):
+        pt.from_hf(BartModel(config_for("bart")), dtype=torch.float32, device="cpu")
+    with pytest.raises(UnsupportedModelError, match="use_graphs"):
+        pt.from_hf(_model("marian"), dtype=torch.float32, device="cpu", use_graphs=False)
+    with pytest.raises(InputError, match="dtype"):
+        pt.from_hf(_model("marian"), dtype=torch.int8, device="cpu")
+
+
+def test_supported_config_variants_load():
+    """Flags that are supported in both settings: separate (untied) embeddings, scale_embedding either way,
+    Marian with its own decoder vocabulary."""
+    for family, overrides in (("bart", dict(tie_word_embeddings=False, scale_embedding=True)),
+                              ("m2m100", dict(scale_embedding=False)),
+                              ("marian", dict(share_encoder_decoder_embeddings=False, decoder_vocab_size=97))):
+        model = _model(family, **overrides)
+        gen = pt.from_hf(model, dtype=torch.float32, device="cpu")
+        src = random_sources(model.config, 2, seed=1)
+        from _seq2seq import hf_generate
+        assert torch.equal(gen.generate(src, max_new_tokens=4), hf_generate(model, src, max_new_tokens=4))
+
+
+def test_ops_dispatch_reports_the_reference_on_cpu():
+    _, gen = generator()
+    assert all(source.startswith("reference") for source in gen.ops.sources.values())
+    assert "cpu" in repr(gen)
