@@ -113,6 +113,8 @@ def sources_tensor(sources: list[list[int]], pad: int) -> tuple[torch.Tensor, to
 
 def hf_generate(model, sources: list[list[int]], **options):
     ids, mask = sources_tensor(sources, model.config.pad_token_id)
+    device = next(model.parameters()).device
+    ids, mask = ids.to(device), mask.to(device)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return model.generate(ids, attention_mask=mask, **options)

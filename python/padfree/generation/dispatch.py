@@ -23,8 +23,8 @@ log = logging.getLogger("padfree.generation")
 CONTRACT_OPS = {
     "decoder_self_attention": "padfree_decoder_self_attention",
     "beam_reorder_cache_indir": "padfree_beam_reorder_cache_indir",
-    "cross_attention": "padfree_cross_attention",
-    "log_softmax_topk": "padfree_log_softmax_topk",
+    "cross_attention": "padfree_decoder_cross_attention",
+    "log_softmax_topk": "padfree_logits_topk",
 }
 ENCODER_OPS = {"attention_varlen": "padfree_attention_varlen"}
 

@@ -1,4 +1,4 @@
-"""Pure-torch implementation of the decoder kernel contract (decoder_contract.md).
+"""Pure-torch implementation of the decoder kernel contract (docs/DECODER_OPS.md).
 
 Same names, arguments, shapes and semantics as the CUDA kernels in padfree.ops; this module is the
 CPU path of padfree.generation and the reference the GPU tests compare the kernels against. It runs
