@@ -127,7 +127,7 @@ def test_engine_refuses_another_plugin_build_unless_allowed(exported, tmp_path, 
     import json
     import logging
 
-    from padfree.engines.backend import open_engine
+    from padfree.runtime.backends.engine import open_engine
     from padfree.engines.errors import EngineError, PluginLibraryError
     library = _library()
     engine = tmp_path / "packed.engine"

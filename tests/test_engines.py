@@ -266,7 +266,7 @@ def _edit(engine: Path, change) -> None:
 
 
 def _open(engine: Path, **kwargs):
-    from padfree.engines.backend import open_engine
+    from padfree.runtime.backends.engine import open_engine
     return open_engine(engine, **kwargs)
 
 
@@ -486,7 +486,7 @@ def test_execute_packed_refuses_host_tensors_before_tensorrt():
     """execute_packed checks its inputs before any CUDA call (so this runs without a GPU): the
     backend object is bare, as nothing past the check may be reached."""
     import torch
-    from padfree.engines.backend import EngineBackend
+    from padfree.runtime.backends.engine import EngineBackend
     from padfree.ops._tensors import InputError
     backend = EngineBackend.__new__(EngineBackend)
     backend.device = torch.device("cuda", 0)

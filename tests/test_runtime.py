@@ -302,7 +302,7 @@ def test_bad_input_raises_input_error(label, args, kwargs, message):
 def test_check_packed_refuses_what_a_backend_must_not_get():
     """The execute_packed contract (int32, contiguous, on the backend's device) checked without reading
     values: a host tensor handed to a CUDA backend would reach TensorRT as a raw address."""
-    from padfree.runtime.backend import check_packed
+    from padfree.runtime.backends.base import check_packed
     ids = torch.tensor([5, 6, 7], dtype=torch.int32)
     cu = torch.tensor([0, 1, 3], dtype=torch.int32)
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)

@@ -29,7 +29,7 @@ from .. import ops as _default_ops
 from .._lib import PadfreeError
 from ..ops._tensors import INT32_MAX, InputError, current_device
 from ..ops.inputs import input_layout
-from ..runtime.backend import Limits, check_packed
+from ..runtime.backends.base import Limits, check_packed
 from . import edges
 from .buckets import LRU, Bucket, bucket_for, round_seqlen, round_tokens
 from .ffn import FfnUp, epilogue_matches

@@ -18,7 +18,7 @@ from .._lib import KernelArgumentError
 from ..ops._tensors import INT32_MAX, InputError
 from ..runtime._inputs import to_host_batch, validate
 from ..runtime._staging import aligned
-from ..runtime.backend import Limits
+from ..runtime.backends.base import Limits
 
 
 @dataclass

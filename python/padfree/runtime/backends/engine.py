@@ -19,12 +19,12 @@ from typing import Any
 
 import torch
 
+from padfree.engines import plugin_library, sidecar, trt_api
+from padfree.engines.errors import BackendUnavailableError, CorruptEngineError, EngineError, PluginLibraryError
+from padfree.engines.profiles import Profile
 from padfree.ops._tensors import PRECISION_DTYPES
-from padfree.runtime.backend import check_packed
 
-from . import plugin_library, sidecar, trt_api
-from .errors import BackendUnavailableError, CorruptEngineError, EngineError, PluginLibraryError
-from .profiles import Profile
+from .base import check_packed
 
 log = logging.getLogger("padfree.engines")
 
@@ -97,7 +97,7 @@ class EngineBackend:
         plugin_library.load_into(self.api.trt, library)
 
     def _limits(self):
-        from padfree.runtime.backend import Limits
+        from .base import Limits
         model = self.metadata["model"]
         largest = self.profiles[-1]
         max_tokens = largest.max_tokens
