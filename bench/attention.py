@@ -28,7 +28,7 @@ import sys
 
 import torch
 
-from padfree.bench_cli import lengths_for  # the benchmark recipe: uniform in [0.2*max, max], seed 0
+from padfree.bench.timing import lengths_for  # the benchmark recipe: uniform in [0.2*max, max], seed 0
 from padfree.ops import attention_varlen
 
 RUNS_PER_GRAPH = 20

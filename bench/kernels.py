@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from padfree import ops
-from padfree.bench_cli import lengths_for
+from padfree.bench.timing import lengths_for
 
 CALLS = 20
 REPS = 30

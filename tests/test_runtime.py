@@ -633,7 +633,7 @@ def test_runtime_runner_vs_onnxruntime_on_cpu(seed, tmp_path):
 # ---------------------------------------------------------------------------------------------
 
 def _cli(monkeypatch, argv, backend):
-    from padfree import runtime_cli
+    from padfree.commands import run as runtime_cli
 
     monkeypatch.setattr(runtime_cli, "open_runtime", lambda args: Runtime(backend))
     parser = argparse.ArgumentParser()

@@ -9,9 +9,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from .arguments import EXIT_DIFFERENCE, EXIT_OK, non_negative_int
+from ..arguments import EXIT_DIFFERENCE, EXIT_OK, non_negative_int
 
-log = logging.getLogger("padfree.demo")
+log = logging.getLogger(__name__)
 
 
 def register(subparsers) -> None:
@@ -25,7 +25,7 @@ def register(subparsers) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from padfree.export.cli import _quiet_exporter
+    from .export import _quiet_exporter
 
     _quiet_exporter(False)
     if args.output is None:
