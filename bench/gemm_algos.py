@@ -17,7 +17,7 @@ import time
 import torch
 
 from padfree.torch import cublaslt
-from padfree.torch.gemms import graph_call_us
+from padfree.torch.gemm_tuning import graph_call_us
 
 CALLS, REPLAYS = 20, 15
 SCREEN_CALLS, SCREEN_REPLAYS = 5, 3

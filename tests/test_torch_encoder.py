@@ -381,7 +381,7 @@ def test_lru_evicts_least_recently_used():
 def test_median_error_is_robust_and_shrinks_with_samples():
     """The in-forward GEMM choice's noise margin: zero for equal samples, unmoved by one wild sample,
     and half as large for four times the samples of the same spread."""
-    from padfree.torch.encoder import _median_error
+    from padfree.torch.capture import _median_error
     rng = np.random.default_rng(0)
     assert _median_error([5.0] * 9) == 0
     spread = list(100 + rng.normal(0, 2, 400))
@@ -681,10 +681,10 @@ def test_captured_forward_drops_counter_memsets(seed, monkeypatch):
     own slot and the graph drops cuBLASLt's memsets of them: outputs equal, bit for bit, an encoder
     whose graph keeps them (PADFREE_COUNTER_MEMSETS=keep, same algorithms), and HF's within fp16
     tolerance."""
-    from padfree.torch import encoder as encoder_mod, gemms as gemms_mod
-    monkeypatch.setattr(gemms_mod, "KEEP_MARGIN", 10.0)  # cuBLASLt's best even where torch's call is faster
-    monkeypatch.setattr(gemms_mod, "_chosen", {})
-    monkeypatch.setattr(encoder_mod, "CHOOSE_IN_FORWARD", False)  # both encoders on the same algorithms
+    from padfree.torch import capture as capture_mod, gemm_tuning as tuning_mod
+    monkeypatch.setattr(tuning_mod, "KEEP_MARGIN", 10.0)  # cuBLASLt's best even where torch's call is faster
+    monkeypatch.setattr(tuning_mod, "_chosen", {})
+    monkeypatch.setattr(capture_mod, "CHOOSE_IN_FORWARD", False)  # both encoders on the same algorithms
     rng = np.random.default_rng(seed)
     model = make_model("bert", hidden=768, heads=12, layers=2, positions=512, seed=seed)
     ids, mask, _ = random_batch(model, 16, 512, rng, lengths=rng.integers(300, 513, 16).tolist())
@@ -713,10 +713,10 @@ def test_in_forward_choices_chain_their_captures(seed, monkeypatch):
     each inside the forward, each choice reusing the forward the previous one left: one capture for
     the first pick, one per runner-up, then the bucket's graph. The choices made, the output matches
     HF's within fp16 tolerance."""
-    from padfree.torch import gemms as gemms_mod
-    monkeypatch.setattr(gemms_mod, "_chosen", {})
-    monkeypatch.setattr(gemms_mod, "_runner_up", {})
-    monkeypatch.setattr(gemms_mod, "RUNNER_UP_MARGIN", 1e9)
+    from padfree.torch import gemm_tuning as tuning_mod
+    monkeypatch.setattr(tuning_mod, "_chosen", {})
+    monkeypatch.setattr(tuning_mod, "_runner_up", {})
+    monkeypatch.setattr(tuning_mod, "RUNNER_UP_MARGIN", 1e9)
     rng = np.random.default_rng(seed)
     model = make_model("bert", hidden=128, heads=2, positions=128, seed=seed)
     ids, mask, _ = random_batch(model, 3, 100, rng)
