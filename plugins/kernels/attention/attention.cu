@@ -10,7 +10,7 @@
 #include "attention_tc.cuh"
 #include "attention_wgmma.cuh"
 #include "common.cuh"
-#include "driver_entry.h"
+#include "graphs/driver_entry.h"
 
 #include <cudaTypedefs.h>
 

@@ -19,8 +19,8 @@
 #include "attention_ptx.cuh"
 #include "attention_tiles.cuh"
 #include "common.cuh"
-#include "tma_ptx.cuh"
-#include "wgmma_ptx.cuh"
+#include "ptx/tma_ptx.cuh"
+#include "ptx/wgmma_ptx.cuh"
 
 namespace padfree {
 namespace attention_detail {
