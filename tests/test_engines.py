@@ -434,9 +434,9 @@ def plugin_engine(tmp_path, monkeypatch):
     sidecar.write(engine, data)
     loads = []
     monkeypatch.setattr(plugin_library, "load_into", lambda trt, path: loads.append(path))
-    import os  # no installed library: only $PADFREE_TRT_LIBRARY, where a test sets it
+    from padfree import env  # no installed library: only $PADFREE_TRT_LIBRARY, where a test sets it
     monkeypatch.setattr(plugin_library, "candidates",
-                        lambda: [Path(os.environ[plugin_library.ENV_VAR])] if os.environ.get(plugin_library.ENV_VAR) else [])
+                        lambda: [env.path(plugin_library.ENV_VAR)] if env.is_set(plugin_library.ENV_VAR) else [])
     monkeypatch.delenv(plugin_library.ENV_VAR, raising=False)
     return engine, recorded, loads
 

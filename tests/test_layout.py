@@ -72,3 +72,25 @@ def test_each_runtime_and_engines_module_imports_alone():
               "    if name.startswith('padfree.runtime'):\n"
               "        assert 'padfree.engines' not in sys.modules, name\n")
     subprocess.run([sys.executable, "-c", script], check=True, timeout=300)
+
+
+def test_environment_variables_are_read_in_one_place():
+    """padfree.env defines every PADFREE_* variable and is the only package module reading os.environ
+    for them; docs/ENVIRONMENT.md lists exactly those variables."""
+    import re
+
+    from padfree import env
+
+    for folder in (PACKAGES["padfree"], PACKAGES["padfree.engines"], PACKAGES["padfree.export"]):
+        for path in _sources(folder):
+            if path == PACKAGES["padfree"] / "env.py":
+                continue
+            text = path.read_text()
+            assert not re.search(r"os\.environ|os\.getenv", text), f"{path.relative_to(ROOT)} reads the environment"
+    named = set(re.findall(r"\bPADFREE_[A-Z0-9_]+\b", "\n".join(
+        p.read_text() for folder in PACKAGES.values() for p in _sources(folder))))
+    named -= {"PADFREE_ABI_VERSION", "PADFREE_VERSION_STRING", "PADFREE_HAS_SM90A"}  # C macros, not variables
+    named -= {n for n in named if n.startswith(("PADFREE_GELU_", "PADFREE_INPUT_", "PADFREE_ATTENTION_CAUSAL"))}
+    assert named <= set(env.VARIABLES), sorted(named - set(env.VARIABLES))
+    table = set(re.findall(r"^\| `(PADFREE_[A-Z0-9_]+)` \|", (ROOT / "docs" / "ENVIRONMENT.md").read_text(), re.M))
+    assert table == set(env.VARIABLES)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import time
 
+from .. import env
 from .timing import floor_graph, host_loop_ms, kernel_profile, lengths_for, time_ms, torch_attention_ops
 
 
@@ -137,8 +137,7 @@ def measure(args, systems: list[str]) -> dict:
             "layers": args.layers, "systems": systems, "processes": "one",
             "encoder": repr(encoder), "programmatic_edges": args.programmatic_edges,
             # the library's A/B switches (attention.cu, common.cuh), so that a run says what it ran
-            "environment": {k: v for k, v in os.environ.items()
-                            if k.startswith("PADFREE_") and not k.endswith("_LIBRARY")},
+            "environment": env.snapshot(),
             "host_loop_ms": {"start": host_ms[0], "end": host_loop_ms()},
             "lengths": "uniform in [0.2*max, max], torch.Generator seed 0",
             "timing": f"CUDA events per call, median of {args.reps} after {args.warmup} warm-up calls",

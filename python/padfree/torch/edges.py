@@ -36,18 +36,19 @@ stack measured, and costs a few probes per captured bucket. It stays for consume
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
+
+from .. import env
 
 PROBE_SPIN_NS = 20_000_000
 
 
 def enabled() -> bool:
     """PADFREE_PDL=0 turns PDL off everywhere (the kernel library reads it too), for A/B runs."""
-    return os.environ.get("PADFREE_PDL", "1") != "0"
+    return env.flag("PADFREE_PDL")
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
