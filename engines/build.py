@@ -15,14 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import padfree
-from padfree import env as padfree_env
-from padfree import kernel_sizes, outputs
+from padfree import env as padfree_env, kernel_sizes, outputs
 
 from . import model_info, plugin_library, profiles, sidecar, trt_api
 from .errors import BuildError, EngineError
 from .progress import monitor_class
 
-log = logging.getLogger("padfree.build")
+log = logging.getLogger(__name__)
 DEFAULT_MAX_SEQLEN = 512
 _WORKER_ENV = "PADFREE_ENGINES_BUILD_WORKER"
 

@@ -17,7 +17,7 @@ from padfree import env
 
 from .errors import PluginLibraryError
 
-log = logging.getLogger("padfree.engines")
+log = logging.getLogger(__name__)
 LIBRARY_NAME = "libpadfree_trt.so"
 ENV_VAR = "PADFREE_TRT_LIBRARY"
 

@@ -47,6 +47,7 @@ def test_systems_follow_the_switches():
     assert bench_cli.chosen_systems(_args(**{"no-compile": True, "no-hf": True})) == ["padfree"]
     assert bench_cli.chosen_systems(_args(systems="compile")) == ["compile"]
     import pytest
+
     from padfree.arguments import CommandError
     with pytest.raises(CommandError, match="unknown systems"):
         bench_cli.chosen_systems(_args(systems="trt"))

@@ -8,8 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from padfree.torch import gemm_tuning as tuning_mod
-from padfree.torch import gemms as gemms_mod
+from padfree.torch import gemm_tuning as tuning_mod, gemms as gemms_mod
 from padfree.torch.ffn import FfnUp
 
 gpu = pytest.mark.gpu
@@ -84,7 +83,7 @@ def test_linear_enumerated_configurations(dtype, epilogue, accumulate, seed):
     assert len(configs) > len(lin.candidates(8)), "enumeration found no more than the heuristic lists"
     assert all(info.index == -1 and info.workspace_size <= 1 << 20 for _, info in configs)
     step = max(1, len(configs) // ENUM_SAMPLE)
-    for algo, info in configs[seed % step::step]:
+    for algo, _info in configs[seed % step::step]:
         out = acc.clone() if accumulate else torch.full((rows, n), float("nan"), device="cuda", dtype=dtype)
         try:
             lin(x, w, out, bias if epilogue != "default" else None, workspace, algo)

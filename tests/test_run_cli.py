@@ -6,12 +6,9 @@ import json
 
 import numpy as np
 import pytest
-from _runtime_double import (MAX_SEQLEN, VOCAB, ToyBackend, check_padded,
-                             expected_sequence, pad,
-                             random_sequences)
+from _runtime_double import MAX_SEQLEN, VOCAB, ToyBackend, check_padded, expected_sequence, pad, random_sequences
 
 from padfree.runtime import Runtime
-
 
 # ---------------------------------------------------------------------------------------------
 # `padfree run` (CPU: the runtime is the test double)

@@ -7,19 +7,25 @@ computed independently from the unpacked sequences.
 """
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 import torch
-from _runtime_double import (MAX_SEQLEN, TYPES, VOCAB, ToyBackend, check_padded,
-                             check_per_sequence, expected_sequence, pad,
-                             random_sequences)
+from _runtime_double import (
+    MAX_SEQLEN,
+    TYPES,
+    VOCAB,
+    ToyBackend,
+    check_padded,
+    check_per_sequence,
+    expected_sequence,
+    pad,
+    random_sequences,
+)
 
 from padfree.ops._tensors import InputError
 from padfree.runtime import EncoderBackend, Limits, Runtime
 from padfree.runtime._plan import plan_chunks
 from padfree.runtime._staging import ALIGN_ELEMENTS
-
 
 # ---------------------------------------------------------------------------------------------
 # Input forms and output forms

@@ -2,15 +2,12 @@
 HF eager (float64 on the CPU) and with ONNX Runtime through polygraphy."""
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 import torch
-from _runtime_double import (VOCAB, export_onnx, pad,
-                             padded_feeds, tiny_bert)
+from _runtime_double import VOCAB, export_onnx, pad, padded_feeds, tiny_bert
 
 from padfree.runtime import Runtime
-
 
 # ---------------------------------------------------------------------------------------------
 # GPU: the PyTorch path

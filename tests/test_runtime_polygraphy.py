@@ -7,11 +7,9 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 import torch
-from _runtime_double import (HIDDEN, ToyBackend, export_onnx, pad,
-                             padded_feeds, tiny_bert, token_value)
+from _runtime_double import HIDDEN, ToyBackend, export_onnx, pad, padded_feeds, tiny_bert, token_value
 
 from padfree.runtime import Limits, Runtime
-
 
 # ---------------------------------------------------------------------------------------------
 # Polygraphy runners (CPU, with the test double)

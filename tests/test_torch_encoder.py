@@ -3,20 +3,16 @@ positions, packing, bucketing, input validation), run with plain-torch reference
 against HF eager (tests/_encoder_models.py)."""
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
 
-from _encoder_models import (ARCHS, check_padded_output, cpu_encoder, hf_reference,  # noqa: E402
-                             make_model, random_batch)
+from _encoder_models import ARCHS, check_padded_output, cpu_encoder, hf_reference, make_model, random_batch  # noqa: E402
 
 from padfree.ops import InputError  # noqa: E402
-from padfree.torch.buckets import (LRU, MIN_TOKENS, STEPS_PER_OCTAVE, bucket_for, round_batch,  # noqa: E402
-                                   round_seqlen, round_tokens)
-
+from padfree.torch.buckets import LRU, MIN_TOKENS, STEPS_PER_OCTAVE, bucket_for, round_batch, round_seqlen, round_tokens  # noqa: E402
 
 # ---- CPU: the encoder's composition with reference ops ------------------------------------------
 

@@ -13,12 +13,10 @@ import torch.nn.functional as F
 
 transformers = pytest.importorskip("transformers")
 
-from _encoder_models import (ARCHS, check_padded_output, hf_reference,  # noqa: E402
-                             make_model, random_batch, rel_err)
+from _encoder_models import ARCHS, check_padded_output, hf_reference, make_model, random_batch, rel_err  # noqa: E402
 
 from padfree.ops import InputError  # noqa: E402
 from padfree.torch import from_hf  # noqa: E402
-
 
 # ---- GPU: the real kernels -----------------------------------------------------------------------------
 
@@ -238,7 +236,8 @@ def test_fp32_uses_exact_gelu_and_fp16_the_epilogue():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not hasattr(torch._C, "_cuda_clearCublasWorkspaces"), reason="torch without the cuBLAS workspace cache")
+@pytest.mark.skipif(not hasattr(torch._C, "_cuda_clearCublasWorkspaces"),
+                    reason="torch without the cuBLAS workspace cache")
 def test_graphs_survive_cublas_workspace_clearing(seed):
     """torch.compile's CUDA graphs (and torch's graph teardown) clear torch's cuBLAS workspace cache and
     release the memory; a captured forward must not be left writing to it. BERT-base's width at ~20K

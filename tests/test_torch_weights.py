@@ -2,18 +2,16 @@
 configurations and sizes the encoder refuses."""
 from __future__ import annotations
 
-
 import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
 
-from _encoder_models import (ARCHS, REFERENCE_OPS, make_model)
+from _encoder_models import ARCHS, REFERENCE_OPS, make_model  # noqa: E402
 
 from padfree.ops import InputError  # noqa: E402
 from padfree.torch import PadfreeEncoder, UnsupportedModelError, from_hf  # noqa: E402
 from padfree.torch.weights import extract  # noqa: E402
-
 
 # ---- CPU: weight extraction -----------------------------------------------------------------------
 

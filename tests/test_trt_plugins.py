@@ -125,7 +125,8 @@ def packed_plugin_graph(path: Path, hidden=128, heads=2, vocab=100, positions=64
         _plugin_node("PadfreeLayerNorm", ["down", "gamma", "beta"], ["last_hidden_state"], epsilon=1e-12),
     ]
     inits = [weight("word", vocab, hidden), weight("position", positions, hidden), weight("type", 2, hidden),
-             weight("gamma", hidden), weight("beta", hidden), weight("bias", hidden), weight("w_qkv", hidden, 3 * hidden),
+             weight("gamma", hidden), weight("beta", hidden), weight("bias", hidden),
+             weight("w_qkv", hidden, 3 * hidden),
              weight("b_qkv", 3 * hidden), weight("w_up", hidden, 4 * hidden), weight("b_up", 4 * hidden),
              weight("w_down", 4 * hidden, hidden)]
     inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT32, ["T"]),

@@ -18,7 +18,6 @@ from ._lib import PadfreeError
 from .arguments import EXIT_DIFFERENCE, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK
 from .commands import COMMANDS
 
-
 log = logging.getLogger(__name__)
 EPILOG = (f"exit status: {EXIT_OK} done (a check passed); {EXIT_DIFFERENCE} a check ran and found a difference past"
           f" its tolerance; {EXIT_ERROR} the command could not run (bad arguments, input or files);"

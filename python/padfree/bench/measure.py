@@ -21,6 +21,7 @@ def build_models(layers: int, hf_impls: tuple[str, ...], with_padfree: bool, gem
     hf_impls) and padfree's encoder (or None)."""
     import torch
     import transformers
+
     import padfree.torch as pt
     config = transformers.BertConfig(num_hidden_layers=layers)  # defaults are BERT-base
     torch.manual_seed(0)
@@ -50,7 +51,7 @@ def bench_shape(batch: int, max_seqlen: int, timed: dict, args, vocab_size: int)
     ms = row["ms"]
     with torch.no_grad():
         for impl, model in timed.get("hf", {}).items():
-            ms[f"hf_{impl}"] = time_ms(lambda: model(input_ids=ids, attention_mask=mask), args.reps, args.warmup)
+            ms[f"hf_{impl}"] = time_ms(lambda: model(input_ids=ids, attention_mask=mask), args.reps, args.warmup)  # noqa: B023 - timed here
         if "compile" in timed:
             ms["compile"] = time_ms(lambda: timed["compile"](input_ids=ids, attention_mask=mask), args.reps,
                                     max(args.warmup, 5))

@@ -22,7 +22,8 @@ def print_profile(row: dict) -> None:
     for k in row["profile"]:
         groups[k["group"]] = groups.get(k["group"], 0.0) + k["ms"]
     total = sum(groups.values())
-    print(f"-- {row['batch']}x{row['max_seqlen']}: kernel time of one forward ({row['profile_mode']}) {total:.3f} ms: " +
+    print(f"-- {row['batch']}x{row['max_seqlen']}: kernel time of one forward ({row['profile_mode']})"
+          f" {total:.3f} ms: " +
           ", ".join(f"{g} {t:.3f} ({t / total:.0%})" for g, t in sorted(groups.items(), key=lambda x: -x[1])))
     for k in row["profile"][:8]:
         print(f"   {k['ms']:8.3f} ms {k['calls']:4d}x  {k['kernel'][:100]}")

@@ -57,6 +57,7 @@ def time_ms(fn, reps: int, warmup: int, gpu_only: bool = False) -> float:
 def floor_graph(weights, tokens: int, reps: int):
     """The four projection GEMMs of every layer on `tokens` rows, captured once; returns (ms, flops)."""
     import torch
+
     from padfree.torch.streams import side_stream
     h, inter = weights.hidden_size, weights.intermediate_size
     gen = torch.Generator(device=weights.word_embeddings.device).manual_seed(1)
@@ -117,7 +118,9 @@ def torch_attention_ops():
     """padfree.ops with attention_varlen swapped for torch's varlen_attn (FlashAttention) plus a bias
     add: a diagnostic of what the encoder would run at with that attention kernel."""
     import types
+
     from torch.nn.attention.varlen import varlen_attn
+
     from padfree import ops
 
     def attention_varlen(qkv, cu_seqlens, max_seqlen, num_heads, qkv_bias=None, softmax_scale=None, out=None):

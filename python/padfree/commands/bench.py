@@ -62,7 +62,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gemm-search", default="exhaustive", choices=("heuristic", "exhaustive"),
                    help="how the encoder tunes a bucket's GEMMs at capture (padfree.torch.from_hf)")
     p.add_argument("--gemm-tuning", metavar="FILE.json",
-                   help="keep the encoder's GEMM choices in this file (read if it exists, rewritten after each capture)")
+                   help="keep the encoder's GEMM choices in this file (read if it exists, rewritten after each"
+                        " capture)")
     p.add_argument("--programmatic-edges", action="store_true",
                    help="experimental: programmatic edges into the GEMMs of each captured forward (from_hf)")
     p.add_argument("--varlen-attn", action="store_true",

@@ -34,7 +34,6 @@ def register(subparsers) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from padfree.arguments import CommandError
-
     from padfree.engines.build import BuildOptions, build
     from padfree.engines.errors import EngineError
 

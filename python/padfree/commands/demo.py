@@ -15,7 +15,8 @@ log = logging.getLogger(__name__)
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("demo", help="export + rewrite + check (+ engine build where TensorRT is) a built-in 12-layer BERT on the CPU")
+    p = subparsers.add_parser("demo", help="export + rewrite + check (+ engine build where TensorRT is) a built-in"
+                                           " 12-layer BERT on the CPU")
     p.add_argument("-o", "--output", default=None, help="output folder (default: a temporary one)")
     p.add_argument("--model", default="small-bert",
                    help="built-in model to use (default small-bert: 12 layers, hidden 256)")

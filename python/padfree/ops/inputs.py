@@ -34,7 +34,8 @@ def padded_input_stats(input_ids: torch.Tensor, attention_mask: torch.Tensor | N
           optional=True)
     check(token_type_ids, "token_type_ids", dtype=input_ids.dtype, shape=shape, device=input_ids.device,
           optional=True)
-    batch, padded_seqlen = (check_int32(n, f"input_ids: {what}", minimum=1) for n, what in zip(shape, ("batch", "width")))
+    batch, padded_seqlen = (check_int32(n, f"input_ids: {what}", minimum=1)
+                            for n, what in zip(shape, ("batch", "width")))
     if out is None:
         out = torch.empty(batch + 3, dtype=torch.int32, device=input_ids.device)
     check(out, "out", dtype=torch.int32, shape=[batch + 3], device=input_ids.device)

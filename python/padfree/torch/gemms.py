@@ -7,8 +7,7 @@ from typing import Callable
 
 import torch
 
-from . import cublaslt
-from . import gemm_tuning as tuning
+from . import cublaslt, gemm_tuning as tuning
 from .workspaces import CounterSlots
 
 

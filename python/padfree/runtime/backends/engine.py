@@ -12,7 +12,6 @@ fits a batch runs it.
 """
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -25,8 +24,6 @@ from padfree.engines.profiles import Profile
 from padfree.ops._tensors import PRECISION_DTYPES
 
 from .base import check_packed
-
-log = logging.getLogger("padfree.engines")
 
 _TORCH_DTYPES = {name: getattr(torch, name) for name in sidecar.INPUT_DTYPES}
 
@@ -92,7 +89,8 @@ class EngineBackend:
         try:
             library = plugin_library.find(explicit)
         except PluginLibraryError as e:
-            raise PluginLibraryError(f"{self.path} uses padfree plugins ({', '.join(self.metadata['plugins'])}): {e}") from e
+            plugins = ", ".join(self.metadata["plugins"])
+            raise PluginLibraryError(f"{self.path} uses padfree plugins ({plugins}): {e}") from e
         plugin_library.check_recorded(library, self.metadata.get("plugin_library"), self.path, allow_mismatch)
         plugin_library.load_into(self.api.trt, library)
 
@@ -128,7 +126,8 @@ class EngineBackend:
         return context
 
     def execute_packed(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
-                       token_type_ids: torch.Tensor | None, stream: torch.cuda.Stream | None) -> dict[str, torch.Tensor]:
+                       token_type_ids: torch.Tensor | None,
+                       stream: torch.cuda.Stream | None) -> dict[str, torch.Tensor]:
         """input_ids, token_type_ids: int32 cuda [T]; cu_seqlens: int32 cuda [B+1] -> {"last_hidden_state":
         [T, H], "pooler_output": [B, H] where the model has one}, enqueued on `stream`, not synchronized."""
         # TensorRT takes raw addresses: a host tensor's would be read as device memory
@@ -175,7 +174,8 @@ class EngineBackend:
             tensor = tensor.contiguous()
             feeds[name] = tensor  # kept alive until enqueued
             if not context.set_input_shape(name, tuple(tensor.shape)):
-                raise EngineError(f"{self.path}: input {name} of shape {tuple(tensor.shape)} is outside profile {index}")
+                raise EngineError(f"{self.path}: input {name} of shape {tuple(tensor.shape)} is outside"
+                                  f" profile {index}")
             context.set_tensor_address(name, tensor.data_ptr())
         outputs = {}
         for name in self.output_names:
