@@ -27,15 +27,15 @@ step() {  # step NAME COMMAND...: runs it, tees its log, records its exit status
 kernel_tests=(tests/test_padding.py tests/test_layernorm.py tests/test_embedding.py
               tests/test_activation.py tests/test_attention.py tests/test_inputs.py tests/test_graph_guard.py)
 # Not tests/test_graph_edges.py: under memcheck the probe found torch's elementwise consumer waiting
-# (H100, session 10: the tool held it past the producer's 20 ms spin), which the test's control
+# (H100: the tool held it past the producer's 20 ms spin), which the test's control
 # rejects; in plain runs it passes. The feature is off by default and relaxes nothing on that stack.
 # torch's caching allocator off: inside its cached segments an access past a tensor's end lands in
 # another live block, which memcheck cannot tell from a valid one. One test file at a time: memcheck
 # keeps device memory past each cudaFree, and over the whole list the driver's free memory fell from
-# 80 GB to 28 MB by test 700 while torch held none (H100, session 24), after which every test failed
+# 80 GB to 28 MB by test 700 while torch held none (H100), after which every test failed
 # with out-of-memory. Each file in SANITIZE_PROCESSES processes (pytest --shard, tests/conftest.py):
 # the tools slow the kernels 100-fold and more, and racecheck of the five kernel files took ~40 min
-# of wall time over 8-18 processes on one H100 (session 25; one process gets through ~0.7 tests/s).
+# of wall time over 8-18 processes on one H100 (one process gets through ~0.7 tests/s).
 sanitize() {
   local tool=$1 rc=0 file k status log; shift
   local files=() args=() pids=() processes=${SANITIZE_PROCESSES:-8}

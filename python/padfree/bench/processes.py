@@ -2,8 +2,8 @@
 
 A process's CUDA state carries from one system's timing into the next. On the H100 (CUDA 13.0,
 driver 580) the 1x128 padfree forward's graph ran ~30 us (8%) slower on the GPU once a third CUDA
-stream had run work in its process: every edge between kernels later, the programmatic overlap gone
-(bench/NOTES-bert.md v29). torch.compile's reduce-overhead mode runs its graphs on streams of its
+stream had run work in its process: every edge between kernels later, the programmatic overlap gone.
+torch.compile's reduce-overhead mode runs its graphs on streams of its
 own, so timed after it in one process, padfree was timed in a state that no server running padfree
 alone is in. A server runs one model per process, and so does this benchmark: HF, torch.compile and
 padfree each in a child `padfree bench --systems X`, one after another (never at once: they would

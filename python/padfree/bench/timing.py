@@ -33,7 +33,7 @@ def time_ms(fn, reps: int, warmup: int, gpu_only: bool = False) -> float:
     Never interleaved with another column's calls: under a sustained load the GPU runs at its power
     cap, and a call inherits the clock the previous one left. Timed call by call in turn, padfree and
     torch.compile measured 7.74 and 17.29 ms at 64x512 against 8.44 and 16.83 in blocks, 1x128 0.418
-    and 0.926 against 0.401 and 1.110 (H100, one run, bench/NOTES-bert.md v23): each column's own
+    and 0.926 against 0.401 and 1.110 (H100, one run): each column's own
     steady state is what a server running one model sees. gpu_only: the stream sleeps GPU_AHEAD_CYCLES
     before each start event, so the host has enqueued fn's work by the time the start fires (its GPU
     time alone; padfree_gpu)."""
@@ -145,7 +145,7 @@ def host_loop_ms() -> float:
     """Milliseconds of a fixed pure-Python loop (best of 5): the process's host speed. The device
     machines are VMs whose CPU speed differs up to 2x between processes, and the small shapes' calls
     carry their host time before the GPU's first kernel (1x128: ~20 us between the slow and the fast
-    processes; NOTES-bert.md v27), so a run records it beside its times."""
+    processes), so a run records it beside its times."""
     def once():
         t0, d = time.perf_counter(), {}
         for i in range(200000):

@@ -29,8 +29,8 @@ log = logging.getLogger(__name__)
 # Small buckets' GEMMs whose tuning left a runner-up within gemm_tuning.RUNNER_UP_MARGIN are chosen by
 # timing both inside the captured forward (IN_FORWARD_REPLAYS replays each, in turn): alone, two of
 # BERT-base's out-projection kernels at 128 rows timed 0.1 us apart and were ranked at random, while
-# inside the forward they ran 3-4 us per call apart (H100; gemm_tuning.SMALL_ROWS). Measured with it (one
-# process, four encoders tuned in turn, calls alternating; bench/NOTES-bert.md v22): 4x128 460-478
+# inside the forward they ran 3-4 us per call apart (H100; gemm_tuning.SMALL_ROWS). Measured with it
+# (one process, four encoders tuned in turn, calls alternating): 4x128 460-478
 # and 461-482 us per call against 462-482 and 466-485 for the isolated picks; at 1x128 all four
 # tunings ended on the same kernels. About one second of capture per small bucket. Where
 # gemm_tuning.RUNNER_UP_MAX_ROWS lets larger buckets choose too, each forward replays for at most
@@ -58,7 +58,7 @@ def _median_error(samples: list[float]) -> float:
     """The standard error of a median, from the samples' median absolute deviation (robust to the
     odd slow replay). A runner-up replaces its pick only where it is faster by twice the error of
     the difference: at 64x512 the forward varies by tens of microseconds under the power cap, and
-    one swap on a 9 us difference of medians ran 8-29 us per call slower (H100, NOTES-bert.md v23)."""
+    one swap on a 9 us difference of medians ran 8-29 us per call slower (H100)."""
     mid = statistics.median(samples)
     mad = statistics.median(abs(x - mid) for x in samples)
     return 1.2533 * 1.4826 * mad / math.sqrt(len(samples))

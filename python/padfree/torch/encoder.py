@@ -37,7 +37,7 @@ from .weights import EncoderWeights
 INPUT_TOKENS, INPUT_BATCH = 65536, 1024  # the input buffer's first capacity
 # Forwards of at most this many rows have each LayerNorm prefetch the next GEMMs' weights into L2
 # (LayerWeights.attention_projections), where the GEMMs would read them from DRAM with few rows to
-# spread the latency over. H100, BERT-base, same process, HF-style calls (NOTES-bert.md v19): 16x256
+# spread the latency over. H100, BERT-base, same process, HF-style calls: 16x256
 # (2624 rows) -0.02 ms per call in five comparisons (GEMMs -0.04, LayerNorms +0.02), 1x128 -0.001
 # to -0.008, 4x128 level, 32x128 +0.019 / -0.025 / -0.028; 128x128 (9344 rows) level.
 PREFETCH_MAX_ROWS = 4096
@@ -169,7 +169,7 @@ class PadfreeEncoder(GraphCapture, Speculation):
             # where index_select needed a clamp of cu_seqlens first: two latency-bound launches. One
             # sequence's is row 0, read in place (a bucket of batch 1 holds one sequence). H100,
             # BERT-base, same process, calls alternating, us per call with the gather minus without:
-            # 1x128 +3.7 to +6.2, where both gather (4x128, 16x256) +0.7 to +2.5 (NOTES-bert.md v25).
+            # 1x128 +3.7 to +6.2, where both gather (4x128, 16x256) +0.7 to +2.5.
             first = hidden[:1] if pooled.shape[0] == 1 else ops.rebuild_padding(hidden, cu_seqlens, 1).view(-1, h)
             torch.addmm(w.pooler_bias, first, w.pooler_weight.t(), out=pooled)
 
@@ -297,7 +297,7 @@ class PadfreeEncoder(GraphCapture, Speculation):
     def prepare(self, input_ids, attention_mask=None, token_type_ids=None) -> Batch:
         """Validate HF-style inputs (see __call__) and say how to pack them: padded tensors are checked
         and packed on the GPU (CPU tensors, as tokenizers return them, copied there as they are: a few
-        KB), lists and arrays on the host. Measured on the H100 (NOTES-bert.md v7), the GPU route was
+        KB), lists and arrays on the host. Measured on the H100, the GPU route was
         0.1-0.28 ms faster per call than the host's numpy checks and packing."""
         if isinstance(input_ids, torch.Tensor) and input_ids.device.type != "cpu":
             return self._device_inputs(input_ids, attention_mask, token_type_ids)

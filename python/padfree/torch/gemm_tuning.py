@@ -57,7 +57,7 @@ SCREEN_CALLS, SCREEN_REPLAYS, FINALISTS = 3, 1, 8   # search="exhaustive": one s
 # of the 128-row bucket agreed on QKV, FFN-up and -down and split between two out-projection kernels
 # (tile ids 47 and 59, 0.1 us apart alone, 3-4 us per forward apart inside it: 385-388 against
 # 389-392), and at 4x128 the forwards ran 490-497 us against 495-506. H100, one process, calls
-# alternating (bench/NOTES-bert.md v22). What is fastest inside a forward within such margins only a
+# alternating. What is fastest inside a forward within such margins only a
 # timing inside the forward can tell (a LayerNorm ahead of each timed call, as there, changed no pick).
 SMALL_ROWS, SMALL_REPEAT = 1024, 4
 # A problem's runner-up within this factor of its pick is offered to the encoder, which times both
@@ -69,7 +69,7 @@ RUNNER_UP_MARGIN = 1.05
 # of one GEMM run at the boost clock, so a kernel's rank alone might not be its rank in the forward.
 # Timed inside the forward at 2624, 9344 and 21504 rows, no runner-up beat its pick by more than the
 # noise (twice the error of the difference, 5-90 us), and an earlier rule that swapped on any
-# difference ran 64x512 8-29 us per call slower (H100, bench/NOTES-bert.md v23): seconds of capture
+# difference ran 64x512 8-29 us per call slower (H100): seconds of capture
 # per large bucket for nothing.
 RUNNER_UP_MAX_ROWS: int | None = SMALL_ROWS
 MAX_REL_DIFF = 1e-2     # a candidate's max |difference| from torch's result, over torch's max |result|

@@ -61,10 +61,10 @@ class Speculation:
         The GPU idles through this Python until the packer's C call, so inputs laid out as the last
         speculative call's take its _Route there: one layout comparison and two identity checks
         instead of the guess, graph, buffer and plan lookups, then a launcher bound to the plan and
-        the guarded graph (v26: ~2 us less than the lookups' way to the C call). H100 machines
-        (NOTES-bert.md v22): the C call 9.9 us into the call with the route, 29 us through the
-        lookups on a slower host; in one process, calls alternating with an encoder whose route is
-        dropped, 1x128 392-393 us against 394-396, 16x256 1089-1098 against 1092-1104."""
+        the guarded graph (~2 us less than the lookups' way to the C call). H100 machines: the C
+        call 9.9 us into the call with the route, 29 us through the lookups on a slower host; in one
+        process, calls alternating with an encoder whose route is dropped, 1x128 392-393 us against
+        394-396, 16x256 1089-1098 against 1092-1104."""
         try:
             layout = input_layout(input_ids, attention_mask, token_type_ids)
         except AttributeError:  # not tensors: the ordinary call says what is wrong
