@@ -28,7 +28,7 @@ import sys
 
 import torch
 
-from padfree.bench_cli import lengths_for  # the benchmark recipe: uniform in [0.2*max, max], seed 0
+from padfree.bench.timing import lengths_for  # the benchmark recipe: uniform in [0.2*max, max], seed 0
 from padfree.ops import attention_varlen
 
 RUNS_PER_GRAPH = 20
@@ -160,7 +160,8 @@ def bench_shape(name, batch, max_seqlen, num_heads, head_dim, ceilings, varlen, 
     flops = 4.0 * sum(n * n for n in lengths) * head_dim * num_heads
     bytes_moved = total * (3 * hidden + hidden) * 2
     row["floor_ms"] = max(bytes_moved / ceilings["copy_bytes_per_s"], flops / ceilings["fp16_gemm_flop_per_s"]) * 1e3
-    row["floor_bound"] = "memory" if bytes_moved / ceilings["copy_bytes_per_s"] > flops / ceilings["fp16_gemm_flop_per_s"] else "compute"
+    memory_bound = bytes_moved / ceilings["copy_bytes_per_s"] > flops / ceilings["fp16_gemm_flop_per_s"]
+    row["floor_bound"] = "memory" if memory_bound else "compute"
     if with_paths:
         for path in forced_paths(max_len, head_dim):
             os.environ["PADFREE_ATTENTION_PATH"] = path
@@ -214,7 +215,8 @@ def main(argv=None) -> int:
     varlen = varlen_callable()
     ceilings = measure_ceilings()
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, varlen_attn{varlen[2]}")
-    print(f"copy {ceilings['copy_bytes_per_s'] / 1e12:.2f} TB/s, fp16 GEMM {ceilings['fp16_gemm_flop_per_s'] / 1e12:.0f} TFLOP/s")
+    print(f"copy {ceilings['copy_bytes_per_s'] / 1e12:.2f} TB/s,"
+          f" fp16 GEMM {ceilings['fp16_gemm_flop_per_s'] / 1e12:.0f} TFLOP/s")
     rows, layout = [], None
     for shape in SHAPES:
         if wanted and not any(w in shape[0] for w in wanted):
@@ -234,7 +236,8 @@ def main(argv=None) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
-    header = f"{'shape':15} {'tokens':>6} {'padfree':>8} {'varlen':>8} {'ratio':>6} {'pf+bias':>8} {'add+varlen':>10} {'ratio':>6} {'floor':>7}"
+    header = (f"{'shape':15} {'tokens':>6} {'padfree':>8} {'varlen':>8} {'ratio':>6} {'pf+bias':>8}"
+              f" {'add+varlen':>10} {'ratio':>6} {'floor':>7}")
     print(header)
     for r in rows:
         print(f"{r['shape']:15} {r['total_tokens']:6d} {r['padfree_ms']:8.4f} {r['varlen_attn_ms']:8.4f} "

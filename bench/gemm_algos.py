@@ -17,7 +17,7 @@ import time
 import torch
 
 from padfree.torch import cublaslt
-from padfree.torch.gemms import graph_call_us
+from padfree.torch.gemm_tuning import graph_call_us
 
 CALLS, REPLAYS = 20, 15
 SCREEN_CALLS, SCREEN_REPLAYS = 5, 3
@@ -59,7 +59,7 @@ def _time_candidates(lin, pairs, x, w, bias, out, workspace, expect, ref, calls,
         got = out.clone()
         out.copy_(ref)
         err = ((got.float() - expect.float()).abs().max() / expect.float().abs().max().clamp(min=1e-6)).item()
-        us = graph_call_us(lambda: lin(x, w, out, bias, workspace, algo), calls, replays)
+        us = graph_call_us(lambda: lin(x, w, out, bias, workspace, algo), calls, replays)  # noqa: B023 - timed before the loop moves on
         out.copy_(ref)
         timed.append({"algo": info.label(), "us": us, "max_rel_diff_vs_torch": err,
                       "workspace": info.workspace_size, "_algo": algo})
@@ -106,7 +106,7 @@ def main(argv):
                 for _ in range(ROUNDS):
                     best_us["torch"] = min(best_us["torch"], graph_call_us(torch_call, CALLS, REPLAYS))
                     for t in finalists:
-                        fn = (lambda a: lambda: lin(x, w, out, bias, workspace, a))(t["_algo"])
+                        fn = (lambda a: lambda: lin(x, w, out, bias, workspace, a))(t["_algo"])  # noqa: B023 - timed before the loop moves on
                         best_us[t["algo"]] = min(best_us[t["algo"]], graph_call_us(fn, CALLS, REPLAYS))
                 out.copy_(ref)
                 for t in finalists:
@@ -120,8 +120,10 @@ def main(argv):
                 t.pop("_algo", None)
             row.update(torch_us=t_torch, candidates=screen)
             report["rows"].append(row)
-            print(f"{name:>14} {rows:>6} {t_torch:9.1f} {first['us'] if first and 'us' in first else float('nan'):8.1f} "
-                  f"{best['us'] if best else float('nan'):8.1f} {best['us'] / t_torch if best else float('nan'):10.3f}  "
+            first_us = first["us"] if first and "us" in first else float("nan")
+            best_time = best["us"] if best else float("nan")
+            print(f"{name:>14} {rows:>6} {t_torch:9.1f} {first_us:8.1f} "
+                  f"{best_time:8.1f} {best_time / t_torch if best else float('nan'):10.3f}  "
                   f"{best['algo'] if best else '-'}"
                   + (f"  ({row['enumerated']} enumerated in {row['enumerate_s']:.1f} s)" if args.enumerate else ""),
                   flush=True)

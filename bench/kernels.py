@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from padfree import ops
-from padfree.bench_cli import lengths_for
+from padfree.bench.timing import lengths_for
 
 CALLS = 20
 REPS = 30
@@ -213,7 +213,8 @@ def main(argv=None) -> int:
                   results=rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
-    header = f"{'kernel':24} {'shape':36} {'dtype':9} {'us':>8} {'GB/s':>7} {'copy GB/s':>9} {'of copy':>7} {'torch us':>8}"
+    header = (f"{'kernel':24} {'shape':36} {'dtype':9} {'us':>8} {'GB/s':>7} {'copy GB/s':>9} {'of copy':>7}"
+              f" {'torch us':>8}")
     print(header)
     for r in rows:
         print(f"{r['kernel']:24} {r['shape']:36} {r['dtype']:9} {r['us']:8.2f} {r['GBps']:7.0f} {r['copy_GBps']:9.0f} "

@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import padfree
-from padfree import kernel_sizes, outputs
+from padfree import env as padfree_env, kernel_sizes, outputs
 
 from . import model_info, plugin_library, profiles, sidecar, trt_api
 from .errors import BuildError, EngineError
 from .progress import monitor_class
 
-log = logging.getLogger("padfree.build")
+log = logging.getLogger(__name__)
 DEFAULT_MAX_SEQLEN = 512
 _WORKER_ENV = "PADFREE_ENGINES_BUILD_WORKER"
 
@@ -60,7 +60,7 @@ def build(options: BuildOptions) -> dict[str, Any]:
     library = plugin_library.find(options.plugin_library) if info.plugins else None
 
     link = api.needs_parser_link() if library is not None else None
-    if link is not None and not os.environ.get(_WORKER_ENV):
+    if link is not None and not padfree_env.is_set(_WORKER_ENV):
         return _build_in_worker(options, link)
 
     start = time.perf_counter()
@@ -220,7 +220,7 @@ def _build_in_worker(options: BuildOptions, versioned: Path) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="padfree-trt-") as tmp:
         (Path(tmp) / "libtensorrt_rtx.so").symlink_to(versioned)
         error_file = Path(tmp) / "error.json"
-        env = dict(os.environ, **{_WORKER_ENV: str(error_file)})
+        env = padfree_env.with_value(_WORKER_ENV, str(error_file))
         env["LD_LIBRARY_PATH"] = tmp + (os.pathsep + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
         log.debug("TensorRT-RTX's parser needs libtensorrt_rtx.so: building in a child process")
         done = subprocess.run([sys.executable, "-m", "padfree.engines.build", json.dumps(asdict(options))], env=env)
@@ -239,7 +239,7 @@ def _worker_main(argv: list[str]) -> int:
     try:
         build(options)
     except (EngineError, OSError) as e:  # an unwritable output too: one message in the parent
-        Path(os.environ[_WORKER_ENV]).write_text(json.dumps([type(e).__name__, str(e)]))
+        padfree_env.path(_WORKER_ENV).write_text(json.dumps([type(e).__name__, str(e)]))
         return 1
     return 0
 

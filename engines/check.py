@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-log = logging.getLogger("padfree.check")
+log = logging.getLogger(__name__)
 
 # (atol, rtol) per engine precision; elementwise |engine - reference| <= atol + rtol * |reference|.
 TOLERANCES = {"fp32": (1e-4, 1e-4), "fp16": (1e-2, 1e-2), "bf16": (5e-2, 5e-2)}
@@ -47,7 +47,8 @@ def random_feeds(input_names: list[str], dtype: np.dtype, iterations: int, batch
         if "attention_mask" in input_names:
             feed["attention_mask"] = mask
         if "token_type_ids" in input_names:
-            feed["token_type_ids"] = (rng.integers(0, max(type_vocab_size, 1), (batch, max_seqlen)) * mask).astype(dtype)
+            types = rng.integers(0, max(type_vocab_size, 1), (batch, max_seqlen))
+            feed["token_type_ids"] = (types * mask).astype(dtype)
         feeds.append(feed)
     return feeds
 

@@ -13,9 +13,11 @@ import logging
 import os
 from pathlib import Path
 
+from padfree import env
+
 from .errors import PluginLibraryError
 
-log = logging.getLogger("padfree.engines")
+log = logging.getLogger(__name__)
 LIBRARY_NAME = "libpadfree_trt.so"
 ENV_VAR = "PADFREE_TRT_LIBRARY"
 
@@ -23,8 +25,8 @@ ENV_VAR = "PADFREE_TRT_LIBRARY"
 def candidates() -> list[Path]:
     """First match wins: $PADFREE_TRT_LIBRARY, the installed package's lib/, a source checkout's build/."""
     found: list[Path] = []
-    if os.environ.get(ENV_VAR):
-        found.append(Path(os.environ[ENV_VAR]))
+    if env.is_set(ENV_VAR):
+        found.append(env.path(ENV_VAR))
     import padfree
     package = Path(padfree.__file__).resolve().parent
     found.append(package / "lib" / LIBRARY_NAME)
@@ -36,8 +38,8 @@ def candidates() -> list[Path]:
 def find(explicit: str | os.PathLike | None = None, required: bool = True) -> Path | None:
     """The plugin library to use: `explicit` if given (it must exist), else the first candidate
     ($PADFREE_TRT_LIBRARY, then the installation's). Never a path read from a model or a sidecar."""
-    if explicit is None and os.environ.get(ENV_VAR):  # set by the user: as explicit as a flag
-        explicit, where = os.environ[ENV_VAR], f" (${ENV_VAR})"
+    if explicit is None and env.is_set(ENV_VAR):  # set by the user: as explicit as a flag
+        explicit, where = env.get(ENV_VAR), f" (${ENV_VAR})"
     else:
         where = ""
     if explicit is not None:

@@ -19,10 +19,11 @@ then builds in a child process whose LD_LIBRARY_PATH holds such a link.
 from __future__ import annotations
 
 import importlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+
+from padfree import env
 
 from .errors import BackendUnavailableError, PrecisionError
 
@@ -140,7 +141,7 @@ def _rtx_library_dir() -> Path | None:
 
 def load(prefer: str | None = None) -> Api:
     """The installed TensorRT. prefer (or $PADFREE_TRT_BACKEND): "tensorrt" or "tensorrt_rtx"."""
-    prefer = prefer or os.environ.get(ENV_BACKEND) or None
+    prefer = prefer or env.get(ENV_BACKEND)
     if prefer not in (None, "tensorrt", "tensorrt_rtx"):
         raise ValueError(f"backend must be 'tensorrt' or 'tensorrt_rtx', got {prefer!r}")
     errors = []

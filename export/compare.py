@@ -21,7 +21,7 @@ from .precision import cast, float_dtype, round_weights
 from .reference import with_references
 from .spec import load as load_spec
 
-log = logging.getLogger("padfree.check")
+log = logging.getLogger(__name__)
 LHS = "last_hidden_state"
 
 

@@ -10,7 +10,7 @@ import onnx_graphsurgeon as gs
 
 from . import spec as spec_mod
 
-log = logging.getLogger("padfree.export")
+log = logging.getLogger(__name__)
 
 # Names of the interface tensors (graph inputs of the rewritten model).
 INPUT_IDS, TOKEN_TYPE_IDS, ATTENTION_MASK = "input_ids", "token_type_ids", "attention_mask"

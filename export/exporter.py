@@ -13,7 +13,7 @@ import onnx
 
 from .errors import ExportError
 
-log = logging.getLogger("padfree.export")
+log = logging.getLogger(__name__)
 DEFAULT_OPSET = 18
 MIN_OPSET = 17  # LayerNormalization; the rewrite refuses older models too
 # Example batch: 2 x 8 with a padded row; sizes > 1 so torch.export keeps both axes symbolic.
@@ -43,7 +43,8 @@ def export_onnx(model, source: str = "", opset: int = DEFAULT_OPSET) -> onnx.Mod
         raise ExportError(f"opset {opset} is too old: padfree needs LayerNormalization (opset >= {MIN_OPSET})")
     if opset > onnx.defs.onnx_opset_version():
         raise ExportError(f"opset {opset} is newer than this onnx ({onnx.__version__}) knows"
-                          f" ({onnx.defs.onnx_opset_version()}); choose one in [{MIN_OPSET}, {onnx.defs.onnx_opset_version()}]")
+                          f" ({onnx.defs.onnx_opset_version()}); choose one in"
+                          f" [{MIN_OPSET}, {onnx.defs.onnx_opset_version()}]")
     model = model.float().eval()
     types = has_token_types(model)
     has_pooler = getattr(model, "pooler", None) is not None

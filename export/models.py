@@ -105,7 +105,7 @@ def _check_loaded(model, info: dict, path: Path) -> None:
     missing = set(info.get("missing_keys") or ())
     pooler = {k for k in missing if k.startswith("pooler.")}
     if pooler and pooler == missing and getattr(model, "pooler", None) is not None:
-        logging.getLogger("padfree.export").warning(
+        logging.getLogger(__name__).warning(
             "%s has no pooler weights (%s): exporting without the pooler, so there is no pooler_output", path,
             _keys(pooler))
         model.pooler = None

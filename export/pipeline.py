@@ -13,7 +13,7 @@ from .errors import ExportError
 from .onnx_files import data_file, save_model as save
 from .report import RewriteReport
 
-log = logging.getLogger("padfree.export")
+log = logging.getLogger(__name__)
 MODEL, REWRITTEN, REPORT = "model.onnx", "model.padfree.onnx", "report.json"
 
 
@@ -47,9 +47,8 @@ def export(source, out_dir: str | Path, io: str = "packed", opset: int | None = 
     """
     from .exporter import DEFAULT_OPSET, export_onnx
     from .models import load
-    from .rewrite import rewrite
-
     from .precision import DTYPES
+    from .rewrite import rewrite
 
     if io not in ("packed", "padded"):  # checked before the slow export, not after it
         raise ExportError(f"io must be 'packed' or 'padded', got {io!r}")

@@ -29,7 +29,8 @@ class _Builder:
         self.n = 0
         self.attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
-    def op(self, op_type: str, *inputs: str, outputs: int = 1, out: list[str] | None = None, **attrs) -> str | list[str]:
+    def op(self, op_type: str, *inputs: str, outputs: int = 1, out: list[str] | None = None,
+           **attrs) -> str | list[str]:
         names = out or [f"{self.prefix}/{op_type}_{self.n}_{i}" for i in range(outputs)]
         self.n += 1
         self.nodes.append(helper.make_node(op_type, list(inputs), names, name=f"{self.prefix}/{self.n}", **attrs))

@@ -6,15 +6,14 @@ import logging
 import onnx
 import onnx_graphsurgeon as gs
 
-from . import precision, shapes
-from . import spec as spec_mod
+from . import precision, shapes, spec as spec_mod
 from .context import Context
 from .errors import ExportError, PartialFusionError
 from .exporter import MIN_OPSET
 from .passes import PIPELINE
 from .report import RewriteReport
 
-log = logging.getLogger("padfree.export")
+log = logging.getLogger(__name__)
 
 
 def rewrite(model: onnx.ModelProto, io: str = "packed", allow_partial: bool = False,

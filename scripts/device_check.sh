@@ -34,7 +34,7 @@ kernel_tests=(tests/test_padding.py tests/test_layernorm.py tests/test_embedding
 # torch's caching allocator off: inside its cached segments an access past a tensor's end lands in
 # another live block, which memcheck cannot tell from a valid one. One test file at a time: memcheck
 # keeps device memory past each cudaFree, and over the whole list the driver's free memory fell from
-# 80 GB to 28 MB by test ~700 while torch held none (H100), after which every test failed
+# 80 GB to 28 MB by test 700 while torch held none (H100), after which every test failed
 # with out-of-memory. Each file in SANITIZE_PROCESSES processes (pytest --shard, tests/conftest.py):
 # the tools slow the kernels 100-fold and more, and racecheck of the five kernel files took ~40 min
 # of wall time over 8-18 processes on one H100 (one process gets through ~0.7 tests/s).

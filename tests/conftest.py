@@ -56,8 +56,10 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def seed():
     """A fresh seed per test run, printed so a failure can be replayed (PADFREE_SEED=...)."""
-    import os
     import random
-    value = int(os.environ.get("PADFREE_SEED", random.SystemRandom().randrange(2**31)))
+
+    from padfree import env
+    given = env.get("PADFREE_SEED")
+    value = int(given) if given is not None else random.SystemRandom().randrange(2**31)
     print(f"PADFREE_SEED={value}")
     return value

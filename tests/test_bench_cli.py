@@ -2,7 +2,8 @@
 The timings themselves are the benchmark's (bench/bert.py on the device), never a test's."""
 from __future__ import annotations
 
-from padfree import bench_cli
+from padfree.bench import report
+from padfree.commands import bench as bench_cli
 
 
 def row(batch, max_seqlen, padfree, compile_ms, floor):
@@ -13,22 +14,22 @@ def row(batch, max_seqlen, padfree, compile_ms, floor):
 
 
 def test_targets_judge_latency_at_1x128_and_ratios_elsewhere():
-    assert bench_cli._targets(row(1, 128, 0.399, 0.9, 0.25)) == "ok"
-    assert bench_cli._targets(row(1, 128, 0.401, 9.0, 0.3)) == "MISS"
-    assert bench_cli._targets(row(64, 512, 8.0, 16.1, 6.2)) == "ok"
-    assert bench_cli._targets(row(64, 512, 8.1, 16.1, 6.2)) == "MISS"  # 1.99x
-    assert bench_cli._targets(row(16, 256, 1.3, 3.0, 0.8)) == "MISS"   # 1.63x the floor
+    assert report._targets(row(1, 128, 0.399, 0.9, 0.25)) == "ok"
+    assert report._targets(row(1, 128, 0.401, 9.0, 0.3)) == "MISS"
+    assert report._targets(row(64, 512, 8.0, 16.1, 6.2)) == "ok"
+    assert report._targets(row(64, 512, 8.1, 16.1, 6.2)) == "MISS"  # 1.99x
+    assert report._targets(row(16, 256, 1.3, 3.0, 0.8)) == "MISS"   # 1.63x the floor
 
 
 def test_table_prints_the_ratios(capsys):
-    bench_cli.print_table([row(64, 512, 8.0, 16.4, 6.2)])
+    report.print_table([row(64, 512, 8.0, 16.4, 6.2)])
     line = capsys.readouterr().out.splitlines()[1]
     assert "1.29" in line and "1.42" in line and "2.05" in line and line.endswith("ok")
 
 
 def test_table_leaves_out_what_a_system_alone_cannot_judge(capsys):
     hf_only = {"batch": 1, "max_seqlen": 128, "total_tokens": 93, "ms": {"hf_eager": 1.9}, "ratios": {}}
-    bench_cli.print_table([hf_only])
+    report.print_table([hf_only])
     line = capsys.readouterr().out.splitlines()[1]
     assert "1.900" in line and line.endswith("n/a")
 
@@ -46,13 +47,14 @@ def test_systems_follow_the_switches():
     assert bench_cli.chosen_systems(_args(**{"no-compile": True, "no-hf": True})) == ["padfree"]
     assert bench_cli.chosen_systems(_args(systems="compile")) == ["compile"]
     import pytest
+
     from padfree.arguments import CommandError
     with pytest.raises(CommandError, match="unknown systems"):
         bench_cli.chosen_systems(_args(systems="trt"))
 
 
 def test_each_child_times_one_system_with_the_runs_settings():
-    from padfree import bench_processes
+    from padfree.bench import processes as bench_processes
     args = _args(shapes="1x128", reps="7", profile=True, **{"gemm-tuning": "t.json", "no-hf": True})
     padfree = bench_processes.child_argv(args, "padfree", "p.json")
     assert padfree[padfree.index("--systems") + 1] == "padfree" and padfree[padfree.index("--reps") + 1] == "7"
@@ -64,7 +66,7 @@ def test_each_child_times_one_system_with_the_runs_settings():
 
 
 def test_merge_joins_each_processes_times_and_judges_them_together():
-    from padfree import bench_processes
+    from padfree.bench import processes as bench_processes
 
     def result(ms, host):
         rows = [{"batch": 16, "max_seqlen": 256, "total_tokens": 2564, "ms": ms, "ratios": {}}]

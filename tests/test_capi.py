@@ -7,13 +7,12 @@ or was deliberately built without a family (PADFREE_KERNEL_FAMILIES); a stale li
 from __future__ import annotations
 
 import ctypes
-import os
 import re
 from pathlib import Path
 
 import pytest
 
-from padfree import _lib
+from padfree import _lib, env
 
 try:
     _LIB = _lib.load()
@@ -43,7 +42,7 @@ def _family(name: str) -> str:
 def _built_families() -> set[str] | None:
     """The families the library was deliberately built with: $PADFREE_KERNEL_FAMILIES, else the
     PADFREE_KERNEL_FAMILIES of the CMake cache beside the library; None where that is every family."""
-    listed = os.environ.get("PADFREE_KERNEL_FAMILIES")
+    listed = env.raw("PADFREE_KERNEL_FAMILIES")
     if listed is None:
         for folder in Path(_LIB._name).resolve().parents[:3]:
             cache = folder / "CMakeCache.txt"

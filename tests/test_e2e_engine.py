@@ -127,8 +127,8 @@ def test_engine_refuses_another_plugin_build_unless_allowed(exported, tmp_path, 
     import json
     import logging
 
-    from padfree.engines.backend import open_engine
     from padfree.engines.errors import EngineError, PluginLibraryError
+    from padfree.runtime.backends.engine import open_engine
     library = _library()
     engine = tmp_path / "packed.engine"
     _build(exported["packed"], engine, "--plugin-library", str(library))

@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _packing import cu_of, random_lengths
 
 from padfree import ops
 from padfree.ops import InputError
-
-from _packing import cu_of, random_lengths
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2}
@@ -145,7 +144,8 @@ def test_bad_input(case, message):
     if case == "ids_dtype":
         ids = ids.long()
     elif case == "hidden":
-        word, pos, w = torch.randn(10, 12, device="cuda"), torch.randn(8, 12, device="cuda"), torch.ones(12, device="cuda")
+        word, pos = torch.randn(10, 12, device="cuda"), torch.randn(8, 12, device="cuda")
+        w = torch.ones(12, device="cuda")
     elif case == "table_dtype":
         pos = pos.half()
     elif case == "table_width":

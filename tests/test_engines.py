@@ -13,8 +13,15 @@ import numpy as np
 import pytest
 
 from padfree.engines import profiles, sidecar, trt_api
-from padfree.engines.errors import (BuildError, CorruptEngineError, EngineError, EngineFormatError,
-                                    EngineVersionError, PluginLibraryError, PrecisionError)
+from padfree.engines.errors import (
+    BuildError,
+    CorruptEngineError,
+    EngineError,
+    EngineFormatError,
+    EngineVersionError,
+    PluginLibraryError,
+    PrecisionError,
+)
 
 needs_trt = pytest.mark.skipif(not trt_api.available(), reason="neither tensorrt nor TensorRT-RTX Python bindings"
                                " are importable (pip install 'padfree[trt-rtx]')")
@@ -46,7 +53,8 @@ def bert_onnx(tmp_path_factory) -> Path:
     axes = {n: {0: "batch", 1: "sequence"} for n in names}
     torch.onnx.export(Encoder().eval(), example, str(path), input_names=names,
                       output_names=["last_hidden_state", "pooler_output"], opset_version=17, dynamo=False,
-                      dynamic_axes={**axes, "last_hidden_state": {0: "batch", 1: "sequence"}, "pooler_output": {0: "batch"}})
+                      dynamic_axes={**axes, "last_hidden_state": {0: "batch", 1: "sequence"},
+                                    "pooler_output": {0: "batch"}})
     return path
 
 
@@ -131,6 +139,7 @@ def test_build_refusals(bert_onnx, tmp_path):
 def test_model_info_sizes_of_a_plain_export(bert_onnx):
     """A plain torch export records no padfree.* metadata: the sizes come from the tables the ids index."""
     import onnx
+
     from padfree.engines import model_info
     assert not [p for p in onnx.load(str(bert_onnx), load_external_data=False).metadata_props
                 if p.key.startswith("padfree.")]
@@ -266,7 +275,7 @@ def _edit(engine: Path, change) -> None:
 
 
 def _open(engine: Path, **kwargs):
-    from padfree.engines.backend import open_engine
+    from padfree.runtime.backends.engine import open_engine
     return open_engine(engine, **kwargs)
 
 
@@ -304,7 +313,8 @@ def _synthetic_sidecar(blob: bytes) -> dict:
             "model": {"io": "packed", "vocab_size": VOCAB, "type_vocab_size": TYPES, "max_positions": POSITIONS},
             "precision": "fp16", "profiles": [{"max_tokens": 32, "max_batch": 2, "max_seqlen": 32},
                                               {"max_tokens": 256, "max_batch": 8, "max_seqlen": 64}],
-            "inputs": [{"name": n, "dtype": "int32", "shape": ["T"]} for n in ("input_ids", "cu_seqlens", "max_seqlen")],
+            "inputs": [{"name": n, "dtype": "int32", "shape": ["T"]}
+                       for n in ("input_ids", "cu_seqlens", "max_seqlen")],
             "outputs": [{"name": "last_hidden_state", "dtype": "float16", "shape": ["T", HIDDEN]}],
             "plugins": ["PadfreeAttention"], "plugin_library": {"path": "/x/libpadfree_trt.so", "sha256": "ab" * 32},
             "engine": {"bytes": len(blob), "sha256": sidecar.digest(blob)}}
@@ -399,6 +409,7 @@ def test_plugin_library_other_than_the_built_one_is_refused(tmp_path, caplog):
     """The sidecar records the plugin library's SHA-256 at build; another build is refused unless the
     caller allows it, and then loaded with a warning naming both."""
     import logging
+
     from padfree.engines import plugin_library
     built, loaded = tmp_path / "built" / plugin_library.LIBRARY_NAME, tmp_path / "loaded" / plugin_library.LIBRARY_NAME
     for path, content in ((built, b"plugins, first build"), (loaded, b"plugins, second build")):
@@ -434,9 +445,9 @@ def plugin_engine(tmp_path, monkeypatch):
     sidecar.write(engine, data)
     loads = []
     monkeypatch.setattr(plugin_library, "load_into", lambda trt, path: loads.append(path))
-    import os  # no installed library: only $PADFREE_TRT_LIBRARY, where a test sets it
+    from padfree import env  # no installed library: only $PADFREE_TRT_LIBRARY, where a test sets it
     monkeypatch.setattr(plugin_library, "candidates",
-                        lambda: [Path(os.environ[plugin_library.ENV_VAR])] if os.environ.get(plugin_library.ENV_VAR) else [])
+                        lambda: [env.path(plugin_library.ENV_VAR)] if env.is_set(plugin_library.ENV_VAR) else [])
     monkeypatch.delenv(plugin_library.ENV_VAR, raising=False)
     return engine, recorded, loads
 
@@ -446,6 +457,7 @@ def test_a_sidecar_never_chooses_the_library_to_load(plugin_engine, monkeypatch,
     """The recorded path exists and has the recorded hash, yet it is not loaded: only the caller,
     $PADFREE_TRT_LIBRARY or the installation choose code to run."""
     import torch
+
     from padfree.engines import plugin_library
     engine, recorded, loads = plugin_engine
     with pytest.raises(PluginLibraryError, match="was not found"):
@@ -486,8 +498,9 @@ def test_execute_packed_refuses_host_tensors_before_tensorrt():
     """execute_packed checks its inputs before any CUDA call (so this runs without a GPU): the
     backend object is bare, as nothing past the check may be reached."""
     import torch
-    from padfree.engines.backend import EngineBackend
+
     from padfree.ops._tensors import InputError
+    from padfree.runtime.backends.engine import EngineBackend
     backend = EngineBackend.__new__(EngineBackend)
     backend.device = torch.device("cuda", 0)
     ids, cu = torch.tensor([1, 2, 3], dtype=torch.int32), torch.tensor([0, 3], dtype=torch.int32)
@@ -506,6 +519,7 @@ class OrtPackedBackend:
     def __init__(self, onnx_path: Path, perturb: float = 0.0):
         import onnxruntime
         import torch
+
         from padfree.runtime import Limits
         self.session = onnxruntime.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
         self.limits = Limits(max_tokens=256, max_batch=8, max_seqlen=POSITIONS, vocab_size=VOCAB,

@@ -296,6 +296,7 @@ def test_corrupt_model_folders_are_export_errors(tmp_path):
 def test_a_checkpoint_without_pooler_exports_without_one(tmp_path, caplog):
     """A checkpoint saved from a masked-LM head has no pooler: no random pooler_output is exported."""
     import logging
+
     import transformers
     config_cls, _, fields = models.BUILTIN["tiny-bert"]
     config = getattr(transformers, config_cls)(**fields)
@@ -307,8 +308,7 @@ def test_a_checkpoint_without_pooler_exports_without_one(tmp_path, caplog):
 
 def test_a_failed_export_leaves_no_file_of_the_previous_one(tmp_path, monkeypatch):
     """model.onnx of a new export never sits beside the previous model.padfree.onnx / report.json."""
-    from padfree.export import pipeline
-    from padfree.export import rewrite as rewrite_module
+    from padfree.export import pipeline, rewrite as rewrite_module
 
     pipeline.export("tiny-distilbert", tmp_path)
     assert _names(tmp_path) == ["model.onnx", "model.padfree.onnx", "report.json"]

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from padfree.torch import gemms as gemms_mod
+from padfree.torch import gemm_tuning as tuning_mod, gemms as gemms_mod
 from padfree.torch.ffn import FfnUp
 
 gpu = pytest.mark.gpu
@@ -83,7 +83,7 @@ def test_linear_enumerated_configurations(dtype, epilogue, accumulate, seed):
     assert len(configs) > len(lin.candidates(8)), "enumeration found no more than the heuristic lists"
     assert all(info.index == -1 and info.workspace_size <= 1 << 20 for _, info in configs)
     step = max(1, len(configs) // ENUM_SAMPLE)
-    for algo, info in configs[seed % step::step]:
+    for algo, _info in configs[seed % step::step]:
         out = acc.clone() if accumulate else torch.full((rows, n), float("nan"), device="cuda", dtype=dtype)
         try:
             lin(x, w, out, bias if epilogue != "default" else None, workspace, algo)
@@ -100,8 +100,8 @@ def test_encoder_gemms_tuned(dtype, search, seed, monkeypatch):
     projection computes qkv / out += / act(up + b) / down += against float64. The exhaustive search
     screens a spread of the enumerated configurations (all of them take seconds per problem)."""
     from padfree.torch import cublaslt
-    monkeypatch.setattr(gemms_mod, "KEEP_MARGIN", 10.0)  # take cuBLASLt's best even when torch is faster
-    monkeypatch.setattr(gemms_mod, "_chosen", {})
+    monkeypatch.setattr(tuning_mod, "KEEP_MARGIN", 10.0)  # take cuBLASLt's best even when torch is faster
+    monkeypatch.setattr(tuning_mod, "_chosen", {})
     enumerate_all = cublaslt.Linear.enumerate
     monkeypatch.setattr(cublaslt.Linear, "enumerate", lambda self: enumerate_all(self)[seed % 7::ENUM_SAMPLE])
     rows, hidden, inter = 320, 128, 512
@@ -117,9 +117,9 @@ def test_runner_ups_swap_in_and_out(seed, monkeypatch):
     """A problem offers the candidate timed second (RUNNER_UP_MARGIN widened so every one does): swap()
     runs it, labels say so, a second swap restores the pick, and either way the projections compute
     against float64."""
-    monkeypatch.setattr(gemms_mod, "_chosen", {})
-    monkeypatch.setattr(gemms_mod, "_runner_up", {})
-    monkeypatch.setattr(gemms_mod, "RUNNER_UP_MARGIN", 1e9)
+    monkeypatch.setattr(tuning_mod, "_chosen", {})
+    monkeypatch.setattr(tuning_mod, "_runner_up", {})
+    monkeypatch.setattr(tuning_mod, "RUNNER_UP_MARGIN", 1e9)
     rows, hidden, inter, dtype = 96, 128, 512, torch.float16
     g = gemms_mod.EncoderGemms(rows, hidden, inter, dtype, torch.device("cuda", torch.cuda.current_device()),
                                FfnUp("tanh", True, None), tune=True)
@@ -135,18 +135,18 @@ def test_runner_ups_swap_in_and_out(seed, monkeypatch):
     assert g.choices() == picked
     check_projections(g, rows, hidden, inter, dtype, seed + 1)
     # larger problems offer theirs where RUNNER_UP_MAX_ROWS allows (the same cached tuning)
-    monkeypatch.setattr(gemms_mod, "RUNNER_UP_MAX_ROWS", None)
+    monkeypatch.setattr(tuning_mod, "RUNNER_UP_MAX_ROWS", None)
 
     def large():
-        return gemms_mod.EncoderGemms(gemms_mod.SMALL_ROWS + 64, hidden, inter, dtype,
+        return gemms_mod.EncoderGemms(tuning_mod.SMALL_ROWS + 64, hidden, inter, dtype,
                                       torch.device("cuda", torch.cuda.current_device()), FfnUp("tanh", True, None),
                                       tune=True)
     big = large()
     assert sorted(big.alternatives()) == ["down", "out", "qkv", "up"]
     for name in big.alternatives():
         big.swap(name)
-    check_projections(big, gemms_mod.SMALL_ROWS + 64, hidden, inter, dtype, seed + 2)
-    monkeypatch.setattr(gemms_mod, "RUNNER_UP_MAX_ROWS", gemms_mod.SMALL_ROWS)
+    check_projections(big, tuning_mod.SMALL_ROWS + 64, hidden, inter, dtype, seed + 2)
+    monkeypatch.setattr(tuning_mod, "RUNNER_UP_MAX_ROWS", tuning_mod.SMALL_ROWS)
     assert large().alternatives() == []
 
 
@@ -176,16 +176,16 @@ def test_weights_timed_cold_where_a_forward_streams_them(layers, cold, seed, mon
     """BERT-base's weights over 12 layers exceed the L2, so its GEMMs at few rows are timed on copies of
     the weights that cycle through twice the L2; one layer's stay hot, and so are timed hot. Either way
     the tuned projections compute against float64."""
-    monkeypatch.setattr(gemms_mod, "_chosen", {})
+    monkeypatch.setattr(tuning_mod, "_chosen", {})
     rows, hidden, inter, dtype = 96, 768, 3072, torch.float16
     device = torch.device("cuda", torch.cuda.current_device())
     g = gemms_mod.EncoderGemms(rows, hidden, inter, dtype, device, FfnUp("tanh", True, None), tune=True,
                                layers=layers)
-    problems = [key[1] for key in gemms_mod._chosen]
+    problems = [key[1] for key in tuning_mod._chosen]
     assert len(problems) == 4 and all(p.cold_weights == cold for p in problems), problems
     l2 = torch.cuda.get_device_properties(device).L2_cache_size
     for p in problems:
-        copies = gemms_mod.weight_copies(p, device)
+        copies = tuning_mod.weight_copies(p, device)
         assert (copies * p.in_features * p.out_features * 2 >= 2 * l2) if cold else copies == 1
     check_projections(g, rows, hidden, inter, dtype, seed)
 
@@ -279,17 +279,17 @@ def test_unknown_gemm_search_is_refused():
 def test_tuning_file_round_trip(tmp_path, seed, monkeypatch):
     """save_tuning then load_tuning in a fresh process state gives the same choices without timing
     anything, and the loaded algorithms compute the projection; another device's file gives none."""
-    from padfree.torch.gemms import load_tuning, save_tuning
-    monkeypatch.setattr(gemms_mod, "KEEP_MARGIN", 10.0)
-    monkeypatch.setattr(gemms_mod, "_chosen", {})
+    from padfree.torch.gemm_tuning import load_tuning, save_tuning
+    monkeypatch.setattr(tuning_mod, "KEEP_MARGIN", 10.0)
+    monkeypatch.setattr(tuning_mod, "_chosen", {})
     device = torch.device("cuda", torch.cuda.current_device())
     rows, hidden, inter = 320, 128, 512
     up = FfnUp("tanh", True, None)
     tuned = gemms_mod.EncoderGemms(rows, hidden, inter, torch.float16, device, up, tune=True)
     path = tmp_path / "tuning.json"
     assert save_tuning(path, device) == 4
-    monkeypatch.setattr(gemms_mod, "_chosen", {})
-    monkeypatch.setattr(gemms_mod, "_tune", lambda *a: pytest.fail("tuned again instead of loading"))
+    monkeypatch.setattr(tuning_mod, "_chosen", {})
+    monkeypatch.setattr(tuning_mod, "_tune", lambda *a: pytest.fail("tuned again instead of loading"))
     assert load_tuning(path, device) == 4
     loaded = gemms_mod.EncoderGemms(rows, hidden, inter, torch.float16, device, up, tune=True)
     assert loaded.choices() == tuned.choices()
@@ -300,14 +300,14 @@ def test_tuning_file_round_trip(tmp_path, seed, monkeypatch):
     doc = json.loads(path.read_text())
     doc["device"] = "another GPU"
     path.write_text(json.dumps(doc))
-    monkeypatch.setattr(gemms_mod, "_chosen", {})
+    monkeypatch.setattr(tuning_mod, "_chosen", {})
     assert load_tuning(path, device) == 0
 
 
 @pytest.mark.parametrize("text", ["not json", '{"format": "something else", "entries": []}',
                                   '{"format": "padfree-gemm-tuning/1"}'])
 def test_tuning_file_that_is_not_one_is_refused(tmp_path, text):
-    from padfree.torch.gemms import load_tuning
+    from padfree.torch.gemm_tuning import load_tuning
     path = tmp_path / "tuning.json"
     path.write_text(text)
     with pytest.raises(ValueError, match="not a usable padfree GEMM tuning file"):

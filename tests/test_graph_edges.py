@@ -90,7 +90,7 @@ def test_probe_and_check_keep_the_graph_exact(name):
     assert list(verdicts) == found  # the probe ran the forward's kernel
     if name == "elementwise":
         assert verdicts == {found[0]: False}  # it ran during the copy's spin: stale input
-    # the GEMM: on the H100 (CUDA 13.0) cuBLASLt's kernel did not wait either (NOTES-bert v13); its
+    # the GEMM: on the H100 (CUDA 13.0) cuBLASLt's kernel did not wait either; its
     # verdict is whatever the probe found, and the graph below must stay exact with it
 
     batches = [x.clone(), torch.randn_like(x)]

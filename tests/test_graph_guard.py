@@ -6,10 +6,9 @@ import random
 
 import pytest
 import torch
+from test_inputs import TYPE_VOCAB, VOCAB, _packer_buffers, padded_batch
 
 from padfree import ops
-
-from test_inputs import VOCAB, TYPE_VOCAB, _packer_buffers, padded_batch
 
 
 def _counting_graph(counter: torch.Tensor) -> torch.cuda.CUDAGraph:

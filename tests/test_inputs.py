@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _packing import cu_of, random_lengths
 
 from padfree import ops
 from padfree.ops.inputs import FLAG_NAMES
-
-from _packing import cu_of, random_lengths
 
 VOCAB, TYPE_VOCAB = 1000, 3
 POISON = -7

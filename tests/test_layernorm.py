@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _packing import random_lengths
 
 from padfree import ops
 from padfree.ops import InputError
-
-from _packing import random_lengths
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2}
@@ -195,7 +194,8 @@ def test_bad_input(case, message):
     w = torch.ones(h, device="cuda", dtype=torch.float16)
     kwargs = {}
     if case == "hidden_not_multiple":
-        x, w = torch.randn(4, 12, device="cuda", dtype=torch.float16), torch.ones(12, device="cuda", dtype=torch.float16)
+        x = torch.randn(4, 12, device="cuda", dtype=torch.float16)
+        w = torch.ones(12, device="cuda", dtype=torch.float16)
     elif case == "hidden_too_large":
         x = torch.randn(2, 8200, device="cuda", dtype=torch.float16)
         w = torch.ones(8200, device="cuda", dtype=torch.float16)

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _packing import cu_of, random_lengths
 
 from padfree import _lib, ops
 from padfree.ops import InputError
 from padfree.ops.padding import pack_from_mask, pack_from_seqlens
-
-from _packing import cu_of, random_lengths
 
 POISON_INT = -7
 
@@ -271,6 +270,7 @@ def test_cpu_tensor_is_refused():
 
 def test_check_int32_refuses_what_ctypes_would_wrap():
     import numpy as np
+
     from padfree.ops._tensors import check_int32
     assert check_int32(2**31 - 1, "n") == 2**31 - 1
     assert check_int32(np.int64(7), "n") == 7 and type(check_int32(np.int64(7), "n")) is int

@@ -8,22 +8,22 @@ The harness and library exist only where the plugins were built with TensorRT he
 from __future__ import annotations
 
 import glob
-import os
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from padfree import env
 from padfree.export import spec as spec_mod
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = spec_mod.load()
 
 
-def _find(env: str, pattern: str) -> Path | None:
-    if os.environ.get(env):
-        return Path(os.environ[env])
+def _find(variable: str, pattern: str) -> Path | None:
+    if env.is_set(variable):
+        return env.path(variable)
     hits = sorted(glob.glob(str(ROOT / "build" / "**" / pattern), recursive=True))
     return Path(hits[0]) if hits else None
 
@@ -54,8 +54,8 @@ def _rtx():
 # ---- the C++ harness -----------------------------------------------------------------------------
 @needs_harness
 def test_harness(seed):
-    env = dict(os.environ, PADFREE_SEED=str(seed))
-    done = subprocess.run([str(HARNESS)], capture_output=True, text=True, timeout=600, env=env)
+    environment = env.with_value("PADFREE_SEED", str(seed))
+    done = subprocess.run([str(HARNESS)], capture_output=True, text=True, timeout=600, env=environment)
     print(done.stdout[-4000:], done.stderr[-2000:])
     lines = done.stdout.splitlines()
     failures = [line for line in lines if line.startswith("FAIL")]
@@ -125,7 +125,8 @@ def packed_plugin_graph(path: Path, hidden=128, heads=2, vocab=100, positions=64
         _plugin_node("PadfreeLayerNorm", ["down", "gamma", "beta"], ["last_hidden_state"], epsilon=1e-12),
     ]
     inits = [weight("word", vocab, hidden), weight("position", positions, hidden), weight("type", 2, hidden),
-             weight("gamma", hidden), weight("beta", hidden), weight("bias", hidden), weight("w_qkv", hidden, 3 * hidden),
+             weight("gamma", hidden), weight("beta", hidden), weight("bias", hidden),
+             weight("w_qkv", hidden, 3 * hidden),
              weight("b_qkv", 3 * hidden), weight("w_up", hidden, 4 * hidden), weight("b_up", 4 * hidden),
              weight("w_down", 4 * hidden, hidden)]
     inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT32, ["T"]),

@@ -1,9 +1,9 @@
-// C ABI entry of fused varlen attention: argument checks, then the launcher (kernels/attention.h).
+// C ABI entry of fused varlen attention: argument checks, then the launcher (kernels/attention/attention.h).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 
-#include "attention.h"
+#include "attention/attention.h"
 #include "capi_util.h"
 
 namespace {

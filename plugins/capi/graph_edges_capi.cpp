@@ -1,7 +1,7 @@
-// C ABI of the graph-surgery helpers (kernels/graph_edges.h) and of a relaxed graph's executable copy,
+// C ABI of the graph-surgery helpers (kernels/graphs/graph_edges.h) and of a relaxed graph's executable copy,
 // which lets a caller compare a relaxed graph with the captured one before committing to it.
 #include "capi_util.h"
-#include "graph_edges.h"
+#include "graphs/graph_edges.h"
 
 struct padfree_graph_exec {
     cudaGraphExec_t exec = nullptr;

@@ -1,4 +1,4 @@
-// C ABI of the guarded CUDA graph (kernels/graph_guard.h): an opaque handle over its graph and
+// C ABI of the guarded CUDA graph (kernels/graphs/graph_guard.h): an opaque handle over its graph and
 // executable graph.
 #include "graph_guard_capi.h"
 

@@ -4,7 +4,7 @@
 
 #include <cuda_runtime.h>
 
-#include "graph_guard.h"
+#include "graphs/graph_guard.h"
 #include "padfree.h"
 
 struct padfree_guarded_graph {

@@ -174,8 +174,8 @@ padfree_status padfree_input_plan_launch(const padfree_input_plan* plan, const v
     args.in.ids = input_ids;
     args.in.types = token_type_ids;
     // A small batch's prepare kernel goes in front of the guarded graph, one launch for both: the
-    // GPU idles until the graph's body is submitted, and two launches submit it later (H100,
-    // bench/NOTES-bert.md v26).
+    // GPU idles until the graph's body is submitted, and two launches submit it later (measured on
+    // the H100).
     padfree::PrepareKernelNode head;
     if (then != nullptr && padfree::one_block_prepare_node(args, &head)) {
         const cudaError_t err =

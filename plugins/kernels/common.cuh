@@ -232,8 +232,8 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
-// Spreads `range` over the grid's threads, one prefetch.global.L2 per 128-byte line. H100, BERT-base
-// (NOTES-bert.md v19): requested this way before the wait, the LayerNorms' prefetches cost them less
+// Spreads `range` over the grid's threads, one prefetch.global.L2 per 128-byte line. H100, BERT-base:
+// requested this way before the wait, the LayerNorms' prefetches cost them less
 // than they save the GEMMs after; as 16 KB bulk prefetches (cp.async.bulk.prefetch.L2) each
 // LayerNorm ran ~7 us longer, as if its blocks waited for their bulk requests before exiting.
 __device__ __forceinline__ void prefetch_range_l2(L2Prefetch range) {

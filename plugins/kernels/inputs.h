@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "graph_guard.h"
+#include "graphs/graph_guard.h"
 
 namespace padfree {
 

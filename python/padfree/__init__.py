@@ -6,7 +6,7 @@ padfree.runtime (serving variable-length batches), padfree.cli (the `padfree` co
 """
 __version__ = "0.1.0"
 
-from ._lib import PadfreeError, LibraryNotFoundError  # noqa: E402,F401
+from ._lib import LibraryNotFoundError, PadfreeError  # noqa: E402,F401
 
 
 def __getattr__(name: str):

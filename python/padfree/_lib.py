@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import ctypes
 import glob
-import os
 from ctypes import c_char_p, c_float, c_int, c_int32, c_int64, c_uint32, c_void_p
 from pathlib import Path
+
+from . import env
 
 ABI_VERSION = 9  # must match PADFREE_ABI_VERSION in plugins/capi/padfree.h
 
@@ -101,8 +102,8 @@ def library_candidates() -> list[Path]:
     """Where the kernel library is looked for, first match wins."""
     here = Path(__file__).resolve().parent
     found: list[Path] = []
-    if os.environ.get("PADFREE_LIBRARY"):
-        found.append(Path(os.environ["PADFREE_LIBRARY"]))
+    if env.is_set("PADFREE_LIBRARY"):
+        found.append(env.path("PADFREE_LIBRARY"))
     found.append(here / "lib" / "libpadfree_kernels.so")
     # a source checkout: python/padfree -> repository root, built by CMake or pip into build/
     root = here.parent.parent

@@ -1,7 +1,9 @@
 """The `padfree` command. Subcommands mirror the pipeline: export, check, build, run, bench, demo.
 
-Each subcommand lives with its component and registers itself through `register(subparsers)`;
-they are imported lazily so that `padfree --help` works without torch or TensorRT installed.
+Each subcommand is one module of padfree.commands, listed in padfree.commands.COMMANDS, that registers
+itself through `register(subparsers)`; the modules import their components' heavy parts lazily so that
+`padfree --help` works without torch or TensorRT installed, and a command whose component is not built
+into this install (padfree.export, padfree.engines) is left out.
 A user error (padfree's own errors, a file that cannot be read or written) ends in one line and exit
 status 2; exit status 1 is kept for "the command ran and found a difference" (padfree.arguments).
 """
@@ -14,18 +16,9 @@ import sys
 
 from ._lib import PadfreeError
 from .arguments import EXIT_DIFFERENCE, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK
+from .commands import COMMANDS
 
-# subcommand -> module that defines register(subparsers) and sets args.func
-SUBCOMMANDS = {
-    "export": "padfree.export.cli",
-    "check": "padfree.check_cli",
-    "build": "padfree.engines.cli",
-    "run": "padfree.runtime_cli",
-    "bench": "padfree.bench_cli",
-    "demo": "padfree.demo",
-}
-
-log = logging.getLogger("padfree")
+log = logging.getLogger(__name__)
 EPILOG = (f"exit status: {EXIT_OK} done (a check passed); {EXIT_DIFFERENCE} a check ran and found a difference past"
           f" its tolerance; {EXIT_ERROR} the command could not run (bad arguments, input or files);"
           f" {EXIT_INTERRUPTED} interrupted")
@@ -35,9 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="padfree", description=__doc__.splitlines()[0], epilog=EPILOG)
     parser.add_argument("-v", "--verbose", action="store_true", help="show each step and match")
     subparsers = parser.add_subparsers(dest="command", required=True)
-    for name, module_name in SUBCOMMANDS.items():
+    for name in COMMANDS:
         try:
-            module = importlib.import_module(module_name)
+            module = importlib.import_module(f"{__package__}.commands.{name}")
         except ModuleNotFoundError as e:
             if e.name and e.name.startswith("padfree"):
                 continue  # a component not built into this install

@@ -3,15 +3,21 @@
 All functions take contiguous CUDA tensors, enqueue on torch's current stream, never synchronize,
 and raise InputError (a ValueError) for a bad dtype, device, layout or shape.
 """
+from . import graph_edges  # noqa: F401
 from ._tensors import InputError  # noqa: F401
-from .padding import (cu_seqlens_from_mask, cu_seqlens_from_seqlens, pack_from_mask,  # noqa: F401
-                      pack_from_seqlens, rebuild_padding, remove_padding)
-from .attention import attention_varlen  # noqa: F401
-from .layernorm import layernorm, skip_layernorm  # noqa: F401
-from .embedding import embedding_layernorm  # noqa: F401
 from .activation import bias_gelu  # noqa: F401
-from .inputs import PaddedInputPacker, pack_padded_inputs, padded_input_stats, stream_synchronize  # noqa: F401
-from .graph_guard import GuardedGraph  # noqa: F401
+from .attention import attention_varlen  # noqa: F401
 from .decoder import cross_attention, decoder_self_attention  # noqa: F401
 from .decoding import beam_reorder_cache_indir, log_softmax_topk  # noqa: F401
-from . import graph_edges  # noqa: F401
+from .embedding import embedding_layernorm  # noqa: F401
+from .graph_guard import GuardedGraph  # noqa: F401
+from .inputs import PaddedInputPacker, pack_padded_inputs, padded_input_stats, stream_synchronize  # noqa: F401
+from .layernorm import layernorm, skip_layernorm  # noqa: F401
+from .padding import (  # noqa: F401
+    cu_seqlens_from_mask,
+    cu_seqlens_from_seqlens,
+    pack_from_mask,
+    pack_from_seqlens,
+    rebuild_padding,
+    remove_padding,
+)

@@ -3,8 +3,17 @@ from __future__ import annotations
 
 import torch
 
-from ._tensors import (InputError, call_kernel, check_float, check_int32, dtype_code, output, ptr, rows_and_width,
-                       stream_handle)
+from ._tensors import (
+    InputError,
+    call_kernel,
+    check_float,
+    check_int32,
+    dtype_code,
+    output,
+    ptr,
+    rows_and_width,
+    stream_handle,
+)
 
 _APPROXIMATE = {"none": 0, "tanh": 1}  # PADFREE_GELU_ERF, PADFREE_GELU_TANH; names as torch's gelu
 

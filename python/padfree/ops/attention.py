@@ -1,4 +1,4 @@
-"""Fused multi-head self-attention over packed variable-length sequences (kernels/attention.cu)."""
+"""Fused multi-head self-attention over packed variable-length sequences (kernels/attention/attention.cu)."""
 from __future__ import annotations
 
 import math

@@ -3,8 +3,20 @@ from __future__ import annotations
 
 import torch
 
-from ._tensors import (InputError, call_kernel, check, check_eps, check_float, check_int32, check_width, dtype_code,
-                       l2_prefetch, output, ptr, stream_handle)
+from ._tensors import (
+    InputError,
+    call_kernel,
+    check,
+    check_eps,
+    check_float,
+    check_int32,
+    check_width,
+    dtype_code,
+    l2_prefetch,
+    output,
+    ptr,
+    stream_handle,
+)
 
 
 def embedding_layernorm(input_ids: torch.Tensor, cu_seqlens: torch.Tensor, word_embeddings: torch.Tensor,

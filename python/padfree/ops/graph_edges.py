@@ -1,4 +1,4 @@
-"""Surgery on captured CUDA graphs (plugins/kernels/graph_edges.h). Programmatic edges from padfree's
+"""Surgery on captured CUDA graphs (plugins/kernels/graphs/graph_edges.h). Programmatic edges from padfree's
 kernels into other libraries' kernels: which consumers there are, the probe's delayed copy, an
 executable relaxed copy to compare with the captured graph, and the in-place change once a caller has
 decided. And the removal of memsets that a caller has made redundant."""

@@ -1,4 +1,4 @@
-"""A captured CUDA graph behind a device-side guard (plugins/kernels/graph_guard.h): launched right
+"""A captured CUDA graph behind a device-side guard (plugins/kernels/graphs/graph_guard.h): launched right
 after PaddedInputPacker.enqueue, it runs only where the totals that call measured fit the sizes the
 graph was captured for, so the host need not wait for them before launching."""
 from __future__ import annotations

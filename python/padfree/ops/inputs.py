@@ -34,7 +34,8 @@ def padded_input_stats(input_ids: torch.Tensor, attention_mask: torch.Tensor | N
           optional=True)
     check(token_type_ids, "token_type_ids", dtype=input_ids.dtype, shape=shape, device=input_ids.device,
           optional=True)
-    batch, padded_seqlen = (check_int32(n, f"input_ids: {what}", minimum=1) for n, what in zip(shape, ("batch", "width")))
+    batch, padded_seqlen = (check_int32(n, f"input_ids: {what}", minimum=1)
+                            for n, what in zip(shape, ("batch", "width")))
     if out is None:
         out = torch.empty(batch + 3, dtype=torch.int32, device=input_ids.device)
     check(out, "out", dtype=torch.int32, shape=[batch + 3], device=input_ids.device)
@@ -106,7 +107,7 @@ class _InputPlan(OwnedHandle):
 class PaddedInputPacker:
     """padded_input_stats, pack_padded_inputs and the read-back of flags / total / longest, with the
     fewest host instructions: the HF-style call of padfree.torch runs these before its CUDA graph can
-    start, so the GPU idles through every one (NOTES-bert.md v7).
+    start, so the GPU idles through every one.
 
     The first call with a given layout of its inputs (shapes, dtypes, device, strides) and packed
     buffers (the same tensor objects) runs the checked bindings above and makes an input plan for the
@@ -173,7 +174,6 @@ class PaddedInputPacker:
         """The plan an earlier call made for this layout of the inputs (input_layout(), or `layout`
         where the caller has it) and these buffers, or None (plans made with other buffers are dropped)."""
         # Python of the fewest steps: it is latency in front of the GPU's first kernel
-        # (NOTES-bert.md v11)
         buffers = self._buffers
         if not buffers or packed_ids is not buffers[0] or packed_token_type_ids is not buffers[1] \
                 or cu_seqlens is not buffers[2]:

@@ -3,8 +3,17 @@ from __future__ import annotations
 
 import torch
 
-from ._tensors import (call_kernel, check_eps, check_float, dtype_code, l2_prefetch, output, ptr, rows_and_width,
-                       stream_handle)
+from ._tensors import (
+    call_kernel,
+    check_eps,
+    check_float,
+    dtype_code,
+    l2_prefetch,
+    output,
+    ptr,
+    rows_and_width,
+    stream_handle,
+)
 
 
 def layernorm(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: float = 1e-12,

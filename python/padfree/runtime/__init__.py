@@ -8,5 +8,5 @@ tested on the CPU with a backend test double.
 """
 from ..ops._tensors import InputError  # noqa: F401
 from ._runtime import Runtime, open_backend  # noqa: F401
-from .backend import PER_SEQUENCE_OUTPUTS, Backend, Limits, limits_of  # noqa: F401
-from .encoder_backend import EncoderBackend  # noqa: F401
+from .backends.base import PER_SEQUENCE_OUTPUTS, Backend, Limits, limits_of  # noqa: F401
+from .backends.encoder import EncoderBackend  # noqa: F401

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ..ops._tensors import INT32_MAX, InputError
-from .backend import Limits
+from .backends.base import Limits
 
 _INT64_MAX = np.iinfo(np.int64).max
 

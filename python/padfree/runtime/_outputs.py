@@ -11,7 +11,7 @@ import torch
 
 from ._inputs import HostBatch
 from ._plan import Chunk
-from .backend import PER_SEQUENCE_OUTPUTS
+from .backends.base import PER_SEQUENCE_OUTPUTS
 
 
 class OutputGather:

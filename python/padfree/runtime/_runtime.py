@@ -13,7 +13,7 @@ from ._inputs import HostBatch, to_host_batch, validate
 from ._outputs import OutputGather, padded_index, shape_outputs, to_host, to_numpy
 from ._plan import Chunk, plan_chunks
 from ._staging import Staging
-from .backend import Limits, check_chunk_limits, device_of, limits_of
+from .backends.base import Limits, check_chunk_limits, device_of, limits_of
 
 OUTPUT_FORMATS = ("torch", "numpy")
 
@@ -23,13 +23,13 @@ def open_backend(source: Any, max_tokens: int | None = None, max_batch: int | No
     """The backend for an engine path, a PadfreeEncoder, or an object that already is a backend."""
     if isinstance(source, (str, os.PathLike)):
         try:
-            from padfree.engines import backend as engine_backend
+            from .backends import engine as engine_backend
         except ImportError as e:
             raise PadfreeError(f"cannot serve engine {os.fspath(source)!r}: the engine backend"
-                               f" (padfree.engines.backend) is not available ({e})") from e
+                               f" (padfree.runtime.backends.engine) is not available ({e})") from e
         return engine_backend.open_engine(source, **engine_options)
     if hasattr(source, "forward_packed"):
-        from .encoder_backend import EncoderBackend
+        from .backends.encoder import EncoderBackend
         return EncoderBackend(source, max_tokens=max_tokens, max_batch=max_batch)
     if hasattr(source, "execute_packed"):
         return source
@@ -70,7 +70,7 @@ class Runtime:
     asynchronously on the stream, splits into chunks within the backend's limits (order kept),
     executes, and returns per-sequence or padded outputs.
 
-    source: an engine path (padfree.engines.backend), a padfree.torch PadfreeEncoder, or any object
+    source: an engine path (padfree.runtime.backends.engine), a padfree.torch PadfreeEncoder, or any object
       with the backend protocol (limits, output_names, execute_packed).
     stream: where the work is enqueued (torch.cuda.Stream or a raw cudaStream_t int); None: torch's
       current stream at each run(). Torch outputs are ready in that stream's order, unsynchronized.

@@ -3,14 +3,13 @@
 padfree's kernels launch with PDL, so in a captured forward each of them launches while the GEMM
 before it drains; the GEMMs (torch's or cuBLASLt's calls) do not, so every edge from a LayerNorm or
 the attention into the next GEMM is a full dependency. At BERT-base 1x128 that gap, 37 times per
-forward, cost up to 57 us of a 0.425 ms graph replay (H100, bench/NOTES-bert.md v12). An edge may be
+forward, cost up to 57 us of a 0.425 ms graph replay (H100). An edge may be
 programmatic only where the consumer's kernel waits on its producer before reading its input, and
 no API reports that. On the H100 (CUDA 13.0, torch 2.11) none of cuBLASLt's GEMM kernels measured
 does: behind a producer that spins 20 ms with the edge relaxed, the GEMM at 96, 2048 and 9344 rows
 read the stale input every time, and even with no spin it read mostly stale rows (2% fresh at 2048
 rows); torch's elementwise kernels do not wait either. So on that stack the probe relaxes nothing,
-and the relaxed edges of session 9 (found by the second check below alone) were races that its
-runs happened to win.
+and edges that the second check below alone accepted were races that its runs happened to win.
 
 So each consumer function is checked before its edges are relaxed, twice:
 1. The probe (probe_consumer): the consumer as the forward calls it (same shapes, so the same
@@ -22,7 +21,7 @@ So each consumer function is checked before its edges are relaxed, twice:
    batches, each run right after the other one (a consumer that read before its wait would read
    the other batch's stale rows); outputs are poisoned before every run.
 A function is relaxed where every probe that ran it found it waiting and the copy matched. The
-second check alone (session 9) accepted, under compute-sanitizer memcheck, two consumers at 93 tokens
+second check alone accepted, under compute-sanitizer memcheck, two consumers at 93 tokens
 that plain runs rejected, and the relaxed encoder then computed wrong rows there; so it was opt-in.
 Timing stamps cannot replace the data probe: a kernel behind a programmatic edge completes, for the
 nodes after it, only with its producer, and cuBLASLt's GEMMs trigger their own dependents early
@@ -36,18 +35,19 @@ stack measured, and costs a few probes per captured bucket. It stays for consume
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
+
+from .. import env
 
 PROBE_SPIN_NS = 20_000_000
 
 
 def enabled() -> bool:
     """PADFREE_PDL=0 turns PDL off everywhere (the kernel library reads it too), for A/B runs."""
-    return os.environ.get("PADFREE_PDL", "1") != "0"
+    return env.flag("PADFREE_PDL")
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:

@@ -5,7 +5,7 @@ Per layer, on x [T, H]:  qkv = x @ Wqkv^T (no bias: the attention kernel adds it
 -> up = act(x @ Wi^T + bi) (cuBLASLt epilogue, see ffn.py) -> x += up @ Wd^T -> x = LayerNorm(x + bd),
 all on one [T, H] buffer (the LayerNorms in place).
 GEMMs are cuBLASLt's: torch's calls, or for a bucket's row count the cuBLASLt algorithm that
-measured fastest (gemms.py). No layer synchronizes the host. With graphs on, the whole packed forward
+measured fastest (gemms.py, gemm_tuning.py). No layer synchronizes the host. With graphs on, the whole packed forward
 is captured once per bucket (buckets.py) and replayed; all captures share one memory pool, so the
 intermediates of every bucket live in the memory of the largest one. A replay does not synchronize,
 but the first call that needs a bucket without a graph (or whose graph was evicted) captures one
@@ -16,105 +16,34 @@ up before latency matters.
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 import os
-import statistics
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from .. import ops as _default_ops
-from .._lib import PadfreeError
 from ..ops._tensors import INT32_MAX, InputError, current_device
-from ..ops.inputs import input_layout
-from ..runtime.backend import Limits, check_packed
-from . import edges
-from .buckets import LRU, Bucket, bucket_for, round_seqlen, round_tokens
+from ..runtime.backends.base import Limits, check_packed
+from .buckets import LRU, Bucket, bucket_for
+from .capture import GraphCapture, _Graph
 from .ffn import FfnUp, epilogue_matches
-from .gemms import SEARCHES, EncoderGemms, load_tuning, save_tuning
+from .gemm_tuning import SEARCHES, load_tuning
+from .gemms import EncoderGemms
 from .inputs import Batch, DeviceInputs, InputBuffer, from_host
-from .streams import side_stream
+from .speculation import GUESSES, Speculation, _Route
 from .weights import EncoderWeights
-from .workspaces import cublas_workspaces_in_pool, keeping_cuda_graph
-
-log = logging.getLogger("padfree.encoder")
 
 INPUT_TOKENS, INPUT_BATCH = 65536, 1024  # the input buffer's first capacity
 # Forwards of at most this many rows have each LayerNorm prefetch the next GEMMs' weights into L2
 # (LayerWeights.attention_projections), where the GEMMs would read them from DRAM with few rows to
-# spread the latency over. H100, BERT-base, same process, HF-style calls (NOTES-bert.md v19): 16x256
+# spread the latency over. H100, BERT-base, same process, HF-style calls: 16x256
 # (2624 rows) -0.02 ms per call in five comparisons (GEMMs -0.04, LayerNorms +0.02), 1x128 -0.001
 # to -0.008, 4x128 level, 32x128 +0.019 / -0.025 / -0.028; 128x128 (9344 rows) level.
 PREFETCH_MAX_ROWS = 4096
-# Small buckets' GEMMs whose tuning left a runner-up within gemms.RUNNER_UP_MARGIN are chosen by
-# timing both inside the captured forward (IN_FORWARD_REPLAYS replays each, in turn): alone, two of
-# BERT-base's out-projection kernels at 128 rows timed 0.1 us apart and were ranked at random, while
-# inside the forward they ran 3-4 us per call apart (H100; gemms.SMALL_ROWS). Measured with it (one
-# process, four encoders tuned in turn, calls alternating; bench/NOTES-bert.md v22): 4x128 460-478
-# and 461-482 us per call against 462-482 and 466-485 for the isolated picks; at 1x128 all four
-# tunings ended on the same kernels. About one second of capture per small bucket. Where
-# gemms.RUNNER_UP_MAX_ROWS lets larger buckets choose too, each forward replays for at most
-# IN_FORWARD_SECONDS in all.
-CHOOSE_IN_FORWARD = True
-IN_FORWARD_REPLAYS = 60
-IN_FORWARD_SECONDS = 1.0
-GUESSES = 64  # padded input shapes whose last graph is remembered for speculative launches
 
 
-@dataclass
-class _Graph:
-    """One captured forward and the static buffers it reads and writes."""
-    bucket: Bucket
-    graph: torch.cuda.CUDAGraph
-    inputs: InputBuffer                   # the encoder's input buffer, viewed at the bucket's sizes
-    hidden: torch.Tensor                  # [tokens, H]: the output
-    pooled: torch.Tensor | None           # [batch, H]
-    gemms: EncoderGemms | None = None     # the projections' implementations at the bucket's rows
-    replays: int = 0
-    guarded: Any = None                   # its GuardedGraph (None: not made yet, False: cannot be)
-    relaxed: tuple = ()                   # consumer kernels whose edges were made programmatic (edges.py)
-    dropped_memsets: int = 0              # cuBLASLt's workspace memsets removed (workspaces.CounterSlots)
-
-
-@dataclass
-class _Route:
-    """A speculative call's way from its inputs' layout to the packer's C call (_speculate). Valid
-    while the encoder's input buffer is `inputs` (the plan packs into it) and its graph LRU holds
-    `graph` for `bucket`. It holds the graph, so the encoder drops it wherever the LRU may evict one
-    (a capture, clear_graphs): an evicted graph is released as ever."""
-    layout: tuple                           # padfree.ops.inputs.input_layout of the inputs
-    bucket: Bucket
-    graph: _Graph
-    launch: Callable                        # the packer's C call for the layout (DeviceInputs.enqueue)
-    inputs: InputBuffer
-
-
-def _median_error(samples: list[float]) -> float:
-    """The standard error of a median, from the samples' median absolute deviation (robust to the
-    odd slow replay). A runner-up replaces its pick only where it is faster by twice the error of
-    the difference: at 64x512 the forward varies by tens of microseconds under the power cap, and
-    one swap on a 9 us difference of medians ran 8-29 us per call slower (H100, NOTES-bert.md v23)."""
-    mid = statistics.median(samples)
-    mad = statistics.median(abs(x - mid) for x in samples)
-    return 1.2533 * 1.4826 * mad / math.sqrt(len(samples))
-
-
-def _preimage(rounding, rounded: int, high: int) -> tuple[int, int]:
-    """The inclusive range [low, high] of n with rounding(n) == rounded, for a non-decreasing
-    rounding with rounding(high) == rounded (binary search for low)."""
-    low, top = 1, high
-    while low < top:
-        mid = (low + top) // 2
-        if rounding(mid) < rounded:
-            low = mid + 1
-        else:
-            top = mid
-    return low, high
-
-
-class PadfreeEncoder:
+class PadfreeEncoder(GraphCapture, Speculation):
     """A HF encoder's forward on packed tokens. Build it with padfree.torch.from_hf.
 
     Calls:
@@ -135,7 +64,7 @@ class PadfreeEncoder:
         (padfree.runtime reads it). use_epilogue: None probes whether the cuBLASLt epilogue computes
         the model's activation to the dtype's precision. gemm_search: how a bucket's capture tunes
         its GEMMs (gemms.EncoderGemms: "heuristic", or "exhaustive", seconds per new row count).
-        gemm_tuning: a JSON file of GEMM choices (gemms.save_tuning), read here where it exists and
+        gemm_tuning: a JSON file of GEMM choices (gemm_tuning.save_tuning), read here where it exists and
         rewritten after each capture, so that a search runs once per machine.
         programmatic_edges (experimental, off by default): let each captured forward's GEMMs launch
         while the padfree kernel before them drains, where a check shows the GEMM waits for it
@@ -240,7 +169,7 @@ class PadfreeEncoder:
             # where index_select needed a clamp of cu_seqlens first: two latency-bound launches. One
             # sequence's is row 0, read in place (a bucket of batch 1 holds one sequence). H100,
             # BERT-base, same process, calls alternating, us per call with the gather minus without:
-            # 1x128 +3.7 to +6.2, where both gather (4x128, 16x256) +0.7 to +2.5 (NOTES-bert.md v25).
+            # 1x128 +3.7 to +6.2, where both gather (4x128, 16x256) +0.7 to +2.5.
             first = hidden[:1] if pooled.shape[0] == 1 else ops.rebuild_padding(hidden, cu_seqlens, 1).view(-1, h)
             torch.addmm(w.pooler_bias, first, w.pooler_weight.t(), out=pooled)
 
@@ -339,121 +268,6 @@ class PadfreeEncoder:
 
     # ---- CUDA graphs ---------------------------------------------------------------------------
 
-    def _capture(self, bucket: Bucket, inputs: InputBuffer) -> _Graph:
-        """inputs: the bucket's view of the input buffer, holding the batch that asked for the bucket
-        (so the warm-up below computes a real forward, and no stale lengths beyond the bucket's)."""
-        # static outputs live outside the pool: they must survive other captures
-        hidden, pooled = self._outputs(bucket.tokens, bucket.batch)
-        g = _Graph(bucket=bucket, graph=keeping_cuda_graph(), inputs=inputs, hidden=hidden, pooled=pooled)
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-            self._capture_stream = side_stream(self.device)
-        g.gemms = self._gemms(bucket.tokens, tune=True)  # times candidates: before any capture
-        if self.gemm_tuning is not None:
-            save_tuning(self.gemm_tuning, self.device)
-        args = (g.inputs.input_ids, g.inputs.token_type_ids, g.inputs.cu_seqlens, bucket.max_seqlen,
-                g.hidden, g.pooled, g.gemms)
-        if CHOOSE_IN_FORWARD:
-            current = None  # the forward as the choices so far left it, captured
-            for name in g.gemms.alternatives():
-                current = self._choose_in_forward(g.gemms, name, args, current)
-            del current
-        self._record(g.graph, args)
-        g.dropped_memsets = g.gemms.drop_memsets(g.graph)
-        if self.programmatic_edges and edges.enabled():
-            self._relax_edges(g)
-        return g
-
-    def _record(self, graph: torch.cuda.CUDAGraph, args: tuple) -> torch.cuda.CUDAGraph:
-        """Captures _run(*args) into `graph` (in the encoders' pool), after a warm-up run outside the
-        capture (library handles, workspaces)."""
-        self._capture_stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self._capture_stream):
-            self._run(*args)
-        torch.cuda.current_stream(self.device).wait_stream(self._capture_stream)
-        with cublas_workspaces_in_pool(), torch.cuda.graph(graph, pool=self._pool, stream=self._capture_stream):
-            self._run(*args)
-        return graph
-
-    def _choose_in_forward(self, gemms: EncoderGemms, name: str, args: tuple,
-                           current: torch.cuda.CUDAGraph | None) -> torch.cuda.CUDAGraph:
-        """Projection `name` takes its runner-up where that forward ran faster than the pick's by more
-        than the noise (_median_error): both replayed in turn. current: the forward with the pick,
-        captured by the previous choice (None: captured here). Returns the graph of the forward as
-        chosen, for the next choice (the caller drops the last)."""
-        graphs = [current if current is not None else self._record(torch.cuda.CUDAGraph(), args)]
-        gemms.swap(name)
-        graphs.append(self._record(torch.cuda.CUDAGraph(), args))
-        gemms.swap(name)  # back to the pick
-
-        def replay_us(graph: torch.cuda.CUDAGraph) -> float:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) * 1e3
-        us = [[replay_us(graphs[0])], [replay_us(graphs[1])]]
-        # IN_FORWARD_SECONDS bounds a large bucket's choice
-        pairs = max(5, min(IN_FORWARD_REPLAYS, int(IN_FORWARD_SECONDS * 1e6 / (us[0][0] + us[1][0]))))
-        for _ in range(pairs - 1):
-            for k in range(2):
-                us[k].append(replay_us(graphs[k]))
-        margin = 2 * math.hypot(_median_error(us[0]), _median_error(us[1]))
-        hidden = args[4]  # _run's arguments
-        log.debug("%s at %d rows: forward %.1f us with the pick, %.1f with the runner-up (+-%.1f)", name,
-                  hidden.shape[0], statistics.median(us[0]), statistics.median(us[1]), margin)
-        if statistics.median(us[1]) < statistics.median(us[0]) - margin:
-            gemms.swap(name)
-            return graphs[1]
-        return graphs[0]
-
-    def _relax_edges(self, g: _Graph) -> None:
-        """Before the graph's first replay instantiates it (keep_graph): nothing to do where torch
-        cannot keep it, or where a probe or a graph call fails (the graph then runs as captured)."""
-        try:
-            raw = g.graph.raw_cuda_graph()
-        except (RuntimeError, AttributeError):
-            return
-        ids = g.inputs.input_ids
-        batches = [ids.clone()]
-        batches.append((batches[0] + 1) % self.weights.vocab_size)  # every token differs, same lengths
-        outputs = [g.hidden] + ([] if g.pooled is None else [g.pooled])
-        try:
-            verdicts: dict[int, bool] = {}
-            for probe in self._consumer_probes(g):
-                found = edges.probe_consumer(probe, self._ops, self.device, self._capture_stream,
-                                             cublas_workspaces_in_pool)
-                for function, waits in found.items():
-                    verdicts[function] = verdicts.get(function, True) and waits
-            g.relaxed = tuple(edges.relax_captured(raw, self._ops, self.device, lambda k: ids.copy_(batches[k]),
-                                                   outputs, verdicts))
-        except (PadfreeError, RuntimeError):  # a probe that cannot be captured relaxes nothing
-            g.relaxed = ()
-
-    def _consumer_probes(self, g: _Graph) -> list[edges.Probe]:
-        """The forward's consumers of padfree kernels' outputs, called as _run calls them (layer 0's
-        weights: every layer's projections have the same shapes, so the same kernels): the QKV and
-        FFN-up projections of a LayerNorm, the attention output's projection (which adds into the
-        residual), and the pooler of each sequence's first token."""
-        w, lw = self.weights, self.weights.layers[0]
-        rows, h = g.hidden.shape
-        new = dict(dtype=self.dtype, device=self.device)
-
-        def poisoned(out):
-            return lambda: out.fill_(float("nan"))
-
-        x, acc, acc0 = (torch.randn(rows, h, **new) for _ in range(3))
-        qkv, up = torch.empty(rows, 3 * h, **new), torch.empty(rows, w.intermediate_size, **new)
-        probes = [edges.Probe(x, lambda t: g.gemms.qkv(t, lw.qkv_weight, qkv), qkv, poisoned(qkv)),
-                  edges.Probe(x, lambda t: g.gemms.up(t, lw.up_weight, lw.up_bias, up), up, poisoned(up)),
-                  edges.Probe(x, lambda t: g.gemms.out_residual(t, lw.out_weight, acc), acc, lambda: acc.copy_(acc0))]
-        if g.pooled is not None:
-            first, pooled = torch.randn(g.pooled.shape, **new), torch.empty(g.pooled.shape, **new)
-            probes.append(edges.Probe(first, lambda t: torch.addmm(w.pooler_bias, t, w.pooler_weight.t(), out=pooled),
-                                      pooled, poisoned(pooled)))
-        return probes
-
     @property
     def graph_buckets(self) -> list[Bucket]:
         """The buckets with a captured graph, least recently used first."""
@@ -483,7 +297,7 @@ class PadfreeEncoder:
     def prepare(self, input_ids, attention_mask=None, token_type_ids=None) -> Batch:
         """Validate HF-style inputs (see __call__) and say how to pack them: padded tensors are checked
         and packed on the GPU (CPU tensors, as tokenizers return them, copied there as they are: a few
-        KB), lists and arrays on the host. Measured on the H100 (NOTES-bert.md v7), the GPU route was
+        KB), lists and arrays on the host. Measured on the H100, the GPU route was
         0.1-0.28 ms faster per call than the host's numpy checks and packing."""
         if isinstance(input_ids, torch.Tensor) and input_ids.device.type != "cpu":
             return self._device_inputs(input_ids, attention_mask, token_type_ids)
@@ -522,80 +336,6 @@ class PadfreeEncoder:
         if self.has_pooler:
             return BaseModelOutputWithPooling(last_hidden_state=last, pooler_output=pooled)
         return BaseModelOutput(last_hidden_state=last)
-
-    # ---- speculative launches ------------------------------------------------------------------
-
-    def _speculate(self, input_ids, attention_mask, token_type_ids):
-        """For GPU inputs shaped as an earlier call's: enqueue the packing, then that call's graph
-        behind a guard that runs it only if this batch fits its bucket (padfree.ops.GuardedGraph),
-        then read the totals back. Returns (batch, outputs): outputs where the graph ran; batch alone
-        where it was skipped (the inputs are validated and packed: the caller executes it); (None, None)
-        where nothing was enqueued. Bad inputs raise InputError (their flags skipped the graph).
-
-        The GPU idles through this Python until the packer's C call, so inputs laid out as the last
-        speculative call's take its _Route there: one layout comparison and two identity checks
-        instead of the guess, graph, buffer and plan lookups, then a launcher bound to the plan and
-        the guarded graph (v26: ~2 us less than the lookups' way to the C call). H100 machines
-        (NOTES-bert.md v22): the C call 9.9 us into the call with the route, 29 us through the
-        lookups on a slower host; in one process, calls alternating with an encoder whose route is
-        dropped, 1x128 392-393 us against 394-396, 16x256 1089-1098 against 1092-1104."""
-        try:
-            layout = input_layout(input_ids, attention_mask, token_type_ids)
-        except AttributeError:  # not tensors: the ordinary call says what is wrong
-            return None, None
-        route = self._route
-        if route is not None and layout == route.layout and route.inputs is self._inputs \
-                and self._graphs.holds(route.bucket, route.graph):
-            route.launch(input_ids, attention_mask, token_type_ids)
-            return self._speculated(route.graph, route.graph.guarded)
-        self._route = None
-        bucket = self._guesses.get(self._guess_key(input_ids, token_type_ids))
-        g = None if bucket is None else self._graphs.get(bucket)
-        if g is None:  # no guess, or its graph was evicted since
-            return None, None
-        guarded = self._guarded(g)
-        launch = None if guarded is None else \
-            self._device_inputs.enqueue(input_ids, attention_mask, token_type_ids, guarded, layout)
-        if launch is None:
-            return None, None
-        self._route = _Route(layout, bucket, g, launch, self._inputs)
-        return self._speculated(g, guarded)
-
-    def _speculated(self, g: _Graph, guarded):
-        """_speculate's read-back, after its launch."""
-        batch = self._device_inputs.finish()
-        if guarded.fits(0, batch.total_tokens, batch.max_seqlen):
-            return batch, self._served(g, batch)
-        self._route = None  # the caller remembers the bucket this batch needed
-        return batch, None
-
-    def _guess_key(self, input_ids, token_type_ids):
-        if not self.use_graphs or not isinstance(input_ids, torch.Tensor) or not input_ids.is_cuda:
-            return None
-        return input_ids.shape, token_type_ids is not None
-
-    def _remember(self, input_ids, token_type_ids, batch: Batch) -> None:
-        key = self._guess_key(input_ids, token_type_ids)
-        if key is not None:
-            self._guesses.put(key, bucket_for(batch.total_tokens, batch.batch, batch.max_seqlen,
-                                              self.weights.max_seqlen, batch.token_types))
-
-    def _guarded(self, g: _Graph):
-        """g's GuardedGraph over the packer's totals, made on first use: it runs for exactly the
-        batches (of the guessed shape) that bucket_for maps to g's bucket, so a speculative call runs
-        the graph an ordinary call would. None where it cannot be made (a torch without keep_graph,
-        a driver without conditional graph nodes)."""
-        if g.guarded is None:
-            totals, lim, b = self._device_inputs.totals, self.limits, g.bucket
-            cap = self.weights.max_seqlen
-            try:
-                g.guarded = False if totals is None else self._ops.GuardedGraph(
-                    g.graph, totals, _preimage(round_tokens, b.tokens, min(b.tokens, lim.max_tokens)),
-                    _preimage(lambda n: round_seqlen(n, cap), b.max_seqlen,
-                              min(b.max_seqlen, lim.max_seqlen, lim.max_tokens)))
-            except (PadfreeError, RuntimeError, AttributeError):
-                g.guarded = False
-        return g.guarded or None
 
     forward = __call__
 

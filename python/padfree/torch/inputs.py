@@ -18,7 +18,7 @@ from .._lib import KernelArgumentError
 from ..ops._tensors import INT32_MAX, InputError
 from ..runtime._inputs import to_host_batch, validate
 from ..runtime._staging import aligned
-from ..runtime.backend import Limits
+from ..runtime.backends.base import Limits
 
 
 @dataclass
@@ -114,7 +114,7 @@ class DeviceInputs:
     buffer, which every graph reads; then the host reads flags, total and longest (the one
     synchronization: the total picks the graph). Anything this route does not take (a flag, an
     over-long sequence, an unusual dtype or layout) goes the host route, which then raises with the
-    exact message (padfree.runtime's rules). Measured on the H100 (NOTES-bert.md v4, v7): the host
+    exact message (padfree.runtime's rules). Measured on the H100: the host
     route spent 0.25-0.45 ms of Python and numpy per call before the graph could start, this one
     ~0.05 ms.
     """

@@ -5,7 +5,7 @@ Every CUDA stream a process runs work on costs its graphs: on the H100 (CUDA 13.
 a third stream had run kernels, the 1x128 BERT-base forward's graph ran ~30 us slower on the GPU
 (355 -> 388 us per plain replay; 90 kernels, each edge ~0.35 us later and the PDL overlap gone),
 whichever stream launched it and whatever its priority, a graph captured before the third stream
-ran included (bench/NOTES-bert.md v29). torch.cuda.Stream() hands out the next of a pool of 32 streams on every
+ran included. torch.cuda.Stream() hands out the next of a pool of 32 streams on every
 call, so a GEMM tuning that made a stream per timing ran its process on dozens. Kept to this one,
 padfree itself adds one stream to the caller's.
 """

@@ -10,9 +10,10 @@ at the forward's start, and removes cuBLASLt's memsets from the captured graph.
 from __future__ import annotations
 
 import contextlib
-import os
 
 import torch
+
+from .. import env
 
 SLOT_ALIGNMENT = 256  # cuBLASLt's alignment for workspace pointers
 
@@ -50,7 +51,7 @@ class CounterSlots:
         (keep_graph), the memsets that zero parts of single slots. Returns how many; 0 where this
         torch cannot expose the graph, where more calls took slots than there are, or with
         PADFREE_COUNTER_MEMSETS=keep (for A/B runs): the graph then runs as captured."""
-        if self.taken > self.count or os.environ.get("PADFREE_COUNTER_MEMSETS") == "keep":
+        if self.taken > self.count or env.get("PADFREE_COUNTER_MEMSETS") == "keep":
             return 0
         try:
             raw = graph.raw_cuda_graph()

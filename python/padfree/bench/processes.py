@@ -2,8 +2,8 @@
 
 A process's CUDA state carries from one system's timing into the next. On the H100 (CUDA 13.0,
 driver 580) the 1x128 padfree forward's graph ran ~30 us (8%) slower on the GPU once a third CUDA
-stream had run work in its process: every edge between kernels later, the programmatic overlap gone
-(bench/NOTES-bert.md v29). torch.compile's reduce-overhead mode runs its graphs on streams of its
+stream had run work in its process: every edge between kernels later, the programmatic overlap gone.
+torch.compile's reduce-overhead mode runs its graphs on streams of its
 own, so timed after it in one process, padfree was timed in a state that no server running padfree
 alone is in. A server runs one model per process, and so does this benchmark: HF, torch.compile and
 padfree each in a child `padfree bench --systems X`, one after another (never at once: they would
@@ -17,12 +17,12 @@ import subprocess
 import sys
 import tempfile
 
-from .bench_cli import add_ratios
+from .measure import add_ratios
 
 
 def child_argv(args, system: str, out: str) -> list[str]:
     """The command that times `system` alone with this run's settings."""
-    argv = [sys.executable, "-m", "padfree.bench_cli", "--systems", system, "--out", out, "--shapes", args.shapes,
+    argv = [sys.executable, "-m", "padfree.commands.bench", "--systems", system, "--out", out, "--shapes", args.shapes,
             "--reps", str(args.reps), "--warmup", str(args.warmup), "--layers", str(args.layers)]
     if system == "padfree":
         argv += ["--gemm-search", args.gemm_search]
@@ -44,7 +44,7 @@ def measure_apart(args, systems: list[str]) -> dict:
             print(f"== {system}, in a process of its own", flush=True)
             done = subprocess.run(child_argv(args, system, out))
             if done.returncode != 0:
-                from .arguments import CommandError
+                from ..arguments import CommandError
                 raise CommandError(f"timing {system} failed (exit {done.returncode}); its messages are above")
             with open(out) as f:
                 results[system] = json.load(f)

@@ -1,6 +1,6 @@
 """`padfree run SOURCE`: encode one batch with padfree's Runtime and print the output shapes.
 
-SOURCE is an engine file (served by padfree.engines), a Hugging Face model directory or a built-in
+SOURCE is an engine file (served by padfree.runtime.backends.engine), a Hugging Face model directory or a built-in
 tiny model name (both through the PyTorch path, padfree.torch). The batch comes from a JSON file
 (--input) or is drawn at random (--random B,S).
 """
@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from .arguments import CommandError, non_negative_int, positive_int
+from ..arguments import CommandError, non_negative_int, positive_int
 
-log = logging.getLogger("padfree.run")
+log = logging.getLogger(__name__)
 
 DTYPES = ("fp32", "fp16", "bf16")
 

@@ -1,7 +1,7 @@
 """The backend protocol the Runtime serves (DESIGN.md "Runtime backends") and how its limits are read.
 
 A backend is anything with `limits`, `output_names` and `execute_packed`: the engine backend
-(padfree.engines.backend), the PyTorch-path backend (padfree.runtime.encoder_backend) or a test double.
+(padfree.runtime.backends.engine), the PyTorch-path backend (padfree.runtime.backends.encoder) or a test double.
 An optional `device` attribute says where execute_packed wants its inputs (CUDA when absent).
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from ..ops._tensors import InputError
+from ...ops._tensors import InputError
 
 # Outputs with one row per sequence; every other output has one row per token.
 PER_SEQUENCE_OUTPUTS = frozenset({"pooler_output"})

@@ -19,22 +19,22 @@
 #include "attention_ptx.cuh"
 #include "attention_tiles.cuh"
 #include "common.cuh"
-#include "tma_ptx.cuh"
-#include "wgmma_ptx.cuh"
+#include "ptx/tma_ptx.cuh"
+#include "ptx/wgmma_ptx.cuh"
 
 namespace padfree {
 namespace attention_detail {
 
 // STAGES = 1: the sequences fit one tile (max_seqlen <= BLOCK_N), whose softmax is exact.
 // One warpgroup per CTA: two sharing each K/V tile (128 query rows) measured slower at every BERT
-// shape (H100, 16x256 12.2 -> 15.5 us, 64x512 109 -> 115; bench/NOTES-attention.md, session 5).
+// shape (H100, 16x256 12.2 -> 15.5 us, 64x512 109 -> 115).
 // ONE_BARRIER: tile j+1's K and V are both requested at the start of tile j, behind one barrier per
 // tile; otherwise V_{j+1} waits for a second barrier after the softmax (H100, one barrier: head_dim
 // 64 2-3% faster on long sequences, head_dim 128 7-9% slower).
 // TMA: Q, K and V arrive by tensor copies (tma_ptx.cuh) that one thread issues, each tile's K and V
 // signalling one mbarrier, instead of every thread's cp.async copies (8 per tile and thread, with
-// their addresses, at head_dim 64; removing the loads saved 15% at BERT 64x512 in session 8's
-// ablation; measured: 64x512 95.5 -> 88.0 us, attention.cu). Rows past a sequence's end arrive as
+// their addresses, at head_dim 64; an ablation without the loads ran 15% faster at BERT 64x512;
+// measured: 64x512 95.5 -> 88.0 us, attention.cu). Rows past a sequence's end arrive as
 // the next sequence's rows (past the tensor: zeros): their scores are masked, and the V rows a
 // partial tile's P.V reads past the end are zeroed.
 // HELD_BIAS: the Q and V bias in registers before the PDL wait (HeadBias): off the critical path of

@@ -12,21 +12,18 @@ fits a batch runs it.
 """
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from padfree.engines import plugin_library, sidecar, trt_api
+from padfree.engines.errors import BackendUnavailableError, CorruptEngineError, EngineError, PluginLibraryError
+from padfree.engines.profiles import Profile
 from padfree.ops._tensors import PRECISION_DTYPES
-from padfree.runtime.backend import check_packed
 
-from . import plugin_library, sidecar, trt_api
-from .errors import BackendUnavailableError, CorruptEngineError, EngineError, PluginLibraryError
-from .profiles import Profile
-
-log = logging.getLogger("padfree.engines")
+from .base import check_packed
 
 _TORCH_DTYPES = {name: getattr(torch, name) for name in sidecar.INPUT_DTYPES}
 
@@ -92,12 +89,13 @@ class EngineBackend:
         try:
             library = plugin_library.find(explicit)
         except PluginLibraryError as e:
-            raise PluginLibraryError(f"{self.path} uses padfree plugins ({', '.join(self.metadata['plugins'])}): {e}") from e
+            plugins = ", ".join(self.metadata["plugins"])
+            raise PluginLibraryError(f"{self.path} uses padfree plugins ({plugins}): {e}") from e
         plugin_library.check_recorded(library, self.metadata.get("plugin_library"), self.path, allow_mismatch)
         plugin_library.load_into(self.api.trt, library)
 
     def _limits(self):
-        from padfree.runtime.backend import Limits
+        from .base import Limits
         model = self.metadata["model"]
         largest = self.profiles[-1]
         max_tokens = largest.max_tokens
@@ -128,7 +126,8 @@ class EngineBackend:
         return context
 
     def execute_packed(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
-                       token_type_ids: torch.Tensor | None, stream: torch.cuda.Stream | None) -> dict[str, torch.Tensor]:
+                       token_type_ids: torch.Tensor | None,
+                       stream: torch.cuda.Stream | None) -> dict[str, torch.Tensor]:
         """input_ids, token_type_ids: int32 cuda [T]; cu_seqlens: int32 cuda [B+1] -> {"last_hidden_state":
         [T, H], "pooler_output": [B, H] where the model has one}, enqueued on `stream`, not synchronized."""
         # TensorRT takes raw addresses: a host tensor's would be read as device memory
@@ -175,7 +174,8 @@ class EngineBackend:
             tensor = tensor.contiguous()
             feeds[name] = tensor  # kept alive until enqueued
             if not context.set_input_shape(name, tuple(tensor.shape)):
-                raise EngineError(f"{self.path}: input {name} of shape {tuple(tensor.shape)} is outside profile {index}")
+                raise EngineError(f"{self.path}: input {name} of shape {tuple(tensor.shape)} is outside"
+                                  f" profile {index}")
             context.set_tensor_address(name, tensor.data_ptr())
         outputs = {}
         for name in self.output_names:

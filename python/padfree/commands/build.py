@@ -4,13 +4,13 @@ from __future__ import annotations
 import argparse
 import logging
 
-log = logging.getLogger("padfree.build")
+from padfree.arguments import positive_int
+from padfree.engines.trt_api import PRECISIONS  # the registry skips this command where padfree.engines is absent
+
+log = logging.getLogger(__name__)
 
 
 def register(subparsers) -> None:
-    from padfree.arguments import positive_int
-
-    from .trt_api import PRECISIONS
     p = subparsers.add_parser("build", help="build a TensorRT engine from an ONNX model", description=__doc__)
     p.add_argument("onnx", metavar="MODEL.onnx", help="model.padfree.onnx (plugin nodes) or a plain model.onnx")
     p.add_argument("-o", "--output", required=True, metavar="MODEL.engine",
@@ -34,9 +34,9 @@ def register(subparsers) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from padfree.arguments import CommandError
+    from padfree.engines.build import BuildOptions, build
+    from padfree.engines.errors import EngineError
 
-    from .build import BuildOptions, build
-    from .errors import EngineError
     options = BuildOptions(onnx=args.onnx, output=args.output, precision=args.precision, max_tokens=args.max_tokens,
                            max_batch=args.max_batch, max_seqlen=args.max_seqlen, profiles=list(args.profiles),
                            timing_cache=args.timing_cache, plugin_library=args.plugin_library, backend=args.backend,

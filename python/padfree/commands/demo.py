@@ -9,13 +9,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from .arguments import EXIT_DIFFERENCE, EXIT_OK, non_negative_int
+from ..arguments import EXIT_DIFFERENCE, EXIT_OK, non_negative_int
 
-log = logging.getLogger("padfree.demo")
+log = logging.getLogger(__name__)
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("demo", help="export + rewrite + check (+ engine build where TensorRT is) a built-in 12-layer BERT on the CPU")
+    p = subparsers.add_parser("demo", help="export + rewrite + check (+ engine build where TensorRT is) a built-in"
+                                           " 12-layer BERT on the CPU")
     p.add_argument("-o", "--output", default=None, help="output folder (default: a temporary one)")
     p.add_argument("--model", default="small-bert",
                    help="built-in model to use (default small-bert: 12 layers, hidden 256)")
@@ -25,7 +26,7 @@ def register(subparsers) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from padfree.export.cli import _quiet_exporter
+    from .export import _quiet_exporter
 
     _quiet_exporter(False)
     if args.output is None:

@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from ..ops._tensors import INT32_MAX
-from ..positions import OFFSET_POSITION_MODEL_TYPES, positions_served
-from .backend import Limits, check_chunk_limits, limits_of
+from ...ops._tensors import INT32_MAX
+from ...positions import OFFSET_POSITION_MODEL_TYPES, positions_served
+from .base import Limits, check_chunk_limits, limits_of
 
 # one call of BERT-base at 32768 fp16 tokens holds ~0.4 GB of intermediates; bench's 64x512 fits
 DEFAULT_MAX_TOKENS = 32768

@@ -9,9 +9,9 @@ import importlib
 import logging
 import sys
 
-from .arguments import EXIT_DIFFERENCE, EXIT_OK, CommandError, non_negative_int, positive_int, tolerance
+from ..arguments import EXIT_DIFFERENCE, EXIT_OK, CommandError, non_negative_int, positive_int, tolerance
 
-log = logging.getLogger("padfree.check")
+log = logging.getLogger(__name__)
 # Default relative tolerance by precision; atol = rtol / 10 (see padfree.export.compare).
 RTOL = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 1e-2}
 

@@ -6,10 +6,9 @@ import logging
 import warnings
 
 from padfree.arguments import positive_int
+from padfree.export.models import BUILTIN
 
-from .models import BUILTIN
-
-log = logging.getLogger("padfree.export")
+log = logging.getLogger(__name__)
 
 
 def register(subparsers) -> None:
@@ -36,7 +35,7 @@ def register(subparsers) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """ExportError and unwritable outputs end the command in padfree.cli (exit status 2)."""
-    from .pipeline import export
+    from padfree.export.pipeline import export
 
     _quiet_exporter(args.verbose)
     result = export(args.source, args.output, io=args.io, opset=args.opset, allow_partial=args.allow_partial,

@@ -10,7 +10,7 @@
 #include "attention_tc.cuh"
 #include "attention_wgmma.cuh"
 #include "common.cuh"
-#include "driver_entry.h"
+#include "graphs/driver_entry.h"
 
 #include <cudaTypedefs.h>
 
@@ -25,7 +25,7 @@ using attention_detail::WgmmaConfig;
 // Up to this length a sequence's whole K/V fits one 128-key tile: one exact softmax, no rescaling.
 // Longer sequences take the tiled online-softmax path. Both use 64-row query tiles (4 warps of 16
 // rows): measured against 128-row tiles (8 warps) they were as fast on long sequences and faster
-// on short ones (more CTAs, fewer rows wasted past each sequence's end); see bench/NOTES-attention.md.
+// on short ones (more CTAs, fewer rows wasted past each sequence's end).
 constexpr int kResidentMaxSeqlen = 128;
 
 // kWgmmaTmaHeld: kWgmmaTma with the Q and V bias in registers before the PDL wait (WgmmaConfig's
@@ -74,7 +74,7 @@ Path choose_path(int32_t max_seqlen, padfree_dtype dtype) {
     // the encoder: attention 0.059 -> 0.051 ms per forward at 1x128, 0.060 -> 0.054 at 4x128), at every
     // size since its registers fit four CTAs per SM as the other configuration's do (attention per
     // forward, the other / held as the default, two processes each: 16x256 0.132 -> 0.117 ms, 128x128
-    // 0.412-0.421 -> 0.379, 64x512 1.32-1.36 -> 1.29-1.36; bench/NOTES-attention.md, session 18).
+    // 0.412-0.421 -> 0.379, 64x512 1.32-1.36 -> 1.29-1.36).
     if (wgmma_available()) return Path::kWgmmaTmaHeld;
     return max_seqlen <= kResidentMaxSeqlen ? Path::kResident : Path::kTiled;
 }
@@ -82,8 +82,8 @@ Path choose_path(int32_t max_seqlen, padfree_dtype dtype) {
 // A CTA's work grows with its sequence's length, and most of a grid of a few waves is its last wave:
 // there, CTAs of long sequences dispatched last leave the other SMs idle at the end. Dispatching the
 // query tiles from the last one first (only sequences longer than a tile's start have that tile) gives
-// roughly longest-first order at no per-CTA cost (a computed order cost more than it saved, v6 (a) of
-// NOTES-attention.md): H100, BERT 16x256 (~1.5 waves) 13.8 -> 12.4 us, 8x512 22.2 -> 19.9. With many
+// roughly longest-first order at no per-CTA cost (a computed order, sorted by length, cost more than
+// it saved): H100, BERT 16x256 (~1.5 waves) 13.8 -> 12.4 us, 8x512 22.2 -> 19.9. With many
 // waves the default order keeps a sequence's tiles side by side, sharing its K/V in L2: tiles first
 // took 64x512 (~11 waves) from 127 to 171 us.
 constexpr double kTilesLastFirstMaxWaves = 3.0;
@@ -93,7 +93,7 @@ constexpr double kTilesLastFirstMaxWaves = 3.0;
 // wrote last (still in L2) instead of one head's 128-byte slice of every row, and the rows it writes
 // last are the out-projection's first. H100, BERT-base in the encoder: attention 1.180 -> 1.151 ms
 // per forward at 64x512, 0.419 -> 0.416 at 128x128; alone (us) 64x512 87.6 / 87.9, 128x128 31.3 /
-// 30.3, 32x1024 119.4 / 120.3 (bench/NOTES-attention.md, session 11).
+// 30.3, 32x1024 119.4 / 120.3.
 AttentionGridOrder grid_order(int32_t tiles, int32_t batch, int32_t num_heads, int ctas_per_sm, int64_t qkv_bytes) {
     if (const char* order = std::getenv("PADFREE_ATTENTION_ORDER")) {  // for A/B runs
         if (std::strcmp(order, "tiles") == 0) return AttentionGridOrder::kHeadsSequencesLastTileFirst;
@@ -156,7 +156,7 @@ bool qkv_tensor_map(const AttentionArgs& args, padfree_dtype dtype, CUtensorMap*
 // (80 KB: two CTAs per SM), for every length. ONE_BARRIER: WgmmaConfig says where it pays.
 // tma: head_dim 64 takes the 64-key configuration loading by tensor copies for every length, where
 // the driver makes the tensor map (else as without). H100, attention alone with Q/V bias, us, two
-// rounds (bench/NOTES-attention.md, session 10), cp.async -> TMA: 16x256 10.9 -> 10.4, 64x512
+// rounds, cp.async -> TMA: 16x256 10.9 -> 10.4, 64x512
 // 95.5-95.9 -> 88.0-88.3, 128x128 (there against the single-tile configuration) 32.6 -> 31.4,
 // 32x1024 133 -> 121, 8x4096 658-696 -> 581-589.
 template <typename T, int HD>

@@ -1,4 +1,4 @@
-// Graph surgery, and the probe's delayed copy; in kernels/ beside graph_guard.cu, the other CUDA-graph
+// Graph surgery, and the probe's delayed copy; in kernels/graphs/ beside graph_guard.cu, the other CUDA-graph
 // helper.
 #include "graph_edges.h"
 

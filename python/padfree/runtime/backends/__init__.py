@@ -1,0 +1,9 @@
+"""The Runtime's backends side by side (DESIGN.md "Runtime backends").
+
+base: the protocol every backend meets (limits, output_names, execute_packed) and its checks;
+encoder: the PyTorch-path backend over a padfree.torch PadfreeEncoder;
+engine: the backend over a TensorRT engine file and its sidecar (needs padfree.engines, imported
+only when an engine is opened).
+
+padfree.runtime depends on padfree.engines (for engine files) and never the other way round.
+"""
