@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
               "commit": commit(), "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
               "copy_bandwidth_gbs": bandwidth / 1e9,
               "sources": "lengths uniform in [8, 64], torch.Generator seed 7",
-              "timing": (f"CUDA events" if device.type == "cuda" else "perf_counter")
+              "timing": ("CUDA events" if device.type == "cuda" else "perf_counter")
               + f", median of {args.reps} after {args.warmup} warm-up calls",
               "hf": "generate, attn_implementation=sdpa, same weights and options", "rows": rows}
     out = args.out or os.path.join(ROOT, "bench", "results",

@@ -13,7 +13,6 @@ import math
 import os
 import subprocess
 import sys
-import warnings
 
 import pytest
 import torch
@@ -271,7 +270,8 @@ def test_full_vocabulary_sampling_matches_hf_on_cpu():
 # ---------------------------------------------------------------- reference ops vs float64
 
 def _poison(shape, dtype=torch.float32):
-    return torch.full(shape, float("nan"), dtype=dtype) if dtype.is_floating_point else torch.full(shape, -7, dtype=dtype)
+    value = float("nan") if dtype.is_floating_point else -7
+    return torch.full(shape, value, dtype=dtype)
 
 
 def _attend64(q, keys, values):
@@ -298,7 +298,8 @@ def test_decoder_self_attention_vs_float64(device_step, monkeypatch):
                                          qkv_bias=bias, softmax_scale=0.7, out=out)
     x = (qkv.double() + bias.double()).view(rows, 3, H, D)
     for r in range(rows):
-        assert torch.allclose(k_cache[r, :, step], x[r, 1].float()) and torch.allclose(v_cache[r, :, step], x[r, 2].float())
+        assert torch.allclose(k_cache[r, :, step], x[r, 1].float())
+        assert torch.allclose(v_cache[r, :, step], x[r, 2].float())
         keys = torch.stack([k0[int(indir[r, t]), :, t] for t in range(step)] + [x[r, 1].float()]).double()
         values = torch.stack([v0[int(indir[r, t]), :, t] for t in range(step)] + [x[r, 2].float()]).double()
         want = _attend64(x[r, 0] * 0.7, keys, values)
@@ -346,8 +347,8 @@ def test_cross_attention_vs_float64():
 
 def test_attention_varlen_vs_float64():
     gen = torch.Generator().manual_seed(3)
-    lengths, H, D = [4, 1, 7], 2, 8
-    cu = torch.tensor([0, 4, 5, 12], dtype=torch.int32)
+    H, D = 2, 8
+    cu = torch.tensor([0, 4, 5, 12], dtype=torch.int32)  # lengths 4, 1, 7
     qkv = torch.randn(12, 3 * H * D, generator=gen)
     bias = torch.randn(3 * H * D, generator=gen)
     out = _poison((12, H * D))

@@ -13,8 +13,7 @@ import pytest
 import torch
 
 from padfree import _lib
-from padfree.ops import (InputError, beam_reorder_cache_indir, cross_attention, decoder_self_attention,
-                         log_softmax_topk)
+from padfree.ops import InputError, beam_reorder_cache_indir, cross_attention, decoder_self_attention, log_softmax_topk
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # ||out - ref|| / ||ref|| per row; fp32 runs on CUDA cores

@@ -34,8 +34,7 @@ def _kernel_unavailable(name: str, symbol: str, device: torch.device) -> tuple[C
     if device.type != "cuda":
         return None, f"device is {device.type}, the kernels run on CUDA"
     try:
-        from .. import _lib
-        from .. import ops
+        from .. import _lib, ops
         lib = _lib.load()
     except Exception as e:  # noqa: BLE001 - any failure to load means the reference runs; the reason is logged
         return None, f"kernel library not loadable ({type(e).__name__}: {e})"

@@ -13,8 +13,18 @@ import math
 
 import torch
 
-from ._tensors import (InputError, call_kernel, check, check_aligned, check_float, check_int32, dtype_code,
-                       output, ptr, stream_handle)
+from ._tensors import (
+    InputError,
+    call_kernel,
+    check,
+    check_aligned,
+    check_float,
+    check_int32,
+    dtype_code,
+    output,
+    ptr,
+    stream_handle,
+)
 
 HEAD_DIMS = (64, 128)  # the head sizes kernels/decoder instantiates
 

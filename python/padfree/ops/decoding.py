@@ -9,8 +9,17 @@ import math
 
 import torch
 
-from ._tensors import (InputError, call_kernel, check, check_aligned, check_float, check_int32, dtype_code, ptr,
-                       stream_handle)
+from ._tensors import (
+    InputError,
+    call_kernel,
+    check,
+    check_aligned,
+    check_float,
+    check_int32,
+    dtype_code,
+    ptr,
+    stream_handle,
+)
 
 MAX_K = 64                # kernels/decoding/logits.h: kLogitsTopkMaxK
 MAX_SPECIAL_IDS = 2048    # penalty_ids and banned_ids columns together (kLogitsTopkMaxSpecialIds)

@@ -52,7 +52,7 @@ def from_hf(model: torch.nn.Module, dtype: torch.dtype = torch.float16, device: 
     kernels are not built for (padfree.kernel_sizes: head_dim, hidden).
     """
     if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
-        from ..generation import Seq2SeqGenerator   # imported here: encoder users never load it
+        from ..generation import Seq2SeqGenerator  # imported here: encoder users never load it
         encoder_only = {"use_graphs": (use_graphs, True), "max_graphs": (max_graphs, 8),
                         "gemm_search": (gemm_search, "heuristic"), "gemm_tuning": (gemm_tuning, None),
                         "programmatic_edges": (programmatic_edges, False)}
