@@ -80,7 +80,7 @@ class BeamSearch:
         self.source_offset = torch.arange(batch, device=device)[:, None] * beams
         self.processors = Processors(options, batch * beams, device)
         self.workspace = decoder.ops.workspace("log_softmax_topk", batch * beams,
-                                               decoder.weights.target_vocab_size, self.keep)
+                                               decoder.weights.step_lm_head.shape[0], self.keep)
         self.reset()
 
     def reset(self) -> None:

@@ -94,8 +94,9 @@ class Decoder:
         self.step.zero_()
 
     def logits(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Logits [rows, V] (weights' dtype, bias not added) for the next token after `tokens` (int64
-        [rows], the token at position `step` of every hypothesis)."""
+        """Logits [rows, V'] (weights' dtype, bias not added; V' = weights.step_lm_head's rows, the padded
+        ids get -inf from weights.step_logits_bias) for the next token after `tokens` (int64 [rows], the
+        token at position `step` of every hypothesis)."""
         w, spec = self.weights, self.weights.spec
         stack = w.decoder
         heads = stack.num_heads
@@ -123,7 +124,7 @@ class Decoder:
             x = residual(x, lambda h, f=layer.ffn: ffn(h, f, w.activation), layer.ffn.ln, spec.pre_ln)
         if stack.final_layer_norm is not None:
             x = layer_norm(x, stack.final_layer_norm)
-        return F.linear(x, w.lm_head)
+        return F.linear(x, w.step_lm_head)      # [rows, V'] (weights.pad_output_projection)
 
     def reorder(self, parents: torch.Tensor) -> None:
         """Hypothesis r continues row parents[r] (int32 [rows]) from the next step on.

@@ -14,7 +14,7 @@ from .models import detect_family, validate_config
 from .options import GenerationOptions, resolve_options
 from .runner import Runner
 from .sampling import make_generator
-from .weights import Seq2SeqWeights, extract
+from .weights import Seq2SeqWeights, extract, pad_output_projection
 
 __all__ = ["Seq2SeqGenerator"]
 
@@ -52,6 +52,8 @@ class Seq2SeqGenerator:
         self.generation_config = copy.deepcopy(model.generation_config)
         self.device, self.dtype = device, dtype
         self.weights: Seq2SeqWeights = extract(model, self.spec, dtype, device)
+        if device.type == "cuda":
+            pad_output_projection(self.weights)     # an aligned logits GEMM (the CPU keeps the exact vocabulary)
         self.ops = DecoderOps(device, self.weights.encoder.head_dim, force_reference=force_reference_ops)
         # use_graphs: on CUDA each decode step is one CUDA-graph replay (runner.py); False runs the same
         # step eagerly. max_graphs: decode states (buffers + graph) kept per shape bucket, LRU.

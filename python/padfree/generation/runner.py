@@ -97,7 +97,7 @@ class Runner:
             self.states.popitem(last=False)
         decoder = Decoder(self.weights, self.ops, sources.batch, options.rows_per_source, options.max_length - 1,
                           token_bucket(sources.total_tokens), seqlen_bucket(sources.max_seqlen))
-        bias = self.weights.logits_bias
+        bias = self.weights.step_logits_bias
         search = BeamSearch(decoder, options, bias) if options.num_beams > 1 else SingleSearch(decoder, options, bias)
         state = DecodeState(decoder, search, self.device)
         self.states[key] = state

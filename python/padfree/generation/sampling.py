@@ -80,7 +80,7 @@ class SingleSearch:
         self.done = torch.empty(1, dtype=torch.bool, device=device)
         self.processors = Processors(options, rows, device)
         self.workspace = None if options.do_sample else decoder.ops.workspace(
-            "log_softmax_topk", rows, decoder.weights.target_vocab_size, 1)
+            "log_softmax_topk", rows, decoder.weights.step_lm_head.shape[0], 1)
         self.generator: torch.Generator | None = None     # set per call for sampling
         self.reset()
 
