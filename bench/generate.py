@@ -152,6 +152,9 @@ def bench_model(name: str, shapes: list[tuple[int, int]], args, device: torch.de
                 row["speedup"] = row["hf_ms"] / row["padfree_ms"]
                 row["sequences_equal_hf"] = equal_share(ours, theirs, model.config.pad_token_id)
         row["padfree_ms_per_step"] = row["padfree_ms"] / args.new_tokens
+        runner = getattr(generator, "runner", None)
+        if runner is not None:      # CUDA graphs captured so far (0: the decode steps ran eagerly)
+            row["padfree_graphs"] = runner.captures
         row["step_bytes"] = step_bytes(generator.weights, sources, batch * beams, args.new_tokens)
         row["step_floor_ms"] = row["step_bytes"]["total"] / bandwidth * 1e3
         row["step_over_floor"] = row["padfree_ms_per_step"] / row["step_floor_ms"]

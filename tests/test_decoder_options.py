@@ -189,8 +189,8 @@ def test_unsupported_models_and_config_values():
     from transformers import BartModel
     with pytest.raises(UnsupportedModelError, match="BartModel"):
         pt.from_hf(BartModel(config_for("bart")), dtype=torch.float32, device="cpu")
-    with pytest.raises(UnsupportedModelError, match="use_graphs"):
-        pt.from_hf(_model("marian"), dtype=torch.float32, device="cpu", use_graphs=False)
+    with pytest.raises(UnsupportedModelError, match="programmatic_edges"):
+        pt.from_hf(_model("marian"), dtype=torch.float32, device="cpu", programmatic_edges=True)
     with pytest.raises(InputError, match="dtype"):
         pt.from_hf(_model("marian"), dtype=torch.int8, device="cpu")
 

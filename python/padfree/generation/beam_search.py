@@ -13,9 +13,13 @@ or the early-stop heuristic says no improvement is possible (its best-case lengt
 early_stopping: "never" with length_penalty > 0 assumes max_length). The pool is the output:
 sequences padded with pad_token_id (HF's `pad or eos[0]`), sequences_scores its scores.
 
-Everything stays on the device; the host reads one bool ("all done?") every `check_every` steps.
+The state (running hypotheses, the pool, their scores) lives in tensors allocated once per decode
+state and updated in place; the step reads the current length from the decoder's device step
+counter, so it is capture-safe (one CUDA graph replays every step, runner.py). HF's stop condition
+becomes a sticky device flag `done`, which the host reads every few steps without stalling the GPU.
 Running past the stop is harmless: HF's stop condition only holds when no pool can change (every
-new candidate gets -1e9 added), and steps never exceed max_length.
+new candidate gets -1e9 added, or no source can improve, or every pool is closed), and the runner
+never runs more than max_length - 1 steps.
 """
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ from .decoder import Decoder
 from .options import GenerationOptions
 from .processors import Processors
 
-__all__ = ["BeamSearchResult", "beam_search"]
+__all__ = ["BeamSearchResult", "BeamSearch"]
 
 NEG = -1.0e9   # HF's "very large negative" added to scores that must lose
 
@@ -52,89 +56,111 @@ def _fill_value(options: GenerationOptions) -> int:
     return options.pad_token_id if options.pad_token_id else options.eos_token_ids[0]
 
 
-def beam_search(decoder: Decoder, options: GenerationOptions, bias: torch.Tensor | None,
-                check_every: int = 4) -> BeamSearchResult:
-    """Run beam search on `decoder` (rows = batch * num_beams) to HF's stop condition."""
-    ops = decoder.ops
-    device = decoder.weights.device
-    batch, beams = decoder.sources.batch, options.num_beams
-    per_row = options.candidates_per_row
-    keep = per_row * beams                     # HF's beams_to_keep
-    max_length = options.max_length
-    lp, early = options.length_penalty, options.early_stopping
-    eos = torch.tensor(options.eos_token_ids or [-1], dtype=torch.long, device=device)
-    fill = _fill_value(options)
+class BeamSearch:
+    """Beam search's device state for one decoder state, and its capture-safe step."""
 
-    running = torch.full((batch, beams, max_length), fill, dtype=torch.long, device=device)
-    running[:, :, 0] = options.decoder_start_token_id
-    running_scores = torch.zeros(batch, beams, device=device)
-    running_scores[:, 1:] = NEG                # only beam 0's continuations count at the first step
-    pool = running.clone()
-    pool_scores = torch.full((batch, beams), NEG, device=device)
-    pool_lengths = torch.zeros(batch, beams, dtype=torch.long, device=device)   # generated tokens
-    pool_finished = torch.zeros(batch, beams, dtype=torch.bool, device=device)
-    improvable = torch.ones(batch, 1, dtype=torch.bool, device=device)
-    top_beams = torch.arange(keep, device=device) < beams
-    source_offset = torch.arange(batch, device=device)[:, None] * beams
+    def __init__(self, decoder: Decoder, options: GenerationOptions, bias: torch.Tensor | None):
+        self.decoder, self.options, self.bias = decoder, options, bias
+        device = decoder.weights.device
+        batch, beams = decoder.batch, options.num_beams
+        self.batch, self.beams = batch, beams
+        self.keep = options.candidates_per_row * beams          # HF's beams_to_keep
+        max_length = options.max_length
+        self.eos = torch.tensor(options.eos_token_ids or [-1], dtype=torch.long, device=device)
+        self.fill = _fill_value(options)
+        self.running = torch.empty((batch, beams, max_length), dtype=torch.long, device=device)
+        self.running_scores = torch.empty(batch, beams, device=device)
+        self.pool = torch.empty_like(self.running)
+        self.pool_scores = torch.empty(batch, beams, device=device)
+        self.pool_lengths = torch.empty(batch, beams, dtype=torch.long, device=device)   # generated tokens
+        self.pool_finished = torch.empty(batch, beams, dtype=torch.bool, device=device)
+        self.improvable = torch.empty(batch, 1, dtype=torch.bool, device=device)
+        self.done = torch.empty(1, dtype=torch.bool, device=device)
+        self.top_beams = torch.arange(self.keep, device=device) < beams
+        self.source_offset = torch.arange(batch, device=device)[:, None] * beams
+        self.processors = Processors(options, batch * beams, device)
+        self.workspace = decoder.ops.workspace("log_softmax_topk", batch * beams,
+                                               decoder.weights.step_lm_head.shape[0], self.keep)
+        self.reset()
 
-    processors_for = Processors(options, batch * beams, device)
-    cur_len = 1
-    while cur_len < max_length:
-        step = cur_len - 1
-        tokens = running[:, :, step].reshape(-1)
-        logits = decoder.logits(tokens, step)
-        processors = processors_for.step(running[:, :, :cur_len].reshape(batch * beams, cur_len))
-        cand_scores, cand_ids = ops.log_softmax_topk(logits, keep, bias=bias, beam_scores=running_scores.reshape(-1),
-                                                     **processors.kwargs())
+    def reset(self) -> None:
+        """The state before the first step (the decoder's own state is reset by Decoder.load)."""
+        self.running.fill_(self.fill)
+        self.running[:, :, 0] = self.options.decoder_start_token_id
+        self.running_scores.zero_()
+        self.running_scores[:, 1:] = NEG          # only beam 0's continuations count at the first step
+        self.pool.copy_(self.running)
+        self.pool_scores.fill_(NEG)
+        self.pool_lengths.zero_()
+        self.pool_finished.zero_()
+        self.improvable.fill_(True)
+        self.done.zero_()
+
+    def step(self) -> None:
+        """One step: logits, processors, candidates, the running beams, the pool, the indirection, the
+        stop flag, the step counter. Only device tensors change; no value reaches the host."""
+        decoder, options = self.decoder, self.options
+        batch, beams, keep = self.batch, self.beams, self.keep
+        max_length, lp, early = options.max_length, options.length_penalty, options.early_stopping
+        step = decoder.step.long()
+        cur_len = step + 1                            # tokens so far, the start token included
+        tokens = self.running.index_select(2, step).reshape(-1)
+        logits = decoder.logits(tokens)
+        processors = self.processors.step(self.running.view(batch * beams, max_length), cur_len)
+        cand_scores, cand_ids = decoder.ops.log_softmax_topk(logits, keep, bias=self.bias,
+                                                             beam_scores=self.running_scores.view(-1),
+                                                             workspace=self.workspace, **processors.kwargs())
         # merge the beams' candidates: stable sort = flattened (beam, id) order among equal scores
         flat_scores = cand_scores.view(batch, beams * keep)
         order = torch.sort(flat_scores, dim=1, descending=True, stable=True).indices[:, :keep]
         top_scores = torch.gather(flat_scores, 1, order)
         top_parent = torch.div(order, keep, rounding_mode="floor")
-        top_tokens = torch.gather(cand_ids.view(batch, beams * keep).long(), 1, order)
-        top_sequences = _gather(running, top_parent)
-        top_sequences[:, :, cur_len] = top_tokens
-        hits = torch.isin(top_tokens, eos) | (cur_len + 1 >= max_length)
+        top_tokens = torch.gather(cand_ids.view(batch, beams * keep), 1, order).long()
+        top_sequences = _gather(self.running, top_parent)
+        top_sequences.index_copy_(2, cur_len, top_tokens.unsqueeze(2))
+        hits = (top_tokens.unsqueeze(-1) == self.eos).any(dim=-1) | (cur_len + 1 >= max_length)
 
         # running beams for the next step: the best num_beams that did not finish
         running_candidates = top_scores + hits.float() * NEG
         next_beams = torch.topk(running_candidates, k=beams).indices     # HF's call, HF's order for ties
-        running = _gather(top_sequences, next_beams)
-        running_scores = torch.gather(running_candidates, 1, next_beams)
-        parents = (torch.gather(top_parent, 1, next_beams) + source_offset).reshape(-1).to(torch.int32)
+        parents = (torch.gather(top_parent, 1, next_beams) + self.source_offset).view(-1).to(torch.int32)
 
-        # the pool: finished candidates among the top num_beams, length-penalised
-        finished_now = hits & top_beams[None, :]
-        penalised = top_scores / ((cur_len + 1 - 1) ** lp)
-        pool_closed = torch.all(pool_finished, dim=-1, keepdim=True) & (early is True)
+        # the pool: finished candidates among the top num_beams, length-penalised (HF: new tokens ** lp,
+        # computed in float64 as HF's Python power is, then rounded to the scores' float32)
+        finished_now = hits & self.top_beams[None, :]
+        penalised = top_scores / step.add(1).double().pow(lp).float()
+        pool_closed = torch.all(self.pool_finished, dim=-1, keepdim=True) & (early is True)
         penalised = penalised + pool_closed.float() * NEG
-        penalised = penalised + (~improvable).float() * NEG
+        penalised = penalised + (~self.improvable).float() * NEG
         penalised = penalised + (~finished_now) * NEG
-        merged_scores = torch.cat((pool_scores, penalised), dim=1)
+        merged_scores = torch.cat((self.pool_scores, penalised), dim=1)
         best = torch.topk(merged_scores, k=beams).indices
-        pool = _gather(torch.cat((pool, top_sequences), dim=1), best)
-        pool_scores = torch.gather(merged_scores, 1, best)
-        pool_lengths = torch.gather(torch.cat((pool_lengths, torch.full_like(top_tokens, cur_len)), dim=1), 1, best)
-        pool_finished = torch.gather(torch.cat((pool_finished, finished_now), dim=1), 1, best)
+        self.pool.copy_(_gather(torch.cat((self.pool, top_sequences), dim=1), best))
+        self.pool_scores.copy_(torch.gather(merged_scores, 1, best))
+        self.pool_lengths.copy_(torch.gather(torch.cat((self.pool_lengths, cur_len.expand_as(top_tokens)), dim=1),
+                                             1, best))
+        self.pool_finished.copy_(torch.gather(torch.cat((self.pool_finished, finished_now), dim=1), 1, best))
+        self.running.copy_(_gather(top_sequences, next_beams))
+        self.running_scores.copy_(torch.gather(running_candidates, 1, next_beams))
 
-        decoder.reorder(parents, step)
-        cur_len += 1
+        decoder.reorder(parents)
+        decoder.advance()
 
-        # HF's early-stop heuristic and stop condition
+        # HF's early-stop heuristic (at the new length cur_len + 1) and stop condition, as a sticky flag
         if early == "never" and lp > 0.0:
-            best_length = max_length - 1
+            best_running = self.running_scores[:, :1] / ((max_length - 1) ** lp)
         else:
-            best_length = cur_len - 1
-        best_running = running_scores[:, :1] / (best_length ** lp)
-        worst_pool = torch.where(pool_finished, torch.min(pool_scores, dim=1, keepdim=True)[0], NEG)
-        improvable = improvable & torch.any(best_running > worst_pool, dim=-1, keepdim=True)
-        if cur_len < max_length and (cur_len - 1) % check_every == 0:
-            open_pool = ~(torch.all(pool_finished) & (early is True))
-            if not bool(torch.any(improvable) & open_pool & ~torch.all(hits)):
-                break
+            best_running = self.running_scores[:, :1] / cur_len.double().pow(lp).float()
+        worst_pool = torch.where(self.pool_finished, torch.min(self.pool_scores, dim=1, keepdim=True)[0], NEG)
+        self.improvable &= torch.any(best_running > worst_pool, dim=-1, keepdim=True)
+        open_pool = ~(torch.all(self.pool_finished) & (early is True))
+        self.done |= ~(torch.any(self.improvable) & open_pool & ~torch.all(hits))
 
-    returned = options.num_return_sequences
-    sequences = pool[:, :returned].reshape(batch * returned, max_length)
-    scores = pool_scores[:, :returned].reshape(-1)
-    length = 1 + int(pool_lengths[:, :returned].max())
-    return BeamSearchResult(sequences[:, :length], scores)
+    def result(self) -> BeamSearchResult:
+        """The pool's best num_return_sequences per source (reads the lengths: one host sync). Copies, since
+        the state's tensors serve the next call."""
+        returned = self.options.num_return_sequences
+        length = 1 + int(self.pool_lengths[:, :returned].max())
+        sequences = self.pool[:, :returned, :length].reshape(self.batch * returned, length)
+        scores = self.pool_scores[:, :returned].reshape(-1).clone()
+        return BeamSearchResult(sequences.clone(), scores)

@@ -1,14 +1,19 @@
-"""One decoder step over all live hypotheses, with the K/V cache and its beam indirection.
+"""The decoder's static state for one shape bucket and its step, with the K/V cache and its beam indirection.
 
 Caches: per layer k_cache, v_cache [rows, H, L, D] (rows = sources * rows_per_source, L = max_length)
 written once per step at column `step` and never copied. A hypothesis' history is found through
 cache_indir [rows, L] int32: position t of row r lives in row cache_indir[r, t]'s slot t. Beam search
-reorders the indirection (beam_reorder_cache_indir, O(rows * L) int32 per step, into the other of two
-ping-pong buffers) instead of gathering every layer's caches (O(layers * rows * hidden * L) per
-step). Greedy and sampling keep the identity indirection and never reorder.
+reorders the indirection (beam_reorder_cache_indir, O(rows * L) int32 per step) instead of gathering
+every layer's caches (O(layers * rows * hidden * L) per step). Greedy and sampling keep the identity
+indirection and never reorder.
 
-The step index lives in a device int32 tensor [1] (the kernels read it there, so one captured CUDA
-graph could replay every step); the host loop counter is passed alongside for the position lookup.
+Every tensor a step reads or writes is allocated here once and updated in place, and the step index
+lives in a device int32 tensor [1] that the step itself advances: the step is a function of device
+state only, so one captured CUDA graph replays every step (runner.py) and the eager path runs the
+same code. The per-call inputs (the sources' cross-attention K/V and cu_seqlens) are written into
+fixed-size buffers by load(); their sizes are bucketed (token_bucket, seqlen_bucket) so calls with
+other sources of the same batch reuse the state and its graph. Rows past the call's tokens are never
+read (cu_seqlens bounds every source).
 """
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ from .encoder import PackedSources
 from .layers import embed, ensure_position_rows, ffn, layer_norm, position_rows, residual
 from .weights import Seq2SeqWeights
 
-__all__ = ["Decoder", "cache_bytes"]
+__all__ = ["Decoder", "cache_bytes", "token_bucket", "seqlen_bucket"]
 
 
 def cache_bytes(weights: Seq2SeqWeights, rows: int, capacity: int) -> int:
@@ -30,53 +35,88 @@ def cache_bytes(weights: Seq2SeqWeights, rows: int, capacity: int) -> int:
     return 2 * len(stack.layers) * rows * stack.hidden * capacity * element + 2 * rows * capacity * 4
 
 
-class Decoder:
-    """The decoder state of one generate() call and its step.
+def token_bucket(tokens: int) -> int:
+    """Packed source tokens rounded up to 4/4, 5/4, 6/4 or 7/4 of a power of two (at least 64): the
+    cross-attention buffers of a bucket serve every call whose sources fit, wasting under 25 %."""
+    if tokens <= 64:
+        return 64
+    power = 1 << (tokens.bit_length() - 3)      # a quarter of the power of two below tokens
+    return -(-tokens // power) * power
 
-    rows_per_source hypotheses per source (beams, or samples), the sources' packed cross-attention
-    memory kv_mem (encoder.cross_attention_memory), capacity L = the longest decoder sequence.
+
+def seqlen_bucket(longest: int) -> int:
+    """The longest source rounded up to a power of two (at least 16): cross_attention's max_seqlen."""
+    return max(16, 1 << (longest - 1).bit_length())
+
+
+class Decoder:
+    """The decoder state of one shape bucket and its step.
+
+    batch sources, rows_per_source hypotheses per source (beams, or samples), capacity L = the longest
+    decoder sequence, cross-attention buffers of `tokens` packed rows for sources up to `max_seqlen`.
     """
 
-    def __init__(self, weights: Seq2SeqWeights, ops: DecoderOps, sources: PackedSources,
-                 kv_mem: list[torch.Tensor], rows_per_source: int, capacity: int):
-        self.weights, self.ops, self.sources, self.kv_mem = weights, ops, sources, kv_mem
-        self.rows_per_source = rows_per_source
-        self.rows = sources.batch * rows_per_source
-        self.capacity = capacity
+    def __init__(self, weights: Seq2SeqWeights, ops: DecoderOps, batch: int, rows_per_source: int, capacity: int,
+                 tokens: int, max_seqlen: int):
+        self.weights, self.ops = weights, ops
+        self.batch, self.rows_per_source = batch, rows_per_source
+        self.rows = batch * rows_per_source
+        self.capacity, self.tokens, self.max_seqlen = capacity, tokens, max_seqlen
         stack = weights.decoder
         device, dtype = weights.device, weights.dtype
         shape = (self.rows, stack.num_heads, capacity, stack.head_dim)
-        self.k_cache = [torch.empty(shape, dtype=dtype, device=device) for _ in stack.layers]
-        self.v_cache = [torch.empty(shape, dtype=dtype, device=device) for _ in stack.layers]
+        # zeroed once: slots past a row's step are never used, but the torch reference reads them under a
+        # mask, and a NaN there would survive a zero probability
+        self.k_cache = [torch.zeros(shape, dtype=dtype, device=device) for _ in stack.layers]
+        self.v_cache = [torch.zeros(shape, dtype=dtype, device=device) for _ in stack.layers]
+        self.kv_mem = [torch.zeros(tokens, 2 * stack.hidden, dtype=dtype, device=device) for _ in stack.layers]
+        self.cu_seqlens = torch.zeros(batch + 1, dtype=torch.int32, device=device)
+        # identity for greedy and sampling; beam search overwrites every column before a step reads it
         identity = torch.arange(self.rows, dtype=torch.int32, device=device)[:, None].expand(self.rows, capacity)
-        self.indir = [identity.contiguous(), identity.contiguous()]   # ping-pong
-        self.current = 0
+        self.indir = identity.contiguous()
+        self.indir_next = identity.contiguous()   # the reorder's output (it must not alias its input)
         self.step = torch.zeros(1, dtype=torch.int32, device=device)
         ensure_position_rows(stack, weights.spec, weights.pad_token_id, weights.pad_token_id + 2 + capacity)
+        self.positions = stack.positions          # kept: a captured step reads this tensor, even if the table grows
+        heads, head_dim = stack.num_heads, stack.head_dim
+        self.ws_self = ops.workspace("decoder_self_attention", self.rows, heads, head_dim, capacity)
+        self.ws_cross = ops.workspace("cross_attention", self.rows, heads, head_dim, max_seqlen)
 
-    def logits(self, tokens: torch.Tensor, step: int) -> torch.Tensor:
-        """Logits [rows, V] (weights' dtype, bias not added) for the next token after `tokens` (int64
-        [rows], the token at position `step` of every hypothesis)."""
+    def load(self, sources: PackedSources, encoder_out: torch.Tensor) -> None:
+        """This call's sources: cross-attention K/V (encoder_out @ [Wk; Wv]^T + [bk; bv]) into the packed
+        buffers, cu_seqlens, and the step back to 0."""
+        if sources.batch != self.batch or sources.total_tokens > self.tokens or sources.max_seqlen > self.max_seqlen:
+            raise ValueError("Decoder.load: the sources do not fit this state's bucket")
+        total = sources.total_tokens
+        for layer, buffer in zip(self.weights.decoder.layers, self.kv_mem):
+            torch.addmm(layer.cross_attn.kv_bias, encoder_out, layer.cross_attn.kv_weight.t(), out=buffer[:total])
+        self.cu_seqlens.copy_(sources.cu_seqlens)
+        self.step.zero_()
+
+    def logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits [rows, V'] (weights' dtype, bias not added; V' = weights.step_lm_head's rows, the padded
+        ids get -inf from weights.step_logits_bias) for the next token after `tokens` (int64 [rows], the
+        token at position `step` of every hypothesis)."""
         w, spec = self.weights, self.weights.spec
         stack = w.decoder
         heads = stack.num_heads
-        self.step.fill_(step)
         positions = self.step.long().expand(self.rows)
-        x = embed(stack, tokens, position_rows(spec, w.pad_token_id, positions, tokens))
-        indir = self.indir[self.current]
+        x = embed(stack, tokens, position_rows(spec, w.pad_token_id, positions, tokens), self.positions)
         for i, layer in enumerate(stack.layers):
             attn, cross = layer.self_attn, layer.cross_attn
 
             def self_attention(h, attn=attn, i=i):
                 qkv = F.linear(h, attn.qkv_weight)
-                o = self.ops.decoder_self_attention(qkv, self.k_cache[i], self.v_cache[i], indir, self.step, heads,
-                                                    qkv_bias=attn.qkv_bias, softmax_scale=1.0)
+                o = self.ops.decoder_self_attention(qkv, self.k_cache[i], self.v_cache[i], self.indir, self.step, heads,
+                                                    qkv_bias=attn.qkv_bias, softmax_scale=1.0,
+                                                    workspace=self.ws_self)
                 return F.linear(o, attn.out_weight, attn.out_bias)
 
             def cross_attention(h, cross=cross, i=i):
                 q = F.linear(h, cross.q_weight)
-                o = self.ops.cross_attention(q, self.kv_mem[i], self.sources.cu_seqlens, self.sources.max_seqlen,
-                                             self.rows_per_source, heads, q_bias=cross.q_bias, softmax_scale=1.0)
+                o = self.ops.cross_attention(q, self.kv_mem[i], self.cu_seqlens, self.max_seqlen,
+                                             self.rows_per_source, heads, q_bias=cross.q_bias, softmax_scale=1.0,
+                                             workspace=self.ws_cross)
                 return F.linear(o, cross.out_weight, cross.out_bias)
 
             x = residual(x, self_attention, attn.ln, spec.pre_ln)
@@ -84,11 +124,16 @@ class Decoder:
             x = residual(x, lambda h, f=layer.ffn: ffn(h, f, w.activation), layer.ffn.ln, spec.pre_ln)
         if stack.final_layer_norm is not None:
             x = layer_norm(x, stack.final_layer_norm)
-        return F.linear(x, w.lm_head)
+        return F.linear(x, w.step_lm_head)      # [rows, V'] (weights.pad_output_projection)
 
-    def reorder(self, parents: torch.Tensor, step: int) -> None:
-        """Hypothesis r continues row parents[r] (int32 [rows]) from step + 1 on."""
-        self.step.fill_(step)
-        out = self.indir[1 - self.current]
-        self.ops.beam_reorder_cache_indir(self.indir[self.current], parents, self.step, out=out)
-        self.current = 1 - self.current
+    def reorder(self, parents: torch.Tensor) -> None:
+        """Hypothesis r continues row parents[r] (int32 [rows]) from the next step on.
+
+        The kernel writes into a second buffer, copied back: the indirection keeps one address, so one
+        captured graph serves every step (two graphs alternating would save a [rows, L] int32 copy)."""
+        self.ops.beam_reorder_cache_indir(self.indir, parents, self.step, out=self.indir_next)
+        self.indir.copy_(self.indir_next)
+
+    def advance(self) -> None:
+        """The step counter moves on the device, at the end of the step."""
+        self.step.add_(1)

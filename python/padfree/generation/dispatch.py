@@ -90,8 +90,29 @@ class DecoderOps:
                 log.warning("padfree.generation: %s kernel refused this configuration (%s); using the torch "
                             "reference from now on", name, e)
                 self._bind(name, reference, f"reference: kernel refused ({e})")
-                return reference(*args, **kwargs)
+                return reference(*args, **kwargs)   # the reference takes (and ignores) workspace=
         return call
+
+    def workspace(self, name: str, *sizes: int) -> torch.Tensor | None:
+        """A uint8 scratch for op `name`'s kernel at these sizes (self/cross attention: rows, heads,
+        head_dim, positions; log_softmax_topk: rows, vocab, k), allocated once by the caller's state so
+        that no step allocates (CUDA-graph capture); None where the reference runs or the kernel needs none.
+        The size is the one the binding would allocate itself, so the split count, and with it every
+        rounding, is the same as a call without it."""
+        if self.sources.get(name) != "kernel":
+            return None
+        from ..ops import decoder as kernels_decoder
+        from ..ops import decoding as kernels_decoding
+        with torch.cuda.device(self.device):
+            if name == "log_softmax_topk":
+                nbytes = kernels_decoding._workspace_bytes(*sizes)
+            else:
+                symbol = {"decoder_self_attention": "padfree_decoder_self_attention_workspace_size",
+                          "cross_attention": "padfree_decoder_cross_attention_workspace_size"}[name]
+                nbytes = kernels_decoder._workspace_bytes(symbol, torch.cuda.current_device(), *sizes)
+        if nbytes == 0:
+            return None
+        return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
 
     def describe(self) -> str:
         return ", ".join(f"{name}={source}" for name, source in self.sources.items())

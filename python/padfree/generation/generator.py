@@ -8,14 +8,13 @@ import torch
 
 from ..ops._tensors import InputError
 from . import inputs
-from .beam_search import beam_search
-from .decoder import Decoder
 from .dispatch import DecoderOps
-from .encoder import PackedSources, cross_attention_memory, encode
+from .encoder import PackedSources, encode
 from .models import detect_family, validate_config
 from .options import GenerationOptions, resolve_options
-from .sampling import make_generator, single_search
-from .weights import Seq2SeqWeights, extract
+from .runner import Runner
+from .sampling import make_generator
+from .weights import Seq2SeqWeights, extract, pad_output_projection
 
 __all__ = ["Seq2SeqGenerator"]
 
@@ -38,7 +37,8 @@ class Seq2SeqGenerator:
     """
 
     def __init__(self, model: torch.nn.Module, dtype: torch.dtype = torch.float16,
-                 device: str | torch.device | None = None, *, force_reference_ops: bool = False):
+                 device: str | torch.device | None = None, *, force_reference_ops: bool = False,
+                 use_graphs: bool = True, max_graphs: int = 4):
         if dtype not in _DTYPES:
             raise InputError(f"dtype: expected one of {', '.join(map(str, _DTYPES))}, got {dtype}")
         if device is None:
@@ -52,14 +52,26 @@ class Seq2SeqGenerator:
         self.generation_config = copy.deepcopy(model.generation_config)
         self.device, self.dtype = device, dtype
         self.weights: Seq2SeqWeights = extract(model, self.spec, dtype, device)
+        if device.type == "cuda":
+            pad_output_projection(self.weights)     # an aligned logits GEMM (the CPU keeps the exact vocabulary)
         self.ops = DecoderOps(device, self.weights.encoder.head_dim, force_reference=force_reference_ops)
-        self.check_every = 4
+        # use_graphs: on CUDA each decode step is one CUDA-graph replay (runner.py); False runs the same
+        # step eagerly. max_graphs: decode states (buffers + graph) kept per shape bucket, LRU.
+        self.runner = Runner(self.weights, self.ops, device, use_graphs=use_graphs, max_states=max_graphs)
         # the model's own generation_config is checked at load: an option it carries that padfree does not
         # implement fails here, naming it, rather than at the first generate()
         self.resolve()
         if model.training:
             log.warning("padfree.generation: %s is in training mode; padfree generates as in eval mode (no "
                         "dropout), which HF's generate on this model would not", type(model).__name__)
+
+    @property
+    def use_graphs(self) -> bool:
+        return self.runner.use_graphs
+
+    @use_graphs.setter
+    def use_graphs(self, value: bool) -> None:
+        self.runner.use_graphs = bool(value)
 
     def __repr__(self) -> str:
         w = self.weights
@@ -85,22 +97,25 @@ class Seq2SeqGenerator:
         lengths = [len(s) for s in sources]
         needed = inputs.estimate_bytes(self.weights, len(sources), sum(lengths), max(lengths), rows,
                                        options.max_length - 1)
+        if self.runner.states and not inputs.fits(needed, inputs.free_device_bytes(self.device)):
+            self.runner.clear()     # the kept states' buffers are the first memory to give back
         inputs.check_memory(needed, self.device, inputs.free_device_bytes(self.device))
         with torch.inference_mode():
             return self._run(sources, options)
 
     def _run(self, sources: list[list[int]], options: GenerationOptions):
         packed = PackedSources.from_lists(sources, self.device)
-        kv_mem = cross_attention_memory(self.weights, encode(self.weights, self.ops, packed))
-        decoder = Decoder(self.weights, self.ops, packed, kv_mem, options.rows_per_source, options.max_length - 1)
-        bias = self.weights.logits_bias
+        state = self.runner.state(packed, options)
+        state.decoder.load(packed, encode(self.weights, self.ops, packed))
+        state.search.reset()
+        if options.do_sample:
+            state.search.generator = make_generator(self.device, options.seed)
+        self.runner.run(state, options.max_length - 1)
         if options.num_beams > 1:
-            result = beam_search(decoder, options, bias, check_every=self.check_every)
+            result = state.search.result()
             sequences, scores = result.sequences, result.scores
         else:
-            generator = make_generator(self.device, options.seed) if options.do_sample else None
-            sequences = single_search(decoder, options, bias, generator, check_every=self.check_every)
-            scores = None
+            sequences, scores = state.search.result(), None
         if not options.return_dict_in_generate:
             return sequences
         from transformers.generation.utils import GenerateBeamEncoderDecoderOutput, GenerateEncoderDecoderOutput

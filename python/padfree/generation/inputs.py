@@ -11,7 +11,7 @@ from ..ops._tensors import InputError
 from .decoder import cache_bytes
 from .weights import Seq2SeqWeights
 
-__all__ = ["source_lists", "check_lengths", "estimate_bytes", "free_device_bytes", "check_memory"]
+__all__ = ["source_lists", "check_lengths", "estimate_bytes", "free_device_bytes", "fits", "check_memory"]
 
 
 def source_lists(input_ids, attention_mask=None) -> list[list[int]]:
@@ -107,8 +107,12 @@ def free_device_bytes(device: torch.device) -> int | None:
     return torch.cuda.mem_get_info(device)[0]
 
 
+def fits(needed: int, free: int | None) -> bool:
+    return free is None or needed <= 0.9 * free
+
+
 def check_memory(needed: int, device: torch.device, free: int | None) -> None:
-    if free is not None and needed > 0.9 * free:
+    if not fits(needed, free):
         raise InputError(f"this call needs about {needed / 2**30:.2f} GiB on {device} (K/V caches, cross-attention "
                          f"memory, activations) but {free / 2**30:.2f} GiB is free; lower the batch, num_beams or "
                          f"max_new_tokens")

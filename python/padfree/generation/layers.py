@@ -67,13 +67,16 @@ def ensure_position_rows(stack: StackWeights, spec: FamilySpec, pad: int, rows_n
         stack.positions = table.to(device=stack.positions.device, dtype=stack.positions.dtype)
 
 
-def embed(stack: StackWeights, tokens: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+def embed(stack: StackWeights, tokens: torch.Tensor, rows: torch.Tensor,
+          positions: torch.Tensor | None = None) -> torch.Tensor:
     """embed_tokens[tokens] * embed_scale + positions[rows], then layernorm_embedding where the family has it.
 
     tokens, rows: int64 [n]. Returns [n, hidden] in the weights' dtype (HF scales in the model dtype).
+    positions: the table to read (default stack.positions; a captured decoder step holds on to the
+    table it was captured with, since growing a fairseq table replaces the tensor).
     """
     x = F.embedding(tokens, stack.embed_tokens) * stack.embed_scale
-    x = x + F.embedding(rows, stack.positions)
+    x = x + F.embedding(rows, stack.positions if positions is None else positions)
     if stack.layernorm_embedding is not None:
         x = layer_norm(x, stack.layernorm_embedding)
     return x

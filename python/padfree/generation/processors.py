@@ -3,7 +3,8 @@
 banned_ids: no_repeat_ngram_size, bad_words_ids and the min-length eos ban (all set a score to -inf);
 penalty_ids: the tokens repetition_penalty applies to; forced_ids: forced BOS at the first step,
 forced EOS at the last (HF applies ForcedEOS after ForcedBOS, so EOS wins where both apply).
-`history` is each row's decoder sequence so far, start token included, as HF's processors see it.
+`history` is each row's decoder sequence (start token included, as HF's processors see it) over the
+state's whole capacity, with the current length a device tensor: fixed shapes, no host value per step.
 """
 from __future__ import annotations
 
@@ -29,24 +30,34 @@ class StepProcessors:
                 "repetition_penalty": self.repetition_penalty, "forced_ids": self.forced_ids}
 
 
-def no_repeat_ngram_banned(history: torch.Tensor, n: int) -> torch.Tensor | None:
-    """int64 [rows, cur_len - n + 1]: tokens that would repeat an n-gram of the row's history (-1: none).
+def _columns(history: torch.Tensor, first: torch.Tensor, count: int) -> torch.Tensor:
+    """history[:, first + j] for j < count (int64 [rows, count]); first: int64 [1] on the device, columns
+    before 0 read column 0 (callers mask those matches)."""
+    index = (first + torch.arange(count, device=history.device)).clamp(min=0)
+    return history.index_select(1, index)
+
+
+def no_repeat_ngram_banned(history: torch.Tensor, cur_len: torch.Tensor, n: int) -> torch.Tensor:
+    """int64 [rows, L - n + 1]: tokens that would repeat an n-gram of the row's first cur_len tokens (-1: none).
 
     HF's NoRepeatNGramLogitsProcessor: every n-gram whose first n-1 tokens equal the last n-1 tokens
-    bans its last token.
+    bans its last token. history: [rows, L] (columns from cur_len on are ignored); cur_len: int64 [1]
+    on the device, so the shape never depends on the step.
     """
-    cur_len = history.shape[1]
-    if cur_len < n:
-        return None
-    prefix = history[:, cur_len + 1 - n:]
-    windows = history.unfold(1, n, 1)                                  # [rows, cur_len - n + 1, n]
-    matches = (windows[..., :-1] == prefix.unsqueeze(1)).all(dim=-1)
-    return torch.where(matches, windows[..., -1], torch.full_like(windows[..., -1], -1))
+    prefix = _columns(history, cur_len - (n - 1), n - 1)                 # the last n-1 tokens
+    windows = history.unfold(1, n, 1)                                  # [rows, L - n + 1, n]
+    inside = torch.arange(windows.shape[1], device=history.device) <= cur_len - n   # the n-gram ends before cur_len
+    matches = (windows[..., :-1] == prefix.unsqueeze(1)).all(dim=-1) & inside
+    return torch.where(matches, windows[..., -1], -1)
 
 
-def unique_ids(history: torch.Tensor) -> torch.Tensor:
-    """int32 [rows, cur_len]: each row's distinct tokens, repeats replaced by -1 (the kernel may apply a
-    listed id's penalty once per occurrence; HF applies it once per id)."""
+def unique_ids(history: torch.Tensor, cur_len: torch.Tensor | None = None) -> torch.Tensor:
+    """int32 [rows, L]: each row's distinct tokens among its first cur_len (all where None), repeats and
+    the ignored columns replaced by -1 (the kernel may apply a listed id's penalty once per occurrence;
+    HF applies it once per id)."""
+    if cur_len is not None:
+        inside = torch.arange(history.shape[1], device=history.device) < cur_len
+        history = torch.where(inside, history, -1)
     ordered = torch.sort(history, dim=1).values
     repeat = torch.zeros_like(ordered, dtype=torch.bool)
     repeat[:, 1:] = ordered[:, 1:] == ordered[:, :-1]
@@ -54,8 +65,14 @@ def unique_ids(history: torch.Tensor) -> torch.Tensor:
 
 
 class Processors:
-    """The options' processors for one generate() call: constant id tensors moved to the device once
-    (a host-to-device copy per step would wait for the GPU), then step() per decode step."""
+    """The options' processors for one decode state: constant id tensors moved to the device once (a
+    host-to-device copy per step would wait for the GPU), then step() per decode step.
+
+    step() reads the step from the device (cur_len, an int64 [1] tensor) and returns id lists of a
+    fixed shape (the whole history's width), so that it can be captured in a CUDA graph: conditions
+    such as "cur_len < min_length" become torch.where over constant id tensors, never a host branch.
+    Only the options (constant per state) decide which lists exist.
+    """
 
     def __init__(self, options: GenerationOptions, rows: int, device: torch.device):
         self.options, self.rows = options, rows
@@ -67,43 +84,45 @@ class Processors:
         self.bad_multi = [(torch.tensor(w[:-1], dtype=torch.long, device=device), w[-1])
                           for w in options.bad_words_multi]
         self.eos = ids(options.eos_token_ids) if options.eos_token_ids else None
-        self.forced = {value: torch.full((rows,), value, dtype=torch.int32, device=device)
-                       for value in (options.forced_bos_token_id, options.forced_eos_token_id) if value is not None}
+        self.bad_single_i32 = self.bad_single.to(torch.int32) if self.bad_single is not None else None
+        self.eos_i32 = self.eos.to(torch.int32) if self.eos is not None else None
+        bos, eos = options.forced_bos_token_id, options.forced_eos_token_id
+        self.forced_bos = None if bos is None else torch.full((rows,), bos, dtype=torch.int32, device=device)
+        self.forced_eos = None if eos is None else torch.full((rows,), eos, dtype=torch.int32, device=device)
 
-    def _bad_words(self, history: torch.Tensor) -> torch.Tensor | None:
+    def _bad_words(self, history: torch.Tensor, cur_len: torch.Tensor) -> torch.Tensor:
         """int64 [rows, words]: each multi-token bad word's last token where its prefix ends the history."""
-        cur_len = history.shape[1]
         cols = []
         for prefix, last in self.bad_multi:
-            if prefix.shape[0] > cur_len:
-                continue                    # HF: a prefix longer than the context matches nothing
-            match = (history[:, cur_len - prefix.shape[0]:] == prefix).all(dim=-1)
+            size = prefix.shape[0]
+            tail = _columns(history, cur_len - size, size)
+            # HF: a prefix longer than the context matches nothing
+            match = (tail == prefix).all(dim=-1) & (cur_len >= size)
             cols.append(torch.where(match, last, -1))
-        return torch.stack(cols, dim=1) if cols else None
+        return torch.stack(cols, dim=1)
 
-    def step(self, history: torch.Tensor) -> StepProcessors:
-        """The processors' id lists for the step that picks token number history.shape[1] (0-based)."""
+    def step(self, history: torch.Tensor, cur_len: torch.Tensor) -> StepProcessors:
+        """The processors' id lists for the step that picks token number cur_len (0-based).
+
+        history: int64 [rows, L], each row's decoder sequence (start token first; columns from cur_len on
+        are ignored); cur_len: int64 [1] on the device (the step + 1)."""
         options = self.options
-        cur_len = history.shape[1]
         banned = []
         if options.no_repeat_ngram_size > 0:
-            ngram = no_repeat_ngram_banned(history, options.no_repeat_ngram_size)
-            if ngram is not None:
-                banned.append(ngram)
-        if self.bad_single is not None:
-            banned.append(self.bad_single)
+            banned.append(no_repeat_ngram_banned(history, cur_len, options.no_repeat_ngram_size).to(torch.int32))
+        if self.bad_single_i32 is not None:
+            banned.append(self.bad_single_i32)
         if self.bad_multi:
-            multi = self._bad_words(history)
-            if multi is not None:
-                banned.append(multi)
-        if self.eos is not None and cur_len < options.min_length:
-            banned.append(self.eos)
-        banned_ids = torch.cat(banned, dim=1).to(torch.int32).contiguous() if banned else None
-        penalty_ids = unique_ids(history) if options.repetition_penalty != 1.0 else None
-        forced = None
-        if options.forced_eos_token_id is not None and cur_len == options.max_length - 1:
-            forced = options.forced_eos_token_id
-        elif options.forced_bos_token_id is not None and cur_len == 1:
-            forced = options.forced_bos_token_id
-        forced_ids = None if forced is None else self.forced[forced]
+            banned.append(self._bad_words(history, cur_len).to(torch.int32))
+        if self.eos_i32 is not None and options.min_length > 1:     # cur_len >= 1: no ban without min_length > 1
+            banned.append(torch.where(cur_len < options.min_length, self.eos_i32, -1))
+        banned_ids = (banned[0] if len(banned) == 1 else torch.cat(banned, dim=1)).contiguous() if banned else None
+        penalty_ids = unique_ids(history, cur_len) if options.repetition_penalty != 1.0 else None
+        # HF applies ForcedEOS after ForcedBOS: EOS wins where both apply
+        forced_ids = None
+        if self.forced_bos is not None:
+            forced_ids = torch.where(cur_len == 1, self.forced_bos, -1)
+        if self.forced_eos is not None:
+            last = cur_len == options.max_length - 1
+            forced_ids = torch.where(last, self.forced_eos, -1 if forced_ids is None else forced_ids)
         return StepProcessors(banned_ids, penalty_ids, options.repetition_penalty, forced_ids)

@@ -10,7 +10,8 @@ step is free, it slices).
 Shapes: rows = batch * num_beams hypotheses (row r belongs to source r // num_beams), H heads of D
 dims (hidden = H * D), T packed source tokens, L the cache capacity, V the vocabulary.
 Activations and caches share one dtype per call (float32, float16 or bfloat16); math in float32.
-Every function takes `out=` (a preallocated output, written in place and returned).
+Every function takes `out=` (a preallocated output, written in place and returned); the three the
+kernels give a `workspace=` take it too and ignore it, so callers pass one either way.
 """
 from __future__ import annotations
 
@@ -82,7 +83,7 @@ def attention_varlen(qkv: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: in
 def decoder_self_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            cache_indir: torch.Tensor, step: int | torch.Tensor, num_heads: int,
                            qkv_bias: torch.Tensor | None = None, softmax_scale: float | None = None,
-                           out: torch.Tensor | None = None) -> torch.Tensor:
+                           out: torch.Tensor | None = None, *, workspace: torch.Tensor | None = None) -> torch.Tensor:
     """One decode step of causal self-attention over the K/V cache, through the cache indirection.
 
     qkv [rows, 3*hidden]: this step's fused projection (bias not added; qkv_bias [3*hidden] or None).
@@ -148,7 +149,8 @@ def beam_reorder_cache_indir(cache_indir: torch.Tensor, parents: torch.Tensor, s
 
 def cross_attention(q: torch.Tensor, kv_mem: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
                     num_beams: int, num_heads: int, q_bias: torch.Tensor | None = None,
-                    softmax_scale: float | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+                    softmax_scale: float | None = None, out: torch.Tensor | None = None, *,
+                    workspace: torch.Tensor | None = None) -> torch.Tensor:
     """Each hypothesis attends over its source's packed encoder rows.
 
     q [rows, hidden] (q_bias [hidden] or None); kv_mem [T, 2*hidden] (K block | V block, bias added);
@@ -241,8 +243,8 @@ def log_softmax_topk(logits: torch.Tensor, k: int, bias: torch.Tensor | None = N
                      beam_scores: torch.Tensor | None = None, banned_ids: torch.Tensor | None = None,
                      penalty_ids: torch.Tensor | None = None, repetition_penalty: float = 1.0,
                      forced_ids: torch.Tensor | None = None, out_scores: torch.Tensor | None = None,
-                     out_ids: torch.Tensor | None = None, normalize: bool = True
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+                     out_ids: torch.Tensor | None = None, normalize: bool = True, *,
+                     workspace: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row: the k best continuations after log_softmax and the logits processors.
 
     logits [rows, V] (any of the dtypes); bias [V] or None (Marian/BART's final_logits_bias);

@@ -8,8 +8,11 @@ repeatable). With 1 <= top_k <= 64 the kernel's top-k returns the k candidates a
 those k values only; otherwise (top_k 0 or > 64) the full processed vocabulary row is warped in torch.
 Draws match HF's token for token only on the full-vocabulary path on the CPU (same generator
 stream, same probabilities to rounding); the top-k path draws from k entries instead of V.
-Finished rows (eos emitted) continue with pad_token_id, as HF's; the host reads "all done?" every
-`check_every` steps and the output is cut where HF's would stop.
+Finished rows (eos emitted) continue with pad_token_id, as HF's; the host reads the device flag
+"all done?" every few steps (runner.py) and the output is cut where HF's would stop. The state lives
+in tensors allocated once per decode state and the step reads the length from the decoder's device
+step counter, so greedy search is captured as one CUDA graph; sampling runs the same step eagerly
+(its torch.Generator is not registered with the graph).
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from .options import GenerationOptions
 from .processors import Processors, StepProcessors
 from .reference_ops import MAX_TOPK
 
-__all__ = ["single_search", "make_generator"]
+__all__ = ["SingleSearch", "make_generator"]
 
 
 def make_generator(device: torch.device, seed: int | None) -> torch.Generator:
@@ -61,37 +64,55 @@ def _draw(decoder: Decoder, logits: torch.Tensor, processors: StepProcessors, op
     return (choice if ids is None else torch.gather(ids.long(), 1, choice)).squeeze(1)
 
 
-def single_search(decoder: Decoder, options: GenerationOptions, bias: torch.Tensor | None,
-                  generator: torch.Generator | None = None, check_every: int = 4) -> torch.Tensor:
-    """Greedy search (do_sample False) or sampling; returns sequences int64 [rows, output_length]."""
-    device = decoder.weights.device
-    rows, max_length = decoder.rows, options.max_length
-    eos = torch.tensor(options.eos_token_ids or [-1], dtype=torch.long, device=device)
-    has_eos = bool(options.eos_token_ids)
-    pad = options.pad_token_id if options.pad_token_id is not None else 0
-    sequences = torch.full((rows, max_length), pad, dtype=torch.long, device=device)
-    sequences[:, 0] = options.decoder_start_token_id
-    unfinished = torch.ones(rows, dtype=torch.bool, device=device)
-    generated = torch.full((rows,), max_length - 1, dtype=torch.long, device=device)  # new tokens per row
-    processors_for = Processors(options, rows, device)
-    cur_len = 1
-    while cur_len < max_length:
-        step = cur_len - 1
-        logits = decoder.logits(sequences[:, step], step)
-        processors = processors_for.step(sequences[:, :cur_len])
+class SingleSearch:
+    """Greedy search (do_sample False) or sampling: one hypothesis per row, its device state and step."""
+
+    def __init__(self, decoder: Decoder, options: GenerationOptions, bias: torch.Tensor | None):
+        self.decoder, self.options, self.bias = decoder, options, bias
+        device = decoder.weights.device
+        rows, max_length = decoder.rows, options.max_length
+        self.eos = torch.tensor(options.eos_token_ids or [-1], dtype=torch.long, device=device)
+        self.has_eos = bool(options.eos_token_ids)
+        self.pad = options.pad_token_id if options.pad_token_id is not None else 0
+        self.sequences = torch.empty((rows, max_length), dtype=torch.long, device=device)
+        self.unfinished = torch.empty(rows, dtype=torch.bool, device=device)
+        self.generated = torch.empty(rows, dtype=torch.long, device=device)   # new tokens per row
+        self.done = torch.empty(1, dtype=torch.bool, device=device)
+        self.processors = Processors(options, rows, device)
+        self.workspace = None if options.do_sample else decoder.ops.workspace(
+            "log_softmax_topk", rows, decoder.weights.step_lm_head.shape[0], 1)
+        self.generator: torch.Generator | None = None     # set per call for sampling
+        self.reset()
+
+    def reset(self) -> None:
+        self.sequences.fill_(self.pad)
+        self.sequences[:, 0] = self.options.decoder_start_token_id
+        self.unfinished.fill_(True)
+        self.generated.fill_(self.options.max_length - 1)
+        self.done.zero_()
+
+    def step(self) -> None:
+        decoder, options = self.decoder, self.options
+        step = decoder.step.long()
+        cur_len = step + 1
+        logits = decoder.logits(self.sequences.index_select(1, step).view(-1))
+        processors = self.processors.step(self.sequences, cur_len)
         if options.do_sample:
-            tokens = _draw(decoder, logits, processors, options, bias, generator)
+            tokens = _draw(decoder, logits, processors, options, self.bias, self.generator)
         else:
-            tokens = decoder.ops.log_softmax_topk(logits, 1, bias=bias, normalize=False,
-                                                  **processors.kwargs())[1][:, 0].long()
-        if has_eos:
-            tokens = torch.where(unfinished, tokens, pad)
-            ended = unfinished & torch.isin(tokens, eos)
-            generated = torch.where(ended, cur_len, generated)
-            unfinished = unfinished & ~ended
-        sequences[:, cur_len] = tokens
-        cur_len += 1
-        if has_eos and cur_len < max_length and (cur_len - 1) % check_every == 0 and not bool(unfinished.any()):
-            break
-    length = 1 + int(generated.max())
-    return sequences[:, :length]
+            tokens = decoder.ops.log_softmax_topk(logits, 1, bias=self.bias, normalize=False, workspace=self.workspace,
+                                                  **processors.kwargs())[1].long()
+            tokens = tokens.view(-1)
+        if self.has_eos:
+            tokens = torch.where(self.unfinished, tokens, self.pad)
+            ended = self.unfinished & (tokens.unsqueeze(-1) == self.eos).any(dim=-1)
+            self.generated.copy_(torch.where(ended, cur_len, self.generated))
+            self.unfinished &= ~ended
+            self.done.copy_(~self.unfinished.any())
+        self.sequences.index_copy_(1, cur_len, tokens.unsqueeze(1))
+        decoder.advance()
+
+    def result(self) -> torch.Tensor:
+        """sequences int64 [rows, output_length] (reads the lengths: one host sync), copied out of the state."""
+        length = 1 + int(self.generated.max())
+        return self.sequences[:, :length].clone()

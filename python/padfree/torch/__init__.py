@@ -53,14 +53,15 @@ def from_hf(model: torch.nn.Module, dtype: torch.dtype = torch.float16, device: 
     """
     if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
         from ..generation import Seq2SeqGenerator  # imported here: encoder users never load it
-        encoder_only = {"use_graphs": (use_graphs, True), "max_graphs": (max_graphs, 8),
-                        "gemm_search": (gemm_search, "heuristic"), "gemm_tuning": (gemm_tuning, None),
+        # use_graphs and max_graphs mean the same there: CUDA-graph decode steps, states kept per bucket
+        encoder_only = {"gemm_search": (gemm_search, "heuristic"), "gemm_tuning": (gemm_tuning, None),
                         "programmatic_edges": (programmatic_edges, False)}
         for name, (value, default) in encoder_only.items():
             if value != default:
                 raise UnsupportedModelError(f"from_hf: {name}={value!r} applies to encoders; padfree.generation "
                                             f"({type(model).__name__}) does not implement it")
-        return Seq2SeqGenerator(model, dtype=dtype, device=device)
+        return Seq2SeqGenerator(model, dtype=dtype, device=device, use_graphs=use_graphs,
+                                max_graphs=max_graphs)
     if dtype not in _DTYPES:
         raise InputError(f"dtype: expected one of {', '.join(map(str, _DTYPES))}, got {dtype}")
     device = torch.device("cuda" if device is None else device)

@@ -1,0 +1,165 @@
+"""Decode states per shape bucket, the decode loop, and the CUDA graph that replays one whole step.
+
+A decode step (decoder logits, log_softmax_topk with the processors, the beam bookkeeping or the
+greedy pick, the cache-indirection reorder, the step counter's increment) is a function of device
+tensors only (decoder.py, beam_search.py, sampling.py), so on CUDA it is captured once as a
+torch.cuda.CUDAGraph and every step is one replay: the host issues one call per step instead of
+~200 eager torch ops and kernel calls, which on a slow host cost more than the GPU work itself.
+
+Rules, and why:
+- A state (decoder buffers, search tensors, graph) serves one bucket: batch, rows per source,
+  max_length, the bucketed source-token count and longest source, and the options that shape the
+  step. Calls with the same bucket reuse it (a benchmark calls generate() with one shape); a small
+  LRU bounds the memory held (max_states).
+- The first call of a bucket runs step 0 eagerly on a side stream (warm-up: cuBLAS handles,
+  lazily built kernels), then captures the step; later calls replay from step 0. All graphs share
+  one memory pool: they never run concurrently and no graph output lives in the pool (everything a
+  step keeps is a state tensor allocated outside the capture).
+- The host learns that every sequence finished without stalling the GPU: every check_every steps it
+  enqueues a non-blocking copy of the device flag `done` into pinned memory and records an event,
+  then waits on the previous check's event (check_every steps older, so the GPU still has that
+  much queued). The stop is seen up to 2 * check_every steps late; those steps change nothing
+  (the flag is sticky and HF's stop condition means no pool can change; finished greedy rows pad),
+  and the output length comes from the device state, so it is HF's.
+- Sampling runs the same step eagerly (its torch.Generator is not registered with the graph), and
+  so does everything with use_graphs=False and on the CPU: one step function, tested on the CPU.
+- A capture that fails (an op the graph cannot hold) is logged and that bucket runs eagerly.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import OrderedDict
+
+import torch
+
+from .beam_search import BeamSearch
+from .decoder import Decoder, seqlen_bucket, token_bucket
+from .encoder import PackedSources
+from .options import GenerationOptions
+from .sampling import SingleSearch
+
+__all__ = ["DecodeState", "Runner", "state_key"]
+
+log = logging.getLogger("padfree.generation")
+
+# options that do not change the step (read after the loop, or per call)
+_PER_CALL = ("seed", "return_dict_in_generate", "output_scores")
+
+
+def _hashable(value):
+    if isinstance(value, list):
+        return tuple(_hashable(v) for v in value)
+    return value
+
+
+def state_key(sources: PackedSources, options: GenerationOptions) -> tuple:
+    fields = tuple((f.name, _hashable(getattr(options, f.name))) for f in dataclasses.fields(options)
+                   if f.name not in _PER_CALL)
+    return (sources.batch, token_bucket(sources.total_tokens), seqlen_bucket(sources.max_seqlen), fields)
+
+
+class DecodeState:
+    """One bucket's decoder state, search state and (on CUDA) captured step."""
+
+    def __init__(self, decoder: Decoder, search: BeamSearch | SingleSearch, device: torch.device):
+        self.decoder, self.search = decoder, search
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.capture_failed = False
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            # pinned flags and events, allocated once: cudaHostAlloc is slow
+            self.flags = torch.zeros(2, 1, dtype=torch.bool, pin_memory=True)
+            self.events = [torch.cuda.Event(), torch.cuda.Event()]
+
+
+class Runner:
+    """The states of one generator and the decode loop."""
+
+    def __init__(self, weights, ops, device: torch.device, use_graphs: bool = True, max_states: int = 4,
+                 check_every: int = 4):
+        self.weights, self.ops, self.device = weights, ops, device
+        self.use_graphs = use_graphs
+        self.max_states = max_states
+        self.check_every = check_every
+        self.states: OrderedDict[tuple, DecodeState] = OrderedDict()
+        self.captures = 0            # graphs captured so far (a reused bucket adds none)
+        self._pool = None
+
+    def state(self, sources: PackedSources, options: GenerationOptions) -> DecodeState:
+        """The bucket's state (moved to the LRU's end), created where new."""
+        key = state_key(sources, options)
+        state = self.states.get(key)
+        if state is not None:
+            self.states.move_to_end(key)
+            return state
+        while len(self.states) >= self.max_states:
+            self.states.popitem(last=False)
+        decoder = Decoder(self.weights, self.ops, sources.batch, options.rows_per_source, options.max_length - 1,
+                          token_bucket(sources.total_tokens), seqlen_bucket(sources.max_seqlen))
+        bias = self.weights.step_logits_bias
+        search = BeamSearch(decoder, options, bias) if options.num_beams > 1 else SingleSearch(decoder, options, bias)
+        state = DecodeState(decoder, search, self.device)
+        self.states[key] = state
+        return state
+
+    def clear(self) -> None:
+        """Drop every state (and graph), returning their memory to torch's allocator and the device."""
+        self.states.clear()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _capture(self, state: DecodeState) -> int:
+        """Step 0 eagerly on a side stream (the warm-up), then the step captured; returns the steps run (1)."""
+        current = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            state.search.step()
+        current.wait_stream(side)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, pool=self._pool):
+                state.search.step()
+        except Exception as e:  # noqa: BLE001 - the bucket runs eagerly instead; the reason is logged
+            log.warning("padfree.generation: capturing the decode step failed (%s: %s); this shape runs eagerly",
+                        type(e).__name__, e)
+            state.capture_failed = True
+        else:
+            state.graph = graph
+            self.captures += 1
+        return 1
+
+    def run(self, state: DecodeState, max_steps: int) -> int:
+        """Up to max_steps decode steps from the state's step 0, stopping (a little late) once the device
+        flag says every sequence is done; returns the steps run."""
+        search = state.search
+        taken = 0
+        graphs = (self.use_graphs and state.cuda and not search.options.do_sample and not state.capture_failed)
+        if graphs and state.graph is None:
+            taken = self._capture(state)
+        step = state.graph.replay if graphs and state.graph is not None else search.step
+        every = self.check_every
+        pending = None
+        checks = 0
+        while taken < max_steps:
+            step()
+            taken += 1
+            if taken % every or taken >= max_steps:
+                continue
+            if not state.cuda:
+                if bool(search.done):
+                    break
+                continue
+            slot = checks % 2
+            state.flags[slot].copy_(search.done, non_blocking=True)
+            state.events[slot].record()
+            checks += 1
+            if pending is not None:
+                state.events[pending].synchronize()     # every steps old: the GPU keeps the newer ones queued
+                if bool(state.flags[pending]):
+                    break
+            pending = slot
+        return taken
