@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import re
@@ -140,15 +141,16 @@ def bench_model(name: str, shapes: list[tuple[int, int]], args, device: torch.de
         options = dict(num_beams=beams, min_new_tokens=args.new_tokens, max_new_tokens=args.new_tokens)
         row = {"model": name, "batch": batch, "beams": beams, "new_tokens": args.new_tokens,
                "source_tokens": sum(map(len, sources))}
+        ours_call = functools.partial(generator.generate, ids, mask, **options)
+        theirs_call = functools.partial(model.generate, ids, attention_mask=mask, **options)
         with torch.inference_mode():
-            ours = generator.generate(ids, mask, **options)
-            row["padfree_ms"] = time_ms(lambda: generator.generate(ids, mask, **options), args.reps, args.warmup, device)
+            ours = ours_call()
+            row["padfree_ms"] = time_ms(ours_call, args.reps, args.warmup, device)
             if not args.no_hf:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    theirs = model.generate(ids, attention_mask=mask, **options)
-                    row["hf_ms"] = time_ms(lambda: model.generate(ids, attention_mask=mask, **options), args.reps,
-                                           args.warmup, device)
+                    theirs = theirs_call()
+                    row["hf_ms"] = time_ms(theirs_call, args.reps, args.warmup, device)
                 row["speedup"] = row["hf_ms"] / row["padfree_ms"]
                 row["sequences_equal_hf"] = equal_share(ours, theirs, model.config.pad_token_id)
         row["padfree_ms_per_step"] = row["padfree_ms"] / args.new_tokens

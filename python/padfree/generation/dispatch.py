@@ -101,8 +101,7 @@ class DecoderOps:
         rounding, is the same as a call without it."""
         if self.sources.get(name) != "kernel":
             return None
-        from ..ops import decoder as kernels_decoder
-        from ..ops import decoding as kernels_decoding
+        from ..ops import decoder as kernels_decoder, decoding as kernels_decoding
         with torch.cuda.device(self.device):
             if name == "log_softmax_topk":
                 nbytes = kernels_decoding._workspace_bytes(*sizes)
