@@ -6,6 +6,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <math_constants.h>
 
 #include <atomic>
 #include <cstdint>
@@ -144,6 +145,24 @@ __device__ __forceinline__ float block_sum(float v) {
     if (lane == 0) scratch[warp] = v;
     __syncthreads();
     return warp_sum(lane < warps ? scratch[lane] : 0.f);
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    return v;
+}
+
+// Max over the whole (one-dimensional) block, returned to every thread; `scratch` is 32 floats of
+// shared memory (the caller's, so that kernels sizing their shared memory by hand can place it).
+// blockDim.x must be a multiple of 32. Barriers on both sides of the scratch write, as block_sum.
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    return warp_max(lane < static_cast<int>(blockDim.x / kWarpSize) ? scratch[lane] : -CUDART_INF_F);
 }
 
 // Inclusive scan over the block (Hillis-Steele within warps, then over warp totals). Returns the

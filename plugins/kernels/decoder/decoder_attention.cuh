@@ -47,19 +47,6 @@ struct DecoderAttentionArgs {
     float scale_log2;   // softmax_scale * log2(e): scores in base 2 (exp2)
 };
 
-__device__ __forceinline__ float block_max(float v, float* scratch) {
-#pragma unroll
-    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-    __syncthreads();
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    v = lane < static_cast<int>(blockDim.x / kWarpSize) ? scratch[lane] : -CUDART_INF_F;
-#pragma unroll
-    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-    return v;
-}
-
 template <typename T, int D, bool kSelf>
 __global__ void __launch_bounds__(kAttnThreads) decoder_attention_kernel(DecoderAttentionArgs a) {
     constexpr int VEC = Vec<T>::size;

@@ -42,19 +42,6 @@ __device__ __forceinline__ int32_t key_id(unsigned long long key) {
     return static_cast<int32_t>(~static_cast<uint32_t>(key));
 }
 
-__device__ __forceinline__ float block_max_f(float v, float* scratch) {
-#pragma unroll
-    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-    __syncthreads();
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    v = lane < static_cast<int>(blockDim.x / kWarpSize) ? scratch[lane] : -CUDART_INF_F;
-#pragma unroll
-    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-    return v;
-}
-
 // (max, sum of exp(x - max)) of two parts as one: each sum rescaled to the larger max.
 __device__ __forceinline__ float2 merge_max_sum(float2 a, float2 b) {
     const float m = fmaxf(a.x, b.x);
@@ -324,7 +311,7 @@ __global__ void __launch_bounds__(kMergeThreads) topk_merge_kernel(LogitsTopkArg
     if (a.normalize) {
         float m = -CUDART_INF_F;
         for (int c = tid; c < nchunks; c += kMergeThreads) m = fmaxf(m, stats[static_cast<int64_t>(r) * nchunks + c].x);
-        m = block_max_f(m, scratch);
+        m = block_max(m, scratch);
         float sum = 0.f;
         for (int c = tid; c < nchunks; c += kMergeThreads) {
             const float2 st = stats[static_cast<int64_t>(r) * nchunks + c];
