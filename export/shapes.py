@@ -5,22 +5,21 @@ plugin node costs a whole-model inference per node (minutes on BERT-large). Inst
 inferred once, in graph order: standard ops through ONNX's per-node inference (with the values of
 constant inputs, which Slice, Gather and Unsqueeze need), plugin ops from the node spec
 (plugins/spec/plugins.json), whose port shapes are expressions over the inputs' dims and the node's
-fields ("T", "B+1", "num_heads*head_dim", "..."). The same pass checks that every plugin input
-has the shape the spec asks for, so a plugin wired to the wrong tensor fails here, not in an engine.
+fields ("T", "B+1", "num_heads*head_dim", "..."; export/ports.py). The same pass checks that every
+plugin input has the shape the spec asks for, so a plugin wired to the wrong tensor fails here, not
+in an engine.
 """
 from __future__ import annotations
-
-import re
 
 import onnx
 from onnx import TensorProto, helper, numpy_helper, shape_inference
 
+from . import ports
+from .context import DIM_T
+from .ports import Dim
 from .spec import Plugin, Spec
 
-Dim = int | str | None  # a size, a symbolic name, or unknown
-_FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
 _CONST_LIMIT = 1024  # constant inputs up to this many elements are passed to ONNX's inference as data
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class ShapeError(ValueError):
@@ -81,7 +80,7 @@ def _type_shape(tp: onnx.TypeProto) -> tuple[int, list[Dim] | None]:
     tt = tp.tensor_type
     if not tt.HasField("shape"):
         return tt.elem_type, None
-    return tt.elem_type, [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim]
+    return tt.elem_type, [d.dim_value if d.HasField("dim_value") else ports.named(d.dim_param) for d in tt.shape.dim]
 
 
 def _keep_names(inferred: list[Dim], declared: list[Dim] | None) -> list[Dim]:
@@ -111,93 +110,13 @@ def _standard_outputs(node, known, data, opsets, ir_version) -> list[tuple[int, 
     return [_type_shape(inferred[o]) if o in inferred else (0, None) for o in node.output]
 
 
-def _plugin_outputs(plugin: Plugin, node: onnx.NodeProto, ins: list) -> list[tuple[int, list[Dim]]]:
+def _plugin_outputs(plugin: Plugin, node: onnx.NodeProto, ins: list) -> list[ports.TypeShape]:
     fields = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    ports = [p for p in plugin.inputs if p.present(fields)]
-    where = f"{plugin.name} node {node.name!r}"
-    if len(ins) != len(ports):
-        raise ShapeError(f"{where}: {len(ins)} inputs, the spec has {len(ports)} ({[p.name for p in ports]})")
-    env: dict[str, Dim] = {k: v for k, v in fields.items() if isinstance(v, int)}
-    dtypes: dict[str, int] = {}
-    rest: list[Dim] = []
-    float_type = 0
-    for port, got, name in zip(ports, ins, node.input):
-        if got is None or got[1] is None:
-            raise ShapeError(f"{where}: input {port.name} ({name!r}) has no inferred shape")
-        elem, dims = got
-        dtypes[port.name] = elem
-        if port.dtype == "int32" and elem != TensorProto.INT32:
-            raise ShapeError(f"{where}: input {port.name} ({name!r}) is {TensorProto.DataType.Name(elem)}, "
-                             "the spec wants INT32")
-        if port.dtype == "float":
-            if elem not in _FLOAT_TYPES or (float_type and elem != float_type):
-                raise ShapeError(f"{where}: input {port.name} ({name!r}) is {TensorProto.DataType.Name(elem)}; "
-                                 "every 'float' input of a node must share one floating-point type")
-            float_type = elem
-        rest = _bind(port.shape, dims, env, f"{where}: input {port.name} ({name!r}) has shape {dims}") or rest
-    outs = []
-    for port in plugin.outputs:
-        if not port.present(fields):
-            continue
-        if port.dtype == "float":
-            elem = float_type
-        elif port.dtype.startswith("same as "):
-            elem = dtypes[port.dtype[len("same as "):]]
-        else:
-            elem = TensorProto.INT32
-        dims: list[Dim] = []
-        for expr in port.shape:
-            dims.extend(rest if expr == "..." else [_evaluate(expr, env, fresh=True)])
-        outs.append((elem, dims))
-    return outs
-
-
-def _bind(shape: tuple[str, ...], dims: list[Dim], env: dict[str, Dim], what: str) -> list[Dim] | None:
-    """Bind the port's names to the tensor's dims (checking the ones already bound); returns the
-    dims matched by "..." (None where the port has none)."""
-    if "..." in shape:
-        lead = shape.index("...")
-        if len(dims) < len(shape) - 1:
-            raise ShapeError(f"{what}; the spec wants {list(shape)}")
-        rest, dims = dims[lead:], dims[:lead]
-        shape = shape[:lead]
-    else:
-        rest = None
-        if len(dims) != len(shape):
-            raise ShapeError(f"{what}; the spec wants {list(shape)}")
-    for expr, dim in zip(shape, dims):
-        if _IDENT.match(expr):
-            bound = env.get(expr)
-            if bound is None or (isinstance(bound, str) and isinstance(dim, int)):
-                env[expr] = dim
-            elif isinstance(bound, int) and isinstance(dim, int) and bound != dim:
-                raise ShapeError(f"{what}; the spec wants {list(shape)} with {expr} = {bound} from the other inputs")
-        else:
-            want = _evaluate(expr, env, fresh=False)
-            if isinstance(want, int) and isinstance(dim, int) and want != dim:
-                raise ShapeError(f"{what}; the spec wants {expr} = {want}")
-    return rest
-
-
-def _evaluate(expr: str, env: dict[str, Dim], fresh: bool) -> Dim:
-    """An expression of the spec ("T", "B+1", "num_heads*head_dim") over bound names. Unbound names
-    give a symbolic dim when `fresh` (the packed token count of RemovePadding, named T's symbol)."""
-    from .context import DIM_T
-
-    if _IDENT.match(expr):
-        value = env.get(expr)
-        if value is None and fresh:
-            return DIM_T if expr == "T" else expr
-        return value
-    if expr.endswith("+1") and _IDENT.match(expr[:-2]):
-        base = env.get(expr[:-2])
-        if isinstance(base, int):
-            return base + 1
-        return f"{base}_plus_1" if isinstance(base, str) else None
-    product = 1
-    for factor in expr.split("*"):
-        value = int(factor) if factor.isdigit() else env.get(factor)
-        if not isinstance(value, int):
-            return None
-        product *= value
-    return product
+    label = f"{plugin.name} node {node.name!r}"
+    missing = [name for name, got in zip(node.input, ins) if got is None or got[1] is None]
+    if missing:
+        raise ShapeError(f"{label}: input tensor(s) {missing} have no inferred shape")
+    bound = ports.bind_inputs(plugin, label, fields, list(zip(node.input, ins)))
+    if bound.problems:
+        raise ShapeError("; ".join(bound.problems))
+    return ports.output_dims(plugin, bound, fresh={"T": DIM_T})

@@ -111,7 +111,7 @@ def test_plugin_wired_to_a_wrong_tensor_is_refused():
     nodes = [n for n in rewritten.graph.node if n.op_type == "PadfreeSkipLayerNorm"]
     qkv_bias = next(n for n in rewritten.graph.node if n.op_type == "PadfreeAttention").input[1]
     nodes[3].input[3] = qkv_bias
-    with pytest.raises(shapes.ShapeError, match=rf"PadfreeSkipLayerNorm node '{nodes[3].name}': input gamma"):
+    with pytest.raises(shapes.ShapeError, match=rf"PadfreeSkipLayerNorm node '{nodes[3].name}' input gamma"):
         shapes.infer(rewritten, spec_mod.load())
 
 

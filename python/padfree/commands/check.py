@@ -12,7 +12,8 @@ import sys
 from ..arguments import EXIT_DIFFERENCE, EXIT_OK, CommandError, non_negative_int, positive_int, tolerance
 
 log = logging.getLogger(__name__)
-# Default relative tolerance by precision; atol = rtol / 10 (see padfree.export.compare).
+# Default relative tolerance by precision; atol = rtol / 10 (see padfree.export.compare). fp32's
+# grows with depth (padfree.export.compare.fp32_tolerances); this is its floor.
 RTOL = {"fp32": 1e-4, "fp16": 1e-2, "bf16": 1e-2}
 
 
@@ -32,7 +33,8 @@ def register(subparsers) -> None:
                    help="sets the default tolerances (default fp32: a fp16 / bf16 rewritten model is checked in "
                         "float32 against the reference with the same rounded weights; with --engine, the "
                         "engine's own precision sets them)")
-    p.add_argument("--rtol", type=tolerance, default=None, help="relative tolerance, finite, >= 0 (fp32 default 1e-4)")
+    p.add_argument("--rtol", type=tolerance, default=None,
+                   help="relative tolerance, finite, >= 0 (fp32 default: 1e-4 per 12 layers, at least 1e-4)")
     p.add_argument("--atol", type=tolerance, default=None, help="absolute tolerance, finite, >= 0 (default rtol / 10)")
     p.add_argument("--plugin-library", metavar="LIB", help="with --engine: the padfree plugin library to load"
                    " (default: $PADFREE_TRT_LIBRARY, else the installed one; never the path a sidecar records)")
@@ -46,16 +48,17 @@ def register(subparsers) -> None:
 def main(args: argparse.Namespace) -> int:
     if args.engine:  # unset tolerances stay None: the engine's sidecar precision picks them
         return _engine_check(args)
-    args.rtol = RTOL[args.precision] if args.rtol is None else args.rtol
-    args.atol = args.rtol / 10 if args.atol is None else args.atol
     if not args.model:
         raise CommandError("give the rewritten model (MODEL) or --engine")
-    from padfree.export.compare import compare, format_results
+    from padfree.export.compare import compare, format_results, fp32_tolerances
     from padfree.export.onnx_files import load_model
     from padfree.export.precision import float_dtype
 
     rewritten = load_model(args.model, "the rewritten model")
     reference = load_model(args.reference, "the reference (--reference)")
+    if args.rtol is None:
+        args.rtol = fp32_tolerances(rewritten)[0] if args.precision == "fp32" else RTOL[args.precision]
+    args.atol = args.rtol / 10 if args.atol is None else args.atol
     try:
         ok, results, data = compare(rewritten, reference, batch=args.batch, max_seqlen=args.max_seqlen,
                                     seed=args.seed, rtol=args.rtol, atol=args.atol, verbose=args.verbose)
