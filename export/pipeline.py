@@ -97,10 +97,12 @@ def _export_seq2seq(source, out_dir, io, opset, allow_partial, attn_implementati
     if not MIN_OPSET <= opset <= onnx.defs.onnx_opset_version():
         raise ExportError(f"opset {opset}: choose one in [{MIN_OPSET}, {onnx.defs.onnx_opset_version()}]")
     out = outputs.writable_folder(out_dir)
+    source_path = None
     if isinstance(source, (str, Path)):
         log.info("loading %s", source)
         model, description = seq2seq_models.load(source, attn_implementation)
+        source_path = str(Path(source).resolve())
     else:
         model, description = source, type(source).__name__
     outputs.remove(output_set(out))     # an encoder export's files in the same folder
-    return export_seq2seq(model, description, out, opset)
+    return export_seq2seq(model, description, out, opset, source_path)

@@ -13,7 +13,12 @@ from pathlib import Path
 
 from ..errors import ExportError, first_line
 
-__all__ = ["is_seq2seq_source", "load", "check_supported", "check_options"]
+__all__ = ["is_seq2seq_source", "is_seq2seq_export", "load", "check_supported", "check_options"]
+
+
+def is_seq2seq_export(path) -> bool:
+    """Whether `path` is a folder a seq2seq export wrote (its seq2seq.json)."""
+    return Path(path).is_dir() and (Path(path) / "seq2seq.json").is_file()
 
 
 def is_seq2seq_source(source) -> bool:

@@ -33,7 +33,7 @@ import onnx
 from .builder import GraphBuilder
 
 __all__ = ["Site", "SELF_ATTENTION", "CROSS_ATTENTION", "decoder_self_attention", "decoder_cross_attention",
-           "sites_of", "SITES_KEY"]
+           "sites_of", "SITES_KEY", "site_nodes", "site_problems"]
 
 SELF_ATTENTION = "PadfreeDecoderSelfAttention"
 CROSS_ATTENTION = "PadfreeDecoderCrossAttention"
@@ -147,3 +147,26 @@ def decoder_cross_attention(b: GraphBuilder, scope: str, q: str, q_bias: str, kv
     return Site(CROSS_ATTENTION, name, {"q": q, "q_bias": q_bias, "kv_mem": kv_mem, "cu_seqlens": cu_seqlens},
                 {"out": out}, {"num_heads": num_heads, "head_dim": head_dim, "softmax_scale": float(softmax_scale),
                                "num_beams": 0})
+
+
+def site_nodes(model: onnx.ModelProto, site: Site) -> list[onnx.NodeProto]:
+    """The nodes a swap replaces: those named inside the site's scope."""
+    return [n for n in model.graph.node if n.name.startswith(site.scope + "/")]
+
+
+def site_problems(model: onnx.ModelProto, site: Site) -> list[str]:
+    """Why swapping `site` for one node would not be mechanical (empty: it is): a node inside reading a
+    tensor that is neither a declared input, an initializer nor made inside; a declared output not made
+    inside; a tensor made inside and read outside that is not a declared output."""
+    inside = site_nodes(model, site)
+    made = {o for n in inside for o in n.output}
+    allowed = set(site.inputs.values()) | {t.name for t in model.graph.initializer} | made
+    problems = [f"{n.name} reads {i}" for n in inside for i in n.input if i and i not in allowed]
+    problems += [f"output {role} ({name}) is not made inside" for role, name in site.outputs.items() if name not in made]
+    declared = set(site.outputs.values())
+    outside = [n for n in model.graph.node if not n.name.startswith(site.scope + "/")]
+    problems += [f"{n.name} reads {i}, internal to {site.scope}" for n in outside for i in n.input
+                 if i in made and i not in declared]
+    problems += [f"graph output {o.name} is internal to {site.scope}" for o in model.graph.output
+                 if o.name in made and o.name not in declared]
+    return problems
