@@ -86,18 +86,20 @@ def build_decoder_step(weights: Seq2SeqWeights, opset: int, metadata: dict[str, 
         with b.scope(where):
             def self_attention(h, attn=attn, i=i, where=where):
                 qkv = linear(b, h, attn.qkv_weight, None, f"{where}.self_attn.qkv")
-                site = decoder_self_attention(b, "self_attn", qkv, b.weight(attn.qkv_bias, f"{where}.self_attn.qkv.bias"),
-                                              past[i][0], past[i][1], indir, step, heads, head_dim)
+                bias = b.weight(attn.qkv_bias, f"{where}.self_attn.qkv.bias")
+                site = decoder_self_attention(b, "self_attn", qkv, bias, past[i][0], past[i][1], indir, step,
+                                              heads, head_dim)
                 sites.append(site)
                 presents.append((site.outputs["k_cache_out"], site.outputs["v_cache_out"]))
                 return linear(b, site.outputs["out"], attn.out_weight, attn.out_bias, f"{where}.self_attn.out_proj")
 
             def cross_attention(h, cross=cross, i=i, where=where):
                 q = linear(b, h, cross.q_weight, None, f"{where}.encoder_attn.q_proj")
-                site = decoder_cross_attention(b, "encoder_attn", q, b.weight(cross.q_bias, f"{where}.encoder_attn.q_proj.bias"),
-                                               memory[i], cu, heads, head_dim)
+                bias = b.weight(cross.q_bias, f"{where}.encoder_attn.q_proj.bias")
+                site = decoder_cross_attention(b, "encoder_attn", q, bias, memory[i], cu, heads, head_dim)
                 sites.append(site)
-                return linear(b, site.outputs["out"], cross.out_weight, cross.out_bias, f"{where}.encoder_attn.out_proj")
+                return linear(b, site.outputs["out"], cross.out_weight, cross.out_bias,
+                              f"{where}.encoder_attn.out_proj")
 
             def feed_forward(h, f=layer.ffn, where=where):
                 h = activation(b, linear(b, h, f.fc1_weight, f.fc1_bias, f"{where}.fc1"), weights.activation)

@@ -75,7 +75,7 @@ def decoder_self_attention(b: GraphBuilder, scope: str, qkv: str, qkv_bias: str,
     cache_indir int32 [R, L], step int32 [1] -> out [R, hidden], the caches with column `step` written."""
     with b.scope(scope) as name:
         x = b.op("Reshape", [b.op("Add", [qkv, qkv_bias]), b.const([0, 3, num_heads, head_dim])])   # [R, 3, H, D]
-        q, k, v = b.op("Split", [x, b.const([1, 1, 1])], outputs=3, axis=1)                                           # [R, 1, H, D]
+        q, k, v = b.op("Split", [x, b.const([1, 1, 1])], outputs=3, axis=1)                       # [R, 1, H, D]
         step64 = b.op("Cast", [step], to=onnx.TensorProto.INT64)                                  # [1]
         written = []
         for cache, new in ((k_cache, k), (v_cache, v)):
@@ -123,8 +123,9 @@ def decoder_cross_attention(b: GraphBuilder, scope: str, q: str, q_bias: str, kv
                  perm=[1, 0, 2])                                                                   # [H, R, D]
         k = b.op("Slice", [kv_mem, b.const([0]), b.const([hidden]), b.const([1])])
         v = b.op("Slice", [kv_mem, b.const([hidden]), b.const([2 * hidden]), b.const([1])])
-        keys = b.op("Transpose", [b.op("Reshape", [k, b.const([0, num_heads, head_dim])])], perm=[1, 2, 0])   # [H, D, T]
-        values = b.op("Transpose", [b.op("Reshape", [v, b.const([0, num_heads, head_dim])])], perm=[1, 0, 2])  # [H, T, D]
+        heads = b.const([0, num_heads, head_dim])
+        keys = b.op("Transpose", [b.op("Reshape", [k, heads])], perm=[1, 2, 0])                    # [H, D, T]
+        values = b.op("Transpose", [b.op("Reshape", [v, heads])], perm=[1, 0, 2])                  # [H, T, D]
         scores = b.op("MatMul", [x, keys])                                                         # [H, R, T]
         if softmax_scale != 1.0:
             scores = b.op("Mul", [scores, b.const(softmax_scale, np.float32)])
@@ -132,7 +133,8 @@ def decoder_cross_attention(b: GraphBuilder, scope: str, q: str, q_bias: str, kv
         cu = b.op("Cast", [cu_seqlens], to=onnx.TensorProto.INT64)
         ends = b.op("Slice", [cu, b.const([1]), b.const([np.iinfo(np.int64).max]), b.const([0])])  # [B]
         tokens = _range(b, _scalar(b, kv_mem, 0))                                                  # [T]
-        after = b.op("GreaterOrEqual", [b.op("Unsqueeze", [tokens, b.const([1])]), b.op("Unsqueeze", [ends, b.const([0])])])
+        after = b.op("GreaterOrEqual", [b.op("Unsqueeze", [tokens, b.const([1])]),
+                                        b.op("Unsqueeze", [ends, b.const([0])])])
         source_of_token = b.op("ReduceSum", [b.op("Cast", [after], to=onnx.TensorProto.INT64), b.const([1])],
                                keepdims=0)                                                         # [T]
         rows = _scalar(b, q, 0)
@@ -162,7 +164,8 @@ def site_problems(model: onnx.ModelProto, site: Site) -> list[str]:
     made = {o for n in inside for o in n.output}
     allowed = set(site.inputs.values()) | {t.name for t in model.graph.initializer} | made
     problems = [f"{n.name} reads {i}" for n in inside for i in n.input if i and i not in allowed]
-    problems += [f"output {role} ({name}) is not made inside" for role, name in site.outputs.items() if name not in made]
+    problems += [f"output {role} ({name}) is not made inside" for role, name in site.outputs.items()
+                 if name not in made]
     declared = set(site.outputs.values())
     outside = [n for n in model.graph.node if not n.name.startswith(site.scope + "/")]
     problems += [f"{n.name} reads {i}, internal to {site.scope}" for n in outside for i in n.input

@@ -59,7 +59,8 @@ def _position_limits(model, weights) -> tuple[int, int]:
     return limit, limit if decoder is None else min(limit, int(decoder))
 
 
-def export_seq2seq(model, description: str, out: Path, opset: int, source_path: str | None = None) -> Seq2SeqExportResult:
+def export_seq2seq(model, description: str, out: Path, opset: int,
+                   source_path: str | None = None) -> Seq2SeqExportResult:
     """source_path: the HF directory the model was loaded from (recorded for `padfree check OUT`)."""
     import torch
 
@@ -92,7 +93,8 @@ def export_seq2seq(model, description: str, out: Path, opset: int, source_path: 
     for site in sites_of(step):
         counts[site.op] = counts.get(site.op, 0) + 1
     manifest = {
-        "format": FORMAT, "source": description, "source_path": source_path, "family": spec.name, "hf_class": spec.hf_class, "opset": opset,
+        "format": FORMAT, "source": description, "source_path": source_path, "family": spec.name,
+        "hf_class": spec.hf_class, "opset": opset,
         "files": {"encoder": ENCODER, "cross_kv": CROSS_KV, "decoder_step": STEP, "config": CONFIG,
                   "generation_config": GENERATION_CONFIG},
         "encoder": {"io": "padded", "layers": len(weights.encoder.layers), "inputs": ["input_ids", "attention_mask"],

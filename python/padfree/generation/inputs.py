@@ -11,7 +11,8 @@ from ..ops._tensors import InputError
 from .decoder import cache_bytes
 from .weights import Seq2SeqWeights
 
-__all__ = ["source_lists", "check_lengths", "check_source_lengths", "estimate_bytes", "free_device_bytes", "fits", "check_memory"]
+__all__ = ["source_lists", "check_lengths", "check_source_lengths", "estimate_bytes", "free_device_bytes", "fits",
+           "check_memory"]
 
 
 def source_lists(input_ids, attention_mask=None) -> list[list[int]]:

@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ...ops._tensors import INT32_MAX, InputError
 from ..._lib import PadfreeError
+from ...ops._tensors import INT32_MAX, InputError
 
 __all__ = ["OnnxrtSeq2SeqGenerator", "OrtDecoder", "is_seq2seq_export"]
 
