@@ -30,9 +30,14 @@ def output_set(out: Path) -> list[Path]:
     return [out / MODEL, data_file(out / MODEL), out / REWRITTEN, data_file(out / REWRITTEN), out / REPORT]
 
 
-def export(source, out_dir: str | Path, io: str = "packed", opset: int | None = None,
-           allow_partial: bool = False, attn_implementation: str | None = None, dtype: str = "fp32") -> ExportResult:
+def export(source, out_dir: str | Path, io: str | None = None, opset: int | None = None,
+           allow_partial: bool = False, attn_implementation: str | None = None, dtype: str = "fp32"):
     """Export `source` (a built-in name, a local HF directory, or an HF model object) to out_dir.
+
+    An encoder-decoder (config.is_encoder_decoder) goes to padfree.export.seq2seq and returns a
+    Seq2SeqExportResult (encoder.onnx, cross_kv.onnx, decoder_step.onnx; docs/EXPORT.md "Seq2seq");
+    `io`, `dtype` and `allow_partial` have no seq2seq form yet and are refused there unless left at
+    their defaults. An encoder returns an ExportResult, as follows (io None: "packed").
 
     Writes out_dir/model.onnx (the plain export, dynamic batch and sequence axes),
     out_dir/model.padfree.onnx (rewritten onto padfree plugin nodes, `io` form) and
@@ -50,6 +55,11 @@ def export(source, out_dir: str | Path, io: str = "packed", opset: int | None = 
     from .precision import DTYPES
     from .rewrite import rewrite
 
+    from .seq2seq.models import is_seq2seq_source
+
+    if is_seq2seq_source(source):
+        return _export_seq2seq(source, out_dir, io, opset, allow_partial, attn_implementation, dtype)
+    io = "packed" if io is None else io
     if io not in ("packed", "padded"):  # checked before the slow export, not after it
         raise ExportError(f"io must be 'packed' or 'padded', got {io!r}")
     if dtype not in DTYPES:
@@ -74,3 +84,25 @@ def export(source, out_dir: str | Path, io: str = "packed", opset: int | None = 
             **report.to_dict()}
     outputs.write_text(out / REPORT, json.dumps(data, indent=2) + "\n")
     return ExportResult(out / MODEL, out / REWRITTEN, out / REPORT, report)
+
+
+def _export_seq2seq(source, out_dir, io, opset, allow_partial, attn_implementation, dtype):
+    from .exporter import DEFAULT_OPSET, MIN_OPSET
+    from .seq2seq import models as seq2seq_models
+    from .seq2seq.pipeline import export_seq2seq
+
+    seq2seq_models.check_options(io, dtype, allow_partial)
+    opset = DEFAULT_OPSET if opset is None else opset
+    import onnx
+    if not MIN_OPSET <= opset <= onnx.defs.onnx_opset_version():
+        raise ExportError(f"opset {opset}: choose one in [{MIN_OPSET}, {onnx.defs.onnx_opset_version()}]")
+    out = outputs.writable_folder(out_dir)
+    source_path = None
+    if isinstance(source, (str, Path)):
+        log.info("loading %s", source)
+        model, description = seq2seq_models.load(source, attn_implementation)
+        source_path = str(Path(source).resolve())
+    else:
+        model, description = source, type(source).__name__
+    outputs.remove(output_set(out))     # an encoder export's files in the same folder
+    return export_seq2seq(model, description, out, opset, source_path)

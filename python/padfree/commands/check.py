@@ -1,6 +1,8 @@
 """`padfree check MODEL --reference REF`: a rewritten model vs its plain export on ONNX Runtime (CPU).
 
 With --engine it hands over to padfree.engines.check (a TensorRT engine vs the reference).
+`padfree check OUT [--reference HF_DIR]` on a seq2seq export folder: generation on ONNX Runtime vs
+HF's generate (padfree.export.seq2seq.check); the reference defaults to the directory it was exported from.
 """
 from __future__ import annotations
 
@@ -23,12 +25,17 @@ def register(subparsers) -> None:
         description="Runs both models through polygraphy's Comparator on one random variable-length "
                     "batch and prints the max absolute and relative error per output over valid tokens.",
         epilog="exit status: 0 within the tolerance, 1 past it, 2 the check could not run")
-    p.add_argument("model", nargs="?", help="the rewritten model (OUT/model.padfree.onnx)")
-    p.add_argument("--reference", required=True, help="the plain export (OUT/model.onnx)")
+    p.add_argument("model", nargs="?", help="the rewritten model (OUT/model.padfree.onnx), or a seq2seq export folder")
+    p.add_argument("--reference", help="the plain export (OUT/model.onnx); for a seq2seq export folder, the HF "
+                   "model directory (default: the one it was exported from)")
     p.add_argument("--engine", help="a TensorRT engine to check instead (padfree.engines.check)")
     p.add_argument("--batch", type=positive_int, default=8, help="sequences in the random batch (default 8)")
-    p.add_argument("--max-seqlen", type=positive_int, default=64, help="longest sequence (default 64)")
+    p.add_argument("--max-seqlen", type=positive_int, default=None,
+                   help="longest sequence (default 64; a seq2seq check's longest source: 16)")
     p.add_argument("--seed", type=non_negative_int, default=0, help="seed of the random batch (default 0)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=16,
+                   help="seq2seq: tokens generated per source (default 16)")
+    p.add_argument("--num-beams", type=positive_int, default=4, help="seq2seq: beam width checked (default 4)")
     p.add_argument("--precision", choices=tuple(RTOL), default="fp32",
                    help="sets the default tolerances (default fp32: a fp16 / bf16 rewritten model is checked in "
                         "float32 against the reference with the same rounded weights; with --engine, the "
@@ -46,10 +53,16 @@ def register(subparsers) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from padfree.export.seq2seq.models import is_seq2seq_export
+    if args.model and not args.engine and is_seq2seq_export(args.model):
+        return _seq2seq_check(args)
+    args.max_seqlen = 64 if args.max_seqlen is None else args.max_seqlen
     if args.engine:  # unset tolerances stay None: the engine's sidecar precision picks them
         return _engine_check(args)
     if not args.model:
         raise CommandError("give the rewritten model (MODEL) or --engine")
+    if not args.reference:
+        raise CommandError("give the plain export with --reference (OUT/model.onnx)")
     from padfree.export.compare import compare, format_results, fp32_tolerances
     from padfree.export.onnx_files import load_model
     from padfree.export.precision import float_dtype
@@ -71,6 +84,31 @@ def main(args: argparse.Namespace) -> int:
     print(format_results(results, args.rtol, args.atol))
     print("PASS" if ok else "FAIL: past the tolerance")
     return EXIT_OK if ok else EXIT_DIFFERENCE
+
+
+def _seq2seq_check(args: argparse.Namespace) -> int:
+    """Generation on ONNX Runtime from the export's graphs vs HF's generate on the reference model."""
+    import json
+    from pathlib import Path
+
+    from padfree.export.seq2seq import check as seq2seq_check
+    from padfree.export.seq2seq import models as seq2seq_models
+    from padfree.export.seq2seq.pipeline import MANIFEST
+
+    manifest = json.loads((Path(args.model) / MANIFEST).read_text())
+    reference = args.reference or manifest.get("source_path")
+    if not reference:
+        raise CommandError(f"{args.model} was exported from a model object: give its HF directory with --reference")
+    model, _ = seq2seq_models.load(reference)
+    tol = 1e-4 if args.atol is None else args.atol
+    max_seqlen = 16 if args.max_seqlen is None else args.max_seqlen
+    result = seq2seq_check.check(args.model, model, batch=args.batch, max_seqlen=max_seqlen,
+                                 max_new_tokens=args.max_new_tokens, num_beams=args.num_beams, seed=args.seed, tol=tol)
+    print(f"{args.model} vs {reference}: batch {args.batch}, source lengths {result.lengths}, seed {args.seed}, "
+          f"{args.max_new_tokens} new tokens, ONNX Runtime CPU, float32")
+    print("\n".join(result.lines))
+    print("PASS" if result.ok else "FAIL: generation differs from HF's")
+    return EXIT_OK if result.ok else EXIT_DIFFERENCE
 
 
 def _engine_check(args: argparse.Namespace) -> int:

@@ -15,12 +15,15 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "export", help="export an HF encoder to ONNX and rewrite it onto padfree plugin nodes",
         description="Writes OUT/model.onnx (plain export, dynamic batch and sequence axes), "
-                    "OUT/model.padfree.onnx (rewritten) and OUT/report.json (what was fused).")
+                    "OUT/model.padfree.onnx (rewritten) and OUT/report.json (what was fused). An encoder-decoder "
+                    "(config.is_encoder_decoder: Marian, M2M100/NLLB, BART, mBART) writes OUT/encoder.onnx, "
+                    "OUT/cross_kv.onnx, OUT/decoder_step.onnx and OUT/seq2seq.json instead (docs/EXPORT.md).")
     p.add_argument("source", help=f"a local Hugging Face model directory, or one of: {', '.join(BUILTIN)}")
     p.add_argument("-o", "--output", required=True, help="output folder")
-    p.add_argument("--io", choices=("packed", "padded"), default="packed",
-                   help="packed: input_ids[T], cu_seqlens[B+1], max_seqlen[S] (default); "
-                        "padded: input_ids[B,S] + attention_mask[B,S] with padding plugins at the edges")
+    p.add_argument("--io", choices=("packed", "padded"), default=None,
+                   help="packed: input_ids[T], cu_seqlens[B+1], max_seqlen[S] (default for encoders); "
+                        "padded: input_ids[B,S] + attention_mask[B,S] with padding plugins at the edges "
+                        "(an encoder-decoder's encoder.onnx: padded only, for now)")
     p.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default="fp32",
                    help="float dtype of model.padfree.onnx, and so of a TensorRT-RTX engine built from it "
                         "(default fp32; model.onnx, the check's reference, is always fp32)")
@@ -40,6 +43,10 @@ def main(args: argparse.Namespace) -> int:
     _quiet_exporter(args.verbose)
     result = export(args.source, args.output, io=args.io, opset=args.opset, allow_partial=args.allow_partial,
                     attn_implementation=args.attn_implementation, dtype=args.dtype)
+    if hasattr(result, "manifest"):     # an encoder-decoder
+        print(result.format())
+        print("wrote " + ", ".join(str(f) for f in result.files))
+        return 0
     print(result.report.format())
     print(f"wrote {result.model_path}, {result.padfree_path}, {result.report_path}")
     return 0

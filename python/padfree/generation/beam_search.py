@@ -61,7 +61,7 @@ class BeamSearch:
 
     def __init__(self, decoder: Decoder, options: GenerationOptions, bias: torch.Tensor | None):
         self.decoder, self.options, self.bias = decoder, options, bias
-        device = decoder.weights.device
+        device = decoder.device
         batch, beams = decoder.batch, options.num_beams
         self.batch, self.beams = batch, beams
         self.keep = options.candidates_per_row * beams          # HF's beams_to_keep
@@ -80,7 +80,7 @@ class BeamSearch:
         self.source_offset = torch.arange(batch, device=device)[:, None] * beams
         self.processors = Processors(options, batch * beams, device)
         self.workspace = decoder.ops.workspace("log_softmax_topk", batch * beams,
-                                               decoder.weights.step_lm_head.shape[0], self.keep)
+                                               decoder.vocab_size, self.keep)
         self.reset()
 
     def reset(self) -> None:

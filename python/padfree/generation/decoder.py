@@ -82,6 +82,15 @@ class Decoder:
         self.ws_self = ops.workspace("decoder_self_attention", self.rows, heads, head_dim, capacity)
         self.ws_cross = ops.workspace("cross_attention", self.rows, heads, head_dim, max_seqlen)
 
+    @property
+    def device(self) -> torch.device:
+        return self.weights.device
+
+    @property
+    def vocab_size(self) -> int:
+        """Columns of the step's logits (the padded LM head's rows, weights.pad_output_projection)."""
+        return self.weights.step_lm_head.shape[0]
+
     def load(self, sources: PackedSources, encoder_out: torch.Tensor) -> None:
         """This call's sources: cross-attention K/V (encoder_out @ [Wk; Wv]^T + [bk; bv]) into the packed
         buffers, cu_seqlens, and the step back to 0."""

@@ -16,7 +16,7 @@ from .runner import Runner
 from .sampling import make_generator
 from .weights import Seq2SeqWeights, extract, pad_output_projection
 
-__all__ = ["Seq2SeqGenerator"]
+__all__ = ["Seq2SeqGenerator", "decode"]
 
 log = logging.getLogger("padfree.generation")
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -105,21 +105,28 @@ class Seq2SeqGenerator:
 
     def _run(self, sources: list[list[int]], options: GenerationOptions):
         packed = PackedSources.from_lists(sources, self.device)
-        state = self.runner.state(packed, options)
-        state.decoder.load(packed, encode(self.weights, self.ops, packed))
-        state.search.reset()
-        if options.do_sample:
-            state.search.generator = make_generator(self.device, options.seed)
-        self.runner.run(state, options.max_length - 1)
-        if options.num_beams > 1:
-            result = state.search.result()
-            sequences, scores = result.sequences, result.scores
-        else:
-            sequences, scores = state.search.result(), None
-        if not options.return_dict_in_generate:
-            return sequences
-        from transformers.generation.utils import GenerateBeamEncoderDecoderOutput, GenerateEncoderDecoderOutput
-        if options.num_beams > 1:
-            return GenerateBeamEncoderDecoderOutput(sequences=sequences,
-                                                    sequences_scores=scores if options.output_scores else None)
-        return GenerateEncoderDecoderOutput(sequences=sequences)
+        return decode(self.runner, packed, encode(self.weights, self.ops, packed), options)
+
+
+def decode(runner: Runner, packed: PackedSources, encoder_out, options: GenerationOptions):
+    """The decode loop of one generate() call after the encoder, for any decoder backend (runner.py):
+    the bucket's state loaded with this call's encoder output, the search run, and HF's return value
+    (sequences, or HF's output class with return_dict_in_generate)."""
+    state = runner.state(packed, options)
+    state.decoder.load(packed, encoder_out)
+    state.search.reset()
+    if options.do_sample:
+        state.search.generator = make_generator(runner.device, options.seed)
+    runner.run(state, options.max_length - 1)
+    if options.num_beams > 1:
+        result = state.search.result()
+        sequences, scores = result.sequences, result.scores
+    else:
+        sequences, scores = state.search.result(), None
+    if not options.return_dict_in_generate:
+        return sequences
+    from transformers.generation.utils import GenerateBeamEncoderDecoderOutput, GenerateEncoderDecoderOutput
+    if options.num_beams > 1:
+        return GenerateBeamEncoderDecoderOutput(sequences=sequences,
+                                                sequences_scores=scores if options.output_scores else None)
+    return GenerateEncoderDecoderOutput(sequences=sequences)

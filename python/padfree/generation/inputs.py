@@ -11,7 +11,8 @@ from ..ops._tensors import InputError
 from .decoder import cache_bytes
 from .weights import Seq2SeqWeights
 
-__all__ = ["source_lists", "check_lengths", "estimate_bytes", "free_device_bytes", "fits", "check_memory"]
+__all__ = ["source_lists", "check_lengths", "check_source_lengths", "estimate_bytes", "free_device_bytes", "fits",
+           "check_memory"]
 
 
 def source_lists(input_ids, attention_mask=None) -> list[list[int]]:
@@ -65,19 +66,26 @@ def source_lists(input_ids, attention_mask=None) -> list[list[int]]:
 
 def check_lengths(sources: list[list[int]], weights: Seq2SeqWeights, max_length: int) -> None:
     """Token ids inside the source vocabulary, sources and the decoder within their position tables."""
-    vocab = weights.source_vocab_size
+    check_source_lengths(sources, weights.source_vocab_size, weights.encoder.max_positions,
+                         weights.decoder.max_positions, max_length)
+
+
+def check_source_lengths(sources: list[list[int]], vocab: int, encoder_positions: int | None,
+                         decoder_positions: int | None, max_length: int) -> None:
+    """check_lengths from the sizes alone (a backend without torch weights: padfree.runtime's ONNX
+    Runtime generator). A position limit of None: the table grows on demand (no limit)."""
     for i, source in enumerate(sources):
         low, high = min(source), max(source)
         if low < 0 or high >= vocab:
             bad = low if low < 0 else high
             raise InputError(f"input_ids[{i}]: token id {bad} is outside the vocabulary [0, {vocab})")
-    limit = weights.encoder.max_positions
+    limit = encoder_positions
     longest = max(len(s) for s in sources)
     if limit is not None and longest > limit:
         i = next(i for i, s in enumerate(sources) if len(s) == longest)
         raise InputError(f"input_ids[{i}]: {longest} tokens, but the model's position table holds {limit} "
                          f"(max_position_embeddings); truncate the source")
-    limit = weights.decoder.max_positions
+    limit = decoder_positions
     if limit is not None and max_length - 1 > limit:
         raise InputError(f"max_length={max_length}: the decoder reads positions up to {max_length - 2}, but its "
                          f"position table holds {limit} (max_position_embeddings); lower max_new_tokens/max_length")

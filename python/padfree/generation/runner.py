@@ -24,6 +24,11 @@ Rules, and why:
 - Sampling runs the same step eagerly (its torch.Generator is not registered with the graph), and
   so does everything with use_graphs=False and on the CPU: one step function, tested on the CPU.
 - A capture that fails (an op the graph cannot hold) is logged and that bucket runs eagerly.
+- The step's logits come from a *decoder backend*, made per state by `make_decoder`: decoder.Decoder
+  (torch, the kernels or their reference) by default; padfree.runtime's ONNX Runtime backend passes
+  its own (an object with Decoder's attributes batch, rows, rows_per_source, step, device, vocab_size,
+  ops and methods load, logits, reorder, advance). The searches (beam_search.py, sampling.py) see
+  only that protocol, so there is one beam search and one greedy/sampling step for every backend.
 """
 from __future__ import annotations
 
@@ -77,8 +82,17 @@ class Runner:
     """The states of one generator and the decode loop."""
 
     def __init__(self, weights, ops, device: torch.device, use_graphs: bool = True, max_states: int = 4,
-                 check_every: int = 4):
+                 check_every: int = 4, *, make_decoder=None, logits_bias=None):
+        """weights, ops: the torch decoder's (None with make_decoder). make_decoder(batch, rows_per_source,
+        capacity, tokens, max_seqlen) -> a decoder backend (default: decoder.Decoder over weights and ops);
+        logits_bias: the bias log_softmax_topk adds to its logits (default: weights.step_logits_bias;
+        a backend whose logits already include it passes None)."""
         self.weights, self.ops, self.device = weights, ops, device
+        if make_decoder is None:
+            def make_decoder(*sizes):
+                return Decoder(weights, ops, *sizes)
+            logits_bias = weights.step_logits_bias
+        self.make_decoder, self.logits_bias = make_decoder, logits_bias
         self.use_graphs = use_graphs
         self.max_states = max_states
         self.check_every = check_every
@@ -95,9 +109,9 @@ class Runner:
             return state
         while len(self.states) >= self.max_states:
             self.states.popitem(last=False)
-        decoder = Decoder(self.weights, self.ops, sources.batch, options.rows_per_source, options.max_length - 1,
-                          token_bucket(sources.total_tokens), seqlen_bucket(sources.max_seqlen))
-        bias = self.weights.step_logits_bias
+        decoder = self.make_decoder(sources.batch, options.rows_per_source, options.max_length - 1,
+                                    token_bucket(sources.total_tokens), seqlen_bucket(sources.max_seqlen))
+        bias = self.logits_bias
         search = BeamSearch(decoder, options, bias) if options.num_beams > 1 else SingleSearch(decoder, options, bias)
         state = DecodeState(decoder, search, self.device)
         self.states[key] = state

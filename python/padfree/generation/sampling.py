@@ -69,7 +69,7 @@ class SingleSearch:
 
     def __init__(self, decoder: Decoder, options: GenerationOptions, bias: torch.Tensor | None):
         self.decoder, self.options, self.bias = decoder, options, bias
-        device = decoder.weights.device
+        device = decoder.device
         rows, max_length = decoder.rows, options.max_length
         self.eos = torch.tensor(options.eos_token_ids or [-1], dtype=torch.long, device=device)
         self.has_eos = bool(options.eos_token_ids)
@@ -80,7 +80,7 @@ class SingleSearch:
         self.done = torch.empty(1, dtype=torch.bool, device=device)
         self.processors = Processors(options, rows, device)
         self.workspace = None if options.do_sample else decoder.ops.workspace(
-            "log_softmax_topk", rows, decoder.weights.step_lm_head.shape[0], 1)
+            "log_softmax_topk", rows, decoder.vocab_size, 1)
         self.generator: torch.Generator | None = None     # set per call for sampling
         self.reset()
 

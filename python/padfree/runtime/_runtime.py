@@ -20,7 +20,12 @@ OUTPUT_FORMATS = ("torch", "numpy")
 
 def open_backend(source: Any, max_tokens: int | None = None, max_batch: int | None = None,
                  **engine_options: Any) -> Any:
-    """The backend for an engine path, a PadfreeEncoder, or an object that already is a backend."""
+    """The backend for an engine path, a seq2seq export folder, a PadfreeEncoder, a padfree.generation
+    Seq2SeqGenerator, or an object that already is a backend."""
+    if isinstance(source, (str, os.PathLike)) and os.path.isdir(source):
+        from .backends.onnxrt_seq2seq import OnnxrtSeq2SeqGenerator, is_seq2seq_export
+        if is_seq2seq_export(source):
+            return OnnxrtSeq2SeqGenerator(source)
     if isinstance(source, (str, os.PathLike)):
         try:
             from .backends import engine as engine_backend
@@ -31,8 +36,11 @@ def open_backend(source: Any, max_tokens: int | None = None, max_batch: int | No
     if hasattr(source, "forward_packed"):
         from .backends.encoder import EncoderBackend
         return EncoderBackend(source, max_tokens=max_tokens, max_batch=max_batch)
-    if hasattr(source, "execute_packed"):
+    if hasattr(source, "execute_packed") or hasattr(source, "generate") and hasattr(source, "limits"):
         return source
+    if hasattr(source, "generate") and hasattr(source, "runner"):     # padfree.generation.Seq2SeqGenerator
+        from .backends.seq2seq import TorchSeq2SeqBackend
+        return TorchSeq2SeqBackend(source)
     hint = (" (an HF model: convert it with padfree.torch.from_hf first)"
             if isinstance(source, torch.nn.Module) else "")
     raise TypeError(f"Runtime serves an engine path, a PadfreeEncoder or a backend; got"
@@ -96,6 +104,17 @@ class Runtime:
     def __repr__(self) -> str:
         return f"Runtime({self.backend!r}, device={self.device}, limits={self.limits})"
 
+    def generate(self, batch: Any, attention_mask: Any = None, **options: Any) -> Any:
+        """Generate with an encoder-decoder backend (a seq2seq export on ONNX Runtime, or the PyTorch path's
+        Seq2SeqGenerator): batch and options as Hugging Face's generate takes them (a [B, S] tensor with its
+        attention_mask, or a list of token-id lists; num_beams, max_new_tokens, return_dict_in_generate, ...),
+        the output as padfree.generation's generate returns it (HF's types)."""
+        generate = getattr(self.backend, "generate", None)
+        if generate is None:
+            raise TypeError(f"{type(self.backend).__name__} encodes; generate() needs an encoder-decoder backend "
+                            f"(a seq2seq export folder or padfree.torch.from_hf of an encoder-decoder)")
+        return generate(batch, attention_mask, **options)
+
     def run(self, batch: Any, attention_mask: Any = None, token_type_ids: Any = None, *,
             padded: bool = False, output: str | None = None, stream: Any = None) -> dict[str, Any]:
         """Encode a batch.
@@ -108,6 +127,8 @@ class Runtime:
         (padded=True: [B, S, H], zeros in padding; S = the input's width, or the longest sequence),
         "pooler_output" as [B, H]. Raises InputError (a ValueError) for malformed input.
         """
+        if not hasattr(self.backend, "execute_packed"):
+            raise TypeError(f"{type(self.backend).__name__} is an encoder-decoder: call generate(), not run()")
         output = output or self.output
         if output not in OUTPUT_FORMATS:
             raise ValueError(f"output must be one of {OUTPUT_FORMATS}, got {output!r}")

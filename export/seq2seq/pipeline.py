@@ -1,0 +1,111 @@
+"""export_seq2seq(model, out): the files of an encoder-decoder export.
+
+    encoder.onnx        HF's encoder (encoder.py), padded I/O
+    cross_kv.onnx       packed encoder rows -> each decoder layer's cross-attention K | V (cross_kv.py)
+    decoder_step.onnx   one decoder step with the caches as I/O (decoder_step.py)
+    config.json, generation_config.json   the HF configs: generate()'s option merge reads them
+    seq2seq.json        what was written, the I/O names and the limits; written last (completion marker)
+
+The graphs are float32. The previous export's files in the folder (these, and an encoder export's)
+are removed before anything is written, each file is written whole (padfree.outputs), and
+seq2seq.json is written last: a folder without it holds an incomplete export.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from padfree import outputs
+
+from ..onnx_files import data_file, save_model
+from .models import check_supported
+
+__all__ = ["export_seq2seq", "Seq2SeqExportResult", "ENCODER", "CROSS_KV", "STEP", "MANIFEST", "FORMAT",
+           "output_set"]
+
+log = logging.getLogger(__name__)
+ENCODER, CROSS_KV, STEP, MANIFEST = "encoder.onnx", "cross_kv.onnx", "decoder_step.onnx", "seq2seq.json"
+CONFIG, GENERATION_CONFIG = "config.json", "generation_config.json"
+FORMAT = "padfree-seq2seq/1"
+
+
+@dataclass
+class Seq2SeqExportResult:
+    out: Path
+    files: list[Path]
+    manifest: dict
+
+    def format(self) -> str:
+        d = self.manifest["decoder"]
+        sites = self.manifest["sites"]
+        return (f"{self.manifest['family']}: {self.manifest['encoder']['layers']}+{d['layers']} layers, hidden "
+                f"{d['hidden']}, {d['num_heads']} heads, vocabulary {d['vocab_size']}; decoder step with "
+                f"{sites.get('PadfreeDecoderSelfAttention', 0)} self-attention and "
+                f"{sites.get('PadfreeDecoderCrossAttention', 0)} cross-attention sites (standard ONNX)")
+
+
+def output_set(out: Path) -> list[Path]:
+    files = [out / name for name in (ENCODER, CROSS_KV, STEP)]
+    return [p for f in files for p in (f, data_file(f))] + [out / CONFIG, out / GENERATION_CONFIG, out / MANIFEST]
+
+
+def _position_limits(model, weights) -> tuple[int, int]:
+    """Longest source and longest decoder sequence (start token excluded) the exported tables serve."""
+    limit = int(model.config.max_position_embeddings)
+    decoder = weights.decoder.max_positions
+    return limit, limit if decoder is None else min(limit, int(decoder))
+
+
+def export_seq2seq(model, description: str, out: Path, opset: int,
+                   source_path: str | None = None) -> Seq2SeqExportResult:
+    """source_path: the HF directory the model was loaded from (recorded for `padfree check OUT`)."""
+    import torch
+
+    from padfree.generation.layers import ensure_position_rows
+    from padfree.generation.weights import extract
+
+    from . import cross_kv, decoder_step, encoder
+    from .ops import sites_of
+
+    spec = check_supported(model)
+    model = model.float().eval()
+    weights = extract(model, spec, torch.float32, torch.device("cpu"))
+    encoder_limit, decoder_limit = _position_limits(model, weights)
+    # M2M100's table grows on demand in HF; the step's table is grown once to every row it may read
+    ensure_position_rows(weights.decoder, spec, weights.pad_token_id, weights.pad_token_id + 2 + decoder_limit)
+    facts = {"padfree.source": description, "padfree.family": spec.name, "padfree.format": FORMAT}
+    outputs.remove(output_set(out))
+    t0 = time.perf_counter()
+    save_model(encoder.export_encoder(model, opset), out / ENCODER)
+    log.info("wrote %s in %.1f s", out / ENCODER, time.perf_counter() - t0)
+    save_model(cross_kv.build_cross_kv(weights, opset, facts), out / CROSS_KV)
+    step = decoder_step.build_decoder_step(weights, opset, facts)
+    save_model(step, out / STEP)
+    log.info("wrote %s and %s (%d nodes)", out / CROSS_KV, out / STEP, len(step.graph.node))
+    outputs.write_text(out / CONFIG, model.config.to_json_string())
+    outputs.write_text(out / GENERATION_CONFIG, model.generation_config.to_json_string())
+    stack = weights.decoder
+    inputs, step_outputs = decoder_step.io_names(len(stack.layers))
+    counts: dict[str, int] = {}
+    for site in sites_of(step):
+        counts[site.op] = counts.get(site.op, 0) + 1
+    manifest = {
+        "format": FORMAT, "source": description, "source_path": source_path, "family": spec.name,
+        "hf_class": spec.hf_class, "opset": opset,
+        "files": {"encoder": ENCODER, "cross_kv": CROSS_KV, "decoder_step": STEP, "config": CONFIG,
+                  "generation_config": GENERATION_CONFIG},
+        "encoder": {"io": "padded", "layers": len(weights.encoder.layers), "inputs": ["input_ids", "attention_mask"],
+                    "outputs": ["last_hidden_state"], "max_positions": encoder_limit,
+                    "vocab_size": weights.source_vocab_size},
+        "decoder": {"layers": len(stack.layers), "num_heads": stack.num_heads, "head_dim": stack.head_dim,
+                    "hidden": stack.hidden, "vocab_size": weights.target_vocab_size,
+                    "max_positions": decoder_limit, "pad_token_id": weights.pad_token_id,
+                    "inputs": inputs, "outputs": step_outputs},
+        "sites": counts,
+    }
+    outputs.write_text(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+    files = [out / n for n in (ENCODER, CROSS_KV, STEP, CONFIG, GENERATION_CONFIG, MANIFEST)]
+    return Seq2SeqExportResult(out, files, manifest)

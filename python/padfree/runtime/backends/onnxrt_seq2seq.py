@@ -1,0 +1,186 @@
+"""An encoder-decoder export (padfree export's encoder.onnx, cross_kv.onnx, decoder_step.onnx) generating
+on ONNX Runtime (CPU), with padfree.generation's own searches: the seed of Runtime.generate over an
+exported model, and the CPU proof of the export (padfree.export.seq2seq.check).
+
+The generation loop is padfree.generation's (generator.decode, runner.Runner, beam_search.BeamSearch,
+sampling.SingleSearch): the same option merge (the export's config.json and generation_config.json),
+the same processors, beam bookkeeping and cache-indirection reorder; only the decoder backend differs
+(OrtDecoder below, the protocol runner.py states): its logits come from decoder_step.onnx, which
+writes the caches it is given and returns them. So the options, refusals and outputs are those of
+padfree.torch.from_hf(model).generate, and an export that computes the step correctly generates HF's
+tokens.
+
+Per call: the encoder runs padded ([batch, longest source], right padding), its valid rows are packed
+([T, hidden], cu_seqlens order), cross_kv.onnx turns them into each layer's K | V once, and every
+decode step is one decoder_step.onnx run. Caches are float32 [rows, heads, max_length - 1, head_dim]
+numpy arrays per layer, replaced by the step's outputs.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..._lib import PadfreeError
+from ...ops._tensors import INT32_MAX, InputError
+
+__all__ = ["OnnxrtSeq2SeqGenerator", "OrtDecoder", "is_seq2seq_export"]
+
+log = logging.getLogger(__name__)
+MANIFEST = "seq2seq.json"
+FORMAT = "padfree-seq2seq/1"
+
+
+def is_seq2seq_export(path) -> bool:
+    return Path(path).is_dir() and (Path(path) / MANIFEST).is_file()
+
+
+class OrtDecoder:
+    """The decoder backend (generation/runner.py's protocol) over decoder_step.onnx."""
+
+    def __init__(self, owner: "OnnxrtSeq2SeqGenerator", batch: int, rows_per_source: int, capacity: int,
+                 tokens: int, max_seqlen: int):
+        self.owner, self.ops = owner, owner.ops
+        self.batch, self.rows_per_source = batch, rows_per_source
+        self.rows = batch * rows_per_source
+        self.capacity = capacity
+        self.device = torch.device("cpu")
+        self.vocab_size = owner.vocab_size
+        shape = (self.rows, owner.num_heads, capacity, owner.head_dim)
+        # zeroed once: the step reads every slot under a mask, and a NaN there would survive a zero weight
+        self.caches = {f"past_{kind}.{i}": np.zeros(shape, dtype=np.float32)
+                       for i in range(owner.layers) for kind in ("key", "value")}
+        identity = torch.arange(self.rows, dtype=torch.int32)[:, None].expand(self.rows, capacity)
+        self.indir = identity.contiguous()
+        self.indir_next = identity.contiguous()
+        self.step = torch.zeros(1, dtype=torch.int32)
+        self.memory: dict[str, np.ndarray] = {}
+        self.cu_seqlens: np.ndarray | None = None
+
+    def load(self, sources, encoder_out: np.ndarray) -> None:
+        """This call's cross-attention memory (cross_kv.onnx on the packed encoder rows) and cu_seqlens."""
+        names = [o.name for o in self.owner.cross_kv.get_outputs()]
+        values = self.owner.cross_kv.run(None, {"encoder_hidden_states": encoder_out})
+        self.memory = dict(zip(names, values))
+        self.cu_seqlens = sources.cu_seqlens.cpu().numpy().astype(np.int32)
+        self.step.zero_()
+
+    def logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        feeds = {"input_ids": tokens.to(torch.int32).numpy(), "step": self.step.numpy(),
+                 "cache_indir": self.indir.numpy(), "cu_seqlens": self.cu_seqlens, **self.caches, **self.memory}
+        values = self.owner.step_session.run(None, feeds)
+        out = dict(zip(self.owner.step_outputs, values))
+        for name in self.caches:
+            self.caches[name] = out[name.replace("past_", "present_")]
+        return torch.from_numpy(out["logits"])
+
+    def reorder(self, parents: torch.Tensor) -> None:
+        self.ops.beam_reorder_cache_indir(self.indir, parents, self.step, out=self.indir_next)
+        self.indir.copy_(self.indir_next)
+
+    def advance(self) -> None:
+        self.step.add_(1)
+
+
+def _session(path: Path, threads: int | None):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+class OnnxrtSeq2SeqGenerator:
+    """generate() of padfree.torch.from_hf's Seq2SeqGenerator, over an export folder on ONNX Runtime (CPU).
+
+        gen = OnnxrtSeq2SeqGenerator("out/")
+        out = gen.generate([[12, 7, 0], [5, 0]], num_beams=4, return_dict_in_generate=True, output_scores=True)
+
+    Also a Runtime backend: padfree.Runtime("out/").generate(batch, **options)."""
+
+    def __init__(self, folder, *, threads: int | None = None):
+        from transformers import AutoConfig, GenerationConfig
+
+        from ...generation.dispatch import DecoderOps
+        from ...generation.runner import Runner
+
+        self.folder = Path(folder)
+        if not is_seq2seq_export(self.folder):
+            raise PadfreeError(f"{self.folder}: not a seq2seq export (no {MANIFEST}); run `padfree export` on an "
+                               f"encoder-decoder into it")
+        manifest = json.loads((self.folder / MANIFEST).read_text())
+        if manifest.get("format") != FORMAT:
+            raise PadfreeError(f"{self.folder / MANIFEST}: format {manifest.get('format')!r}, expected {FORMAT!r}; "
+                               f"export the model again")
+        self.manifest = manifest
+        files = manifest["files"]
+        self.config = AutoConfig.from_pretrained(self.folder)
+        self.generation_config = GenerationConfig.from_pretrained(self.folder, files["generation_config"])
+        self.encoder = _session(self.folder / files["encoder"], threads)
+        self.cross_kv = _session(self.folder / files["cross_kv"], threads)
+        self.step_session = _session(self.folder / files["decoder_step"], threads)
+        # the step's structure from its own I/O, not from the manifest
+        inputs = {i.name: i.shape for i in self.step_session.get_inputs()}
+        self.layers = sum(1 for name in inputs if name.startswith("past_key."))
+        _, self.num_heads, _, self.head_dim = inputs["past_key.0"]
+        self.step_outputs = [o.name for o in self.step_session.get_outputs()]
+        self.vocab_size = int(self.step_session.get_outputs()[0].shape[1])
+        self.source_vocab_size = int(manifest["encoder"]["vocab_size"])
+        self.encoder_positions = int(manifest["encoder"]["max_positions"])
+        self.decoder_positions = int(manifest["decoder"]["max_positions"])
+        self.pad_token_id = int(manifest["decoder"]["pad_token_id"])
+        self.device = torch.device("cpu")
+        self.ops = DecoderOps(self.device, self.head_dim, force_reference=True)
+        self.runner = Runner(None, self.ops, self.device, use_graphs=False,
+                             make_decoder=lambda *sizes: OrtDecoder(self, *sizes), logits_bias=None)
+        self.output_names = ["sequences"]
+        self.resolve()      # the export's generation_config is checked now, as from_hf checks the model's
+
+    def __repr__(self) -> str:
+        return (f"OnnxrtSeq2SeqGenerator({self.folder}, {self.manifest['family']}, {self.layers} decoder layers, "
+                f"vocab {self.vocab_size}, ONNX Runtime CPU)")
+
+    @property
+    def limits(self):
+        from .base import Limits
+        return Limits(max_tokens=INT32_MAX, max_batch=INT32_MAX, max_seqlen=self.encoder_positions,
+                      vocab_size=self.source_vocab_size, dtype=torch.float32)
+
+    def resolve(self, generation_config=None, **kwargs):
+        from ...generation.options import resolve_options
+        return resolve_options(self.generation_config, self.config, self.vocab_size, generation_config, **kwargs)
+
+    def encode(self, sources: list[list[int]]) -> np.ndarray:
+        """The encoder's hidden states of the valid tokens, packed: float32 [T, hidden]."""
+        width = max(len(s) for s in sources)
+        ids = np.full((len(sources), width), self.pad_token_id, dtype=np.int32)
+        mask = np.zeros((len(sources), width), dtype=np.int32)
+        for i, s in enumerate(sources):
+            ids[i, :len(s)] = s
+            mask[i, :len(s)] = 1
+        hidden = self.encoder.run(None, {"input_ids": ids, "attention_mask": mask})[0]
+        return np.ascontiguousarray(hidden[mask.astype(bool)], dtype=np.float32)
+
+    def generate(self, input_ids=None, attention_mask=None, generation_config=None, **kwargs):
+        """HF-compatible generate, as padfree.generation.Seq2SeqGenerator.generate (same options and outputs)."""
+        from ...generation import inputs
+        from ...generation.encoder import PackedSources
+        from ...generation.generator import decode
+
+        if input_ids is None:
+            input_ids = kwargs.pop("inputs", None)
+        options = self.resolve(generation_config, **kwargs)
+        sources = inputs.source_lists(input_ids, attention_mask)
+        inputs.check_source_lengths(sources, self.source_vocab_size, self.encoder_positions, self.decoder_positions,
+                                    options.max_length)
+        packed = PackedSources.from_lists(sources, self.device)
+        encoder_out = self.encode(sources)
+        if encoder_out.shape[0] != packed.total_tokens:
+            raise InputError(f"the encoder returned {encoder_out.shape[0]} rows for {packed.total_tokens} tokens")
+        with torch.inference_mode():
+            return decode(self.runner, packed, encoder_out, options)
