@@ -54,7 +54,6 @@ def export(source, out_dir: str | Path, io: str | None = None, opset: int | None
     from .models import load
     from .precision import DTYPES
     from .rewrite import rewrite
-
     from .seq2seq.models import is_seq2seq_source
 
     if is_seq2seq_source(source):

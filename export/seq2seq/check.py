@@ -117,7 +117,7 @@ def check(out_dir, reference, batch: int = 8, max_seqlen: int = 16, max_new_toke
     result.lines.append(f"beam search ({num_beams} beams, {num_beams} returned): {compared - len(wrong)} of {compared} "
                         f"hypotheses equal HF's with sequences_scores within {tol:g} (max error {worst:.2e}); "
                         f"near-ties (not compared): {near} of {total}")
-    for b, i, error in wrong[:3]:
+    for b, i, _error in wrong[:3]:
         result.lines.append(f"  source {b} rank {i}: HF {rs[b, i].tolist()} ({float(rsc[b, i]):.6f}) vs "
                             f"{ps[b, i].tolist()} ({float(psc[b, i]):.6f})")
     if near > total // 4:

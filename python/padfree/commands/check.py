@@ -91,8 +91,7 @@ def _seq2seq_check(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from padfree.export.seq2seq import check as seq2seq_check
-    from padfree.export.seq2seq import models as seq2seq_models
+    from padfree.export.seq2seq import check as seq2seq_check, models as seq2seq_models
     from padfree.export.seq2seq.pipeline import MANIFEST
 
     manifest = json.loads((Path(args.model) / MANIFEST).read_text())
