@@ -19,6 +19,7 @@ from .spec import Plugin, Spec
 
 Dim = int | str | None  # a size, a symbolic name, or unknown
 _FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
+_FIXED_TYPES = {"int32": TensorProto.INT32, "float32": TensorProto.FLOAT}  # ports of one dtype whatever the node's
 _CONST_LIMIT = 1024  # constant inputs up to this many elements are passed to ONNX's inference as data
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -126,9 +127,10 @@ def _plugin_outputs(plugin: Plugin, node: onnx.NodeProto, ins: list) -> list[tup
             raise ShapeError(f"{where}: input {port.name} ({name!r}) has no inferred shape")
         elem, dims = got
         dtypes[port.name] = elem
-        if port.dtype == "int32" and elem != TensorProto.INT32:
+        fixed = _FIXED_TYPES.get(port.dtype)
+        if fixed is not None and elem != fixed:
             raise ShapeError(f"{where}: input {port.name} ({name!r}) is {TensorProto.DataType.Name(elem)}, "
-                             "the spec wants INT32")
+                             f"the spec wants {TensorProto.DataType.Name(fixed)}")
         if port.dtype == "float":
             if elem not in _FLOAT_TYPES or (float_type and elem != float_type):
                 raise ShapeError(f"{where}: input {port.name} ({name!r}) is {TensorProto.DataType.Name(elem)}; "
@@ -144,7 +146,7 @@ def _plugin_outputs(plugin: Plugin, node: onnx.NodeProto, ins: list) -> list[tup
         elif port.dtype.startswith("same as "):
             elem = dtypes[port.dtype[len("same as "):]]
         else:
-            elem = TensorProto.INT32
+            elem = _FIXED_TYPES.get(port.dtype, TensorProto.INT32)
         dims: list[Dim] = []
         for expr in port.shape:
             dims.extend(rest if expr == "..." else [_evaluate(expr, env, fresh=True)])

@@ -65,6 +65,8 @@ def _named(dim_param: str) -> str | None:
 
 def _value(expression: str, fields: dict) -> int | None:
     """`3*num_heads*head_dim` with the node's fields; None when the name is not such a product."""
+    if expression.isdigit():  # a fixed extent, e.g. the decoder's step [1]
+        return int(expression)
     if not _EXPRESSION.fullmatch(expression) or "*" not in expression:
         return None
     value = 1
@@ -99,6 +101,9 @@ def _check_node(node: onnx.NodeProto, plugin: spec_mod.Plugin, types: dict, grap
         elem, dims = types[name]
         if port.dtype == "int32" and elem != _INT32:
             found.append(f"{here} is {TensorProto.DataType.Name(elem)}, the spec wants int32")
+            continue
+        if port.dtype == "float32" and elem != TensorProto.FLOAT:
+            found.append(f"{here} is {TensorProto.DataType.Name(elem)}, the spec wants float32")
             continue
         if port.dtype == "float":
             if elem not in _FLOATS:
