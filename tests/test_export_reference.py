@@ -142,7 +142,8 @@ def test_decoder_self_attention(seed, heads, head_dim, step):
     scale = float(rng.uniform(0.1, 0.5))
     ctx, k_out, v_out = run_plugin("PadfreeDecoderSelfAttention", inputs,
                                    {"num_heads": heads, "head_dim": head_dim, "softmax_scale": scale}, n_out=3)
-    d = {k: torch.as_tensor(v, dtype=torch.float64 if v.dtype == np.float32 else torch.int64) for k, v in inputs.items()}
+    d = {k: torch.as_tensor(v, dtype=torch.float64 if v.dtype == np.float32 else torch.int64)
+         for k, v in inputs.items()}
     q, k_new, v_new = (d["qkv"] + d["qkv_bias"]).view(rows, 3, heads, head_dim).unbind(1)
     k_cache, v_cache = d["k_cache"].clone(), d["v_cache"].clone()
     k_cache[:, :, step], v_cache[:, :, step] = k_new, v_new  # each row's own slot

@@ -196,7 +196,8 @@ def decoder_step_graph(path: Path | None = None, hidden=128, heads=2, cache_len=
              weight("w_vocab", hidden, vocab), weight("b_vocab", vocab)]
     f32, i32 = TensorProto.FLOAT, TensorProto.INT32
     inputs = [helper.make_tensor_value_info("hidden", f32, ["R", hidden]),
-              helper.make_tensor_value_info("k_cache", f32, cache), helper.make_tensor_value_info("v_cache", f32, cache),
+              helper.make_tensor_value_info("k_cache", f32, cache),
+              helper.make_tensor_value_info("v_cache", f32, cache),
               helper.make_tensor_value_info("cache_indir", i32, ["R", cache_len]),
               helper.make_tensor_value_info("step", i32, [1]),
               helper.make_tensor_value_info("kv_mem", f32, ["T", 2 * hidden]),
@@ -207,7 +208,8 @@ def decoder_step_graph(path: Path | None = None, hidden=128, heads=2, cache_len=
               helper.make_tensor_value_info("parents", i32, ["R"])]
     outputs = [helper.make_tensor_value_info("k_cache_out", f32, cache),
                helper.make_tensor_value_info("v_cache_out", f32, cache),
-               helper.make_tensor_value_info("scores", f32, ["R", k]), helper.make_tensor_value_info("ids", i32, ["R", k]),
+               helper.make_tensor_value_info("scores", f32, ["R", k]),
+               helper.make_tensor_value_info("ids", i32, ["R", k]),
                helper.make_tensor_value_info("cache_indir_out", i32, ["R", cache_len])]
     model = helper.make_model(helper.make_graph(nodes, "decoder_step", inputs, outputs, inits),
                               opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(SPEC.namespace, 1)])
@@ -353,7 +355,8 @@ def test_engine_from_decoder_step_graph(tmp_path, aliasing):
     if not hasattr(api.trt, "PreviewFeature") or not hasattr(api.trt.PreviewFeature, "ALIASED_PLUGIN_IO_10_03"):
         pytest.skip(f"{api.name} {api.version} has no ALIASED_PLUGIN_IO_10_03 preview feature")
     model = decoder_step_graph(tmp_path / "step.onnx")
-    onnx_dims = {vi.name: [d.dim_param or d.dim_value for d in vi.type.tensor_type.shape.dim] for vi in model.graph.input}
+    onnx_dims = {vi.name: [d.dim_param or d.dim_value for d in vi.type.tensor_type.shape.dim]
+                 for vi in model.graph.input}
     script = f"_ONNX_DIMS = {onnx_dims!r}\n" + _DECODER_STEP_BUILD
     engine = tmp_path / "step.engine"
     environment = dict(os.environ)
