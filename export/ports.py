@@ -20,6 +20,7 @@ Dim = int | str | None  # a size, a symbolic name, or unknown
 TypeShape = tuple[int, list[Dim]]
 GRAPH_SYMBOLS = ("T", "B", "B+1", "S")  # one dimension each for the whole graph (wiring binds them once)
 FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)
+FIXED_TYPES = {"int32": TensorProto.INT32, "float32": TensorProto.FLOAT}  # one dtype whatever the node's
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -67,7 +68,10 @@ class NodePorts:
 
 
 def product(expression: str, fields: dict) -> int | None:
-    """`3*num_heads*head_dim` with the node's int fields; None for anything else."""
+    """A fixed extent ("1": the decoder's step) or `3*num_heads*head_dim` with the node's int fields;
+    None for anything else."""
+    if expression.isdigit():
+        return int(expression)
     if "*" not in expression:
         return None
     value = 1
@@ -98,8 +102,9 @@ def bind_inputs(plugin: Plugin, label: str, fields: dict, inputs: list[tuple[str
             continue
         elem, dims = got
         node.dtypes[port.name] = elem
-        if port.dtype == "int32" and elem != TensorProto.INT32:
-            node.problems.append(f"{here} is {TensorProto.DataType.Name(elem)}, the spec wants int32")
+        fixed = FIXED_TYPES.get(port.dtype)
+        if fixed is not None and elem != fixed:
+            node.problems.append(f"{here} is {TensorProto.DataType.Name(elem)}, the spec wants {port.dtype}")
             continue
         if port.dtype == "float":
             if elem not in FLOAT_TYPES:
@@ -147,7 +152,7 @@ def output_dims(plugin: Plugin, node: NodePorts, fresh: dict[str, str]) -> list[
         elif port.dtype.startswith("same as "):
             elem = node.dtypes.get(port.dtype[len("same as "):], 0)
         else:
-            elem = TensorProto.INT32
+            elem = FIXED_TYPES.get(port.dtype, TensorProto.INT32)
         dims: list[Dim] = []
         for expr in port.shape:
             if expr == "...":

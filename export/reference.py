@@ -141,6 +141,111 @@ def _rebuild_padding(b: _Builder, i: list[str], o: list[str]) -> None:
     b.op("ScatterND", zeros, _coords_2d(b, seq, pos), packed, out=[o[0]])
 
 
+# ---- the decoder step -------------------------------------------------------------------------------
+def _scalar(b: _Builder, x: str, index: int = 0) -> str:
+    """Dimension `index` of x as a 0-D int64."""
+    return b.op("Gather", b.op("Shape", x), b.const(index), axis=0)
+
+
+def _decoder_self_attention(b: _Builder, i: list[str], o: list[str]) -> None:
+    """K/V cache write with ScatterND at [r, :, step, :], then attention of each row over the positions
+    0..step of its history, gathered through the cache indirection (own row at `step`)."""
+    qkv, bias, k_cache, v_cache, indir, step = i
+    heads, head_dim = int(b.attrs["num_heads"]), int(b.attrs["head_dim"])
+    x = b.op("Reshape", b.op("Add", qkv, bias), b.const([0, 3, heads, head_dim]))  # [R, 3, H, D]
+    q, k_new, v_new = (b.op("Gather", x, b.const(j), axis=1) for j in range(3))  # [R, H, D]
+    rows = b.op("Range", b.const(0), _scalar(b, qkv), b.const(1))  # [R]
+    step64 = b.op("Cast", step, to=TensorProto.INT64)  # [1]
+    write_at = b.op("Concat", b.op("Unsqueeze", rows, b.const([1])),
+                    b.op("Unsqueeze", b.op("Expand", step64, b.op("Shape", rows)), b.const([1])), axis=1)  # [R, 2]
+    positions = b.op("Range", b.const(0), _scalar(b, k_cache, 2), b.const(1))  # [L]
+    # source row of each (r, t): cache_indir[r, t] before step, r itself at step (later ones are masked)
+    src = b.op("Where", b.op("Less", b.op("Unsqueeze", positions, b.const([0])), step64),
+               b.op("Cast", indir, to=TensorProto.INT64), b.op("Unsqueeze", rows, b.const([1])))  # [R, L]
+    at = b.op("Concat", b.op("Unsqueeze", src, b.const([2])),
+              b.op("Unsqueeze", b.op("Expand", positions, b.op("Shape", src)), b.const([2])), axis=2)  # [R, L, 2]
+    history = []
+    for cache, new, out in ((k_cache, k_new, o[1]), (v_cache, v_new, o[2])):
+        by_position = b.op("ScatterND", b.op("Transpose", cache, perm=[0, 2, 1, 3]), write_at, new)  # [R, L, H, D]
+        b.op("Transpose", by_position, perm=[0, 2, 1, 3], out=[out])
+        history.append(b.op("GatherND", by_position, at))  # [R, L, H, D]: row r's position t
+    scores = b.op("Mul", b.op("MatMul", b.op("Unsqueeze", q, b.const([2])),
+                              b.op("Transpose", history[0], perm=[0, 2, 3, 1])),
+                  b.const(float(b.attrs["softmax_scale"]), np.float32))  # [R, H, 1, L]
+    masked = b.op("Where", b.op("LessOrEqual", positions, step64), scores, b.const(-np.inf, np.float32))
+    ctx = b.op("MatMul", b.op("Softmax", masked, axis=-1), b.op("Transpose", history[1], perm=[0, 2, 1, 3]))
+    b.op("Reshape", ctx, b.const([0, heads * head_dim]), out=[o[0]])  # [R, H, 1, D] -> [R, H*D]
+
+
+def _decoder_cross_attention(b: _Builder, i: list[str], o: list[str]) -> None:
+    """Row r attends over the packed rows of source r // num_beams, each cut at max_seqlen positions;
+    an empty source gives zeros (as the kernel)."""
+    q, bias, kv_mem, cu, max_seqlen = i
+    heads, head_dim, beams = int(b.attrs["num_heads"]), int(b.attrs["head_dim"]), int(b.attrs["num_beams"])
+    q = b.op("Transpose", b.op("Reshape", b.op("Add", q, bias), b.const([0, heads, head_dim])), perm=[1, 0, 2])
+    kv = b.op("Reshape", kv_mem, b.const([0, 2, heads, head_dim]))  # [T, 2, H, D]
+    k, v = (b.op("Gather", kv, b.const(j), axis=1) for j in range(2))  # [T, H, D]
+    scores = b.op("Mul", b.op("MatMul", q, b.op("Transpose", k, perm=[1, 2, 0])),
+                  b.const(float(b.attrs["softmax_scale"]), np.float32))  # [H, R, T]
+    seq, pos, _ = b.token_coords(cu, b.rows_total(kv_mem))
+    source = b.op("Div", b.op("Range", b.const(0), _scalar(b, q, 1), b.const(1)), b.const(beams))  # [R]
+    allowed = b.op("And", b.op("Equal", b.op("Unsqueeze", source, b.const([1])), b.op("Unsqueeze", seq, b.const([0]))),
+                   b.op("Unsqueeze", b.op("Less", pos, _scalar(b, max_seqlen)), b.const([0])))  # [R, T]
+    probs = b.op("Softmax", b.op("Where", allowed, scores, b.const(-np.inf, np.float32)), axis=-1)
+    probs = b.op("Where", allowed, probs, b.const(0.0, np.float32))  # an empty source: NaN -> 0
+    ctx = b.op("MatMul", probs, b.op("Transpose", v, perm=[1, 0, 2]))  # [H, R, D]
+    b.op("Reshape", b.op("Transpose", ctx, perm=[1, 0, 2]), b.const([0, heads * head_dim]), out=[o[0]])
+
+
+def _id_mask(b: _Builder, ids: str, vocab: str) -> str:
+    """[R, V] bool: v is among row r's ids ([R, Q] int32; -1 and ids outside [0, V) match nothing)."""
+    hit = b.op("Equal", b.op("Unsqueeze", b.op("Cast", ids, to=TensorProto.INT64), b.const([2])),
+               b.op("Unsqueeze", vocab, b.const([0, 1])))  # [R, Q, V]
+    return b.op("Cast", b.op("ReduceSum", b.op("Cast", hit, to=TensorProto.INT32), b.const([1]), keepdims=0),
+                to=TensorProto.BOOL)
+
+
+def _logits_topk(b: _Builder, i: list[str], o: list[str]) -> None:
+    """fp32 log_softmax (or raw logits), HF's processors in their order, beam scores, then TopK (ties
+    to the lower index, as the kernel)."""
+    a = {k: int(b.attrs[k]) for k in ("has_bias", "has_beam_scores", "has_banned", "has_penalty", "has_forced")}
+    names = iter(i)
+    logits = next(names)
+    bias, beam, banned, penalty, forced = (next(names) if a[k] else None for k in a)
+    s = b.op("Cast", logits, to=TensorProto.FLOAT)
+    if bias:
+        s = b.op("Add", s, b.op("Cast", bias, to=TensorProto.FLOAT))
+    if int(b.attrs["normalize"]):
+        s = b.op("LogSoftmax", s, axis=-1)
+    vocab = b.op("Range", b.const(0), _scalar(b, logits, 1), b.const(1))  # [V]
+    if penalty:
+        p = b.const(float(b.attrs["repetition_penalty"]), np.float32)
+        penalized = b.op("Where", b.op("Less", s, b.const(0.0, np.float32)), b.op("Mul", s, p), b.op("Div", s, p))
+        s = b.op("Where", _id_mask(b, penalty, vocab), penalized, s)
+    if banned:
+        s = b.op("Where", _id_mask(b, banned, vocab), b.const(-np.inf, np.float32), s)
+    if forced:
+        f = b.op("Unsqueeze", b.op("Cast", forced, to=TensorProto.INT64), b.const([1]))  # [R, 1]
+        valid = b.op("And", b.op("GreaterOrEqual", f, b.const(0)), b.op("Less", f, _scalar(b, logits, 1)))
+        only = b.op("Where", b.op("Equal", f, vocab), b.const(0.0, np.float32), b.const(-np.inf, np.float32))
+        s = b.op("Where", valid, only, s)
+    if beam:
+        s = b.op("Add", s, b.op("Unsqueeze", beam, b.const([1])))
+    values, indices = b.op("TopK", s, b.const([int(b.attrs["k"])]), outputs=2, axis=-1, largest=1, sorted=1)
+    b.op("Identity", values, out=[o[0]])
+    b.op("Cast", indices, out=[o[1]], to=TensorProto.INT32)
+
+
+def _beam_reorder(b: _Builder, i: list[str], o: list[str]) -> None:
+    """out[r, t] = cache_indir[parents[r], t], and parents[r] at t = step. The plugin leaves positions
+    past step unwritten (unspecified); here they hold the gathered row, so compare t <= step only."""
+    indir, parents, step = i
+    gathered = b.op("Gather", indir, parents, axis=0)  # [R, L]
+    positions = b.op("Range", b.const(0), _scalar(b, indir, 1), b.const(1))
+    at_step = b.op("Equal", b.op("Unsqueeze", positions, b.const([0])), b.op("Cast", step, to=TensorProto.INT64))
+    b.op("Where", at_step, b.op("Unsqueeze", parents, b.const([1])), gathered, out=[o[0]])
+
+
 EXPANSIONS: dict[str, Callable[[_Builder, list[str], list[str]], None]] = {
     "PadfreeEmbLayerNorm": _emb_layernorm,
     "PadfreeAttention": _attention,
@@ -149,6 +254,10 @@ EXPANSIONS: dict[str, Callable[[_Builder, list[str], list[str]], None]] = {
     "PadfreeBiasGelu": _bias_gelu,
     "PadfreeRemovePadding": _remove_padding,
     "PadfreeRebuildPadding": _rebuild_padding,
+    "PadfreeDecoderSelfAttention": _decoder_self_attention,
+    "PadfreeDecoderCrossAttention": _decoder_cross_attention,
+    "PadfreeLogitsTopK": _logits_topk,
+    "PadfreeBeamReorder": _beam_reorder,
 }
 
 

@@ -130,6 +130,130 @@ def test_remove_and_rebuild_padding(seed):
     np.testing.assert_array_equal(rebuilt, padded * mask[..., None])  # exact zeros in padded rows
 
 
+# ---- the decoder step: R = sources x beams hypotheses, a cache of L positions ---------------------------
+@pytest.mark.parametrize("heads,head_dim,step", [(2, 8, 0), (3, 4, 5), (1, 16, 9)])
+def test_decoder_self_attention(seed, heads, head_dim, step):
+    rng = np.random.default_rng(seed)
+    rows, cap, width = 6, 10, heads * head_dim
+    f32 = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    inputs = {"qkv": f32(rows, 3 * width), "qkv_bias": f32(3 * width), "k_cache": f32(rows, heads, cap, head_dim),
+              "v_cache": f32(rows, heads, cap, head_dim),
+              "cache_indir": rng.integers(0, rows, (rows, cap)).astype(np.int32), "step": np.array([step], np.int32)}
+    scale = float(rng.uniform(0.1, 0.5))
+    ctx, k_out, v_out = run_plugin("PadfreeDecoderSelfAttention", inputs,
+                                   {"num_heads": heads, "head_dim": head_dim, "softmax_scale": scale}, n_out=3)
+    d = {k: torch.as_tensor(v, dtype=torch.float64 if v.dtype == np.float32 else torch.int64)
+         for k, v in inputs.items()}
+    q, k_new, v_new = (d["qkv"] + d["qkv_bias"]).view(rows, 3, heads, head_dim).unbind(1)
+    k_cache, v_cache = d["k_cache"].clone(), d["v_cache"].clone()
+    k_cache[:, :, step], v_cache[:, :, step] = k_new, v_new  # each row's own slot
+    close(k_out, k_cache.numpy()), close(v_out, v_cache.numpy())
+    # untouched positions are bit-exact copies
+    others = [t for t in range(cap) if t != step]
+    np.testing.assert_array_equal(k_out[:, :, others], inputs["k_cache"][:, :, others])
+    want = []
+    for r in range(rows):
+        src = [int(d["cache_indir"][r, t]) for t in range(step)] + [r]  # history rows, own row at step
+        keys = torch.stack([k_cache[s, :, t] for t, s in enumerate(src)], 1)  # [H, step+1, D]
+        values = torch.stack([v_cache[s, :, t] for t, s in enumerate(src)], 1)
+        p = torch.softmax(torch.einsum("hd,htd->ht", q[r], keys) * scale, -1)
+        want.append(torch.einsum("ht,htd->hd", p, values).reshape(width))
+    close(ctx, torch.stack(want).numpy())
+
+
+@pytest.mark.parametrize("beams,heads,head_dim,cut", [(2, 2, 8, False), (1, 3, 4, False), (3, 1, 16, True)])
+def test_decoder_cross_attention(seed, beams, heads, head_dim, cut):
+    rng = np.random.default_rng(seed)
+    lengths, cu = batch(rng)
+    t, width, rows = int(cu[-1]), heads * head_dim, len(lengths) * beams
+    max_seqlen = int(lengths.max()) - 2 if cut else int(lengths.max())  # cut: longer sources are cut there
+    inputs = {"q": rng.standard_normal((rows, width)).astype(np.float32),
+              "q_bias": rng.standard_normal(width).astype(np.float32),
+              "kv_mem": rng.standard_normal((t, 2 * width)).astype(np.float32), "cu_seqlens": cu,
+              "max_seqlen": np.zeros(max_seqlen, np.int32)}
+    scale = float(rng.uniform(0.1, 0.5))
+    (got,) = run_plugin("PadfreeDecoderCrossAttention", inputs,
+                        {"num_beams": beams, "num_heads": heads, "head_dim": head_dim, "softmax_scale": scale})
+    q = (torch.as_tensor(inputs["q"], dtype=torch.float64) + torch.as_tensor(inputs["q_bias"], dtype=torch.float64))
+    kv = torch.as_tensor(inputs["kv_mem"], dtype=torch.float64).view(t, 2, heads, head_dim)
+    want = []
+    for r in range(rows):
+        s = r // beams
+        n = min(int(lengths[s]), max_seqlen)
+        k, v = kv[cu[s]:cu[s] + n].unbind(1)  # [n, H, D]
+        p = torch.softmax(torch.einsum("hd,nhd->hn", q[r].view(heads, head_dim), k) * scale, -1)
+        want.append(torch.einsum("hn,nhd->hd", p, v).reshape(width))
+    close(got, torch.stack(want).numpy())
+
+
+def _topk64(s: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k largest per row, descending, ties to the smaller id (a stable sort of -s)."""
+    order = torch.sort(-s, dim=-1, stable=True).indices[:, :k]
+    return s.gather(1, order).numpy(), order.numpy().astype(np.int32)
+
+
+@pytest.mark.parametrize("normalize", [1, 0])
+@pytest.mark.parametrize("optional", ["all", "none", "bias_and_forced"])
+def test_logits_topk(seed, normalize, optional):
+    rng = np.random.default_rng(seed)
+    rows, vocab, k = 6, 50, 5
+    present = {"has_bias": optional != "none", "has_beam_scores": optional == "all", "has_banned": optional == "all",
+               "has_penalty": optional == "all", "has_forced": optional != "none"}
+    logits = (2 * rng.standard_normal((rows, vocab))).astype(np.float32)
+    inputs = {"logits": logits}
+    if present["has_bias"]:
+        inputs["bias"] = rng.standard_normal(vocab).astype(np.float32)
+    if present["has_beam_scores"]:
+        inputs["beam_scores"] = rng.uniform(-8, 0, rows).astype(np.float32)
+    if present["has_banned"]:  # -1 and ids past the vocabulary are unused; a repeated id is banned once
+        inputs["banned_ids"] = np.array([[-1, 3, 3], [vocab, 0, -1]] + [list(rng.integers(-1, vocab, 3))] * 4, np.int32)
+    if present["has_penalty"]:
+        inputs["penalty_ids"] = rng.integers(-1, vocab + 2, (rows, 4)).astype(np.int32)
+    if present["has_forced"]:
+        inputs["forced_ids"] = np.array([-1, 7, -1, vocab, 0, -1], np.int32)
+    fields = {"k": k, "normalize": normalize, "repetition_penalty": 1.3, **{f: int(v) for f, v in present.items()}}
+    scores, ids = run_plugin("PadfreeLogitsTopK", inputs, fields, n_out=2)
+    assert scores.dtype == np.float32 and ids.dtype == np.int32 and scores.shape == ids.shape == (rows, k)
+    s = torch.as_tensor(logits, dtype=torch.float64)
+    if present["has_bias"]:
+        s = s + torch.as_tensor(inputs["bias"], dtype=torch.float64)
+    if normalize:
+        s = torch.log_softmax(s, -1)
+    for r in range(rows):
+        if present["has_penalty"]:
+            for v in {int(v) for v in inputs["penalty_ids"][r] if 0 <= v < vocab}:
+                s[r, v] = s[r, v] * 1.3 if s[r, v] < 0 else s[r, v] / 1.3
+        if present["has_banned"]:
+            for v in inputs["banned_ids"][r]:
+                if 0 <= v < vocab:
+                    s[r, v] = -np.inf
+        if present["has_forced"] and 0 <= inputs["forced_ids"][r] < vocab:
+            forced = int(inputs["forced_ids"][r])
+            s[r] = -np.inf
+            s[r, forced] = 0.0
+    if present["has_beam_scores"]:
+        s = s + torch.as_tensor(inputs["beam_scores"], dtype=torch.float64)[:, None]
+    want_scores, want_ids = _topk64(s, k)
+    finite = np.isfinite(want_scores)
+    np.testing.assert_array_equal(np.isfinite(scores), finite)
+    close(scores[finite], want_scores[finite])
+    np.testing.assert_array_equal(ids[finite], want_ids[finite])  # -inf ties: any order among them
+
+
+@pytest.mark.parametrize("cap,step", [(8, 0), (8, 5), (7, 6)])
+def test_beam_reorder(seed, cap, step):
+    rng = np.random.default_rng(seed)
+    rows = 6
+    indir = rng.integers(0, rows, (rows, cap)).astype(np.int32)
+    parents = rng.integers(0, rows, rows).astype(np.int32)
+    (got,) = run_plugin("PadfreeBeamReorder", {"cache_indir": indir, "parents": parents,
+                                               "step": np.array([step], np.int32)}, {})
+    assert got.dtype == np.int32 and got.shape == (rows, cap)
+    for r in range(rows):  # positions past step are unspecified (the plugin does not write them)
+        np.testing.assert_array_equal(got[r, :step], indir[parents[r], :step])
+        assert got[r, step] == parents[r]
+
+
 def test_every_plugin_has_a_reference():
     assert set(reference.EXPANSIONS) == set(SPEC.plugins)
 

@@ -77,18 +77,19 @@ def test_creators_follow_the_spec():
     creators, io = {}, {}
     for line in listing.splitlines():
         words = line.split()
-        if words[0] == "io":
-            io[words[1]] = (words[2], int(words[3]), int(words[4]))
+        if words[0] == "io":  # io LABEL PLUGIN INPUTS OUTPUTS [FIELD=VALUE ...] (the case's int fields)
+            io[words[1]] = (words[2], int(words[3]), int(words[4]),
+                            {k: int(v) for k, v in (w.split("=") for w in words[5:])})
         else:
             creators[words[0]] = (words[1], words[2], dict(w.split(":") for w in words[3:]))
     assert set(creators) == set(SPEC.plugins)
+    assert {name for name, *_ in io.values()} == set(SPEC.plugins)  # a harness case for every plugin
     for name, plugin in SPEC.plugins.items():
         version, namespace, fields = creators[name]
         assert (version, namespace) == (SPEC.version, SPEC.namespace)
         assert fields == plugin.fields, name
     # Input/output counts of every harness case against the spec (inputs with `when` counted per case).
-    for label, (name, nb_in, nb_out) in io.items():
-        case_fields = {"has_token_type": int("without_type" not in label)}
+    for label, (name, nb_in, nb_out, case_fields) in io.items():
         assert nb_in == len(SPEC[name].input_names(case_fields)), label
         assert nb_out == len(SPEC[name].output_names(case_fields)), label
 
@@ -164,6 +165,88 @@ def padded_plugin_graph(path: Path, hidden=64, vocab=100, positions=64):
     return path
 
 
+def decoder_step_graph(path: Path | None = None, hidden=128, heads=2, cache_len=16, vocab=100, beams=2, k=5):
+    """One decoding step made of one node of each decoder plugin plus MatMuls: a per-step engine's
+    I/O, with the K/V caches as inputs and as outputs (aliased to the inputs inside the plugin)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(2)
+    head_dim = hidden // heads
+
+    def weight(name, *shape):
+        return numpy_helper.from_array((0.1 * rng.standard_normal(shape)).astype(np.float32), name)
+
+    cache = ["R", heads, cache_len, head_dim]
+    topk_fields = dict(k=k, normalize=1, repetition_penalty=1.0, has_bias=1, has_beam_scores=1, has_banned=0,
+                       has_penalty=0, has_forced=1)
+    nodes = [
+        helper.make_node("MatMul", ["hidden", "w_qkv"], ["qkv"]),
+        _plugin_node("PadfreeDecoderSelfAttention", ["qkv", "b_qkv", "k_cache", "v_cache", "cache_indir", "step"],
+                     ["self_context", "k_cache_out", "v_cache_out"], num_heads=heads, head_dim=head_dim,
+                     softmax_scale=float(head_dim ** -0.5)),
+        _plugin_node("PadfreeDecoderCrossAttention", ["self_context", "b_q", "kv_mem", "cu_seqlens", "max_seqlen"],
+                     ["cross_context"], num_beams=beams, num_heads=heads, head_dim=head_dim,
+                     softmax_scale=float(head_dim ** -0.5)),
+        helper.make_node("MatMul", ["cross_context", "w_vocab"], ["logits"]),
+        _plugin_node("PadfreeLogitsTopK", ["logits", "b_vocab", "beam_scores", "forced_ids"], ["scores", "ids"],
+                     **topk_fields),
+        _plugin_node("PadfreeBeamReorder", ["cache_indir", "parents", "step"], ["cache_indir_out"]),
+    ]
+    inits = [weight("w_qkv", hidden, 3 * hidden), weight("b_qkv", 3 * hidden), weight("b_q", hidden),
+             weight("w_vocab", hidden, vocab), weight("b_vocab", vocab)]
+    f32, i32 = TensorProto.FLOAT, TensorProto.INT32
+    inputs = [helper.make_tensor_value_info("hidden", f32, ["R", hidden]),
+              helper.make_tensor_value_info("k_cache", f32, cache),
+              helper.make_tensor_value_info("v_cache", f32, cache),
+              helper.make_tensor_value_info("cache_indir", i32, ["R", cache_len]),
+              helper.make_tensor_value_info("step", i32, [1]),
+              helper.make_tensor_value_info("kv_mem", f32, ["T", 2 * hidden]),
+              helper.make_tensor_value_info("cu_seqlens", i32, ["B+1"]),
+              helper.make_tensor_value_info("max_seqlen", i32, ["S"]),
+              helper.make_tensor_value_info("beam_scores", f32, ["R"]),
+              helper.make_tensor_value_info("forced_ids", i32, ["R"]),
+              helper.make_tensor_value_info("parents", i32, ["R"])]
+    outputs = [helper.make_tensor_value_info("k_cache_out", f32, cache),
+               helper.make_tensor_value_info("v_cache_out", f32, cache),
+               helper.make_tensor_value_info("scores", f32, ["R", k]),
+               helper.make_tensor_value_info("ids", i32, ["R", k]),
+               helper.make_tensor_value_info("cache_indir_out", i32, ["R", cache_len])]
+    model = helper.make_model(helper.make_graph(nodes, "decoder_step", inputs, outputs, inits),
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(SPEC.namespace, 1)])
+    if path is not None:
+        onnx.save(model, str(path))
+    return model
+
+
+def test_decoder_step_graph_shapes_in_one_pass():
+    """export/shapes.py infers every tensor of a graph of the decoder plugins from the spec's port
+    expressions (R, L, 3*num_heads*head_dim, [1], k, fp32 scores), and the wiring check passes it."""
+    pytest.importorskip("onnx")
+    from onnx import TensorProto
+
+    from padfree.export import shapes, wiring
+    model = shapes.infer(decoder_step_graph(), SPEC)
+    found = {vi.name: (vi.type.tensor_type.elem_type,
+                       [d.dim_value if d.HasField("dim_value") else d.dim_param for d in vi.type.tensor_type.shape.dim])
+             for vi in list(model.graph.value_info) + list(model.graph.output)}
+    f32, i32 = TensorProto.FLOAT, TensorProto.INT32
+    assert found["self_context"] == (f32, ["R", 128])
+    assert found["k_cache_out"] == found["v_cache_out"] == (f32, ["R", 2, 16, 64])
+    assert found["cross_context"] == (f32, ["R", 128])
+    assert found["scores"] == (f32, ["R", 5]) and found["ids"] == (i32, ["R", 5])
+    assert found["cache_indir_out"] == (i32, ["R", 16])
+    assert wiring.problems(model) == []
+    # A cache of the wrong head count, and fp16 beam scores, are refused against the spec.
+    bad = decoder_step_graph()
+    bad.graph.input[1].type.tensor_type.shape.dim[1].dim_value = 3
+    with pytest.raises(shapes.ShapeError, match="PadfreeDecoderSelfAttention.*k_cache"):
+        shapes.infer(bad, SPEC)
+    bad = decoder_step_graph()
+    bad.graph.input[8].type.tensor_type.elem_type = TensorProto.FLOAT16
+    with pytest.raises(shapes.ShapeError, match="beam_scores.*FLOAT"):
+        shapes.infer(bad, SPEC)
+
+
 LIBRARY = _library()
 needs_library = pytest.mark.skipif(LIBRARY is None, reason="libpadfree_trt.so was not built (needs TensorRT"
                                    " headers: cmake -DTensorRT_ROOT=...; or set PADFREE_TRT_LIBRARY)")
@@ -221,3 +304,84 @@ def test_remove_padding_node_with_its_size_tensor_is_accepted(tmp_path):
     assert metadata["plugin_layers"][0]["outputs"] == [
         {"name": "ids", "dtype": "INT32", "shape": [-1]}, {"name": "cu_seqlens", "dtype": "INT32", "shape": [-1]},
         {"name": "total_tokens", "dtype": "INT32", "shape": []}]
+
+
+_DECODER_STEP_BUILD = r"""
+import json, sys
+from padfree.engines import plugin_library, trt_api
+onnx_path, engine_path, library, aliasing = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
+api = trt_api.load()
+trt = api.trt
+plugin_library.load_into(trt, plugin_library.find(library))
+logger = trt.Logger(trt.Logger.WARNING)
+builder = trt.Builder(logger)
+network = api.create_network(builder, strongly_typed=True)
+parser = trt.OnnxParser(network, logger)
+if not parser.parse_from_file(onnx_path):
+    sys.exit("parse: " + "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors)))
+config = builder.create_builder_config()
+config.set_preview_feature(trt.PreviewFeature.ALIASED_PLUGIN_IO_10_03, aliasing)
+profile = builder.create_optimization_profile()
+rows, batch, tokens, seqlen = (2, 8, 16), (2, 5, 9), (1, 64, 256), (1, 32, 64)  # R = 2 beams x B
+for k in range(network.num_inputs):
+    t = network.get_input(k)
+    extents = {"R": rows, "B+1": batch, "T": tokens, "S": seqlen}
+    dims = [extents.get(d) if isinstance(d, str) else None for d in _ONNX_DIMS[t.name]]
+    shape = [[fixed if dim is None else dim[j] for dim, fixed in zip(dims, t.shape)] for j in range(3)]
+    profile.set_shape(t.name, *shape)
+config.add_optimization_profile(profile)
+plan = builder.build_serialized_network(network, config)
+if plan is None:
+    sys.exit("the build failed (messages above)")
+open(engine_path, "wb").write(bytes(plan))
+print(json.dumps(api.plugin_layers(network)))
+"""
+
+
+@needs_library
+@pytest.mark.parametrize("aliasing", [True, False])
+def test_engine_from_decoder_step_graph(tmp_path, aliasing):
+    """A per-step decoder network (one node of each decoder plugin plus MatMuls, the K/V caches as
+    inputs and outputs) parses and builds with TensorRT-RTX on the CPU with the plugin I/O aliasing
+    preview feature on. Without it the builder refuses the self-attention's aliased cache outputs
+    ("Aliased I/O used by plugin ... but PreviewFeature::kALIASED_PLUGIN_IO_10_03 not enabled"): a
+    decoder engine must be built with it (docs/PLUGINS.md)."""
+    import json
+    import os
+    import sys
+    import tempfile
+
+    api = _rtx()
+    if not hasattr(api.trt, "PreviewFeature") or not hasattr(api.trt.PreviewFeature, "ALIASED_PLUGIN_IO_10_03"):
+        pytest.skip(f"{api.name} {api.version} has no ALIASED_PLUGIN_IO_10_03 preview feature")
+    model = decoder_step_graph(tmp_path / "step.onnx")
+    onnx_dims = {vi.name: [d.dim_param or d.dim_value for d in vi.type.tensor_type.shape.dim]
+                 for vi in model.graph.input}
+    script = f"_ONNX_DIMS = {onnx_dims!r}\n" + _DECODER_STEP_BUILD
+    engine = tmp_path / "step.engine"
+    environment = dict(os.environ)
+    with tempfile.TemporaryDirectory(prefix="padfree-trt-") as links:
+        versioned = api.needs_parser_link()  # the RTX parser dlopens the unversioned name (docs/PLUGINS.md)
+        if versioned is not None:
+            (Path(links) / "libtensorrt_rtx.so").symlink_to(versioned)
+            environment["LD_LIBRARY_PATH"] = links + os.pathsep + environment.get("LD_LIBRARY_PATH", "")
+        done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "step.onnx"), str(engine), str(LIBRARY),
+                               "1" if aliasing else "0"], capture_output=True, text=True, timeout=600, env=environment)
+    if not aliasing:
+        assert done.returncode != 0 and "ALIASED_PLUGIN_IO_10_03 not enabled" in done.stdout + done.stderr, \
+            done.stderr[-3000:] + done.stdout[-2000:]
+        return
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-2000:]
+    assert engine.stat().st_size > 0
+    layers = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [layer["plugin"] for layer in layers] == ["PadfreeDecoderSelfAttention", "PadfreeDecoderCrossAttention",
+                                                     "PadfreeLogitsTopK", "PadfreeBeamReorder"]
+    self_attention, _, topk, reorder = layers
+    assert [(o["dtype"], o["shape"]) for o in self_attention["outputs"]] == [
+        ("FLOAT", [-1, 128]), ("FLOAT", [-1, 2, 16, 64]), ("FLOAT", [-1, 2, 16, 64])]
+    assert [(o["dtype"], o["shape"]) for o in topk["outputs"]] == [("FLOAT", [-1, 5]), ("INT32", [-1, 5])]
+    assert [(o["dtype"], o["shape"]) for o in reorder["outputs"]] == [("INT32", [-1, 16])]
+    blob = engine.read_bytes()
+    for name in ("PadfreeDecoderSelfAttention", "PadfreeDecoderCrossAttention", "PadfreeLogitsTopK",
+                 "PadfreeBeamReorder"):
+        assert name.encode() in blob, name  # each plugin's serialized state is in the engine

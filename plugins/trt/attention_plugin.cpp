@@ -57,7 +57,7 @@ bool AttentionPlugin::output_shapes(const DimsExprs* inputs, DimsExprs* outputs,
 }
 
 padfree_status AttentionPlugin::run(const PluginTensorDesc* in, const PluginTensorDesc*, const void* const* inputs,
-                                    void* const* outputs, cudaStream_t stream, std::string& error) const {
+                                    void* const* outputs, void*, cudaStream_t stream, std::string& error) const {
     const int32_t heads = field_i32(kNumHeads), head_dim = field_i32(kHeadDim);
     const int64_t qkv_width = 3 * int64_t{heads} * head_dim;
     int32_t batch = 0, max_seqlen = 0;

@@ -26,7 +26,7 @@ bool BiasGeluPlugin::output_shapes(const DimsExprs* inputs, DimsExprs* outputs, 
 }
 
 padfree_status BiasGeluPlugin::run(const PluginTensorDesc* in, const PluginTensorDesc*, const void* const* inputs,
-                                   void* const* outputs, cudaStream_t stream, std::string& error) const {
+                                   void* const* outputs, void*, cudaStream_t stream, std::string& error) const {
     const Dims& x = in[kX].dims;
     int32_t cols = 0;
     if (!check_rank(in[kX], 2, "x", error) || !to_i32(x.d[1], "columns", cols, error) ||

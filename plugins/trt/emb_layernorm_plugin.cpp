@@ -67,7 +67,7 @@ bool EmbLayerNormPlugin::output_shapes(const DimsExprs* inputs, DimsExprs* outpu
 }
 
 padfree_status EmbLayerNormPlugin::run(const PluginTensorDesc* in, const PluginTensorDesc*,
-                                       const void* const* inputs, void* const* outputs, cudaStream_t stream,
+                                       const void* const* inputs, void* const* outputs, void*, cudaStream_t stream,
                                        std::string& error) const {
     const PluginTensorDesc& ids = in[input_index(kInputIds)];
     const PluginTensorDesc& word = in[input_index(kWordEmb)];

@@ -25,7 +25,7 @@ bool LayerNormPlugin::output_shapes(const DimsExprs* inputs, DimsExprs* outputs,
 }
 
 padfree_status LayerNormPlugin::run(const PluginTensorDesc* in, const PluginTensorDesc*, const void* const* inputs,
-                                    void* const* outputs, cudaStream_t stream, std::string& error) const {
+                                    void* const* outputs, void*, cudaStream_t stream, std::string& error) const {
     const Dims& x = in[kX].dims;
     int32_t hidden = 0;
     if (!check_rank(in[kX], 2, "x", error) || !to_i32(x.d[1], "hidden", hidden, error) ||

@@ -22,7 +22,7 @@ protected:
     bool output_shapes(const nvinfer1::DimsExprs* inputs, nvinfer1::DimsExprs* outputs,
                        nvinfer1::IExprBuilder& builder, std::string& error) const override;
     padfree_status run(const nvinfer1::PluginTensorDesc* in, const nvinfer1::PluginTensorDesc* out,
-                       const void* const* inputs, void* const* outputs, cudaStream_t stream,
+                       const void* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream,
                        std::string& error) const override;
 };
 

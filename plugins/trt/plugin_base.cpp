@@ -136,19 +136,38 @@ bool check_epsilon(float epsilon, std::string& error) {
     return false;
 }
 
+bool check_heads(int64_t num_heads, int64_t head_dim, int64_t width_factor, std::string& error) {
+    if (num_heads > 0 && head_dim > 0 && num_heads <= INT32_MAX / width_factor / head_dim) return true;
+    error = concat("num_heads = ", num_heads, ", head_dim = ", head_dim, ": expected positive sizes with ", width_factor,
+                   " * num_heads * head_dim <= 2^31 - 1");
+    return false;
+}
+
+bool check_softmax_scale(float scale, std::string& error) {
+    if (scale > 0.0f && std::isfinite(scale)) return true;
+    error = concat("softmax_scale = ", scale, ": expected a finite positive scale");
+    return false;
+}
+
+bool check_flag(int32_t value, const char* name, std::string& error) {
+    if (value == 0 || value == 1) return true;
+    error = concat(name, " = ", value, ": expected 0 or 1");
+    return false;
+}
+
 // ---- PluginBase -----------------------------------------------------------------------------
 PluginBase::PluginBase(const Schema& schema, std::vector<Scalar> values)
     : schema_(schema), values_(std::move(values)) {}
 
 // TensorRT's recorder stays with the context the original was attached to; a clone starts without.
 PluginBase::PluginBase(const PluginBase& other)
-    : IPluginV3(other), IPluginV3OneCore(other), IPluginV3OneBuild(other), IPluginV3OneRuntime(other),
+    : IPluginV3(other), IPluginV3OneCore(other), IPluginV3OneBuildV2(other), IPluginV3OneRuntime(other),
       schema_(other.schema_), values_(other.values_) {}
 
 IPluginCapability* PluginBase::getCapabilityInterface(PluginCapabilityType type) noexcept {
     switch (type) {
         case PluginCapabilityType::kCORE: return static_cast<IPluginV3OneCore*>(this);
-        case PluginCapabilityType::kBUILD: return static_cast<IPluginV3OneBuild*>(this);
+        case PluginCapabilityType::kBUILD: return static_cast<IPluginV3OneBuildV2*>(this);
         case PluginCapabilityType::kRUNTIME: return static_cast<IPluginV3OneRuntime*>(this);
     }
     return nullptr;
@@ -188,6 +207,8 @@ int32_t PluginBase::getOutputDataTypes(DataType* outputTypes, int32_t nbOutputs,
         const DataType type = inputTypes[k];
         if (kind == IoKind::kInt32 && type != DataType::kINT32)
             return fail(ErrorCode::kINVALID_ARGUMENT, concat("input ", k, " must be int32, got ", type_name(type)));
+        if (kind == IoKind::kFloat32 && type != DataType::kFLOAT)
+            return fail(ErrorCode::kINVALID_ARGUMENT, concat("input ", k, " must be float32, got ", type_name(type)));
         if (kind == IoKind::kActivation) {
             if (!is_activation_type(type))
                 return fail(ErrorCode::kINVALID_ARGUMENT,
@@ -206,6 +227,7 @@ int32_t PluginBase::getOutputDataTypes(DataType* outputTypes, int32_t nbOutputs,
     for (int32_t k = 0; k < nbOutputs; ++k) {
         switch (io_kind(nbInputs + k)) {
             case IoKind::kInt32: outputTypes[k] = DataType::kINT32; break;
+            case IoKind::kFloat32: outputTypes[k] = DataType::kFLOAT; break;
             case IoKind::kSameAsInput0: outputTypes[k] = inputTypes[0]; break;
             case IoKind::kActivation:
                 if (activation_input < 0) return fail(ErrorCode::kINTERNAL_ERROR, "no float input to type the output");
@@ -224,6 +246,7 @@ bool PluginBase::supportsFormatCombination(int32_t pos, const DynamicPluginTenso
     if (desc.format != TensorFormat::kLINEAR) return false;
     switch (io_kind(pos)) {
         case IoKind::kInt32: return desc.type == DataType::kINT32;
+        case IoKind::kFloat32: return desc.type == DataType::kFLOAT;
         case IoKind::kAny: return element_size(desc.type) != 0;
         case IoKind::kSameAsInput0: return pos == 0 ? element_size(desc.type) != 0 : desc.type == inOut[0].desc.type;
         case IoKind::kActivation:
@@ -249,11 +272,12 @@ int32_t PluginBase::getOutputShapes(const DimsExprs* inputs, int32_t nbInputs, c
 }
 
 int32_t PluginBase::enqueue(const PluginTensorDesc* inputDesc, const PluginTensorDesc* outputDesc,
-                            const void* const* inputs, void* const* outputs, void*, cudaStream_t stream) noexcept {
+                            const void* const* inputs, void* const* outputs, void* workspace,
+                            cudaStream_t stream) noexcept {
     std::string error;
     padfree_status status = PADFREE_ERROR_INVALID_ARGUMENT;
     try {
-        status = run(inputDesc, outputDesc, inputs, outputs, stream, error);
+        status = run(inputDesc, outputDesc, inputs, outputs, workspace, stream, error);
     } catch (const std::exception& e) {
         return fail(ErrorCode::kINTERNAL_ERROR, concat("enqueue: ", e.what()));
     }

@@ -47,12 +47,16 @@ enum class IoKind {
     kActivation,    // fp32/fp16/bf16, the same type at every kActivation position of the plugin
     kAny,           // any type of whole bytes (only its shape or raw bytes are used)
     kSameAsInput0,  // the type of input 0 (padding plugins: rows keep their type)
+    kFloat32,       // fp32 whatever the activation dtype (beam scores, top-k scores)
 };
 
 // ---- the plugin base ------------------------------------------------------------------------
+// The build capability is IPluginV3OneBuildV2 (TensorRT >= 10.3): getAliasedInput() lets a plugin
+// that updates a tensor in place (the decoder's K/V cache) alias an output to an input; the others
+// keep its default (-1: no alias).
 class PluginBase : public nvinfer1::IPluginV3,
                    public nvinfer1::IPluginV3OneCore,
-                   public nvinfer1::IPluginV3OneBuild,
+                   public nvinfer1::IPluginV3OneBuildV2,
                    public nvinfer1::IPluginV3OneRuntime {
 public:
     PluginBase(const Schema& schema, std::vector<Scalar> values);
@@ -79,7 +83,8 @@ public:
                             const nvinfer1::DimsExprs* shapeInputs, int32_t nbShapeInputs,
                             nvinfer1::DimsExprs* outputs, int32_t nbOutputs,
                             nvinfer1::IExprBuilder& exprBuilder) noexcept override;
-    // The C ABI kernels take no workspace.
+    // Most C ABI kernels take no workspace; the decoder plugins override this with the C ABI's
+    // *_workspace_size query at the profile's maxima, and get that memory as run()'s `workspace`.
     size_t getWorkspaceSize(const nvinfer1::DynamicPluginTensorDesc*, int32_t,
                             const nvinfer1::DynamicPluginTensorDesc*, int32_t) const noexcept override {
         return 0;
@@ -103,8 +108,9 @@ protected:
                                nvinfer1::IExprBuilder& builder, std::string& error) const = 0;
     // Concrete shapes at run time: checks the plugin cannot leave to the C ABI (consistency between
     // inputs), then the ABI call. Returns the ABI status, or sets `error` and returns INVALID_ARGUMENT.
+    // `workspace`: what TensorRT allocated for getWorkspaceSize (null where that is 0).
     virtual padfree_status run(const nvinfer1::PluginTensorDesc* in, const nvinfer1::PluginTensorDesc* out,
-                               const void* const* inputs, void* const* outputs, cudaStream_t stream,
+                               const void* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream,
                                std::string& error) const = 0;
 
     int32_t field_i32(size_t index) const { return values_[index].i; }
@@ -158,6 +164,26 @@ bool check_vector(const nvinfer1::DimsExprs& dims, const nvinfer1::IDimensionExp
                   std::string& error);
 // Field checks shared by the plugins.
 bool check_epsilon(float epsilon, std::string& error);
+// num_heads, head_dim > 0 with width_factor * num_heads * head_dim <= 2^31 - 1 (divided, never
+// multiplied: a corrupt blob's sizes near INT32_MAX would overflow even int64). Which head_dim values
+// are built is the kernel library's to say (PADFREE_ERROR_UNSUPPORTED from enqueue).
+bool check_heads(int64_t num_heads, int64_t head_dim, int64_t width_factor, std::string& error);
+bool check_softmax_scale(float scale, std::string& error);
+// A field that is a 0/1 flag (has_bias, normalize).
+bool check_flag(int32_t value, const char* name, std::string& error);
+// A workspace query of the C ABI for every row count of a profile's range [min_rows, max_rows]: the
+// largest answer (the kernels' split counts are not monotonic in the rows), 0 where the query fails
+// (enqueue then reports the C ABI's refusal).
+template <class Query>
+size_t max_workspace_over_rows(int64_t min_rows, int64_t max_rows, Query query) {
+    int64_t most = 0;
+    for (int64_t rows = min_rows < 1 ? 1 : min_rows; rows <= max_rows && rows <= INT32_MAX; ++rows) {
+        int64_t bytes = 0;
+        if (query(static_cast<int32_t>(rows), &bytes) != PADFREE_OK) return 0;
+        if (bytes > most) most = bytes;
+    }
+    return static_cast<size_t>(most);
+}
 
 // ---- the creator ----------------------------------------------------------------------------
 // P provides: static const Schema& schema(); static bool validate(const std::vector<Scalar>&, std::string&);

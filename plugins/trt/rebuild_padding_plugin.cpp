@@ -40,7 +40,7 @@ bool RebuildPaddingPlugin::output_shapes(const DimsExprs* inputs, DimsExprs* out
 }
 
 padfree_status RebuildPaddingPlugin::run(const PluginTensorDesc* in, const PluginTensorDesc*,
-                                         const void* const* inputs, void* const* outputs, cudaStream_t stream,
+                                         const void* const* inputs, void* const* outputs, void*, cudaStream_t stream,
                                          std::string& error) const {
     int32_t batch = 0, padded_seqlen = 0;
     int64_t bytes = 0;

@@ -19,9 +19,13 @@
 #include <atomic>
 
 #include "attention_plugin.h"
+#include "beam_reorder_plugin.h"
 #include "bias_gelu_plugin.h"
+#include "decoder_cross_attention_plugin.h"
+#include "decoder_self_attention_plugin.h"
 #include "emb_layernorm_plugin.h"
 #include "layernorm_plugin.h"
+#include "logits_topk_plugin.h"
 #include "rebuild_padding_plugin.h"
 #include "remove_padding_plugin.h"
 #include "skip_layernorm_plugin.h"
@@ -41,9 +45,14 @@ IPluginCreatorInterface* const* all_creators(int32_t& count) {
     static Creator<BiasGeluPlugin> bias_gelu;
     static Creator<RemovePaddingPlugin> remove_padding;
     static Creator<RebuildPaddingPlugin> rebuild_padding;
-    static IPluginCreatorInterface* const creators[] = {&emb_layernorm, &attention,      &skip_layernorm,
-                                                        &layernorm,     &bias_gelu,      &remove_padding,
-                                                        &rebuild_padding};
+    static Creator<DecoderSelfAttentionPlugin> decoder_self_attention;
+    static Creator<DecoderCrossAttentionPlugin> decoder_cross_attention;
+    static Creator<LogitsTopKPlugin> logits_topk;
+    static Creator<BeamReorderPlugin> beam_reorder;
+    static IPluginCreatorInterface* const creators[] = {
+        &emb_layernorm,  &attention,       &skip_layernorm,         &layernorm,
+        &bias_gelu,      &remove_padding,  &rebuild_padding,        &decoder_self_attention,
+        &decoder_cross_attention,          &logits_topk,            &beam_reorder};
     count = static_cast<int32_t>(sizeof(creators) / sizeof(creators[0]));
     return creators;
 }

@@ -52,7 +52,7 @@ bool RemovePaddingPlugin::output_shapes(const DimsExprs* inputs, DimsExprs* outp
 }
 
 padfree_status RemovePaddingPlugin::run(const PluginTensorDesc* in, const PluginTensorDesc*,
-                                        const void* const* inputs, void* const* outputs, cudaStream_t stream,
+                                        const void* const* inputs, void* const* outputs, void*, cudaStream_t stream,
                                         std::string& error) const {
     const Dims& padded = in[kPadded].dims;
     int32_t batch = 0, padded_seqlen = 0;

@@ -29,7 +29,7 @@ bool SkipLayerNormPlugin::output_shapes(const DimsExprs* inputs, DimsExprs* outp
 }
 
 padfree_status SkipLayerNormPlugin::run(const PluginTensorDesc* in, const PluginTensorDesc*,
-                                        const void* const* inputs, void* const* outputs, cudaStream_t stream,
+                                        const void* const* inputs, void* const* outputs, void*, cudaStream_t stream,
                                         std::string& error) const {
     const Dims& x = in[kX].dims;
     int32_t hidden = 0;

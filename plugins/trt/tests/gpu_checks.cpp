@@ -137,7 +137,8 @@ struct Batch {
     }
 };
 
-void enqueue(IPluginV3* plugin, const std::vector<const Tensor*>& ins, const std::vector<const Tensor*>& outs) {
+void enqueue(IPluginV3* plugin, const std::vector<const Tensor*>& ins, const std::vector<const Tensor*>& outs,
+             void* workspace = nullptr) {
     std::unique_ptr<IPluginV3> attached(
         static_cast<IPluginV3OneRuntime*>(plugin->getCapabilityInterface(PluginCapabilityType::kRUNTIME))
             ->attachToContext(nullptr));
@@ -149,7 +150,7 @@ void enqueue(IPluginV3* plugin, const std::vector<const Tensor*>& ins, const std
     for (const Tensor* t : outs) out_desc.push_back(t->desc()), out_ptr.push_back(t->ptr);
     EXPECT(runtime->onShapeChange(in_desc.data(), static_cast<int32_t>(ins.size()), out_desc.data(),
                                   static_cast<int32_t>(outs.size())) == 0, padfree_trt_last_error());
-    EXPECT(runtime->enqueue(in_desc.data(), out_desc.data(), in_ptr.data(), out_ptr.data(), nullptr, nullptr) == 0,
+    EXPECT(runtime->enqueue(in_desc.data(), out_desc.data(), in_ptr.data(), out_ptr.data(), workspace, nullptr) == 0,
            "enqueue: ", padfree_trt_last_error());
     CUDA_OK(cudaDeviceSynchronize());
 }
@@ -312,6 +313,179 @@ Register padding_gpu("gpu_remove_and_rebuild_padding_vs_host", [] {
                     for (int64_t j = 0; j < row; ++j) EXPECT(got[j] == 0, "zero padding at ", s, ",", k);
                 }
             }
+    }
+});
+
+// ---- the decoder plugins: a decoding step of R = 3 sources x 2 beams --------------------------------
+// The workspace getWorkspaceSize asks for with the sample shapes as the profile's bounds (0: none).
+struct Workspace {
+    size_t bytes = 0;
+    void* ptr = nullptr;
+    Workspace(IPluginV3* plugin, const std::vector<const Tensor*>& io, int32_t nb_inputs) {
+        std::vector<DynamicPluginTensorDesc> d(io.size());
+        for (size_t k = 0; k < io.size(); ++k) d[k].desc = io[k]->desc(), d[k].min = d[k].opt = d[k].max = d[k].desc.dims;
+        auto* build = static_cast<IPluginV3OneBuild*>(plugin->getCapabilityInterface(PluginCapabilityType::kBUILD));
+        bytes = build->getWorkspaceSize(d.data(), nb_inputs, d.data() + nb_inputs, static_cast<int32_t>(io.size()) - nb_inputs);
+        if (bytes > 0) CUDA_OK(cudaMalloc(&ptr, bytes));
+    }
+    ~Workspace() { cudaFree(ptr); }
+    Workspace(const Workspace&) = delete;
+};
+
+std::vector<int32_t> random_int_values(int64_t n, int32_t lo, int32_t hi) {
+    std::uniform_int_distribution<int32_t> dist(lo, hi);
+    std::vector<int32_t> values(n);
+    for (auto& v : values) v = dist(rng());
+    return values;
+}
+
+Register decoder_self_attention_gpu("gpu_decoder_self_attention_vs_c_abi", [] {
+    // Aliased caches (one buffer in and out, as TensorRT binds them with aliasing on) and distinct ones
+    // (the plugin copies the input cache first), each with and without the workspace, against the C ABI
+    // on a copy of the same caches: context and both caches bit for bit.
+    require_gpu();
+    const int32_t rows = 6, heads = 2, L = 16, step = 5;
+    for (int32_t head_dim : {64, 128}) {
+        for (DataType t : kTypes) {
+            const padfree_dtype dt = abi_dtype(t);
+            const int32_t width = heads * head_dim;
+            const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+            auto plugin = make("decoder_self_attention", {int_field("num_heads", heads), int_field("head_dim", head_dim),
+                                                          float_field("softmax_scale", scale)});
+            Tensor qkv({rows, 3 * width}, t), bias({3 * width}, t), indir({rows, L}, DataType::kINT32),
+                step_t({1}, DataType::kINT32);
+            Tensor k_init({rows, heads, L, head_dim}, t), v_init({rows, heads, L, head_dim}, t);
+            qkv.upload(random_floats(qkv.count(), t));
+            bias.upload(random_floats(bias.count(), t));
+            const std::vector<uint8_t> k_host = random_floats(k_init.count(), t), v_host = random_floats(v_init.count(), t);
+            indir.upload(int_bytes(random_int_values(int64_t{rows} * L, 0, rows - 1)));
+            step_t.upload(int_bytes({step}));
+            for (bool aliased : {true, false}) {
+                for (bool with_workspace : {true, false}) {
+                    Tensor k({rows, heads, L, head_dim}, t), v({rows, heads, L, head_dim}, t);
+                    Tensor k_out({rows, heads, L, head_dim}, t), v_out({rows, heads, L, head_dim}, t);
+                    Tensor k_ref({rows, heads, L, head_dim}, t), v_ref({rows, heads, L, head_dim}, t);
+                    for (Tensor* c : {&k, &k_ref}) c->upload(k_host);
+                    for (Tensor* c : {&v, &v_ref}) c->upload(v_host);
+                    Tensor out({rows, width}, t), ref({rows, width}, t);
+                    const Tensor* ko = aliased ? &k : &k_out;
+                    const Tensor* vo = aliased ? &v : &v_out;
+                    Workspace ws(plugin.get(), {&qkv, &bias, &k, &v, &indir, &step_t, &out, ko, vo}, 6);
+                    enqueue(plugin.get(), {&qkv, &bias, &k, &v, &indir, &step_t}, {&out, ko, vo},
+                            with_workspace ? ws.ptr : nullptr);
+                    int64_t bytes = 0;
+                    expect_abi(padfree_decoder_self_attention_workspace_size(rows, heads, head_dim, L, &bytes));
+                    EXPECT(static_cast<size_t>(bytes) == ws.bytes, "workspace ", ws.bytes, " vs ", bytes);
+                    expect_abi(padfree_decoder_self_attention(
+                        qkv.ptr, bias.ptr, k_ref.ptr, v_ref.ptr, static_cast<const int32_t*>(indir.ptr),
+                        static_cast<const int32_t*>(step_t.ptr), rows, heads, head_dim, L, scale,
+                        with_workspace ? ws.ptr : nullptr, with_workspace ? bytes : 0, dt, ref.ptr, nullptr));
+                    const std::string what = str("PadfreeDecoderSelfAttention head_dim=", head_dim, " dtype ",
+                                                 static_cast<int>(t), aliased ? " aliased" : " copied",
+                                                 with_workspace ? " with workspace" : "");
+                    same_bytes(out, ref, what + " context");
+                    same_bytes(*ko, k_ref, what + " k_cache");
+                    same_bytes(*vo, v_ref, what + " v_cache");
+                    if (!aliased) {  // the inputs are left as they were
+                        EXPECT(k.download() == k_host && v.download() == v_host, what, ": input caches written");
+                    }
+                }
+            }
+        }
+    }
+});
+
+Register decoder_cross_attention_gpu("gpu_decoder_cross_attention_vs_c_abi", [] {
+    require_gpu();
+    const int32_t beams = 2, heads = 2;
+    for (int32_t head_dim : {64, 128}) {
+        for (DataType t : kTypes) {
+            const padfree_dtype dt = abi_dtype(t);
+            Batch b;
+            const int32_t rows = b.batch * beams, width = heads * head_dim;
+            const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+            auto plugin = make("decoder_cross_attention", {int_field("num_beams", beams), int_field("num_heads", heads),
+                                                           int_field("head_dim", head_dim), float_field("softmax_scale", scale)});
+            Tensor q({rows, width}, t), bias({width}, t), kv({b.total, 2 * width}, t), cu({b.batch + 1}, DataType::kINT32);
+            Tensor max_seqlen({b.padded}, DataType::kINT32);  // a shape input: only its length is read
+            for (Tensor* p : {&q, &bias, &kv}) p->upload(random_floats(p->count(), t));
+            cu.upload(int_bytes(b.cu));
+            Tensor out({rows, width}, t), ref({rows, width}, t);
+            Workspace ws(plugin.get(), {&q, &bias, &kv, &cu, &max_seqlen, &out}, 5);
+            enqueue(plugin.get(), {&q, &bias, &kv, &cu, &max_seqlen}, {&out}, ws.ptr);
+            int64_t bytes = 0;
+            expect_abi(padfree_decoder_cross_attention_workspace_size(rows, heads, head_dim, b.padded, &bytes));
+            EXPECT(static_cast<size_t>(bytes) == ws.bytes, "workspace ", ws.bytes, " vs ", bytes);
+            expect_abi(padfree_decoder_cross_attention(q.ptr, bias.ptr, kv.ptr, static_cast<const int32_t*>(cu.ptr),
+                                                       b.batch, beams, b.total, b.padded, heads, head_dim, scale,
+                                                       ws.ptr, bytes, dt, ref.ptr, nullptr));
+            same_bytes(out, ref, str("PadfreeDecoderCrossAttention head_dim=", head_dim, " dtype ", static_cast<int>(t)));
+        }
+    }
+});
+
+Register logits_topk_gpu("gpu_logits_topk_vs_c_abi", [] {
+    require_gpu();
+    const int32_t rows = 6, vocab = 1000, banned = 3, penalty = 5;
+    for (DataType t : kTypes) {
+        const padfree_dtype dt = abi_dtype(t);
+        Tensor logits({rows, vocab}, t), bias({vocab}, t), beam({rows}, DataType::kFLOAT);
+        Tensor banned_ids({rows, banned}, DataType::kINT32), penalty_ids({rows, penalty}, DataType::kINT32),
+            forced({rows}, DataType::kINT32);
+        logits.upload(random_floats(logits.count(), t, -4.0f, 4.0f));
+        bias.upload(random_floats(bias.count(), t));
+        beam.upload(random_floats(rows, DataType::kFLOAT, -10.0f, 0.0f));
+        banned_ids.upload(int_bytes(random_int_values(int64_t{rows} * banned, -1, vocab - 1)));
+        penalty_ids.upload(int_bytes(random_int_values(int64_t{rows} * penalty, -1, vocab - 1)));
+        forced.upload(int_bytes({-1, 7, -1, -1, 999, -1}));
+        // Every optional input, k = 4 after log_softmax.
+        {
+            auto plugin = make("logits_topk_all_inputs");
+            Tensor scores({rows, 4}, DataType::kFLOAT), ids({rows, 4}, DataType::kINT32);
+            Tensor scores_ref({rows, 4}, DataType::kFLOAT), ids_ref({rows, 4}, DataType::kINT32);
+            Workspace ws(plugin.get(), {&logits, &bias, &beam, &banned_ids, &penalty_ids, &forced, &scores, &ids}, 6);
+            enqueue(plugin.get(), {&logits, &bias, &beam, &banned_ids, &penalty_ids, &forced}, {&scores, &ids}, ws.ptr);
+            expect_abi(padfree_logits_topk(logits.ptr, bias.ptr, static_cast<const float*>(beam.ptr),
+                                           static_cast<const int32_t*>(penalty_ids.ptr), penalty, 1.2f,
+                                           static_cast<const int32_t*>(banned_ids.ptr), banned,
+                                           static_cast<const int32_t*>(forced.ptr), rows, vocab, 4, 1, ws.ptr,
+                                           static_cast<int64_t>(ws.bytes), dt, static_cast<float*>(scores_ref.ptr),
+                                           static_cast<int32_t*>(ids_ref.ptr), nullptr));
+            same_bytes(scores, scores_ref, "PadfreeLogitsTopK scores");
+            same_bytes(ids, ids_ref, "PadfreeLogitsTopK ids");
+        }
+        // Greedy: raw logits, no optional input, k = 1.
+        {
+            auto plugin = make("logits_topk_greedy");
+            Tensor scores({rows, 1}, DataType::kFLOAT), ids({rows, 1}, DataType::kINT32);
+            Tensor scores_ref({rows, 1}, DataType::kFLOAT), ids_ref({rows, 1}, DataType::kINT32);
+            Workspace ws(plugin.get(), {&logits, &scores, &ids}, 1);
+            enqueue(plugin.get(), {&logits}, {&scores, &ids}, ws.ptr);
+            expect_abi(padfree_logits_topk(logits.ptr, nullptr, nullptr, nullptr, 0, 1.0f, nullptr, 0, nullptr, rows,
+                                           vocab, 1, 0, ws.ptr, static_cast<int64_t>(ws.bytes), dt,
+                                           static_cast<float*>(scores_ref.ptr), static_cast<int32_t*>(ids_ref.ptr),
+                                           nullptr));
+            same_bytes(scores, scores_ref, "PadfreeLogitsTopK greedy scores");
+            same_bytes(ids, ids_ref, "PadfreeLogitsTopK greedy ids");
+        }
+    }
+});
+
+Register beam_reorder_gpu("gpu_beam_reorder_vs_c_abi", [] {
+    require_gpu();
+    const int32_t rows = 6, step = 5;
+    for (int32_t L : {16, 15}) {  // vector and scalar rows
+        Tensor indir({rows, L}, DataType::kINT32), parents({rows}, DataType::kINT32), step_t({1}, DataType::kINT32);
+        indir.upload(int_bytes(random_int_values(int64_t{rows} * L, 0, rows - 1)));
+        parents.upload(int_bytes(random_int_values(rows, 0, rows - 1)));
+        step_t.upload(int_bytes({step}));
+        Tensor out({rows, L}, DataType::kINT32), ref({rows, L}, DataType::kINT32);
+        enqueue(make("beam_reorder").get(), {&indir, &parents, &step_t}, {&out});
+        expect_abi(padfree_beam_reorder_cache_indir(static_cast<const int32_t*>(indir.ptr),
+                                                    static_cast<const int32_t*>(parents.ptr),
+                                                    static_cast<const int32_t*>(step_t.ptr), rows, L,
+                                                    static_cast<int32_t*>(ref.ptr), nullptr));
+        same_bytes(out, ref, str("PadfreeBeamReorder L=", L));
     }
 });
 

@@ -4,6 +4,7 @@
 // against the C ABI. Prints PASS/FAIL/SKIP lines; exits non-zero on any failure.
 //   padfree_trt_harness           run every test
 //   padfree_trt_harness --list    print the creators (name version namespace fields), for the spec check
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <iostream>
@@ -11,6 +12,7 @@
 
 #include "expr_double.h"
 #include "harness.h"
+#include "padfree.h"
 
 using namespace nvinfer1;
 
@@ -109,6 +111,55 @@ const std::vector<Case>& cases() {
          {{3, 20, 64}},
          {{1, 0, 3}},
          {}},
+        // A decoding step: R = 6 hypotheses (3 sources x 2 beams), a cache of L = 16 positions; R is a
+        // runtime dimension, the cache length, heads and sizes constants, as in a per-step engine.
+        {"decoder_self_attention", "PadfreeDecoderSelfAttention",
+         {int_field("num_heads", 2), int_field("head_dim", 64), float_field("softmax_scale", 0.125f)},
+         "ffffii" "fff", 6,
+         {{6, 384}, {384}, {6, 2, 16, 64}, {6, 2, 16, 64}, {6, 16}, {1}},
+         {dyn2, const1, {true, false, false, false}, {true, false, false, false}, dyn2, const1},
+         {{6, 128}, {6, 2, 16, 64}, {6, 2, 16, 64}},
+         {{0, 1, 383}, {1, 0, 192}, {2, 1, 3}, {2, 3, 32}, {3, 3, 128}, {4, 1, 15}, {5, 0, 2}},
+         {int_field("num_heads", 0), int_field("head_dim", -64), float_field("softmax_scale", -1.0f),
+          float_field("softmax_scale", NAN)}},
+        {"decoder_cross_attention", "PadfreeDecoderCrossAttention",
+         {int_field("num_beams", 2), int_field("num_heads", 2), int_field("head_dim", 64),
+          float_field("softmax_scale", 0.125f)},
+         "fffim" "f", 5,
+         {{6, 128}, {128}, {37, 256}, {4}, {20}},
+         {dyn2, const1, dyn2, dyn1, dyn1},
+         {{6, 128}},
+         {{0, 1, 127}, {1, 0, 64}, {2, 1, 128}},
+         {int_field("num_beams", 0), int_field("num_heads", -1), int_field("head_dim", 0),
+          float_field("softmax_scale", INFINITY)}},
+        {"logits_topk_all_inputs", "PadfreeLogitsTopK",
+         {int_field("k", 4), int_field("normalize", 1), float_field("repetition_penalty", 1.2f),
+          int_field("has_bias", 1), int_field("has_beam_scores", 1), int_field("has_banned", 1),
+          int_field("has_penalty", 1), int_field("has_forced", 1)},
+         "ffFiii" "Fi", 6,
+         {{6, 100}, {100}, {6}, {6, 3}, {6, 5}, {6}},
+         {dyn2, const1, dyn1, dyn2, dyn2, dyn1},
+         {{6, 4}, {6, 4}},
+         {{1, 0, 99}},
+         {int_field("k", 0), int_field("normalize", 2), float_field("repetition_penalty", 0.0f),
+          float_field("repetition_penalty", NAN), int_field("has_bias", 2), int_field("has_forced", -1)}},
+        {"logits_topk_greedy", "PadfreeLogitsTopK",
+         {int_field("k", 1), int_field("normalize", 0), float_field("repetition_penalty", 1.0f),
+          int_field("has_bias", 0), int_field("has_beam_scores", 0), int_field("has_banned", 0),
+          int_field("has_penalty", 0), int_field("has_forced", 0)},
+         "f" "Fi", 1,
+         {{6, 100}},
+         {dyn2},
+         {{6, 1}, {6, 1}},
+         {},
+         {int_field("k", -1)}},
+        {"beam_reorder", "PadfreeBeamReorder", {},
+         "iii" "i", 3,
+         {{6, 16}, {6}, {1}},
+         {dyn2, dyn1, const1},
+         {{6, 16}},
+         {{2, 0, 2}},
+         {}},
     };
     return all;
 }
@@ -171,6 +222,7 @@ std::vector<DataType> io_types(const Case& c, DataType activation) {
     for (char kind : c.kinds) {
         switch (kind) {
             case 'i': case 'm': types.push_back(DataType::kINT32); break;
+            case 'F': types.push_back(DataType::kFLOAT); break;
             case 's': types.push_back(types.at(0)); break;
             default: types.push_back(activation); break;
         }
@@ -234,7 +286,7 @@ std::vector<std::string> g_registered_namespaces;
 Register creators_test("creators_match_cases", [] {
     int32_t count = 0;
     IPluginCreatorInterface* const* creators = getCreators(count);
-    EXPECT(count == 7, "7 creators, got ", count);
+    EXPECT(count == 11, "11 creators, got ", count);
     for_each_case([](const Case& c) {
         IPluginCreatorV3One* creator = find_creator(c.plugin);
         EXPECT(std::string(creator->getPluginVersion()) == "1", c.plugin);
@@ -251,7 +303,7 @@ Register creators_test("creators_match_cases", [] {
 Register static_registration_test("static_registration_then_getCreators", [] {
     // main() recorded what the load-time registrar did before anything called getCreators().
     EXPECT(g_registered_at_load, "the registrar found the exported getPluginRegistry()");
-    EXPECT(g_registered_count == 7, "7 creators registered at load, got ", g_registered_count);
+    EXPECT(g_registered_count == 11, "11 creators registered at load, got ", g_registered_count);
     for (const std::string& ns : g_registered_namespaces) EXPECT(ns == "padfree", "namespace ", ns);
     // getCreators() (what loadLibrary calls) withdraws them so that loadLibrary can register them.
     EXPECT(Registry::instance().creators.empty(), "static registrations withdrawn by getCreators()");
@@ -517,6 +569,122 @@ Register recorder_test("enqueue_errors_reach_the_error_recorder", [] {
     });
 });
 
+// ---- the decoder plugins ---------------------------------------------------------------------------
+Register aliasing_test("decoder_caches_alias_their_inputs", [] {
+    // Every plugin's build capability is IPluginV3OneBuildV2; only the self-attention's cache outputs
+    // alias inputs (k_cache_out -> k_cache, v_cache_out -> v_cache), with the inputs' types and shapes.
+    for_each_case([](const Case& c) {
+        Plugin p(create(c, c.fields));
+        auto* build = static_cast<IPluginV3OneBuildV2*>(p->getCapabilityInterface(PluginCapabilityType::kBUILD));
+        const InterfaceInfo info = build->getInterfaceInfo();
+        EXPECT(std::string(info.kind) == "PLUGIN_V3ONE_BUILD" && info.major == 2, c.label, ": ", info.kind, " ",
+               info.major);
+        for (int32_t o = 0; o < build->getNbOutputs(); ++o) {
+            const int32_t want = c.plugin == "PadfreeDecoderSelfAttention" && o > 0 ? o + 1 : -1;
+            EXPECT(build->getAliasedInput(o) == want, c.label, " output ", o, " aliases ", build->getAliasedInput(o));
+            if (want < 0) continue;
+            EXPECT(c.output_dims[o] == c.input_dims[want] && c.kinds[c.nb_inputs + o] == c.kinds[want], c.label,
+                   " aliased output ", o, " differs from its input");
+        }
+    });
+});
+
+// Profile bounds for a case: every desc's min/opt/max is its sample shape, then `edit` changes some.
+std::vector<DynamicPluginTensorDesc> profile(const Case& c, const std::function<void(std::vector<DynamicPluginTensorDesc>&)>& edit) {
+    std::vector<DynamicPluginTensorDesc> io = descs(c, io_types(c, DataType::kHALF));
+    for (DynamicPluginTensorDesc& d : io) d.min = d.opt = d.max = d.desc.dims;
+    edit(io);
+    return io;
+}
+
+size_t workspace_of(const Case& c, const std::vector<DynamicPluginTensorDesc>& io) {
+    Plugin p(create(c, c.fields));
+    const int32_t nb_out = static_cast<int32_t>(io.size()) - c.nb_inputs;
+    return build_of(p.get())->getWorkspaceSize(io.data(), c.nb_inputs, io.data() + c.nb_inputs, nb_out);
+}
+
+Register workspace_test("decoder_workspace_is_the_c_abis_at_the_profile_bounds", [] {
+    // Rows 1..48 (the split counts depend on the rows, not monotonically), the cache's and the
+    // sources' longest lengths: the largest of the C ABI's answers.
+    const int32_t max_rows = 48;
+    int64_t self_want = 0, cross_want = 0, bytes = 0;
+    for (int32_t rows = 1; rows <= max_rows; ++rows) {
+        EXPECT(padfree_decoder_self_attention_workspace_size(rows, 2, 64, 512, &bytes) == PADFREE_OK, padfree_last_error());
+        self_want = std::max(self_want, bytes);
+        EXPECT(padfree_decoder_cross_attention_workspace_size(rows, 2, 64, 256, &bytes) == PADFREE_OK, padfree_last_error());
+        cross_want = std::max(cross_want, bytes);
+    }
+    const Case& self = case_named("decoder_self_attention");
+    const size_t self_got = workspace_of(self, profile(self, [&](auto& io) {
+        for (int k : {0, 2, 3, 4, 6, 7, 8}) io[k].min.d[0] = 1, io[k].max.d[0] = max_rows;
+        for (int k : {2, 3, 7, 8}) io[k].max.d[2] = 512;
+        io[4].max.d[1] = 512;
+    }));
+    EXPECT(self_want > 0 && self_got == static_cast<size_t>(self_want), "self-attention: ", self_got, " vs ", self_want);
+    const Case& cross = case_named("decoder_cross_attention");
+    const size_t cross_got = workspace_of(cross, profile(cross, [&](auto& io) {
+        io[0].min.d[0] = io[5].min.d[0] = 1;
+        io[0].max.d[0] = io[5].max.d[0] = max_rows;
+        io[4].max.d[0] = 256;
+    }));
+    EXPECT(cross_want > 0 && cross_got == static_cast<size_t>(cross_want), "cross-attention: ", cross_got, " vs ",
+           cross_want);
+    // Top-k: the query at the largest rows and vocabulary (it grows with both).
+    EXPECT(padfree_logits_topk_workspace_size(max_rows, 32000, 4, &bytes) == PADFREE_OK, padfree_last_error());
+    const Case& topk = case_named("logits_topk_all_inputs");
+    const size_t topk_got = workspace_of(topk, profile(topk, [&](auto& io) {
+        io[0].max.d[0] = max_rows;
+        io[0].max.d[1] = io[1].max.d[0] = 32000;
+    }));
+    EXPECT(bytes > 0 && topk_got == static_cast<size_t>(bytes), "top-k: ", topk_got, " vs ", bytes);
+    // A head_dim the kernels are not built for: no workspace asked (enqueue reports the C ABI's refusal).
+    Plugin odd(create(self, with_fields(self, {int_field("head_dim", 32)})));
+    std::vector<DynamicPluginTensorDesc> io = profile(self, [](auto&) {});
+    EXPECT(build_of(odd.get())->getWorkspaceSize(io.data(), self.nb_inputs, io.data() + self.nb_inputs, 3) == 0,
+           "head_dim 32");
+    // The other plugins take none.
+    for_each_case([](const Case& c) {
+        if (c.plugin.find("Decoder") != std::string::npos || c.plugin == "PadfreeLogitsTopK") return;
+        EXPECT(workspace_of(c, profile(c, [](auto&) {})) == 0, c.label);
+    });
+});
+
+// Enqueue with the case's sample shapes, `edit`ed, and null pointers: the plugin's refusal message.
+std::string enqueue_refusal(const Case& c, const std::function<void(std::vector<PluginTensorDesc>&)>& edit) {
+    Plugin p(create(c, c.fields));
+    ErrorRecorder recorder;
+    ResourceContext context(&recorder);
+    Plugin attached(runtime_of(p.get())->attachToContext(&context));
+    std::vector<PluginTensorDesc> io;
+    for (const DynamicPluginTensorDesc& d : descs(c, io_types(c, DataType::kHALF))) io.push_back(d.desc);
+    edit(io);
+    std::vector<const void*> inputs(c.nb_inputs, nullptr);
+    std::vector<void*> outputs(io.size() - c.nb_inputs, nullptr);
+    EXPECT(runtime_of(attached.get())->enqueue(io.data(), io.data() + c.nb_inputs, inputs.data(), outputs.data(),
+                                               nullptr, nullptr) != 0, c.label, " enqueue accepted");
+    EXPECT(recorder.errors.size() == 1, c.label, " recorder saw ", recorder.errors.size(), " errors");
+    return recorder.errors[0].second;
+}
+
+Register decoder_runtime_test("decoder_runtime_dims_checked_in_enqueue", [] {
+    // Mismatches between runtime dimensions, which only enqueue sees.
+    const std::string rows = enqueue_refusal(case_named("decoder_cross_attention"), [](auto& io) {
+        io[0].dims.d[0] = 5, io[5].dims.d[0] = 5;  // 5 rows for 3 sources x 2 beams
+    });
+    EXPECT(rows.find("batch * num_beams") != std::string::npos && rows.find("got 5,") != std::string::npos, rows);
+    const std::string indir = enqueue_refusal(case_named("decoder_self_attention"), [](auto& io) { io[4].dims.d[0] = 7; });
+    EXPECT(indir.find("cache_indir rows: got 7,") != std::string::npos, indir);
+    const std::string parents = enqueue_refusal(case_named("beam_reorder"), [](auto& io) { io[1].dims.d[0] = 5; });
+    EXPECT(parents.find("parents: got 5,") != std::string::npos, parents);
+    const std::string scores = enqueue_refusal(case_named("logits_topk_all_inputs"), [](auto& io) { io[2].dims.d[0] = 5; });
+    EXPECT(scores.find("beam_scores: got 5,") != std::string::npos, scores);
+    // k above the vocabulary: the C ABI's refusal, before any pointer is read.
+    const std::string k = enqueue_refusal(case_named("logits_topk_all_inputs"), [](auto& io) {
+        io[0].dims.d[1] = io[1].dims.d[0] = 3;
+    });
+    EXPECT(k.find("k must be in") != std::string::npos, k);
+});
+
 }  // namespace
 
 // Stands in for the logger TensorRT hands over through setLoggerFinder() in loadLibrary: the
@@ -589,7 +757,10 @@ void list_creators() {
     for (const Case& c : cases()) {
         Plugin p(create(c, c.fields));
         std::cout << "io " << c.label << " " << c.plugin << " " << c.nb_inputs << " "
-                  << build_of(p.get())->getNbOutputs() << "\n";
+                  << build_of(p.get())->getNbOutputs();
+        for (const FieldValue& f : c.fields)  // the int fields, which decide the optional ports
+            if (f.type == PluginFieldType::kINT32) std::cout << " " << f.name << "=" << f.i;
+        std::cout << "\n";
     }
 }
 
