@@ -66,14 +66,6 @@ def sources_for(batch: int, config, seed: int = 7) -> list[list[int]]:
     return [torch.randint(low, high, (n,), generator=gen).tolist() for n in lengths]
 
 
-def padded(sources: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(map(len, sources))
-    ids = torch.full((len(sources), width), pad, dtype=torch.long)
-    mask = torch.zeros(len(sources), width, dtype=torch.long)
-    for i, s in enumerate(sources):
-        ids[i, :len(s)], mask[i, :len(s)] = torch.tensor(s), 1
-    return ids.to(device), mask.to(device)
-
 
 def time_ms(fn, reps: int, warmup: int, device: torch.device) -> float:
     """Median ms of fn(): CUDA events on the current stream, or perf_counter on the CPU."""
@@ -131,13 +123,14 @@ def build(name: str, dtype: torch.dtype, device: torch.device):
 def bench_model(name: str, shapes: list[tuple[int, int]], args, device: torch.device, dtype: torch.dtype,
                 bandwidth: float) -> list[dict]:
     import padfree.torch as pt
+    from padfree.generation.inputs import padded_batch
     model = build(name, dtype, device)
     generator = pt.from_hf(model, dtype=dtype, device=device)
     print(f"# {name}: {generator!r}", flush=True)
     rows = []
     for batch, beams in shapes:
         sources = sources_for(batch, model.config)
-        ids, mask = padded(sources, model.config.pad_token_id, device)
+        ids, mask = padded_batch(sources, model.config.pad_token_id, device)
         options = dict(num_beams=beams, min_new_tokens=args.new_tokens, max_new_tokens=args.new_tokens)
         row = {"model": name, "batch": batch, "beams": beams, "new_tokens": args.new_tokens,
                "source_tokens": sum(map(len, sources))}

@@ -13,6 +13,8 @@ import warnings
 
 import torch
 
+from padfree.generation.inputs import padded_batch
+
 FAMILIES = ("marian", "m2m100", "bart", "mbart")
 
 
@@ -78,7 +80,7 @@ def build(family: str, seed: int = 0, lm_scale: float = 2.0, eos_share: float = 
         norm.bias[0] = 1.0
         model.lm_head.weight[:, 0] = 0.0
         # calibrate eos's bias on the first step's logits of random sources
-        ids, mask = sources_tensor(random_sources(config, 24, seed=seed + 1), config.pad_token_id)
+        ids, mask = padded_batch(random_sources(config, 24, seed=seed + 1), config.pad_token_id)
         start = model.generation_config.decoder_start_token_id
         if start is None:
             start = config.bos_token_id
@@ -100,21 +102,8 @@ def random_sources(config, count: int, seed: int = 0, min_len: int = 3, max_len:
     return sources
 
 
-def sources_tensor(sources: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded input_ids and attention_mask for HF."""
-    width = max(len(s) for s in sources)
-    ids = torch.full((len(sources), width), pad, dtype=torch.long)
-    mask = torch.zeros(len(sources), width, dtype=torch.long)
-    for i, s in enumerate(sources):
-        ids[i, :len(s)] = torch.tensor(s)
-        mask[i, :len(s)] = 1
-    return ids, mask
-
-
 def hf_generate(model, sources: list[list[int]], **options):
-    ids, mask = sources_tensor(sources, model.config.pad_token_id)
-    device = next(model.parameters()).device
-    ids, mask = ids.to(device), mask.to(device)
+    ids, mask = padded_batch(sources, model.config.pad_token_id, next(model.parameters()).device)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return model.generate(ids, attention_mask=mask, **options)

@@ -116,11 +116,11 @@ def test_deep_models_match_hf(family, layers):
 
 
 def test_tensor_input_with_attention_mask_and_return_types():
-    from _seq2seq import sources_tensor
+    from padfree.generation.inputs import padded_batch
     from transformers.generation.utils import GenerateBeamEncoderDecoderOutput, GenerateEncoderDecoderOutput
     model, gen = model_and_generator("bart")
     sources = sources_for(model, count=5)
-    ids, mask = sources_tensor(sources, model.config.pad_token_id)
+    ids, mask = padded_batch(sources, model.config.pad_token_id)
     plain = gen.generate(ids, attention_mask=mask, max_new_tokens=8)
     assert isinstance(plain, torch.Tensor) and torch.equal(plain, gen.generate(sources, max_new_tokens=8))
     out = gen.generate(ids, mask, max_new_tokens=8, return_dict_in_generate=True)

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from padfree.generation.inputs import padded_batch
+
 __all__ = ["CheckResult", "check", "draw_sources"]
 
 
@@ -40,18 +42,9 @@ def draw_sources(config, batch: int, max_seqlen: int, seed: int) -> list[list[in
     return [allowed[torch.randint(len(allowed), (n,), generator=gen)].tolist() for n in lengths]
 
 
-def _padded(sources: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(s) for s in sources)
-    ids = torch.full((len(sources), width), pad, dtype=torch.long)
-    mask = torch.zeros(len(sources), width, dtype=torch.long)
-    for i, s in enumerate(sources):
-        ids[i, :len(s)] = torch.tensor(s)
-        mask[i, :len(s)] = 1
-    return ids, mask
-
 
 def _hf(model, sources, **options):
-    ids, mask = _padded(sources, model.config.pad_token_id)
+    ids, mask = padded_batch(sources, model.config.pad_token_id)
     with warnings.catch_warnings(), torch.inference_mode():
         warnings.simplefilter("ignore")
         return model.generate(ids, attention_mask=mask, **options)

@@ -64,6 +64,18 @@ def source_lists(input_ids, attention_mask=None) -> list[list[int]]:
     return sources
 
 
+def padded_batch(sources: list[list[int]], pad: int, device: str | torch.device = "cpu"
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF-style right-padded input_ids and attention_mask (int64 [batch, longest]) of token lists: what
+    HF's generate takes, the inverse of source_lists."""
+    width = max(map(len, sources))
+    ids = torch.full((len(sources), width), pad, dtype=torch.long)
+    mask = torch.zeros(len(sources), width, dtype=torch.long)
+    for i, s in enumerate(sources):
+        ids[i, :len(s)], mask[i, :len(s)] = torch.tensor(s, dtype=torch.long), 1
+    return ids.to(device), mask.to(device)
+
+
 def check_lengths(sources: list[list[int]], weights: Seq2SeqWeights, max_length: int) -> None:
     """Token ids inside the source vocabulary, sources and the decoder within their position tables."""
     check_source_lengths(sources, weights.source_vocab_size, weights.encoder.max_positions,
