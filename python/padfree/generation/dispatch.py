@@ -17,7 +17,7 @@ import torch
 from .. import kernel_sizes
 from . import reference_ops
 
-log = logging.getLogger("padfree.generation")
+log = logging.getLogger(__name__)
 
 # contract op -> the C symbol its padfree.ops binding calls (the library must export it)
 CONTRACT_OPS = {

@@ -18,7 +18,7 @@ from .weights import Seq2SeqWeights, extract, pad_output_projection
 
 __all__ = ["Seq2SeqGenerator", "decode"]
 
-log = logging.getLogger("padfree.generation")
+log = logging.getLogger(__name__)
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 

@@ -46,7 +46,7 @@ from .sampling import SingleSearch
 
 __all__ = ["DecodeState", "Runner", "state_key"]
 
-log = logging.getLogger("padfree.generation")
+log = logging.getLogger(__name__)
 
 # options that do not change the step (read after the loop, or per call)
 _PER_CALL = ("seed", "return_dict_in_generate", "output_scores")
