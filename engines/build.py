@@ -55,11 +55,11 @@ def build(options: BuildOptions) -> dict[str, Any]:
     _check_kernel_sizes(info, onnx_path)
     if info.plugins:
         _check_wiring(onnx_path)
+    all_profiles = _profiles(options, info)
     api = trt_api.load(options.backend)
     if options.precision is None:
         options = replace(options, precision=api.default_precision(info.float_dtype))
     strongly_typed, flags, precision_mode = api.plan_precision(options.precision, info.float_dtype)
-    all_profiles = _profiles(options, info)
     library = plugin_library.find(options.plugin_library) if info.plugins else None
 
     link = api.needs_parser_link() if library is not None else None
