@@ -117,6 +117,15 @@ def test_a_wrong_field_or_wire_is_caught(exported, tmp_path, perturbation):
     assert not result.ok
 
 
+def test_a_num_beams_field_unlike_the_export_is_refused(exported, tmp_path):
+    from padfree._lib import PadfreeError
+
+    model, out = exported
+    bad = _perturbed(out, tmp_path, lambda nodes: [_set_field(n, "num_beams", 2) for n in nodes[1::2]])
+    with pytest.raises(PadfreeError, match="num_beams 2"):
+        seq2seq_check.check(bad, model, steps=("plugins",), **CHECK)
+
+
 def test_a_plugin_input_of_another_role_fails_the_wiring_check(exported):
     _, out = exported
     step = onnx.load(out / "decoder_step.padfree.onnx", load_external_data=False)

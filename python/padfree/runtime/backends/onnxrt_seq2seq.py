@@ -151,6 +151,10 @@ class OnnxrtSeq2SeqGenerator:
             from padfree.export.seq2seq.swap import num_beams_of
             self._plugin_step = onnx.load(str(self.step_file))
             self.step_num_beams = num_beams_of(self._plugin_step)
+            exported = manifest.get("decoder_plugins", {}).get("num_beams")
+            if self.step_num_beams != exported:
+                raise PadfreeError(f"{self.step_file}: its cross-attention nodes have num_beams {self.step_num_beams}, "
+                                   f"the export's {MANIFEST} says {exported}; export the model again")
             self.step_session, _ = self.step_for(self.step_num_beams)
         # the step's structure from its own I/O, not from the manifest
         inputs = {i.name: i.shape for i in self.step_session.get_inputs()}
