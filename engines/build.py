@@ -23,6 +23,7 @@ from .progress import monitor_class
 
 log = logging.getLogger(__name__)
 DEFAULT_MAX_SEQLEN = 512
+DEFAULT_MAX_CACHE = 256
 _WORKER_ENV = "PADFREE_ENGINES_BUILD_WORKER"
 
 
@@ -34,6 +35,8 @@ class BuildOptions:
     max_tokens: int = 4096
     max_batch: int = 64
     max_seqlen: int | None = None  # default: min(max_tokens, the model's position table, 512 if unknown)
+    max_cache: int | None = None  # decoder step: the longest K/V cache L (default DEFAULT_MAX_CACHE)
+    num_beams: int | None = None  # decoder step: rows = batch x num_beams (default: the graph's field, else 1)
     profiles: list[str] = field(default_factory=list)  # extra "TOKENSxBATCH[xSEQLEN]" profiles
     timing_cache: str | None = None
     plugin_library: str | None = None
@@ -52,11 +55,11 @@ def build(options: BuildOptions) -> dict[str, Any]:
     _check_kernel_sizes(info, onnx_path)
     if info.plugins:
         _check_wiring(onnx_path)
+    all_profiles = _profiles(options, info)
     api = trt_api.load(options.backend)
     if options.precision is None:
         options = replace(options, precision=api.default_precision(info.float_dtype))
     strongly_typed, flags, precision_mode = api.plan_precision(options.precision, info.float_dtype)
-    all_profiles = _profiles(options, info)
     library = plugin_library.find(options.plugin_library) if info.plugins else None
 
     link = api.needs_parser_link() if library is not None else None
@@ -65,7 +68,8 @@ def build(options: BuildOptions) -> dict[str, Any]:
 
     start = time.perf_counter()
     log.info("building %s with %s %s: %s; profiles %s", onnx_path.name, api.name, api.version, precision_mode,
-             ", ".join(f"{p.max_tokens}x{p.max_batch}x{p.max_seqlen}" for p in all_profiles))
+             ", ".join(f"{p.max_tokens}x{p.max_batch}x{p.max_seqlen}"
+                       + (f" (cache {p.max_cache}, {p.num_beams} beams)" if p.max_cache else "") for p in all_profiles))
     logger = api.logger(options.verbose)
     if library is not None:
         plugin_library.load_into(api.trt, library)
@@ -80,6 +84,7 @@ def build(options: BuildOptions) -> dict[str, Any]:
 
     config = builder.create_builder_config()
     api.configure(config, flags, options.precision)
+    preview_features = [api.allow_aliased_plugin_io(config)] if info.aliased_plugin_io else []
     profile_records = []
     for p in all_profiles:
         trt_profile = builder.create_optimization_profile()
@@ -120,6 +125,7 @@ def build(options: BuildOptions) -> dict[str, Any]:
         "outputs": [asdict(t) for t in info.outputs],
         "plugins": info.plugins,
         "plugin_layers": plugin_layers,
+        "preview_features": preview_features,
         "plugin_library": None if library is None else {"path": str(library), "sha256": plugin_library.sha256(library)},
         "timing_cache": timing_cache,
         "engine": {"bytes": len(blob), "sha256": sidecar.digest(blob)},
@@ -137,9 +143,9 @@ def build(options: BuildOptions) -> dict[str, Any]:
 
 def _check_options(options: BuildOptions) -> None:
     """The numbers and paths of a build, checked before the slow part (a build takes minutes)."""
-    for name in ("max_tokens", "max_batch", "max_seqlen"):
+    for name in ("max_tokens", "max_batch", "max_seqlen", "max_cache", "num_beams"):
         value = getattr(options, name)
-        if value is None and name == "max_seqlen":
+        if value is None and name in ("max_seqlen", "max_cache", "num_beams"):
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise BuildError(f"{name} must be a positive integer, got {value!r}")
@@ -191,9 +197,19 @@ def _profiles(options: BuildOptions, info: model_info.ModelInfo) -> list[profile
         min(options.max_tokens, limit or DEFAULT_MAX_SEQLEN)
     if limit is not None and max_seqlen > limit:
         raise BuildError(f"max_seqlen {max_seqlen} exceeds the model's position table ({limit} positions)")
+    step = {}
+    if info.io == "decoder_step":
+        if info.num_beams is not None and options.num_beams not in (None, info.num_beams):
+            raise BuildError(f"num_beams {options.num_beams}: this decoder step's cross-attention serves num_beams"
+                             f" {info.num_beams} (fixed at export: `padfree export --num-beams N`)")
+        step = {"max_cache": options.max_cache or DEFAULT_MAX_CACHE,
+                "num_beams": info.num_beams or options.num_beams or 1}
+    elif options.max_cache is not None or options.num_beams is not None:
+        raise BuildError("max_cache and num_beams are a decoder step's profile dimensions; "
+                         f"this graph is {info.io}")
     try:
-        main = profiles.make(options.max_tokens, options.max_batch, max_seqlen)
-        extra = [profiles.parse(text, max_seqlen) for text in options.profiles]
+        main = replace(profiles.make(options.max_tokens, options.max_batch, max_seqlen), **step)
+        extra = [replace(profiles.parse(text, max_seqlen), **step) for text in options.profiles]
     except ValueError as e:
         raise BuildError(str(e)) from e
     for p in extra:
@@ -201,7 +217,7 @@ def _profiles(options: BuildOptions, info: model_info.ModelInfo) -> list[profile
             raise BuildError(f"profile {p.max_tokens}x{p.max_batch}x{p.max_seqlen} exceeds --max-tokens"
                              f" {main.max_tokens} / --max-batch {main.max_batch} / --max-seqlen {main.max_seqlen}")
     # Smallest first: the backend takes the first profile a batch fits.
-    return sorted(set(extra) | {main}, key=lambda p: (p.max_tokens, p.max_batch, p.max_seqlen))
+    return sorted(set(extra) | {main}, key=lambda p: (p.max_tokens, p.max_batch, p.max_seqlen, p.max_cache))
 
 
 def _load_timing_cache(config, path: str | None):

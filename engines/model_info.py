@@ -15,6 +15,9 @@ from padfree.positions import positions_served
 from .errors import BuildError
 
 PLUGIN_NAMESPACE = "padfree"
+# plugins whose outputs alias inputs (IPluginV3OneBuildV2::getAliasedInput): a network with one builds only
+# with TensorRT's preview feature ALIASED_PLUGIN_IO_10_03 (docs/PLUGINS.md, trt_api.Api.allow_aliased_plugin_io)
+ALIASING_PLUGINS = ("PadfreeDecoderSelfAttention",)
 _FLOAT_DTYPES = {onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.FLOAT16: "fp16", onnx.TensorProto.BFLOAT16: "bf16"}
 
 
@@ -27,7 +30,10 @@ class Tensor:
 
 @dataclass
 class ModelInfo:
-    io: str  # "packed" (input_ids[T], cu_seqlens, max_seqlen) or "padded" (input_ids[B, S], ...)
+    # "packed" (input_ids[T], cu_seqlens, max_seqlen) or "padded" (input_ids[B, S], ...): an encoder;
+    # "decoder_step" (cache_indir, the caches; a seq2seq export's decoder step, plain or swapped) or
+    # "cross_kv" (encoder_hidden_states [T, hidden]): the other graphs of a seq2seq export
+    io: str
     float_dtype: str  # "fp32" | "fp16" | "bf16"
     inputs: list[Tensor]
     outputs: list[Tensor]
@@ -40,6 +46,8 @@ class ModelInfo:
     # holding it inside would be numbered differently by padfree; the runtime refuses such input.
     position_pad_id: int | None = None
     attention_sizes: list = field(default_factory=list)  # (num_heads, head_dim) of each PadfreeAttention node
+    num_beams: int | None = None  # the cross-attention nodes' field: rows = batch x num_beams (decoder step)
+    aliased_plugin_io: bool = False  # a plugin aliases outputs to inputs (ALIASING_PLUGINS)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -76,9 +84,19 @@ def read(path: str | Path) -> ModelInfo:
             fields = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
             attention_sizes.append((int(fields.get("num_heads", 0)), int(fields.get("head_dim", 0))))
     names = {t.name for t in inputs}
-    info = ModelInfo(io="packed" if "cu_seqlens" in names else "padded",
+    io = ("decoder_step" if "cache_indir" in names else "cross_kv" if "encoder_hidden_states" in names
+          else "packed" if "cu_seqlens" in names else "padded")
+    beams = {int(onnx.helper.get_attribute_value(a)) for n in graph.node if n.op_type == "PadfreeDecoderCrossAttention"
+             for a in n.attribute if a.name == "num_beams"}
+    if len(beams) > 1:
+        raise BuildError(f"{path}: the cross-attention nodes disagree on num_beams ({sorted(beams)})")
+    info = ModelInfo(io=io,
                      float_dtype=_FLOAT_DTYPES[float_types.pop()], inputs=inputs, outputs=outputs,
-                     plugins=sorted(plugin_nodes), plugin_nodes=plugin_nodes, attention_sizes=attention_sizes)
+                     plugins=sorted(plugin_nodes), plugin_nodes=plugin_nodes, attention_sizes=attention_sizes,
+                     num_beams=beams.pop() if beams else None,
+                     aliased_plugin_io=any(p in plugin_nodes for p in ALIASING_PLUGINS))
+    if io in ("decoder_step", "cross_kv"):
+        return info  # no token embedding or position table of an encoder to size
     meta = {p.key: p.value for p in model.metadata_props}
 
     def meta_int(key: str) -> int | None:

@@ -12,6 +12,11 @@ Precision, per backend (what `padfree build --precision` does):
 Without --precision a build follows the model (default_precision): its own dtype, except a float32
 ONNX on TensorRT, which builds weakly typed with fp16 allowed.
 
+Aliased plugin I/O: a plugin whose outputs alias its inputs (the decoder self-attention's caches,
+model_info.ALIASING_PLUGINS) builds only with PreviewFeature.ALIASED_PLUGIN_IO_10_03 on (both
+backends; TensorRT-RTX refuses the network without it); `allow_aliased_plugin_io` sets it, and
+refuses a TensorRT without the feature by name.
+
 TensorRT-RTX's ONNX parser dlopens "libtensorrt_rtx.so" (the unversioned name, which its wheel does
 not ship) when it imports a plugin node; `needs_parser_link` says so, and padfree.engines.build
 then builds in a child process whose LD_LIBRARY_PATH holds such a link.
@@ -100,6 +105,17 @@ class Api:
             config.set_flag(getattr(self.trt.BuilderFlag, flag))
         if requested == "fp32" and hasattr(self.trt.BuilderFlag, "TF32"):
             config.clear_flag(self.trt.BuilderFlag.TF32)
+
+    def allow_aliased_plugin_io(self, config) -> str:
+        """Turn on the preview feature that lets plugin outputs alias plugin inputs; returns its name."""
+        feature = getattr(getattr(self.trt, "PreviewFeature", None), "ALIASED_PLUGIN_IO_10_03", None)
+        if feature is None:
+            raise BackendUnavailableError(
+                f"{self.name} {self.version} has no PreviewFeature.ALIASED_PLUGIN_IO_10_03, which a network with"
+                " aliased plugin I/O (the decoder self-attention's caches) needs: install TensorRT >= 10.3 or"
+                " TensorRT-RTX")
+        config.set_preview_feature(feature, True)
+        return "ALIASED_PLUGIN_IO_10_03"
 
     def plugin_layers(self, network) -> list[dict[str, str]]:
         """The network's IPluginV3 layers as TensorRT parsed them: layer name, plugin name, namespace

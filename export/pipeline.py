@@ -31,13 +31,15 @@ def output_set(out: Path) -> list[Path]:
 
 
 def export(source, out_dir: str | Path, io: str | None = None, opset: int | None = None,
-           allow_partial: bool = False, attn_implementation: str | None = None, dtype: str = "fp32"):
+           allow_partial: bool = False, attn_implementation: str | None = None, dtype: str = "fp32",
+           num_beams: int | None = None):
     """Export `source` (a built-in name, a local HF directory, or an HF model object) to out_dir.
 
     An encoder-decoder (config.is_encoder_decoder) goes to padfree.export.seq2seq and returns a
     Seq2SeqExportResult (encoder.onnx, cross_kv.onnx, decoder_step.onnx; docs/EXPORT.md "Seq2seq");
     `io`, `dtype` and `allow_partial` have no seq2seq form yet and are refused there unless left at
-    their defaults. An encoder returns an ExportResult, as follows (io None: "packed").
+    their defaults. num_beams (seq2seq only): the beam width decoder_step.padfree.onnx serves (default
+    the model's generation_config.num_beams). An encoder returns an ExportResult, as follows (io None: "packed").
 
     Writes out_dir/model.onnx (the plain export, dynamic batch and sequence axes),
     out_dir/model.padfree.onnx (rewritten onto padfree plugin nodes, `io` form) and
@@ -57,7 +59,9 @@ def export(source, out_dir: str | Path, io: str | None = None, opset: int | None
     from .seq2seq.models import is_seq2seq_source
 
     if is_seq2seq_source(source):
-        return _export_seq2seq(source, out_dir, io, opset, allow_partial, attn_implementation, dtype)
+        return _export_seq2seq(source, out_dir, io, opset, allow_partial, attn_implementation, dtype, num_beams)
+    if num_beams is not None:
+        raise ExportError("num_beams is an encoder-decoder export's option (the beam width of its decoder step)")
     io = "packed" if io is None else io
     if io not in ("packed", "padded"):  # checked before the slow export, not after it
         raise ExportError(f"io must be 'packed' or 'padded', got {io!r}")
@@ -85,12 +89,14 @@ def export(source, out_dir: str | Path, io: str | None = None, opset: int | None
     return ExportResult(out / MODEL, out / REWRITTEN, out / REPORT, report)
 
 
-def _export_seq2seq(source, out_dir, io, opset, allow_partial, attn_implementation, dtype):
+def _export_seq2seq(source, out_dir, io, opset, allow_partial, attn_implementation, dtype, num_beams=None):
     from .exporter import DEFAULT_OPSET, MIN_OPSET
     from .seq2seq import models as seq2seq_models
     from .seq2seq.pipeline import export_seq2seq
 
     seq2seq_models.check_options(io, dtype, allow_partial)
+    if num_beams is not None and (isinstance(num_beams, bool) or not isinstance(num_beams, int) or num_beams < 1):
+        raise ExportError(f"num_beams must be a positive integer, got {num_beams!r}")
     opset = DEFAULT_OPSET if opset is None else opset
     import onnx
     if not MIN_OPSET <= opset <= onnx.defs.onnx_opset_version():
@@ -104,4 +110,4 @@ def _export_seq2seq(source, out_dir, io, opset, allow_partial, attn_implementati
     else:
         model, description = source, type(source).__name__
     outputs.remove(output_set(out))     # an encoder export's files in the same folder
-    return export_seq2seq(model, description, out, opset, source_path)
+    return export_seq2seq(model, description, out, opset, source_path, num_beams)

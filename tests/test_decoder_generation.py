@@ -116,8 +116,9 @@ def test_deep_models_match_hf(family, layers):
 
 
 def test_tensor_input_with_attention_mask_and_return_types():
-    from padfree.generation.inputs import padded_batch
     from transformers.generation.utils import GenerateBeamEncoderDecoderOutput, GenerateEncoderDecoderOutput
+
+    from padfree.generation.inputs import padded_batch
     model, gen = model_and_generator("bart")
     sources = sources_for(model, count=5)
     ids, mask = padded_batch(sources, model.config.pad_token_id)

@@ -30,8 +30,8 @@ from padfree.export.seq2seq.ops import CROSS_ATTENTION, SELF_ATTENTION, site_pro
 sys.path.insert(0, os.path.dirname(__file__))
 from _seq2seq import build, hf_generate, random_sources  # noqa: E402
 
-FILES = ("encoder.onnx", "cross_kv.onnx", "decoder_step.onnx", "config.json", "generation_config.json",
-         "seq2seq.json")
+FILES = ("encoder.onnx", "cross_kv.onnx", "decoder_step.onnx", "decoder_step.padfree.onnx", "config.json",
+         "generation_config.json", "seq2seq.json")
 CASES = {"marian": ("marian", (2, 2)), "m2m100-6x6": ("m2m100", (6, 6)), "bart": ("bart", (2, 2))}
 
 

@@ -1,9 +1,12 @@
 """The CPU proof of a seq2seq export: ONNX Runtime generation vs Hugging Face's generate, float32.
 
-The export's three graphs generate through padfree.runtime's OnnxrtSeq2SeqGenerator (padfree.generation's
+The export's graphs generate through padfree.runtime's OnnxrtSeq2SeqGenerator (padfree.generation's
 own searches, the step's logits from decoder_step.onnx) on one batch of sources of mixed lengths
 (the first two exactly the longest and 1 token long; ids never a special token), greedy and beam
 search, and the reference model generates the same batch with HF's generate and the same options.
+Both decoder steps are checked: decoder_step.onnx (the sites) and decoder_step.padfree.onnx (the
+plugin nodes, run through their ONNX Runtime references, export/reference.py): the swap is proven
+by the same comparison as the step it came from.
 
 Greedy must give HF's tokens exactly. Beam search (num_beams hypotheses returned per source) must give
 HF's tokens and sequences_scores within `tol` for every hypothesis whose score is more than `tol`
@@ -15,8 +18,10 @@ torch's float32 kernels stay around 1e-6.
 """
 from __future__ import annotations
 
+import json
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -64,32 +69,57 @@ def _fill(model) -> int:
 
 
 def check(out_dir, reference, batch: int = 8, max_seqlen: int = 16, max_new_tokens: int = 16, num_beams: int = 4,
-          seed: int = 0, tol: float = 1e-4, generator=None) -> CheckResult:
+          seed: int = 0, tol: float = 1e-4, generator=None, steps: tuple[str, ...] | None = None) -> CheckResult:
     """reference: the HF model (object) the export came from. generator: an OnnxrtSeq2SeqGenerator over
-    out_dir (made here when None)."""
-    if generator is None:
-        from padfree.runtime.backends.onnxrt_seq2seq import OnnxrtSeq2SeqGenerator
-        generator = OnnxrtSeq2SeqGenerator(out_dir)
+    out_dir (then only it is checked). steps: which decoder steps generate, "plain" (decoder_step.onnx)
+    and "plugins" (decoder_step.padfree.onnx, its plugin nodes expanded by their ONNX Runtime
+    references); default both where the export has the second. HF generates once; every step is
+    compared with it and must pass."""
+    from padfree.runtime.backends.onnxrt_seq2seq import OnnxrtSeq2SeqGenerator
+
+    if generator is not None:
+        generators = [(generator.step_kind, generator)]
+    else:
+        if steps is None:
+            manifest = json.loads((Path(out_dir) / "seq2seq.json").read_text())
+            steps = ("plain", "plugins") if "decoder_step_plugins" in manifest["files"] else ("plain",)
+        generators = [(kind, OnnxrtSeq2SeqGenerator(out_dir, step=kind)) for kind in steps]
     model = reference.float().eval()
-    max_seqlen = min(max_seqlen, generator.encoder_positions)
+    max_seqlen = min(max_seqlen, generators[0][1].encoder_positions)
     sources = draw_sources(model.config, batch, max_seqlen, seed)
     result = CheckResult(True, lengths=[len(s) for s in sources])
-
-    ref = _hf(model, sources, max_new_tokens=max_new_tokens, num_beams=1, do_sample=False)
-    out = generator.generate(sources, max_new_tokens=max_new_tokens, num_beams=1, do_sample=False)
-    width = max(ref.shape[1], out.shape[1])
     fill = _fill(model)
+    greedy = dict(max_new_tokens=max_new_tokens, num_beams=1, do_sample=False)
+    beam = dict(max_new_tokens=max_new_tokens, num_beams=num_beams, num_return_sequences=num_beams,
+                do_sample=False, return_dict_in_generate=True, output_scores=True)
+    ref_greedy, ref_beam = _hf(model, sources, **greedy), _hf(model, sources, **beam)
+    for _kind, gen in generators:
+        label = _label(gen)
+        ok_greedy = _compare_greedy(result, label, ref_greedy, gen.generate(sources, **greedy), batch, fill)
+        ok_beam = _compare_beam(result, label, ref_beam, gen.generate(sources, **beam), batch, num_beams, fill, tol)
+        result.ok = result.ok and ok_greedy and ok_beam
+    return result
+
+
+def _label(gen) -> str:
+    if gen.step_kind == "plain":
+        return gen.step_file.name
+    return (f"{gen.step_file.name} (plugin nodes on their ONNX Runtime references; num_beams {gen.step_num_beams} "
+            f"as exported, other widths with that field set to theirs)")
+
+
+def _compare_greedy(result: CheckResult, label: str, ref, out, batch: int, fill: int) -> bool:
+    width = max(ref.shape[1], out.shape[1])
     same = (_pad_to(ref, width, fill) == _pad_to(out, width, fill)).all(dim=1)
-    greedy_ok = bool(same.all()) and ref.shape == out.shape
-    result.lines.append(f"greedy: {int(same.sum())} of {batch} sequences equal HF's token for token "
+    result.lines.append(f"{label}: greedy: {int(same.sum())} of {batch} sequences equal HF's token for token "
                         f"(lengths HF {ref.shape[1]}, padfree {out.shape[1]})")
     for b in (~same).nonzero().flatten().tolist()[:3]:
         result.lines.append(f"  source {b}: HF {ref[b].tolist()} vs {out[b].tolist()}")
+    return bool(same.all()) and ref.shape == out.shape
 
-    options = dict(max_new_tokens=max_new_tokens, num_beams=num_beams, num_return_sequences=num_beams,
-                   do_sample=False, return_dict_in_generate=True, output_scores=True)
-    ref = _hf(model, sources, **options)
-    out = generator.generate(sources, **options)
+
+def _compare_beam(result: CheckResult, label: str, ref, out, batch: int, num_beams: int, fill: int,
+                  tol: float) -> bool:
     width = max(ref.sequences.shape[1], out.sequences.shape[1])
     rs = _pad_to(ref.sequences, width, fill).view(batch, num_beams, width)
     ps = _pad_to(out.sequences, width, fill).view(batch, num_beams, width)
@@ -106,14 +136,12 @@ def check(out_dir, reference, batch: int = 8, max_seqlen: int = 16, max_new_toke
             if not torch.equal(rs[b, i], ps[b, i]) or error > tol:
                 wrong.append((b, i, error))
     total = batch * num_beams
-    beam_ok = not wrong and near <= total // 4
-    result.lines.append(f"beam search ({num_beams} beams, {num_beams} returned): {compared - len(wrong)} of {compared} "
-                        f"hypotheses equal HF's with sequences_scores within {tol:g} (max error {worst:.2e}); "
-                        f"near-ties (not compared): {near} of {total}")
+    result.lines.append(f"{label}: beam search ({num_beams} beams, {num_beams} returned): {compared - len(wrong)} of "
+                        f"{compared} hypotheses equal HF's with sequences_scores within {tol:g} (max error "
+                        f"{worst:.2e}); near-ties (not compared): {near} of {total}")
     for b, i, _error in wrong[:3]:
         result.lines.append(f"  source {b} rank {i}: HF {rs[b, i].tolist()} ({float(rsc[b, i]):.6f}) vs "
                             f"{ps[b, i].tolist()} ({float(psc[b, i]):.6f})")
     if near > total // 4:
         result.lines.append(f"  {near} near-ties: this batch cannot tell the export right from slightly wrong")
-    result.ok = greedy_ok and beam_ok
-    return result
+    return not wrong and near <= total // 4

@@ -2,7 +2,9 @@
 
     encoder.onnx        HF's encoder (encoder.py), padded I/O
     cross_kv.onnx       packed encoder rows -> each decoder layer's cross-attention K | V (cross_kv.py)
-    decoder_step.onnx   one decoder step with the caches as I/O (decoder_step.py)
+    decoder_step.onnx   one decoder step with the caches as I/O (decoder_step.py), decoder ops as sites
+    decoder_step.padfree.onnx   the same step with each site swapped for its plugin node (swap.py),
+                        num_beams fixed (--num-beams; default the model's generation_config.num_beams)
     config.json, generation_config.json   the HF configs: generate()'s option merge reads them
     seq2seq.json        what was written, the I/O names and the limits; written last (completion marker)
 
@@ -23,11 +25,12 @@ from padfree import outputs
 from ..onnx_files import data_file, save_model
 from .models import check_supported
 
-__all__ = ["export_seq2seq", "Seq2SeqExportResult", "ENCODER", "CROSS_KV", "STEP", "MANIFEST", "FORMAT",
-           "output_set"]
+__all__ = ["export_seq2seq", "Seq2SeqExportResult", "ENCODER", "CROSS_KV", "STEP", "STEP_PLUGINS", "MANIFEST",
+           "FORMAT", "output_set"]
 
 log = logging.getLogger(__name__)
 ENCODER, CROSS_KV, STEP, MANIFEST = "encoder.onnx", "cross_kv.onnx", "decoder_step.onnx", "seq2seq.json"
+STEP_PLUGINS = "decoder_step.padfree.onnx"
 CONFIG, GENERATION_CONFIG = "config.json", "generation_config.json"
 FORMAT = "padfree-seq2seq/1"
 
@@ -44,11 +47,13 @@ class Seq2SeqExportResult:
         return (f"{self.manifest['family']}: {self.manifest['encoder']['layers']}+{d['layers']} layers, hidden "
                 f"{d['hidden']}, {d['num_heads']} heads, vocabulary {d['vocab_size']}; decoder step with "
                 f"{sites.get('PadfreeDecoderSelfAttention', 0)} self-attention and "
-                f"{sites.get('PadfreeDecoderCrossAttention', 0)} cross-attention sites (standard ONNX)")
+                f"{sites.get('PadfreeDecoderCrossAttention', 0)} cross-attention sites (standard ONNX); "
+                f"{self.manifest['files']['decoder_step_plugins']} with them as plugin nodes "
+                f"(num_beams {self.manifest['decoder_plugins']['num_beams']})")
 
 
 def output_set(out: Path) -> list[Path]:
-    files = [out / name for name in (ENCODER, CROSS_KV, STEP)]
+    files = [out / name for name in (ENCODER, CROSS_KV, STEP, STEP_PLUGINS)]
     return [p for f in files for p in (f, data_file(f))] + [out / CONFIG, out / GENERATION_CONFIG, out / MANIFEST]
 
 
@@ -60,8 +65,10 @@ def _position_limits(model, weights) -> tuple[int, int]:
 
 
 def export_seq2seq(model, description: str, out: Path, opset: int,
-                   source_path: str | None = None) -> Seq2SeqExportResult:
-    """source_path: the HF directory the model was loaded from (recorded for `padfree check OUT`)."""
+                   source_path: str | None = None, num_beams: int | None = None) -> Seq2SeqExportResult:
+    """source_path: the HF directory the model was loaded from (recorded for `padfree check OUT`).
+    num_beams: the beam width decoder_step.padfree.onnx's cross-attention nodes serve (default: the
+    model's generation_config.num_beams)."""
     import torch
 
     from padfree.generation.layers import ensure_position_rows
@@ -69,8 +76,11 @@ def export_seq2seq(model, description: str, out: Path, opset: int,
 
     from . import cross_kv, decoder_step, encoder
     from .ops import sites_of
+    from .swap import step_io, swap_sites
 
     spec = check_supported(model)
+    if num_beams is None:
+        num_beams = int(getattr(model.generation_config, "num_beams", None) or 1)
     model = model.float().eval()
     weights = extract(model, spec, torch.float32, torch.device("cpu"))
     encoder_limit, decoder_limit = _position_limits(model, weights)
@@ -85,6 +95,10 @@ def export_seq2seq(model, description: str, out: Path, opset: int,
     step = decoder_step.build_decoder_step(weights, opset, facts)
     save_model(step, out / STEP)
     log.info("wrote %s and %s (%d nodes)", out / CROSS_KV, out / STEP, len(step.graph.node))
+    swapped = swap_sites(step, num_beams)
+    save_model(swapped, out / STEP_PLUGINS)
+    plugin_inputs, plugin_outputs = step_io(swapped)
+    log.info("wrote %s (%d nodes, num_beams %d)", out / STEP_PLUGINS, len(swapped.graph.node), num_beams)
     outputs.write_text(out / CONFIG, model.config.to_json_string())
     outputs.write_text(out / GENERATION_CONFIG, model.generation_config.to_json_string())
     stack = weights.decoder
@@ -95,8 +109,8 @@ def export_seq2seq(model, description: str, out: Path, opset: int,
     manifest = {
         "format": FORMAT, "source": description, "source_path": source_path, "family": spec.name,
         "hf_class": spec.hf_class, "opset": opset,
-        "files": {"encoder": ENCODER, "cross_kv": CROSS_KV, "decoder_step": STEP, "config": CONFIG,
-                  "generation_config": GENERATION_CONFIG},
+        "files": {"encoder": ENCODER, "cross_kv": CROSS_KV, "decoder_step": STEP,
+                  "decoder_step_plugins": STEP_PLUGINS, "config": CONFIG, "generation_config": GENERATION_CONFIG},
         "encoder": {"io": "padded", "layers": len(weights.encoder.layers), "inputs": ["input_ids", "attention_mask"],
                     "outputs": ["last_hidden_state"], "max_positions": encoder_limit,
                     "vocab_size": weights.source_vocab_size},
@@ -105,7 +119,9 @@ def export_seq2seq(model, description: str, out: Path, opset: int,
                     "max_positions": decoder_limit, "pad_token_id": weights.pad_token_id,
                     "inputs": inputs, "outputs": step_outputs},
         "sites": counts,
+        "decoder_plugins": {"num_beams": num_beams, "plugins": counts, "inputs": plugin_inputs,
+                            "outputs": plugin_outputs},
     }
     outputs.write_text(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
-    files = [out / n for n in (ENCODER, CROSS_KV, STEP, CONFIG, GENERATION_CONFIG, MANIFEST)]
+    files = [out / n for n in (ENCODER, CROSS_KV, STEP, STEP_PLUGINS, CONFIG, GENERATION_CONFIG, MANIFEST)]
     return Seq2SeqExportResult(out, files, manifest)

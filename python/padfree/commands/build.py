@@ -24,6 +24,11 @@ def register(subparsers) -> None:
                    help="longest sequence (default: min(max-tokens, position table))")
     p.add_argument("--profiles", nargs="+", default=[], metavar="TxB[xS]",
                    help="extra optimization profiles, e.g. 512x16 4096x64 (within the max limits)")
+    p.add_argument("--max-cache", type=positive_int, default=None,
+                   help="decoder step: the longest K/V cache, max_length - 1 (default 256)")
+    p.add_argument("--num-beams", type=positive_int, default=None,
+                   help="decoder step without plugin nodes: rows = batch x num_beams (default 1; a step on plugin "
+                        "nodes serves the num_beams it was exported for)")
     p.add_argument("--timing-cache", metavar="FILE", help="read and update this timing cache")
     p.add_argument("--plugin-library", metavar="LIB",
                    help="libpadfree_trt.so (default: $PADFREE_TRT_LIBRARY, else the one installed with padfree)")
@@ -38,7 +43,8 @@ def main(args: argparse.Namespace) -> int:
     from padfree.engines.errors import EngineError
 
     options = BuildOptions(onnx=args.onnx, output=args.output, precision=args.precision, max_tokens=args.max_tokens,
-                           max_batch=args.max_batch, max_seqlen=args.max_seqlen, profiles=list(args.profiles),
+                           max_batch=args.max_batch, max_seqlen=args.max_seqlen, max_cache=args.max_cache,
+                           num_beams=args.num_beams, profiles=list(args.profiles),
                            timing_cache=args.timing_cache, plugin_library=args.plugin_library, backend=args.backend,
                            progress=not args.no_progress, verbose=bool(getattr(args, "verbose", False)))
     try:

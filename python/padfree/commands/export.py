@@ -17,7 +17,8 @@ def register(subparsers) -> None:
         description="Writes OUT/model.onnx (plain export, dynamic batch and sequence axes), "
                     "OUT/model.padfree.onnx (rewritten) and OUT/report.json (what was fused). An encoder-decoder "
                     "(config.is_encoder_decoder: Marian, M2M100/NLLB, BART, mBART) writes OUT/encoder.onnx, "
-                    "OUT/cross_kv.onnx, OUT/decoder_step.onnx and OUT/seq2seq.json instead (docs/EXPORT.md).")
+                    "OUT/cross_kv.onnx, OUT/decoder_step.onnx, OUT/decoder_step.padfree.onnx (the step on plugin "
+                    "nodes) and OUT/seq2seq.json instead (docs/EXPORT.md).")
     p.add_argument("source", help=f"a local Hugging Face model directory, or one of: {', '.join(BUILTIN)}")
     p.add_argument("-o", "--output", required=True, help="output folder")
     p.add_argument("--io", choices=("packed", "padded"), default=None,
@@ -32,6 +33,9 @@ def register(subparsers) -> None:
                    help="keep what did not fuse on padded rows instead of refusing the model")
     p.add_argument("--attn-implementation", choices=("sdpa", "eager"), default=None,
                    help="HF attention implementation to export (default: the model's)")
+    p.add_argument("--num-beams", type=positive_int, default=None,
+                   help="encoder-decoder: the beam width decoder_step.padfree.onnx (and an engine built from it) "
+                        "serves, rows = batch x num_beams (default: the model's generation_config.num_beams)")
     p.add_argument("--verbose", action="store_true", help="show each match")
     p.set_defaults(func=main)
 
@@ -42,7 +46,8 @@ def main(args: argparse.Namespace) -> int:
 
     _quiet_exporter(args.verbose)
     result = export(args.source, args.output, io=args.io, opset=args.opset, allow_partial=args.allow_partial,
-                    attn_implementation=args.attn_implementation, dtype=args.dtype)
+                    attn_implementation=args.attn_implementation, dtype=args.dtype,
+                    num_beams=args.num_beams)
     if hasattr(result, "manifest"):     # an encoder-decoder
         print(result.format())
         print("wrote " + ", ".join(str(f) for f in result.files))

@@ -53,6 +53,9 @@ class EngineBackend:
             self._load_plugins(plugin_library_path, allow_plugin_mismatch)
         # sidecar.read checked these fields' structure and types
         self.io = self.metadata["model"]["io"]
+        if self.io not in ("packed", "padded"):
+            raise EngineError(f"{self.path}: an engine of a seq2seq export's {self.io} graph: padfree builds these but"
+                              " does not run them yet (docs/EXPORT.md, Seq2seq: engines)")
         self.profiles = [Profile(p["max_tokens"], p["max_batch"], p["max_seqlen"]) for p in self.metadata["profiles"]]
         self.limits = self._limits()
         self.output_names = [t["name"] for t in self.metadata["outputs"]]

@@ -14,6 +14,13 @@ Per call: the encoder runs padded ([batch, longest source], right padding), its 
 ([T, hidden], cu_seqlens order), cross_kv.onnx turns them into each layer's K | V once, and every
 decode step is one decoder_step.onnx run. Caches are float32 [rows, heads, max_length - 1, head_dim]
 numpy arrays per layer, replaced by the step's outputs.
+
+step="plugins" runs decoder_step.padfree.onnx instead (the step on plugin nodes, export/seq2seq/swap.py)
+with each plugin node expanded by its ONNX Runtime reference (padfree.export.reference): the CPU
+proof of the swapped graph. Its cross-attention nodes carry the num_beams they were exported for; a
+call of another width runs a copy with that one field set to the call's (swap.set_num_beams), as an
+engine of that width would be built from its own swap. The swapped step's extra input `max_seqlen`
+gets a vector as long as the call's longest source.
 """
 from __future__ import annotations
 
@@ -59,6 +66,8 @@ class OrtDecoder:
         self.step = torch.zeros(1, dtype=torch.int32)
         self.memory: dict[str, np.ndarray] = {}
         self.cu_seqlens: np.ndarray | None = None
+        self.max_seqlen: np.ndarray | None = None
+        self.session, self.input_names = owner.step_for(rows_per_source)
 
     def load(self, sources, encoder_out: np.ndarray) -> None:
         """This call's cross-attention memory (cross_kv.onnx on the packed encoder rows) and cu_seqlens."""
@@ -66,12 +75,15 @@ class OrtDecoder:
         values = self.owner.cross_kv.run(None, {"encoder_hidden_states": encoder_out})
         self.memory = dict(zip(names, values))
         self.cu_seqlens = sources.cu_seqlens.cpu().numpy().astype(np.int32)
+        self.max_seqlen = np.zeros(int(np.diff(self.cu_seqlens).max(initial=1)), dtype=np.int32)
         self.step.zero_()
 
     def logits(self, tokens: torch.Tensor) -> torch.Tensor:
         feeds = {"input_ids": tokens.to(torch.int32).numpy(), "step": self.step.numpy(),
                  "cache_indir": self.indir.numpy(), "cu_seqlens": self.cu_seqlens, **self.caches, **self.memory}
-        values = self.owner.step_session.run(None, feeds)
+        if "max_seqlen" in self.input_names:
+            feeds["max_seqlen"] = self.max_seqlen
+        values = self.session.run(None, feeds)
         out = dict(zip(self.owner.step_outputs, values))
         for name in self.caches:
             self.caches[name] = out[name.replace("past_", "present_")]
@@ -103,7 +115,7 @@ class OnnxrtSeq2SeqGenerator:
 
     Also a Runtime backend: padfree.Runtime("out/").generate(batch, **options)."""
 
-    def __init__(self, folder, *, threads: int | None = None):
+    def __init__(self, folder, *, threads: int | None = None, step: str = "plain"):
         from transformers import AutoConfig, GenerationConfig
 
         from ...generation.dispatch import DecoderOps
@@ -119,11 +131,31 @@ class OnnxrtSeq2SeqGenerator:
                                f"export the model again")
         self.manifest = manifest
         files = manifest["files"]
+        if step not in ("plain", "plugins"):
+            raise ValueError(f"step must be 'plain' or 'plugins', got {step!r}")
+        if step == "plugins" and "decoder_step_plugins" not in files:
+            raise PadfreeError(f"{self.folder}: the export has no decoder step on plugin nodes; export it again")
+        self.step_kind, self.threads = step, threads
+        self.step_file = self.folder / files["decoder_step" if step == "plain" else "decoder_step_plugins"]
+        self._steps: dict[int, tuple] = {}
         self.config = AutoConfig.from_pretrained(self.folder)
         self.generation_config = GenerationConfig.from_pretrained(self.folder, files["generation_config"])
         self.encoder = _session(self.folder / files["encoder"], threads)
         self.cross_kv = _session(self.folder / files["cross_kv"], threads)
-        self.step_session = _session(self.folder / files["decoder_step"], threads)
+        if step == "plain":
+            self.step_session = _session(self.step_file, threads)
+            self.step_num_beams = None
+        else:
+            import onnx
+
+            from padfree.export.seq2seq.swap import num_beams_of
+            self._plugin_step = onnx.load(str(self.step_file))
+            self.step_num_beams = num_beams_of(self._plugin_step)
+            exported = manifest.get("decoder_plugins", {}).get("num_beams")
+            if self.step_num_beams != exported:
+                raise PadfreeError(f"{self.step_file}: its cross-attention nodes have num_beams {self.step_num_beams}, "
+                                   f"the export's {MANIFEST} says {exported}; export the model again")
+            self.step_session, _ = self.step_for(self.step_num_beams)
         # the step's structure from its own I/O, not from the manifest
         inputs = {i.name: i.shape for i in self.step_session.get_inputs()}
         self.layers = sum(1 for name in inputs if name.startswith("past_key."))
@@ -140,6 +172,27 @@ class OnnxrtSeq2SeqGenerator:
                              make_decoder=lambda *sizes: OrtDecoder(self, *sizes), logits_bias=None)
         self.output_names = ["sequences"]
         self.resolve()      # the export's generation_config is checked now, as from_hf checks the model's
+
+    def step_for(self, rows_per_source: int):
+        """(session, input names) of the step serving `rows_per_source` hypotheses per source."""
+        if self.step_kind == "plain":
+            return self.step_session, {i.name for i in self.step_session.get_inputs()}
+        if rows_per_source not in self._steps:
+            import onnxruntime as ort
+
+            from padfree.export.reference import with_references
+            from padfree.export.seq2seq.swap import set_num_beams
+            model = self._plugin_step
+            if rows_per_source != self.step_num_beams:
+                model = set_num_beams(model, rows_per_source)
+            options = ort.SessionOptions()
+            if self.threads:
+                options.intra_op_num_threads = self.threads
+            options.log_severity_level = 3
+            session = ort.InferenceSession(with_references(model).SerializeToString(), options,
+                                           providers=["CPUExecutionProvider"])
+            self._steps[rows_per_source] = (session, {i.name for i in session.get_inputs()})
+        return self._steps[rows_per_source]
 
     def __repr__(self) -> str:
         return (f"OnnxrtSeq2SeqGenerator({self.folder}, {self.manifest['family']}, {self.layers} decoder layers, "

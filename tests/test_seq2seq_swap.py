@@ -1,0 +1,202 @@
+"""The decoder step on plugin nodes (export/seq2seq/swap.py: decoder_step.padfree.onnx) and engines of
+a seq2seq export's three graphs.
+
+The swapped step is proven on the CPU as the plain step is: generation with its plugin nodes expanded
+by their ONNX Runtime references (export/reference.py) equals HF's generate in float32, greedy and
+beam 4 (padfree.export.seq2seq.check). A wrong field or a crossed wire in the swapped graph must fail
+that comparison, and a plugin input wired to a tensor of another role must fail the wiring check
+`padfree build` runs. The engines are built with TensorRT-RTX on the CPU with padfree's plugin
+library (skipped where either is missing); they cannot run here (no supported GPU).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+
+import onnx
+import pytest
+from onnx import helper
+
+from padfree import cli
+from padfree.export import export, wiring
+from padfree.export.errors import ExportError
+from padfree.export.seq2seq import check as seq2seq_check
+from padfree.export.seq2seq.ops import CROSS_ATTENTION, SELF_ATTENTION, sites_of
+from padfree.export.seq2seq.swap import num_beams_of, set_num_beams, swap_sites
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _seq2seq import build  # noqa: E402
+
+CHECK = dict(batch=8, max_seqlen=12, max_new_tokens=12, num_beams=4, seed=3)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """(model, export folder): Marian 2+2 exported with --num-beams 4."""
+    model = build("marian", layers=(2, 2))
+    root = tmp_path_factory.mktemp("swap")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.save_pretrained(root / "hf")
+    export(root / "hf", root / "out", num_beams=4)
+    return model, root / "out"
+
+
+def _plugins(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    return [n for n in model.graph.node if n.domain == "padfree"]
+
+
+def test_the_swapped_step_has_one_plugin_node_per_site(exported):
+    _, out = exported
+    manifest = json.loads((out / "seq2seq.json").read_text())
+    plain = onnx.load(out / "decoder_step.onnx")
+    swapped = onnx.load(out / "decoder_step.padfree.onnx")
+    onnx.checker.check_model(swapped, full_check=True)
+    assert manifest["files"]["decoder_step_plugins"] == "decoder_step.padfree.onnx"
+    assert manifest["decoder_plugins"]["num_beams"] == 4
+    assert manifest["decoder_plugins"]["plugins"] == {SELF_ATTENTION: 2, CROSS_ATTENTION: 2}
+    assert [i.name for i in swapped.graph.input] == manifest["decoder_plugins"]["inputs"]
+    assert [o.name for o in swapped.graph.output] == manifest["decoder"]["outputs"]
+    # the plain step's inputs, with the cross-attention's max_seqlen shape input after cu_seqlens
+    expected = list(manifest["decoder"]["inputs"])
+    expected.insert(expected.index("cu_seqlens") + 1, "max_seqlen")
+    assert manifest["decoder_plugins"]["inputs"] == expected
+    nodes = _plugins(swapped)
+    assert [n.op_type for n in nodes] == [SELF_ATTENTION, CROSS_ATTENTION] * 2
+    assert [n.name for n in nodes] == [s.scope for s in sites_of(plain)]
+    assert not any(n.name.startswith(s.scope + "/") for s in sites_of(plain) for n in swapped.graph.node)
+    fields = {a.name: helper.get_attribute_value(a) for a in nodes[1].attribute}
+    assert fields["num_beams"] == 4 and fields["softmax_scale"] == 1.0 and fields["plugin_namespace"] == b"padfree"
+    assert num_beams_of(swapped) == 4 and num_beams_of(set_num_beams(swapped, 1)) == 1
+    assert wiring.problems(swapped) == []
+    with pytest.raises(ExportError, match="num_beams"):
+        swap_sites(plain, 0)
+
+
+def test_generation_with_the_swapped_step_equals_hf(exported):
+    model, out = exported
+    result = seq2seq_check.check(out, model, steps=("plugins",), **CHECK)
+    print("\n".join(result.lines))
+    assert result.ok, "\n".join(result.lines)
+    assert all("decoder_step.padfree.onnx" in line for line in result.lines if not line.startswith(" "))
+
+
+def _perturbed(out, tmp_path, change) -> "os.PathLike":
+    import shutil
+    bad = tmp_path / "bad"
+    shutil.copytree(out, bad)
+    step = onnx.load(bad / "decoder_step.padfree.onnx")
+    change(_plugins(step))
+    onnx.save(step, bad / "decoder_step.padfree.onnx")
+    return bad
+
+
+def _set_field(node: onnx.NodeProto, name: str, value) -> None:
+    for a in node.attribute:
+        if a.name == name:
+            a.CopyFrom(helper.make_attribute(name, value))
+
+
+@pytest.mark.parametrize("perturbation", ["softmax_scale", "crossed_caches"])
+def test_a_wrong_field_or_wire_is_caught(exported, tmp_path, perturbation):
+    model, out = exported
+
+    def change(nodes):
+        attention = nodes[2]                           # layer 1's self-attention
+        if perturbation == "softmax_scale":
+            _set_field(attention, "softmax_scale", 0.5)
+        else:                                          # k_cache and v_cache swapped: same shapes, wrong data
+            attention.input[2], attention.input[3] = attention.input[3], attention.input[2]
+
+    bad = _perturbed(out, tmp_path, change)
+    assert wiring.problems(onnx.load(bad / "decoder_step.padfree.onnx")) == []   # shapes cannot tell
+    result = seq2seq_check.check(bad, model, steps=("plugins",), **CHECK)
+    print("\n".join(result.lines))
+    assert not result.ok
+
+
+def test_a_num_beams_field_unlike_the_export_is_refused(exported, tmp_path):
+    from padfree._lib import PadfreeError
+
+    model, out = exported
+    bad = _perturbed(out, tmp_path, lambda nodes: [_set_field(n, "num_beams", 2) for n in nodes[1::2]])
+    with pytest.raises(PadfreeError, match="num_beams 2"):
+        seq2seq_check.check(bad, model, steps=("plugins",), **CHECK)
+
+
+def test_a_plugin_input_of_another_role_fails_the_wiring_check(exported):
+    _, out = exported
+    step = onnx.load(out / "decoder_step.padfree.onnx", load_external_data=False)
+    cross = [n for n in _plugins(step) if n.op_type == CROSS_ATTENTION][1]
+    cross.input[3] = "step"                            # cu_seqlens [B+1] fed the step [1]
+    found = wiring.problems(step)
+    assert found and any("cu_seqlens" in p or "B+1" in p for p in found), found
+
+
+def test_cli_export_num_beams_and_its_refusal_for_encoders(tmp_path, capsys):
+    model = build("bart", layers=(1, 1), seed=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.save_pretrained(tmp_path / "hf")
+    assert cli.main(["export", str(tmp_path / "hf"), "-o", str(tmp_path / "out"), "--num-beams", "2"]) == 0
+    assert "decoder_step.padfree.onnx with them as plugin nodes (num_beams 2)" in capsys.readouterr().out
+    assert num_beams_of(onnx.load(tmp_path / "out" / "decoder_step.padfree.onnx")) == 2
+    with pytest.raises(ExportError, match="num_beams"):
+        export("tiny-bert", tmp_path / "enc", num_beams=2)
+
+
+# ---- engines (TensorRT-RTX on the CPU) ---------------------------------------------------------------
+def _engine_prerequisites():
+    from padfree.engines import plugin_library, trt_api
+    try:
+        api = trt_api.load("tensorrt_rtx")
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"no TensorRT-RTX Python bindings: {e}")
+    library = plugin_library.find(required=False)
+    if library is None:
+        pytest.skip("libpadfree_trt.so was not built (needs TensorRT headers: cmake -DTensorRT_ROOT=...)")
+    return api, library
+
+
+@pytest.mark.parametrize("graph", ["encoder.onnx", "cross_kv.onnx", "decoder_step.padfree.onnx"])
+def test_engines_of_the_three_graphs(exported, tmp_path, graph):
+    from padfree.engines import sidecar
+    from padfree.engines.build import BuildOptions, build as build_engine
+
+    _, library = _engine_prerequisites()
+    _, out = exported
+    step = graph.startswith("decoder_step")
+    options = BuildOptions(onnx=str(out / graph), output=str(tmp_path / "g.engine"), max_tokens=64, max_batch=4,
+                           max_seqlen=16, max_cache=24 if step else None, plugin_library=str(library),
+                           backend="tensorrt_rtx", progress=False)
+    metadata = build_engine(options)
+    assert metadata == sidecar.read(tmp_path / "g.engine")
+    assert (tmp_path / "g.engine").stat().st_size > 0
+    shapes = metadata["profiles"][0]["shapes"]
+    if graph == "encoder.onnx":
+        assert metadata["model"]["io"] == "padded" and metadata["preview_features"] == []
+        assert shapes["input_ids"] == {"min": [1, 1], "opt": [2, 8], "max": [4, 16]}
+    elif graph == "cross_kv.onnx":
+        assert metadata["model"]["io"] == "cross_kv"
+        assert shapes["encoder_hidden_states"] == {"min": [1, 32], "opt": [32, 32], "max": [64, 32]}
+    else:
+        assert metadata["model"]["io"] == "decoder_step"
+        assert metadata["preview_features"] == ["ALIASED_PLUGIN_IO_10_03"]
+        assert metadata["profiles"][0]["num_beams"] == 4 and metadata["profiles"][0]["max_cache"] == 24
+        # rows = batch x num_beams; the caches [rows, heads, L, head_dim]; the source tokens T
+        assert shapes["input_ids"] == {"min": [4], "opt": [8], "max": [16]}
+        assert shapes["past_key.0"] == {"min": [4, 4, 1, 8], "opt": [8, 4, 12, 8], "max": [16, 4, 24, 8]}
+        assert shapes["cross_kv.1"]["max"] == [64, 64] and shapes["max_seqlen"]["max"] == [16]
+        assert [layer["plugin"] for layer in metadata["plugin_layers"]] == [SELF_ATTENTION, CROSS_ATTENTION] * 2
+
+
+def test_a_step_engine_of_another_width_is_refused(exported, tmp_path):
+    from padfree.engines.build import BuildOptions, build as build_engine
+    from padfree.engines.errors import BuildError
+
+    _, out = exported
+    with pytest.raises(BuildError, match="num_beams 4"):
+        build_engine(BuildOptions(onnx=str(out / "decoder_step.padfree.onnx"), output=str(tmp_path / "s.engine"),
+                                  num_beams=2, progress=False))
