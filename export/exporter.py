@@ -22,6 +22,10 @@ _EXAMPLE_LENGTHS = (8, 5)
 
 
 def has_token_types(model) -> bool:
+    from .tasks import SENTENCE_SIMILARITY, encoder, of_model
+
+    if of_model(model) == SENTENCE_SIMILARITY:
+        model = encoder(model)
     return "token_type_ids" in inspect.signature(model.forward).parameters and \
         getattr(model.config, "type_vocab_size", 0) > 0
 
@@ -33,6 +37,11 @@ def metadata(model, source: str, task: str | None = None) -> dict[str, str]:
              "padfree.vocab_size": c.vocab_size, "padfree.pad_token_id": c.pad_token_id,
              "padfree.max_position_embeddings": c.max_position_embeddings,
              "padfree.type_vocab_size": getattr(c, "type_vocab_size", 0) if has_token_types(model) else 0}
+    from .sentence import of_model as sentence_of
+
+    pooling = sentence_of(model)
+    if pooling is not None:  # read by the rewrite's sentence pass
+        facts.update({"padfree.pooling": pooling.pooling, "padfree.normalize": int(pooling.normalize)})
     return {k: str(v) for k, v in facts.items() if v is not None}
 
 

@@ -93,6 +93,13 @@ def load(source: str, attn_implementation: str | None = None, task: str | None =
                           "nor a local Hugging Face model directory with a config.json")
     import transformers
 
+    from . import sentence
+
+    if sentence.is_sentence_dir(path) and task in (None, tasks.SENTENCE_SIMILARITY):
+        return _load_sentence(path, attn_implementation)
+    if task == tasks.SENTENCE_SIMILARITY:
+        raise ExportError(f"{path} has no {sentence.MODULES}: sentence-similarity needs a sentence-transformers"
+                          " directory (modules.json, 1_Pooling/config.json)")
     own_task = tasks.from_architectures(_architectures(path))
     if task is None:
         task = own_task
@@ -113,6 +120,31 @@ def load(source: str, attn_implementation: str | None = None, task: str | None =
                           " check its config.json and weight files, or save it again with save_pretrained") from e
     _check_loaded(model, info, path, task, allow_unused_weights)
     return model.eval(), f"{model.config.model_type} from {path} ({task})"
+
+
+def _load_sentence(path: Path, attn_implementation: str | None):
+    """A sentence-transformers directory: its encoder (every weight from the checkpoint, the pooler
+    aside: sentence-transformers never uses it) under its pooling and normalization."""
+    import logging
+
+    import transformers
+
+    from . import sentence
+
+    config = sentence.read(path)
+    kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    try:
+        encoder, info = transformers.AutoModel.from_pretrained(config.encoder_path, output_loading_info=True, **kwargs)
+    except Exception as e:  # noqa: BLE001 - as in load
+        raise ExportError(f"cannot load the encoder of {path} ({type(e).__name__}: {first_line(e)})") from e
+    _check_loaded(encoder, info, config.encoder_path)
+    if getattr(encoder, "pooler", None) is not None:
+        logging.getLogger(__name__).info("%s: the encoder's pooler is not part of the sentence model: not exported",
+                                         path)
+        encoder.pooler = None
+    model = sentence.sentence_model(encoder.eval(), config)
+    norm = ", normalized" if config.normalize else ""
+    return model, f"{encoder.config.model_type} from {path} (sentence-similarity, {config.pooling} pooling{norm})"
 
 
 def _architectures(path: Path) -> list[str]:

@@ -9,10 +9,12 @@ dropped) and the exported outputs, named as Hugging Face names them:
 | text-classification | AutoModelForSequenceClassification | logits [B, num_labels] |
 | token-classification | AutoModelForTokenClassification | logits [T, num_labels] |
 | question-answering | AutoModelForQuestionAnswering | start_logits [T], end_logits [T] |
+| sentence-similarity | a sentence-transformers directory (export.sentence) | sentence_embedding [B, H] |
 
 By default the task is read from config.json's `architectures` (BertForSequenceClassification ->
 text-classification, ...); an architecture without one of these heads (BertModel, BertForMaskedLM,
-BertForPreTraining) exports as feature-extraction.
+BertForPreTraining) exports as feature-extraction; a sentence-transformers directory (modules.json)
+as sentence-similarity.
 """
 from __future__ import annotations
 
@@ -22,14 +24,15 @@ FEATURE_EXTRACTION = "feature-extraction"
 TEXT_CLASSIFICATION = "text-classification"
 TOKEN_CLASSIFICATION = "token-classification"
 QUESTION_ANSWERING = "question-answering"
-TASKS = (FEATURE_EXTRACTION, TEXT_CLASSIFICATION, TOKEN_CLASSIFICATION, QUESTION_ANSWERING)
+SENTENCE_SIMILARITY = "sentence-similarity"
+TASKS = (FEATURE_EXTRACTION, TEXT_CLASSIFICATION, TOKEN_CLASSIFICATION, QUESTION_ANSWERING, SENTENCE_SIMILARITY)
 
 AUTO_CLASS = {FEATURE_EXTRACTION: "AutoModel", TEXT_CLASSIFICATION: "AutoModelForSequenceClassification",
               TOKEN_CLASSIFICATION: "AutoModelForTokenClassification",
               QUESTION_ANSWERING: "AutoModelForQuestionAnswering"}
 # the head's outputs, by their HF names (feature-extraction's depend on the pooler: see output_names)
 OUTPUTS = {TEXT_CLASSIFICATION: ("logits",), TOKEN_CLASSIFICATION: ("logits",),
-           QUESTION_ANSWERING: ("start_logits", "end_logits")}
+           QUESTION_ANSWERING: ("start_logits", "end_logits"), SENTENCE_SIMILARITY: ("sentence_embedding",)}
 # task -> the suffix of its transformers class (BertForSequenceClassification, ...)
 HEAD_SUFFIX = {TEXT_CLASSIFICATION: "ForSequenceClassification", TOKEN_CLASSIFICATION: "ForTokenClassification",
                QUESTION_ANSWERING: "ForQuestionAnswering"}
@@ -52,12 +55,20 @@ def from_architectures(architectures) -> str:
 
 def of_model(model) -> str:
     """The task of an already loaded HF model object, by its class."""
+    from .sentence import of_model as sentence_of
+
+    if sentence_of(model) is not None:
+        return SENTENCE_SIMILARITY
     name = type(model).__name__
     return next((task for suffix, task in _SUFFIX.items() if name.endswith(suffix)), FEATURE_EXTRACTION)
 
 
 def encoder(model):
     """The encoder (BertModel, RobertaModel, ...) of a model with or without a task head."""
+    from .sentence import of_model as sentence_of
+
+    if sentence_of(model) is not None:
+        return model.encoder
     base = getattr(model, "base_model", model)
     return base if base is not None else model
 
