@@ -40,7 +40,6 @@ def register(subparsers) -> None:
                    help="keep what did not fuse on padded rows instead of refusing the model")
     p.add_argument("--attn-implementation", choices=("sdpa", "eager"), default=None,
                    help="HF attention implementation to export (default: the model's)")
-    p.add_argument("--verbose", action="store_true", help="show each match")
     p.set_defaults(func=main)
 
 
