@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.verbose and args.quiet:
         parser.error("-q/--quiet and -v/--verbose exclude each other")
     level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", force=True)
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("padfree").setLevel(level)
     try:
         return int(args.func(args) or EXIT_OK)
