@@ -114,6 +114,17 @@ def packed_feed(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
+def token_outputs(model: onnx.ModelProto) -> set[str]:
+    """Outputs of a padded-form model with one row per token: axes 0 and 1 named as input_ids' are
+    (last_hidden_state, token logits, start / end logits), a per-sequence output's axis 1 is not."""
+    ids = next((i for i in model.graph.input if i.name == "input_ids"), None)
+    if ids is None or len(ids.type.tensor_type.shape.dim) != 2:
+        return set()
+    want = [d.dim_param for d in ids.type.tensor_type.shape.dim]
+    return {o.name for o in model.graph.output
+            if [d.dim_param for d in o.type.tensor_type.shape.dim[:2]] == want and all(want)}
+
+
 def _runner_classes():
     from polygraphy.backend.base import BaseRunner
     from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
@@ -131,6 +142,7 @@ def _runner_classes():
             super().__init__(name=name, prefix="padfree")
             self.form = form
             self.inputs = {i.name: i for i in model.graph.input}
+            self.token_outputs = token_outputs(model)
             self.padding_max: dict[str, float] = {}
             self._inner = OnnxrtRunner(SessionFromOnnx(model.SerializeToString(), providers=["cpu"]),
                                        name=f"{name}/onnxrt")
@@ -162,7 +174,7 @@ def _runner_classes():
             mask = feed_dict["attention_mask"]
             out = OrderedDict()
             for name, value in outputs.items():
-                if self.form != "packed" and value.ndim == 3 and value.shape[:2] == mask.shape:
+                if self.form != "packed" and name in self.token_outputs:
                     if self.form == "padded":
                         pad = np.abs(value[~mask.astype(bool)])
                         self.padding_max[name] = float(pad.max()) if pad.size else 0.0

@@ -55,6 +55,7 @@ class Context:
         self.plugin_outputs: set[int] = set()   # ids of tensors on packed token rows made by plugins
         self.batch_rows: set[int] = set()        # ids of nodes whose output has one row per sequence
         self.row_maps: set[int] = set()          # ids of nodes made here that map packed rows one by one
+        self.metadata: dict[str, str] = {}       # the exported model's metadata_props (padfree.pooling, ...)
         self._names: set[str] = {t for t in graph.tensors()} | {n.name for n in graph.nodes}
         self._counter = 0
 

@@ -65,17 +65,27 @@ def build(config_cls: str, model_cls: str, seed: int = SEED, attn_implementation
     return randomize(model, seed).eval()
 
 
-def load(source: str, attn_implementation: str | None = None):
-    """(model, description) for a built-in name or a local HF model directory.
+def load(source: str, attn_implementation: str | None = None, task: str | None = None,
+         allow_unused_weights: bool = False):
+    """(model, description) for a built-in name or a local HF model directory, with the head of
+    `task` (export.tasks; None: config.json's architectures say, a built-in is feature-extraction).
 
     Every weight the model declares must come from the checkpoint: transformers only logs the
     parameters it had to initialise at random (a config.json that says more layers than the
-    checkpoint holds) and the ones it ignored (fewer), and either would export a model that runs and
-    answers wrongly. Those are ExportErrors naming the keys; so are an unreadable folder and weights
-    of the wrong shape. One exception: a checkpoint without pooler weights (saved from a masked-LM
-    head, as roberta-base is) is exported without the pooler, rather than with a random one."""
+    checkpoint holds, a task head the checkpoint lacks) and the ones it ignored (fewer layers, a
+    head the task does not use), and either would export a model that runs and answers wrongly.
+    Those are ExportErrors naming the keys (weights the task leaves unused: unless
+    allow_unused_weights, then a warning); so are an unreadable folder and weights of the wrong
+    shape. One exception: a feature-extraction checkpoint without pooler weights (saved from a
+    masked-LM head, as roberta-base is) is exported without the pooler, rather than with a random one."""
+    from . import tasks
+
+    tasks.check(task)
     if source in BUILTIN:
         config_cls, model_cls, fields = BUILTIN[source]
+        if task not in (None, tasks.FEATURE_EXTRACTION):
+            model_cls = model_cls.removesuffix("Model") + tasks.HEAD_SUFFIX[task]
+            fields = {**fields, "num_labels": 2 if task == tasks.QUESTION_ANSWERING else 3}
         return build(config_cls, model_cls, attn_implementation=attn_implementation, **fields), f"built-in {source}"
     path = Path(source)
     if not (path / "config.json").is_file():
@@ -83,14 +93,67 @@ def load(source: str, attn_implementation: str | None = None):
                           "nor a local Hugging Face model directory with a config.json")
     import transformers
 
+    from . import sentence
+
+    if sentence.is_sentence_dir(path) and task in (None, tasks.SENTENCE_SIMILARITY):
+        return _load_sentence(path, attn_implementation)
+    if task == tasks.SENTENCE_SIMILARITY:
+        raise ExportError(f"{path} has no {sentence.MODULES}: sentence-similarity needs a sentence-transformers"
+                          " directory (modules.json, 1_Pooling/config.json)")
+    own_task = tasks.from_architectures(_architectures(path))
+    if task is None:
+        task = own_task
+    elif own_task != tasks.FEATURE_EXTRACTION and task != own_task \
+            and not (task == tasks.FEATURE_EXTRACTION and allow_unused_weights):
+        # heads share module names (BERT's classifier is `classifier` for both classification tasks):
+        # transformers would read one task's head weights as another's
+        raise ExportError(f"{path} is a {own_task} checkpoint (config.json's architectures"
+                          f" {_architectures(path)}): its head cannot be exported as {task}"
+                          + (" (pass --allow-unused-weights to export its encoder alone)"
+                             if task == tasks.FEATURE_EXTRACTION and not allow_unused_weights else ""))
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
     try:
-        model, info = transformers.AutoModel.from_pretrained(path, output_loading_info=True, **kwargs)
+        auto = getattr(transformers, tasks.AUTO_CLASS[task])
+        model, info = auto.from_pretrained(path, output_loading_info=True, **kwargs)
     except Exception as e:  # noqa: BLE001 - transformers raises OSError, ValueError, RuntimeError, KeyError...
         raise ExportError(f"cannot load a Hugging Face model from {path} ({type(e).__name__}: {first_line(e)});"
                           " check its config.json and weight files, or save it again with save_pretrained") from e
-    _check_loaded(model, info, path)
-    return model.eval(), f"{model.config.model_type} from {path}"
+    _check_loaded(model, info, path, task, allow_unused_weights)
+    return model.eval(), f"{model.config.model_type} from {path} ({task})"
+
+
+def _load_sentence(path: Path, attn_implementation: str | None):
+    """A sentence-transformers directory: its encoder (every weight from the checkpoint, the pooler
+    aside: sentence-transformers never uses it) under its pooling and normalization."""
+    import logging
+
+    import transformers
+
+    from . import sentence
+
+    config = sentence.read(path)
+    kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    try:
+        encoder, info = transformers.AutoModel.from_pretrained(config.encoder_path, output_loading_info=True, **kwargs)
+    except Exception as e:  # noqa: BLE001 - as in load
+        raise ExportError(f"cannot load the encoder of {path} ({type(e).__name__}: {first_line(e)})") from e
+    _check_loaded(encoder, info, config.encoder_path)
+    if getattr(encoder, "pooler", None) is not None:
+        logging.getLogger(__name__).info("%s: the encoder's pooler is not part of the sentence model: not exported",
+                                         path)
+        encoder.pooler = None
+    model = sentence.sentence_model(encoder.eval(), config)
+    norm = ", normalized" if config.normalize else ""
+    return model, f"{encoder.config.model_type} from {path} (sentence-similarity, {config.pooling} pooling{norm})"
+
+
+def _architectures(path: Path) -> list[str]:
+    import json
+
+    try:
+        return list(json.loads((path / "config.json").read_text()).get("architectures") or ())
+    except (OSError, ValueError, AttributeError):
+        return []  # transformers' own load reports an unreadable config.json
 
 
 def _keys(keys, limit: int = 6) -> str:
@@ -98,30 +161,47 @@ def _keys(keys, limit: int = 6) -> str:
     return ", ".join(keys[:limit]) + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
 
 
-def _check_loaded(model, info: dict, path: Path) -> None:
-    """Refuse a model whose checkpoint does not give every weight (see load)."""
+def _check_loaded(model, info: dict, path: Path, task: str = "feature-extraction",
+                  allow_unused_weights: bool = False) -> None:
+    """Refuse a model whose checkpoint does not give every weight, or holds some it leaves unused (see load)."""
     import logging
 
+    log = logging.getLogger(__name__)
     missing = set(info.get("missing_keys") or ())
     pooler = {k for k in missing if k.startswith("pooler.")}
     if pooler and pooler == missing and getattr(model, "pooler", None) is not None:
-        logging.getLogger(__name__).warning(
-            "%s has no pooler weights (%s): exporting without the pooler, so there is no pooler_output", path,
-            _keys(pooler))
+        log.warning("%s has no pooler weights (%s): exporting without the pooler, so there is no pooler_output",
+                    path, _keys(pooler))
         model.pooler = None
         missing = set()
     if missing:
+        prefix = getattr(model, "base_model_prefix", "")
+        head = {k for k in missing if not k.startswith(prefix + ".")}
+        if task != "feature-extraction" and head == missing:
+            raise ExportError(f"{path}: the checkpoint has no weights for the {task} head ({_keys(missing)});"
+                              " leave --task out to export the checkpoint's own task (config.json's"
+                              " architectures), or give a checkpoint trained for this one")
         raise ExportError(f"{path}: the checkpoint lacks {len(missing)} weights that config.json declares"
                           f" ({_keys(missing)}); transformers would initialise them at random. Fix config.json"
                           " (e.g. num_hidden_layers) to match the weights, or give the complete checkpoint.")
     # Keys under the model's own modules that it did not take: the config declares fewer layers or
-    # heads than the checkpoint holds. Keys of a task head (cls., lm_head., classifier.) are not the encoder's.
+    # heads than the checkpoint holds. Other keys belong to a head this task does not use.
     own = {name for name, _ in model.named_children()}
-    ignored = {k for k in (info.get("unexpected_keys") or ()) if k.split(".", 1)[0] in own}
+    unexpected = set(info.get("unexpected_keys") or ())
+    ignored = {k for k in unexpected if k.split(".", 1)[0] in own and "pooler." not in k}
     if ignored:
         raise ExportError(f"{path}: the checkpoint holds {len(ignored)} encoder weights that config.json does not"
                           f" declare ({_keys(ignored)}); they would be dropped. Fix config.json (e.g."
                           " num_hidden_layers) to match the weights.")
+    unused = unexpected - ignored
+    if unused:
+        message = (f"{path}: the checkpoint holds {len(unused)} weights that the {task} export leaves unused"
+                   f" ({_keys(unused)})")
+        if not allow_unused_weights:
+            raise ExportError(message + "; choose the task that uses them with --task (text-classification,"
+                              " token-classification, question-answering), or pass --allow-unused-weights to"
+                              " export without them")
+        log.warning("%s: exporting without them (--allow-unused-weights)", message)
     if info.get("mismatched_keys") or info.get("error_msgs"):
         raise ExportError(f"{path}: weights of the wrong shape or unreadable: "
                           f"{_keys(info.get('mismatched_keys') or ()) or '; '.join(info['error_msgs'])}")

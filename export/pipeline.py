@@ -9,6 +9,7 @@ from pathlib import Path
 
 from padfree import outputs
 
+from . import tasks
 from .errors import ExportError
 from .onnx_files import data_file, save_model as save
 from .report import RewriteReport
@@ -32,8 +33,13 @@ def output_set(out: Path) -> list[Path]:
 
 def export(source, out_dir: str | Path, io: str | None = None, opset: int | None = None,
            allow_partial: bool = False, attn_implementation: str | None = None, dtype: str = "fp32",
-           num_beams: int | None = None):
+           num_beams: int | None = None, task: str | None = None, allow_unused_weights: bool = False):
     """Export `source` (a built-in name, a local HF directory, or an HF model object) to out_dir.
+
+    task: one of export.tasks.TASKS (feature-extraction, text-classification, token-classification,
+    question-answering); None: a directory's config.json architectures say, a model object's class,
+    a built-in is feature-extraction. Checkpoint weights the task leaves unused are an ExportError
+    unless allow_unused_weights (docs/EXPORT.md "Tasks").
 
     An encoder-decoder (config.is_encoder_decoder) goes to padfree.export.seq2seq and returns a
     Seq2SeqExportResult (encoder.onnx, cross_kv.onnx, decoder_step.onnx; docs/EXPORT.md "Seq2seq");
@@ -57,8 +63,12 @@ def export(source, out_dir: str | Path, io: str | None = None, opset: int | None
     from .precision import DTYPES
     from .rewrite import rewrite
     from .seq2seq.models import is_seq2seq_source
+    from .tasks import check as check_task
 
+    check_task(task)
     if is_seq2seq_source(source):
+        if task is not None:
+            raise ExportError("--task applies to encoders; an encoder-decoder exports its generation graphs")
         return _export_seq2seq(source, out_dir, io, opset, allow_partial, attn_implementation, dtype, num_beams)
     if num_beams is not None:
         raise ExportError("num_beams is an encoder-decoder export's option (the beam width of its decoder step)")
@@ -71,11 +81,12 @@ def export(source, out_dir: str | Path, io: str | None = None, opset: int | None
     t0 = time.perf_counter()
     if isinstance(source, (str, Path)):
         log.info("loading %s", source)
-        model, description = load(str(source), attn_implementation)
+        model, description = load(str(source), attn_implementation, task, allow_unused_weights)
     else:
-        model, description = source, type(source).__name__
+        model, description = _model_object(source, task, allow_unused_weights), type(source).__name__
+    task = tasks.of_model(model)
     outputs.remove(output_set(out))
-    proto = export_onnx(model, description, DEFAULT_OPSET if opset is None else opset)
+    proto = export_onnx(model, description, DEFAULT_OPSET if opset is None else opset, task)
     save(proto, out / MODEL)
     log.info("wrote %s (%d nodes) in %.1f s", out / MODEL, len(proto.graph.node), time.perf_counter() - t0)
     t1 = time.perf_counter()
@@ -83,10 +94,25 @@ def export(source, out_dir: str | Path, io: str | None = None, opset: int | None
     rewritten, report = rewrite(proto, io=io, allow_partial=allow_partial, dtype=dtype)
     save(rewritten, out / REWRITTEN)
     log.info("wrote %s (%d nodes) in %.1f s", out / REWRITTEN, len(rewritten.graph.node), time.perf_counter() - t1)
-    data = {"source": description, "io": io, "dtype": dtype, "model": MODEL, "rewritten": REWRITTEN,
+    data = {"source": description, "task": task, "io": io, "dtype": dtype, "model": MODEL, "rewritten": REWRITTEN,
             **report.to_dict()}
     outputs.write_text(out / REPORT, json.dumps(data, indent=2) + "\n")
     return ExportResult(out / MODEL, out / REWRITTEN, out / REPORT, report)
+
+
+def _model_object(model, task: str | None, allow_unused_weights: bool):
+    """An HF model object for `task`: its own head, or (feature-extraction) its encoder alone when
+    allow_unused_weights lets the head go."""
+    own = tasks.of_model(model)
+    if task is None or task == own:
+        return model
+    if task == tasks.FEATURE_EXTRACTION and allow_unused_weights:
+        log.warning("exporting the encoder of %s without its %s head (allow_unused_weights)", type(model).__name__,
+                    own)
+        return tasks.encoder(model)
+    raise ExportError(f"{type(model).__name__} is a {own} model: it cannot be exported as {task}"
+                      + (" (pass allow_unused_weights to export its encoder alone)"
+                         if task == tasks.FEATURE_EXTRACTION else ""))
 
 
 def _export_seq2seq(source, out_dir, io, opset, allow_partial, attn_implementation, dtype, num_beams=None):

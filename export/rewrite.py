@@ -37,6 +37,7 @@ def rewrite(model: onnx.ModelProto, io: str = "packed", allow_partial: bool = Fa
     graph = gs.import_onnx(model)
     nodes_before = len(graph.nodes)
     ctx = Context(graph, io, spec)
+    ctx.metadata = {p.key: p.value for p in model.metadata_props}
     for step in PIPELINE:
         graph = step.run(graph, ctx)
     report = RewriteReport.from_passes(io, ctx.reports, nodes_before, len(graph.nodes))

@@ -1,9 +1,10 @@
 """The rewrite passes, one per module, each `run(graph, ctx) -> graph` recording into ctx a PassReport.
 
 Order matters: embeddings, attention, skip_layernorm and bias_gelu replace subgraphs with plugin
-nodes on packed token rows; pooler gathers each sequence's first row; layout makes every remaining
+nodes on packed token rows; pooler gathers each sequence's first row; sentence pools each
+sequence's rows (sentence-similarity models only); layout makes every remaining
 tensor consistent with the chosen I/O form and drops the padding-mask plumbing.
 """
-from . import attention, bias_gelu, embeddings, layout, pooler, skip_layernorm
+from . import attention, bias_gelu, embeddings, layout, pooler, sentence, skip_layernorm
 
-PIPELINE = (embeddings, attention, skip_layernorm, bias_gelu, pooler, layout)
+PIPELINE = (embeddings, attention, skip_layernorm, bias_gelu, pooler, sentence, layout)

@@ -42,7 +42,29 @@ def _rowwise(node: gs.Node, kinds: dict[int, str]) -> bool:
         return token(node.inputs[0]) and v is not None and v.ndim == 2
     if node.op == "LayerNormalization":
         return node.attrs.get("axis", -1) == -1 and all(per_feature_const(t) for t in node.inputs[1:])
+    if node.op in ("Split", "Squeeze"):
+        return token(node.inputs[0]) and _on_last_axis(node)
     return False
+
+
+def _on_last_axis(node: gs.Node) -> bool:
+    """A Split or a Squeeze of the last axis only (a QA head's split of [.., 2] into start / end
+    logits). Its axis is made -1: on packed rows the last axis has another positive index."""
+    rank = len(node.inputs[0].shape) if node.inputs[0].shape is not None else None
+
+    def last(axis) -> bool:
+        return axis == -1 or (rank is not None and rank >= 3 and axis == rank - 1)
+
+    if node.op == "Split":
+        if not last(node.attrs.get("axis", 0)):
+            return False
+        node.attrs["axis"] = -1
+        return True
+    axes = const_value(node.inputs[1]) if len(node.inputs) > 1 else None
+    if axes is None or axes.size != 1 or not last(int(axes.reshape(-1)[0])):
+        return False
+    node.inputs[1] = gs.Constant(f"{node.name}/last_axis", np.array([-1], np.int64))
+    return True
 
 
 def _replace_original_inputs(ctx: Context, kinds: dict[int, str]) -> list[str]:

@@ -25,8 +25,12 @@ EPILOG = (f"exit status: {EXIT_OK} done (a check passed); {EXIT_DIFFERENCE} a ch
 
 
 def main(argv: list[str] | None = None) -> int:
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="padfree", description=__doc__.splitlines()[0], epilog=EPILOG)
-    parser.add_argument("-v", "--verbose", action="store_true", help="show each step and match")
+    parser.add_argument("--version", action="version", version=f"padfree {__version__}")
+    _add_verbosity(parser, argparse.SUPPRESS)
+    parser.set_defaults(verbose=False, quiet=False)
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
         try:
@@ -36,9 +40,14 @@ def main(argv: list[str] | None = None) -> int:
                 continue  # a component not built into this install
             raise
         module.register(subparsers)
+    for sub in subparsers.choices.values():  # -q / -v before or after the subcommand
+        _add_verbosity(sub, argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(levelname)s %(name)s: %(message)s")
+    if args.verbose and args.quiet:
+        parser.error("-q/--quiet and -v/--verbose exclude each other")
+    level = logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("padfree").setLevel(level)
     try:
         return int(args.func(args) or EXIT_OK)
     except KeyboardInterrupt:
@@ -48,6 +57,16 @@ def main(argv: list[str] | None = None) -> int:
         log.debug("traceback of the error below", exc_info=True)
         print(f"padfree {args.command}: error: {e}", file=sys.stderr)
         return EXIT_ERROR
+
+
+def _add_verbosity(parser: argparse.ArgumentParser, default) -> None:
+    """-v / -q: on the root parser and on every subcommand (default SUPPRESS there, so that one given
+    before the subcommand is not reset by the subcommand's parser)."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("-v", "--verbose", action="store_true", default=default,
+                       help="show each step and match (debug logging; polygraphy's full log in check)")
+    group.add_argument("-q", "--quiet", action="store_true", default=default,
+                       help="warnings and errors only, no progress lines")
 
 
 if __name__ == "__main__":

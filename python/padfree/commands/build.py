@@ -46,7 +46,8 @@ def main(args: argparse.Namespace) -> int:
                            max_batch=args.max_batch, max_seqlen=args.max_seqlen, max_cache=args.max_cache,
                            num_beams=args.num_beams, profiles=list(args.profiles),
                            timing_cache=args.timing_cache, plugin_library=args.plugin_library, backend=args.backend,
-                           progress=not args.no_progress, verbose=bool(getattr(args, "verbose", False)))
+                           progress=not (args.no_progress or getattr(args, "quiet", False)),
+                           verbose=bool(getattr(args, "verbose", False)))
     try:
         metadata = build(options)
     except ValueError as e:  # padfree's errors end the command in padfree.cli; these join them

@@ -26,8 +26,8 @@ def register(subparsers) -> None:
                     "batch and prints the max absolute and relative error per output over valid tokens.",
         epilog="exit status: 0 within the tolerance, 1 past it, 2 the check could not run")
     p.add_argument("model", nargs="?", help="the rewritten model (OUT/model.padfree.onnx), or a seq2seq export folder")
-    p.add_argument("--reference", help="the plain export (OUT/model.onnx); for a seq2seq export folder, the HF "
-                   "model directory (default: the one it was exported from)")
+    p.add_argument("--reference", help="the plain export (default: model.onnx beside MODEL); for a seq2seq export"
+                   " folder, the HF model directory (default: the one it was exported from)")
     p.add_argument("--engine", help="a TensorRT engine to check instead (padfree.engines.check)")
     p.add_argument("--batch", type=positive_int, default=8, help="sequences in the random batch (default 8)")
     p.add_argument("--max-seqlen", type=positive_int, default=None,
@@ -48,7 +48,6 @@ def register(subparsers) -> None:
     p.add_argument("--allow-plugin-mismatch", action="store_true",
                    help="with --engine: load a plugin library whose SHA-256 differs from the one the engine was"
                         " built with (refused otherwise)")
-    p.add_argument("--verbose", action="store_true", help="polygraphy's full comparison log")
     p.set_defaults(func=main)
 
 
@@ -62,7 +61,7 @@ def main(args: argparse.Namespace) -> int:
     if not args.model:
         raise CommandError("give the rewritten model (MODEL) or --engine")
     if not args.reference:
-        raise CommandError("give the plain export with --reference (OUT/model.onnx)")
+        args.reference = default_reference(args.model)
     from padfree.export.compare import compare, format_results, fp32_tolerances
     from padfree.export.onnx_files import load_model
     from padfree.export.precision import float_dtype
@@ -84,6 +83,18 @@ def main(args: argparse.Namespace) -> int:
     print(format_results(results, args.rtol, args.atol))
     print("PASS" if ok else "FAIL: past the tolerance")
     return EXIT_OK if ok else EXIT_DIFFERENCE
+
+
+def default_reference(model: str) -> str:
+    """model.onnx in the rewritten model's folder (where `padfree export` writes it)."""
+    from pathlib import Path
+
+    beside = Path(model).parent / "model.onnx"
+    if not beside.is_file() or beside.resolve() == Path(model).resolve():
+        raise CommandError(f"no plain export beside {model} ({beside} is not there or is the model itself):"
+                           " give it with --reference")
+    log.info("reference: %s", beside)
+    return str(beside)
 
 
 def _seq2seq_check(args: argparse.Namespace) -> int:

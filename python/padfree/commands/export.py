@@ -7,6 +7,7 @@ import warnings
 
 from padfree.arguments import positive_int
 from padfree.export.models import BUILTIN
+from padfree.export.tasks import TASKS
 
 log = logging.getLogger(__name__)
 
@@ -21,6 +22,13 @@ def register(subparsers) -> None:
                     "nodes) and OUT/seq2seq.json instead (docs/EXPORT.md).")
     p.add_argument("source", help=f"a local Hugging Face model directory, or one of: {', '.join(BUILTIN)}")
     p.add_argument("-o", "--output", required=True, help="output folder")
+    p.add_argument("--task", choices=TASKS, default=None,
+                   help="the head to export, with its outputs named as HF names them (default: the task of"
+                        " config.json's architectures, e.g. BertForSequenceClassification -> text-classification;"
+                        " feature-extraction for a built-in or an architecture without such a head)")
+    p.add_argument("--allow-unused-weights", action="store_true",
+                   help="export even where the checkpoint holds weights the task leaves unused (a classifier"
+                        " under feature-extraction, a masked-LM head): refused otherwise")
     p.add_argument("--io", choices=("packed", "padded"), default=None,
                    help="packed: input_ids[T], cu_seqlens[B+1], max_seqlen[S] (default for encoders); "
                         "padded: input_ids[B,S] + attention_mask[B,S] with padding plugins at the edges "
@@ -36,7 +44,6 @@ def register(subparsers) -> None:
     p.add_argument("--num-beams", type=positive_int, default=None,
                    help="encoder-decoder: the beam width decoder_step.padfree.onnx (and an engine built from it) "
                         "serves, rows = batch x num_beams (default: the model's generation_config.num_beams)")
-    p.add_argument("--verbose", action="store_true", help="show each match")
     p.set_defaults(func=main)
 
 
@@ -46,8 +53,8 @@ def main(args: argparse.Namespace) -> int:
 
     _quiet_exporter(args.verbose)
     result = export(args.source, args.output, io=args.io, opset=args.opset, allow_partial=args.allow_partial,
-                    attn_implementation=args.attn_implementation, dtype=args.dtype,
-                    num_beams=args.num_beams)
+                    attn_implementation=args.attn_implementation, dtype=args.dtype, num_beams=args.num_beams,
+                    task=args.task, allow_unused_weights=args.allow_unused_weights)
     if hasattr(result, "manifest"):     # an encoder-decoder
         print(result.format())
         print("wrote " + ", ".join(str(f) for f in result.files))

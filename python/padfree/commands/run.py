@@ -65,7 +65,8 @@ def load_hf_model(source: str) -> Any:
     from padfree.export.models import load
 
     try:
-        model, description = load(source)
+        # the PyTorch path serves the encoder: a task head or a sentence pooling is left out (with a warning)
+        model, description = load(source, task="feature-extraction", allow_unused_weights=True)
     except ExportError as e:
         raise CommandError(f"{source!r} is not an engine file, and {e}") from None
     log.info("model: %s", description)
