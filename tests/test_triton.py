@@ -1,0 +1,143 @@
+"""`padfree triton`: the Triton model repository writer (CPU; no engine is deserialized).
+
+The writer reads only the sidecar and the engine's bytes (checked against the sidecar's size and
+SHA-256), so a hand-written sidecar beside a dummy plan file exercises all of it; the config is
+parsed with Triton's own ModelConfig protobuf (tritonclient[grpc]) where that is installed.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from padfree import cli, triton
+from padfree.engines import sidecar
+
+HIDDEN = 32
+try:
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as pb
+except ImportError:  # pragma: no cover - depends on the install
+    pb = None
+needs_triton = pytest.mark.skipif(pb is None, reason="tritonclient[grpc] not installed (pip install padfree[triton])")
+
+
+def _sidecar(blob: bytes, io="packed", token_types=True, pooler=True, profiles=None) -> dict:
+    names = ["input_ids"] + (["token_type_ids"] if token_types else []) + ["cu_seqlens", "max_seqlen"]
+    shapes = {"input_ids": ["T"], "token_type_ids": ["T"], "cu_seqlens": ["B+1"], "max_seqlen": ["S"]}
+    outs = [{"name": "last_hidden_state", "dtype": "float16", "shape": ["T", HIDDEN]}]
+    if pooler:
+        outs.append({"name": "pooler_output", "dtype": "float16", "shape": ["B", HIDDEN]})
+    return {"format": sidecar.FORMAT, "format_version": sidecar.FORMAT_VERSION, "padfree_version": "0.1.0",
+            "backend": {"name": "tensorrt_rtx", "version": "1.7.0"},
+            "model": {"io": io, "vocab_size": 100, "type_vocab_size": 2 if token_types else 0, "max_positions": 512},
+            "precision": "fp16",
+            "profiles": profiles or [{"max_tokens": 256, "max_batch": 8, "max_seqlen": 64},
+                                     {"max_tokens": 4096, "max_batch": 64, "max_seqlen": 512}],
+            "inputs": [{"name": n, "dtype": "int32", "shape": shapes[n]} for n in names],
+            "outputs": outs, "plugins": ["PadfreeAttention"],
+            "engine": {"bytes": len(blob), "sha256": sidecar.digest(blob)}}
+
+
+def _engine(tmp_path: Path, name="bert.engine", **kw) -> Path:
+    engine = tmp_path / name
+    engine.write_bytes(b"a plan's bytes, never deserialized here" * 7)
+    sidecar.write(engine, _sidecar(engine.read_bytes(), **kw))
+    return engine
+
+
+def _listing(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+@needs_triton
+def test_config_has_exactly_the_ragged_batching_fields(tmp_path):
+    engine = _engine(tmp_path)
+    target = triton.write_repository(engine, tmp_path / "models", max_batch=8, max_queue_delay_us=250, instances=2)
+    assert target == tmp_path / "models" / "bert"
+    assert _listing(tmp_path / "models") == ["bert", "bert/1", "bert/1/model.plan", "bert/config.pbtxt"]
+    assert (target / "1" / "model.plan").read_bytes() == engine.read_bytes()
+    c = text_format.Parse((target / "config.pbtxt").read_text(), pb.ModelConfig())
+    assert c.name == "bert" and c.platform == "tensorrt_plan" and c.max_batch_size == 8
+    assert c.dynamic_batching.max_queue_delay_microseconds == 250
+    assert [(g.count, g.kind, list(g.profile)) for g in c.instance_group] == [(2, pb.ModelInstanceGroup.KIND_GPU,
+                                                                               ["1"])]  # the largest profile
+    assert [(i.name, i.data_type, list(i.dims), i.allow_ragged_batch) for i in c.input] == [
+        ("input_ids", pb.TYPE_INT32, [-1], True), ("token_type_ids", pb.TYPE_INT32, [-1], True)]
+    assert [(b.kind, list(b.target_name), b.data_type, list(b.source_input)) for b in c.batch_input] == [
+        (pb.BatchInput.BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO, ["cu_seqlens"], pb.TYPE_INT32, ["input_ids"]),
+        (pb.BatchInput.BATCH_MAX_ELEMENT_COUNT_AS_SHAPE, ["max_seqlen"], pb.TYPE_INT32, ["input_ids"])]
+    # per token: [-1, H] after Triton's batch dim, the -1 set to each request's input_ids length by the scatter;
+    # per request: [H] (Triton prepends the batch dim: [B, H] is one row per request)
+    assert [(o.name, o.data_type, list(o.dims), o.HasField("reshape")) for o in c.output] == [
+        ("last_hidden_state", pb.TYPE_FP16, [-1, HIDDEN], False), ("pooler_output", pb.TYPE_FP16, [HIDDEN], False)]
+    assert [(list(b.target_name), b.kind, list(b.source_input)) for b in c.batch_output] == [
+        (["last_hidden_state"], pb.BatchOutput.BATCH_SCATTER_WITH_INPUT_SHAPE, ["input_ids"])]
+    assert not [n for n in os.listdir(tmp_path / "models") if n.startswith(".")]  # no stage left behind
+
+
+@needs_triton
+def test_distilbert_like_engine_has_no_token_types_or_pooler(tmp_path):
+    engine = _engine(tmp_path, "distil.engine", token_types=False, pooler=False)
+    target = triton.write_repository(engine, tmp_path / "models", name="distil")
+    c = text_format.Parse((target / "config.pbtxt").read_text(), pb.ModelConfig())
+    assert [i.name for i in c.input] == ["input_ids"] and [o.name for o in c.output] == ["last_hidden_state"]
+    assert c.max_batch_size == 4096 // 512  # default: max_batch requests of max_seqlen tokens fit max_tokens
+
+
+def test_limits_refused(tmp_path):
+    engine = _engine(tmp_path)
+    with pytest.raises(triton.TritonError, match="exceeds the engine profile's max batch 64"):
+        triton.write_repository(engine, tmp_path / "models", max_batch=65)
+    with pytest.raises(triton.TritonError, match="exceed the profile's max tokens 4096"):
+        triton.write_repository(engine, tmp_path / "models", max_batch=9)
+    assert not (tmp_path / "models" / "bert").exists()
+
+
+@pytest.mark.parametrize("io, message", [("padded", "padded I/O form.*packed"), ("decoder_step", "encoder-decoder")])
+def test_padded_and_seq2seq_engines_refused(tmp_path, io, message):
+    engine = _engine(tmp_path, io=io)
+    with pytest.raises(triton.TritonError, match=message):
+        triton.write_repository(engine, tmp_path / "models")
+    assert not (tmp_path / "models").exists() or _listing(tmp_path / "models") == []
+
+
+def test_corrupt_engine_leaves_no_half_written_model(tmp_path):
+    engine = _engine(tmp_path)
+    triton.write_repository(engine, tmp_path / "models", max_batch=4)
+    before = {p: p.read_bytes() for p in (tmp_path / "models").rglob("*") if p.is_file()}
+    engine.write_bytes(engine.read_bytes()[:-3])  # truncated: refused against the sidecar
+    with pytest.raises(Exception, match="do not match the sidecar"):
+        triton.write_repository(engine, tmp_path / "models", max_batch=8)
+    assert {p: p.read_bytes() for p in (tmp_path / "models").rglob("*") if p.is_file()} == before
+
+
+def test_failure_while_writing_keeps_the_previous_model(tmp_path, monkeypatch):
+    engine = _engine(tmp_path)
+    triton.write_repository(engine, tmp_path / "models", max_batch=4)
+    before = _listing(tmp_path / "models")
+    real = os.replace
+
+    def fail_on_model(src, dst):
+        if Path(dst) == tmp_path / "models" / "bert" and Path(src).name.startswith(".padfree-partial-"):
+            # the new model's rename fails after the previous one was moved aside
+            raise OSError(28, "No space left on device")
+        return real(src, dst)
+
+    monkeypatch.setattr(os, "replace", fail_on_model)
+    with pytest.raises(OSError, match="No space"):
+        triton.write_repository(engine, tmp_path / "models", max_batch=8)
+    monkeypatch.undo()
+    assert _listing(tmp_path / "models") == before
+    assert "max_batch_size: 4" in (tmp_path / "models" / "bert" / "config.pbtxt").read_text()
+
+
+def test_cli(tmp_path, capsys):
+    engine = _engine(tmp_path)
+    assert cli.main(["triton", str(engine), "--repository", str(tmp_path / "models"), "--name", "enc"]) == 0
+    assert (tmp_path / "models" / "enc" / "1" / "model.plan").is_file()
+    assert cli.main(["triton", str(_engine(tmp_path, "p.engine", io="padded")), "--repository",
+                     str(tmp_path / "models")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "padded I/O form" in err[0]
