@@ -124,6 +124,10 @@ __host__ __device__ constexpr I ceil_div(I a, I b) {
     return (a + b - 1) / b;
 }
 
+// Softmax kernels work in base 2 (exp2 is one instruction): exp(x) = exp2(x * log2 e), so scores
+// are scaled by softmax_scale * kLog2e once.
+constexpr float kLog2e = 1.4426950408889634f;
+
 // ---- reductions --------------------------------------------------------------------------------
 
 __device__ __forceinline__ float warp_sum(float v) {

@@ -216,7 +216,7 @@ bool attention_head_dim_supported(int32_t head_dim) { return head_dim == 64 || h
 
 cudaError_t launch_attention_varlen(AttentionArgs args, int32_t batch, int32_t max_seqlen,
                                     int32_t head_dim, padfree_dtype dtype, cudaStream_t stream) {
-    args.scale_log2 = args.softmax_scale * 1.4426950408889634f;  // exp(x) = exp2(x * log2 e)
+    args.scale_log2 = args.softmax_scale * kLog2e;
     cudaError_t result = cudaErrorInvalidValue;
     dispatch_dtype(dtype, [&](auto tag) {
         using T = typename decltype(tag)::type;

@@ -7,13 +7,8 @@
 
 namespace padfree {
 
-namespace {
-constexpr float kLog2e = 1.4426950408889634f;
-}  // namespace
-
 int64_t cross_attention_workspace_bytes(int32_t rows, int32_t num_heads, int32_t head_dim, int32_t max_seqlen) {
-    const int64_t row_heads = static_cast<int64_t>(rows) * num_heads;
-    return decoder::partial_bytes(row_heads, decoder::choose_splits(row_heads, max_seqlen), head_dim);
+    return decoder::workspace_bytes(rows, num_heads, head_dim, max_seqlen);
 }
 
 cudaError_t launch_cross_attention(const CrossAttentionArgs& args, void* workspace, int64_t workspace_bytes,

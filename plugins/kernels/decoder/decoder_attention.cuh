@@ -263,6 +263,13 @@ inline int64_t partial_bytes(int64_t row_heads, int32_t splits, int32_t head_dim
     return splits > 1 ? row_heads * splits * (head_dim + 2) * static_cast<int64_t>(sizeof(float)) : 0;
 }
 
+// Workspace for rows x num_heads queries over up to `positions` positions at the splits
+// choose_splits picks (the *_workspace_bytes queries of both attentions).
+inline int64_t workspace_bytes(int32_t rows, int32_t num_heads, int32_t head_dim, int32_t positions) {
+    const int64_t row_heads = static_cast<int64_t>(rows) * num_heads;
+    return partial_bytes(row_heads, choose_splits(row_heads, positions), head_dim);
+}
+
 // The most splits `workspace_bytes` holds, and at least those shared memory needs; 0 if it holds fewer.
 inline int32_t fitting_splits(int64_t row_heads, int32_t positions, int32_t head_dim, int64_t workspace_bytes) {
     int32_t splits = choose_splits(row_heads, positions);

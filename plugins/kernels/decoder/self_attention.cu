@@ -5,13 +5,8 @@
 
 namespace padfree {
 
-namespace {
-constexpr float kLog2e = 1.4426950408889634f;
-}  // namespace
-
 int64_t self_attention_workspace_bytes(int32_t rows, int32_t num_heads, int32_t head_dim, int32_t max_len) {
-    const int64_t row_heads = static_cast<int64_t>(rows) * num_heads;
-    return decoder::partial_bytes(row_heads, decoder::choose_splits(row_heads, max_len), head_dim);
+    return decoder::workspace_bytes(rows, num_heads, head_dim, max_len);
 }
 
 cudaError_t launch_self_attention(const SelfAttentionArgs& args, void* workspace, int64_t workspace_bytes,
