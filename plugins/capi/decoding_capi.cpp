@@ -1,10 +1,11 @@
-// C ABI of the decoding family (kernels/decoding/): the fused log-softmax top-k of a decoding step and
-// the beam reorder of the cache indirection. Argument checks, then the launchers.
+// C ABI of the decoding family (kernels/decoding/): the fused log-softmax top-k of a decoding step, the
+// beam reorder of the cache indirection and the searches' per-step bookkeeping. Argument checks, then the launchers.
 #include <cmath>
 #include <cstdint>
 
 #include "decoding/beam_reorder.h"
 #include "decoding/logits.h"
+#include "decoding/search.h"
 #include "rowwise_checks.h"
 
 namespace {
@@ -91,6 +92,82 @@ padfree_status padfree_logits_topk(const void* logits, const void* bias, const f
     const cudaError_t err = launch_logits_topk(args, workspace, dtype, as_cuda_stream(stream));
     if (err != cudaSuccess) return cuda_failure("logits_topk: configuring the merge kernel", err);
     return check_launch("logits_topk");
+    PADFREE_CAPI_GUARD_END
+}
+
+padfree_status padfree_beam_search_workspace_size(int32_t batch, int32_t num_beams, int32_t max_length,
+                                                 int32_t indir_len, int64_t* bytes, int64_t* counters_offset) {
+    PADFREE_CAPI_GUARD_BEGIN
+    PADFREE_REQUIRE(bytes != nullptr && counters_offset != nullptr,
+                    "beam_search_workspace_size: bytes and counters_offset must not be NULL");
+    PADFREE_REQUIRE(batch >= 0 && num_beams >= 1 && max_length >= 2 && indir_len >= 0,
+                    "beam_search_workspace_size: expected batch >= 0, num_beams >= 1, max_length >= 2, indir_len >= 0");
+    *bytes = padfree::beam_search_workspace_bytes(batch, num_beams, max_length, indir_len);
+    *counters_offset = padfree::beam_search_counters_offset(batch, num_beams, max_length, indir_len);
+    return PADFREE_OK;
+    PADFREE_CAPI_GUARD_END
+}
+
+padfree_status padfree_beam_search_step(const float* cand_scores, const int32_t* cand_ids, int32_t keep,
+                                        const int32_t* eos_ids, int32_t num_eos, int64_t* running,
+                                        float* running_scores, int64_t* pool, float* pool_scores,
+                                        int64_t* pool_lengths, uint8_t* pool_finished, uint8_t* improvable,
+                                        uint8_t* done, int64_t* next_tokens, int32_t* parents, int32_t* cache_indir,
+                                        int32_t indir_len, int32_t* step, int32_t batch, int32_t num_beams,
+                                        int32_t max_length, float length_penalty, int32_t early_stopping,
+                                        int32_t advance_step, void* workspace, int64_t workspace_bytes,
+                                        padfree_stream stream) {
+    PADFREE_CAPI_GUARD_BEGIN
+    using namespace padfree;
+    PADFREE_REQUIRE(batch >= 0, "beam_search_step: batch must be >= 0, got ", batch);
+    PADFREE_REQUIRE(num_beams >= 1 && num_beams <= kBeamSearchMaxBeams, "beam_search_step: num_beams must be in [1, ",
+                    kBeamSearchMaxBeams, "], got ", num_beams);
+    PADFREE_REQUIRE(keep >= num_beams && keep <= kBeamSearchMaxKeep, "beam_search_step: keep must be in [num_beams, ",
+                    kBeamSearchMaxKeep, "], got ", keep);
+    PADFREE_REQUIRE(num_eos >= 0 && (num_eos == 0 || eos_ids != nullptr),
+                    "beam_search_step: num_eos must be >= 0 and eos_ids non-NULL where it is > 0");
+    PADFREE_REQUIRE(max_length >= 2, "beam_search_step: max_length must be >= 2, got ", max_length);
+    PADFREE_REQUIRE(cache_indir == nullptr || indir_len >= max_length - 1,
+                    "beam_search_step: cache_indir needs indir_len >= max_length - 1, got ", indir_len);
+    PADFREE_REQUIRE(std::isfinite(length_penalty), "beam_search_step: length_penalty must be finite");
+    PADFREE_REQUIRE(early_stopping >= 0 && early_stopping <= 2,
+                    "beam_search_step: early_stopping must be 0 (False), 1 (True) or 2 (never), got ", early_stopping);
+    PADFREE_REQUIRE(advance_step == 0 || advance_step == 1, "beam_search_step: advance_step must be 0 or 1");
+    if (batch == 0) return PADFREE_OK;
+    PADFREE_REQUIRE(cand_scores && cand_ids && running && running_scores && pool && pool_scores && pool_lengths &&
+                        pool_finished && improvable && done && next_tokens && parents && step && workspace,
+                    "beam_search_step: a required pointer is NULL");
+    const int32_t indir = cache_indir != nullptr ? indir_len : 0;
+    PADFREE_REQUIRE(workspace_bytes >= beam_search_workspace_bytes(batch, num_beams, max_length, indir),
+                    "beam_search_step: workspace too small (see padfree_beam_search_workspace_size)");
+    PADFREE_REQUIRE(reinterpret_cast<uintptr_t>(workspace) % 16 == 0, "beam_search_step: workspace must be 16-byte aligned");
+    BeamSearchStepArgs args{cand_scores, cand_ids, eos_ids, running, running_scores, pool, pool_scores, pool_lengths,
+                            pool_finished, improvable, done, next_tokens, parents, cache_indir, step, workspace,
+                            batch, num_beams, keep, num_eos, max_length, indir, length_penalty, early_stopping,
+                            advance_step != 0};
+    launch_beam_search_step(args, as_cuda_stream(stream));
+    return check_launch("beam_search_step");
+    PADFREE_CAPI_GUARD_END
+}
+
+padfree_status padfree_greedy_step(const int32_t* cand_ids, const int32_t* eos_ids, int32_t num_eos,
+                                   int64_t* sequences, int64_t* next_tokens, int64_t* generated, uint8_t* unfinished,
+                                   uint8_t* done, int32_t* step, int32_t rows, int32_t max_length,
+                                   int64_t pad_token_id, int32_t advance_step, padfree_stream stream) {
+    PADFREE_CAPI_GUARD_BEGIN
+    using namespace padfree;
+    PADFREE_REQUIRE(rows >= 0, "greedy_step: rows must be >= 0, got ", rows);
+    PADFREE_REQUIRE(max_length >= 2, "greedy_step: max_length must be >= 2, got ", max_length);
+    PADFREE_REQUIRE(num_eos >= 0 && (num_eos == 0 || eos_ids != nullptr),
+                    "greedy_step: num_eos must be >= 0 and eos_ids non-NULL where it is > 0");
+    PADFREE_REQUIRE(advance_step == 0 || advance_step == 1, "greedy_step: advance_step must be 0 or 1");
+    if (rows == 0) return PADFREE_OK;
+    PADFREE_REQUIRE(cand_ids && sequences && next_tokens && generated && unfinished && done && step,
+                    "greedy_step: a required pointer is NULL");
+    GreedyStepArgs args{cand_ids, eos_ids, sequences, next_tokens, generated, unfinished, done, step,
+                        rows, num_eos, max_length, pad_token_id, advance_step != 0};
+    launch_greedy_step(args, as_cuda_stream(stream));
+    return check_launch("greedy_step");
     PADFREE_CAPI_GUARD_END
 }
 

@@ -35,7 +35,7 @@ extern "C" {
  * 5: input plans. 6: programmatic edges into other libraries' kernels. 7: their probe.
  * 8: removal of memsets made redundant. 9: L2 prefetch ranges for the LayerNorms before a GEMM.
  * (New functions, such as the decoder's, add to a version without bumping it.) */
-#define PADFREE_ABI_VERSION 9
+#define PADFREE_ABI_VERSION 10
 
 typedef enum padfree_status {
     PADFREE_OK = 0,
@@ -363,6 +363,45 @@ PADFREE_API padfree_status padfree_logits_topk(const void* logits, const void* b
                                                int32_t vocab, int32_t k, int32_t normalize, void* workspace,
                                                int64_t workspace_bytes, padfree_dtype dtype, float* out_scores,
                                                int32_t* out_ids, padfree_stream stream);
+
+/* Beam search's bookkeeping for one step, HF's rules (transformers 5 GenerationMixin._beam_search, its
+ * CUDA arithmetic): one block per source. Inputs: cand_scores / cand_ids [batch * num_beams, keep] from
+ * padfree_logits_topk (keep = HF's beams_to_keep, each row descending, the running score added).
+ * State (updated in place): running, pool [batch, num_beams, max_length] int64 (positions past the
+ * current length hold the fill value), running_scores, pool_scores [batch, num_beams] fp32,
+ * pool_lengths [batch, num_beams] int64, pool_finished [batch, num_beams] and improvable [batch] bytes
+ * (0/1), done [1] (sticky 0/1). Outputs: next_tokens [batch * num_beams] int64 (the token each
+ * hypothesis feeds the next step), parents [batch * num_beams] int32 (the row it continues);
+ * cache_indir [batch * num_beams, indir_len] int32 (indir_len >= max_length - 1) reordered in place
+ * as padfree_beam_reorder_cache_indir would, or NULL. step: device int32 (the tokens so far minus
+ * one), advanced by 1 when advance_step = 1 (after every block has read it). early_stopping: 0
+ * False, 1 True, 2 "never". workspace: padfree_beam_search_workspace_size bytes (with indir_len 0
+ * where cache_indir is NULL), 16-byte aligned, its 16 bytes at counters_offset zeroed before the
+ * first step (the kernel leaves them zero). num_beams <= 16, num_beams <= keep <= 64. */
+PADFREE_API padfree_status padfree_beam_search_workspace_size(int32_t batch, int32_t num_beams, int32_t max_length,
+                                                             int32_t indir_len, int64_t* bytes,
+                                                             int64_t* counters_offset);
+PADFREE_API padfree_status padfree_beam_search_step(const float* cand_scores, const int32_t* cand_ids, int32_t keep,
+                                                    const int32_t* eos_ids, int32_t num_eos, int64_t* running,
+                                                    float* running_scores, int64_t* pool, float* pool_scores,
+                                                    int64_t* pool_lengths, uint8_t* pool_finished,
+                                                    uint8_t* improvable, uint8_t* done, int64_t* next_tokens,
+                                                    int32_t* parents, int32_t* cache_indir, int32_t indir_len,
+                                                    int32_t* step, int32_t batch, int32_t num_beams,
+                                                    int32_t max_length, float length_penalty,
+                                                    int32_t early_stopping, int32_t advance_step, void* workspace,
+                                                    int64_t workspace_bytes, padfree_stream stream);
+
+/* Greedy search's bookkeeping for one step (HF's _sample without sampling): token = cand_ids[r] (the
+ * top-1 of padfree_logits_topk), pad_token_id for rows already finished; sequences [rows, max_length]
+ * int64 get it at position step + 1, next_tokens [rows] int64 too; a row emitting one of eos_ids
+ * [num_eos] finishes (unfinished[r] = 0, generated[r] = step + 1) and done = no row unfinished
+ * (num_eos 0: rows never finish, done untouched). step advanced by 1 when advance_step = 1. */
+PADFREE_API padfree_status padfree_greedy_step(const int32_t* cand_ids, const int32_t* eos_ids, int32_t num_eos,
+                                               int64_t* sequences, int64_t* next_tokens, int64_t* generated,
+                                               uint8_t* unfinished, uint8_t* done, int32_t* step, int32_t rows,
+                                               int32_t max_length, int64_t pad_token_id, int32_t advance_step,
+                                               padfree_stream stream);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -20,6 +20,11 @@ becomes a sticky device flag `done`, which the host reads every few steps withou
 Running past the stop is harmless: HF's stop condition only holds when no pool can change (every
 new candidate gets -1e9 added, or no source can improve, or every pool is closed), and the runner
 never runs more than max_length - 1 steps.
+
+On CUDA with the kernel library, everything after the top-k (the merge, the running beams, the pool,
+the early-stop heuristic, the stop flag, the cache-indirection reorder and the step counter) is one
+kernel per step (padfree.ops.beam_search_step) instead of ~90 torch ops; the torch code below is its
+reference and runs everywhere else. Both keep the same state tensors.
 """
 from __future__ import annotations
 
@@ -81,6 +86,20 @@ class BeamSearch:
         self.processors = Processors(options, batch * beams, device)
         self.workspace = decoder.ops.workspace("log_softmax_topk", batch * beams,
                                                decoder.vocab_size, self.keep)
+        self.next_tokens = torch.empty(batch * beams, dtype=torch.long, device=device)
+        # the one-kernel bookkeeping (padfree.ops.beam_search_step) where it runs, else None
+        self.kernel = decoder.ops.search_kernel("beam_search_step", beams, self.keep) \
+            if hasattr(decoder.ops, "search_kernel") else None
+        if self.kernel is not None:
+            # torch's Decoder: its indirection is reordered and its step advanced in the same kernel
+            self.indir = decoder.indir if isinstance(decoder, Decoder) else None
+            indir_len = 0 if self.indir is None else self.indir.shape[1]
+            self.search_workspace, self.counters_at = decoder.ops.beam_search_workspace(batch, beams, max_length,
+                                                                                        indir_len)
+            self.eos_i32 = self.eos.to(torch.int32) if options.eos_token_ids else None
+            self.parents = torch.empty(batch * beams, dtype=torch.int32, device=device)
+            self.cand_scores = torch.empty(batch * beams, self.keep, dtype=torch.float32, device=device)
+            self.cand_ids = torch.empty(batch * beams, self.keep, dtype=torch.int32, device=device)
         self.reset()
 
     def reset(self) -> None:
@@ -95,10 +114,16 @@ class BeamSearch:
         self.pool_finished.zero_()
         self.improvable.fill_(True)
         self.done.zero_()
+        self.next_tokens.fill_(self.options.decoder_start_token_id)
+        if self.kernel is not None:   # the kernel keeps its counters zero; a step cut short may not have
+            self.search_workspace[self.counters_at:self.counters_at + 16].zero_()
 
     def step(self) -> None:
         """One step: logits, processors, candidates, the running beams, the pool, the indirection, the
         stop flag, the step counter. Only device tensors change; no value reaches the host."""
+        if self.kernel is not None:
+            self._kernel_step()
+            return
         decoder, options = self.decoder, self.options
         batch, beams, keep = self.batch, self.beams, self.keep
         max_length, lp, early = options.max_length, options.length_penalty, options.early_stopping
@@ -155,6 +180,26 @@ class BeamSearch:
         self.improvable &= torch.any(best_running > worst_pool, dim=-1, keepdim=True)
         open_pool = ~(torch.all(self.pool_finished) & (early is True))
         self.done |= ~(torch.any(self.improvable) & open_pool & ~torch.all(hits))
+
+    def _kernel_step(self) -> None:
+        """step() with the bookkeeping in one kernel (same state, same arithmetic as HF on CUDA)."""
+        decoder, options = self.decoder, self.options
+        logits = decoder.logits(self.next_tokens)
+        kwargs = {}
+        if self.processors.active:
+            history = self.running.view(self.batch * self.beams, options.max_length)
+            kwargs = self.processors.step(history, decoder.step.long() + 1).kwargs()
+        cand_scores, cand_ids = decoder.ops.log_softmax_topk(logits, self.keep, bias=self.bias,
+                                                             beam_scores=self.running_scores.view(-1),
+                                                             workspace=self.workspace, out_scores=self.cand_scores,
+                                                             out_ids=self.cand_ids, **kwargs)
+        self.kernel(cand_scores, cand_ids, self.eos_i32, self.running, self.running_scores, self.pool,
+                    self.pool_scores, self.pool_lengths, self.pool_finished, self.improvable.view(-1), self.done,
+                    self.next_tokens, self.parents, decoder.step, length_penalty=options.length_penalty,
+                    early_stopping=options.early_stopping, workspace=self.search_workspace, cache_indir=self.indir)
+        if self.indir is None:     # another decoder backend: its own reorder and step
+            decoder.reorder(self.parents)
+            decoder.advance()
 
     def result(self) -> BeamSearchResult:
         """The pool's best num_return_sequences per source (reads the lengths: one host sync). Copies, since

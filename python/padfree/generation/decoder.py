@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from .dispatch import DecoderOps
 from .encoder import PackedSources
-from .layers import embed, ensure_position_rows, ffn, layer_norm, position_rows, residual
+from .layers import embed, ensure_position_rows, ffn_up, layer_norm, position_rows
 from .weights import Seq2SeqWeights
 
 __all__ = ["Decoder", "cache_bytes", "token_bucket", "seqlen_bucket"]
@@ -111,26 +111,30 @@ class Decoder:
         heads = stack.num_heads
         positions = self.step.long().expand(self.rows)
         x = embed(stack, tokens, position_rows(spec, w.pad_token_id, positions, tokens), self.positions)
+        skip_ln = None if spec.pre_ln else self.ops.skip_layernorm
+
+        def close(x, h, weight, bias, ln):
+            """The sublayer's output projection of h and the residual around it: x + (h W^T + b) (pre-LN),
+            LN(x + h W^T + b) (post-LN; one kernel for bias, residual and LayerNorm where it runs)."""
+            if skip_ln is not None:
+                return skip_ln(F.linear(h, weight), x, ln.weight, ln.bias, bias=bias, eps=ln.eps)
+            y = x + F.linear(h, weight, bias)
+            return y if spec.pre_ln else layer_norm(y, ln)
+
         for i, layer in enumerate(stack.layers):
-            attn, cross = layer.self_attn, layer.cross_attn
-
-            def self_attention(h, attn=attn, i=i):
-                qkv = F.linear(h, attn.qkv_weight)
-                o = self.ops.decoder_self_attention(qkv, self.k_cache[i], self.v_cache[i], self.indir, self.step, heads,
-                                                    qkv_bias=attn.qkv_bias, softmax_scale=1.0,
-                                                    workspace=self.ws_self)
-                return F.linear(o, attn.out_weight, attn.out_bias)
-
-            def cross_attention(h, cross=cross, i=i):
-                q = F.linear(h, cross.q_weight)
-                o = self.ops.cross_attention(q, self.kv_mem[i], self.cu_seqlens, self.max_seqlen,
-                                             self.rows_per_source, heads, q_bias=cross.q_bias, softmax_scale=1.0,
-                                             workspace=self.ws_cross)
-                return F.linear(o, cross.out_weight, cross.out_bias)
-
-            x = residual(x, self_attention, attn.ln, spec.pre_ln)
-            x = residual(x, cross_attention, cross.ln, spec.pre_ln)
-            x = residual(x, lambda h, f=layer.ffn: ffn(h, f, w.activation), layer.ffn.ln, spec.pre_ln)
+            attn, cross, f = layer.self_attn, layer.cross_attn, layer.ffn
+            h = layer_norm(x, attn.ln) if spec.pre_ln else x
+            qkv = F.linear(h, attn.qkv_weight)
+            o = self.ops.decoder_self_attention(qkv, self.k_cache[i], self.v_cache[i], self.indir, self.step, heads,
+                                                qkv_bias=attn.qkv_bias, softmax_scale=1.0, workspace=self.ws_self)
+            x = close(x, o, attn.out_weight, attn.out_bias, attn.ln)
+            h = layer_norm(x, cross.ln) if spec.pre_ln else x
+            q = F.linear(h, cross.q_weight)
+            o = self.ops.cross_attention(q, self.kv_mem[i], self.cu_seqlens, self.max_seqlen, self.rows_per_source,
+                                         heads, q_bias=cross.q_bias, softmax_scale=1.0, workspace=self.ws_cross)
+            x = close(x, o, cross.out_weight, cross.out_bias, cross.ln)
+            h = layer_norm(x, f.ln) if spec.pre_ln else x
+            x = close(x, ffn_up(h, f, w.activation), f.fc2_weight, f.fc2_bias, f.ln)
         if stack.final_layer_norm is not None:
             x = layer_norm(x, stack.final_layer_norm)
         return F.linear(x, w.step_lm_head)      # [rows, V'] (weights.pad_output_projection)

@@ -27,6 +27,11 @@ CONTRACT_OPS = {
     "log_softmax_topk": "padfree_logits_topk",
 }
 ENCODER_OPS = {"attention_varlen": "padfree_attention_varlen"}
+# kernels that fuse what the caller otherwise does in torch ops, which are their reference: the searches'
+# per-step bookkeeping (beam_search.py, sampling.py) and the decoder's bias + residual + LayerNorm
+# (decoder.py); the attribute is None where the kernel does not run
+FUSED_OPS = {"beam_search_step": "padfree_beam_search_step", "greedy_step": "padfree_greedy_step",
+             "skip_layernorm": "padfree_skip_layernorm"}
 
 
 def _kernel_unavailable(name: str, symbol: str, device: torch.device) -> tuple[Callable | None, str]:
@@ -70,6 +75,10 @@ class DecoderOps:
                 self._bind(name, reference, f"reference: {reason}")
             else:
                 self._bind(name, self._guarded(name, kernel, reference), "kernel")
+        for name, symbol in FUSED_OPS.items():
+            kernel, reason = (None, "requested") if force_reference else _kernel_unavailable(name, symbol, self.device)
+            setattr(self, name, kernel)
+            self.sources[name] = "kernel" if kernel is not None else f"reference: {reason} (torch ops)"
         # the torch computation behind log_softmax_topk, for full-vocabulary sampling (no kernel by design)
         self.process_scores = reference_ops.process_scores
 
@@ -112,6 +121,25 @@ class DecoderOps:
         if nbytes == 0:
             return None
         return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+
+    def search_kernel(self, name: str, beams: int = 1, keep: int = 1) -> Callable | None:
+        """The search bookkeeping kernel `name` (FUSED_OPS) where it runs and takes these sizes, else None
+        (the search runs its torch ops)."""
+        kernel = getattr(self, name, None)
+        if kernel is None:
+            return None
+        from ..ops import search
+        if beams > search.MAX_BEAMS or keep > search.MAX_KEEP:
+            return None
+        return kernel
+
+    def beam_search_workspace(self, batch: int, beams: int, max_length: int,
+                              indir_len: int) -> tuple[torch.Tensor, int]:
+        """A zeroed workspace for beam_search_step and the offset of the counters the kernel keeps zero."""
+        from ..ops import search
+        with torch.cuda.device(self.device):
+            offset = search.beam_search_workspace(batch, beams, max_length, indir_len)[1]
+            return search.new_beam_search_workspace(batch, beams, max_length, indir_len, self.device), offset
 
     def describe(self) -> str:
         return ", ".join(f"{name}={source}" for name, source in self.sources.items())

@@ -90,6 +90,14 @@ class Processors:
         self.forced_bos = None if bos is None else torch.full((rows,), bos, dtype=torch.int32, device=device)
         self.forced_eos = None if eos is None else torch.full((rows,), eos, dtype=torch.int32, device=device)
 
+    @property
+    def active(self) -> bool:
+        """Whether any processor applies (else step() returns no lists, and callers may skip it)."""
+        o = self.options
+        return bool(o.no_repeat_ngram_size > 0 or self.bad_single_i32 is not None or self.bad_multi
+                    or (self.eos_i32 is not None and o.min_length > 1) or o.repetition_penalty != 1.0
+                    or self.forced_bos is not None or self.forced_eos is not None)
+
     def _bad_words(self, history: torch.Tensor, cur_len: torch.Tensor) -> torch.Tensor:
         """int64 [rows, words]: each multi-token bad word's last token where its prefix ends the history."""
         cols = []

@@ -82,6 +82,15 @@ class SingleSearch:
         self.workspace = None if options.do_sample else decoder.ops.workspace(
             "log_softmax_topk", rows, decoder.vocab_size, 1)
         self.generator: torch.Generator | None = None     # set per call for sampling
+        self.next_tokens = torch.empty(rows, dtype=torch.long, device=device)
+        # greedy's bookkeeping in one kernel (padfree.ops.greedy_step) where it runs, else the torch ops below
+        self.kernel = None
+        if not options.do_sample and hasattr(decoder.ops, "search_kernel"):
+            self.kernel = decoder.ops.search_kernel("greedy_step")
+        if self.kernel is not None:
+            self.eos_i32 = self.eos.to(torch.int32) if self.has_eos else None
+            self.cand_ids = torch.empty(rows, 1, dtype=torch.int32, device=device)
+            self.cand_scores = torch.empty(rows, 1, dtype=torch.float32, device=device)
         self.reset()
 
     def reset(self) -> None:
@@ -90,8 +99,12 @@ class SingleSearch:
         self.unfinished.fill_(True)
         self.generated.fill_(self.options.max_length - 1)
         self.done.zero_()
+        self.next_tokens.fill_(self.options.decoder_start_token_id)
 
     def step(self) -> None:
+        if self.kernel is not None:
+            self._kernel_step()
+            return
         decoder, options = self.decoder, self.options
         step = decoder.step.long()
         cur_len = step + 1
@@ -111,6 +124,21 @@ class SingleSearch:
             self.done.copy_(~self.unfinished.any())
         self.sequences.index_copy_(1, cur_len, tokens.unsqueeze(1))
         decoder.advance()
+
+    def _kernel_step(self) -> None:
+        """Greedy step() with the bookkeeping in one kernel (same state and results)."""
+        decoder = self.decoder
+        logits = decoder.logits(self.next_tokens)
+        kwargs = {}
+        if self.processors.active:
+            kwargs = self.processors.step(self.sequences, decoder.step.long() + 1).kwargs()
+        ids = decoder.ops.log_softmax_topk(logits, 1, bias=self.bias, normalize=False, workspace=self.workspace,
+                                           out_scores=self.cand_scores, out_ids=self.cand_ids, **kwargs)[1]
+        own_step = isinstance(decoder, Decoder)     # torch's Decoder: the kernel advances its step too
+        self.kernel(ids, self.eos_i32, self.sequences, self.next_tokens, self.generated, self.unfinished, self.done,
+                    decoder.step, pad_token_id=self.pad, advance=own_step)
+        if not own_step:
+            decoder.advance()
 
     def result(self) -> torch.Tensor:
         """sequences int64 [rows, output_length] (reads the lengths: one host sync), copied out of the state."""

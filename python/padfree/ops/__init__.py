@@ -21,3 +21,4 @@ from .padding import (  # noqa: F401
     rebuild_padding,
     remove_padding,
 )
+from .search import beam_search_step, greedy_step  # noqa: F401

@@ -1,0 +1,214 @@
+"""The searches' one-kernel bookkeeping (padfree.ops.beam_search_step / greedy_step) against the searches'
+torch code, which the CPU tests hold to Hugging Face's generate.
+
+Both run the same scripted decoder (fresh random logits per step, with eos made likely on random rows so
+hypotheses finish at every stage, identical beams at the first step so candidates tie) from the same
+state, and every state tensor must agree after every step: sequences over their whole width (positions
+past the current length keep the fill value), pool membership and lengths, flags, the cache
+indirection and the step counter. Scores agree to float32 rounding: the kernel divides by the length
+penalty as HF does on CUDA (a multiply by the float32 reciprocal), the torch code by true division.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU (the search kernels)", allow_module_level=True)
+
+from padfree.generation.beam_search import BeamSearch  # noqa: E402
+from padfree.generation.decoder import Decoder  # noqa: E402
+from padfree.generation.dispatch import DecoderOps  # noqa: E402
+from padfree.generation.options import GenerationOptions  # noqa: E402
+from padfree.generation.sampling import SingleSearch  # noqa: E402
+
+DEVICE = torch.device("cuda", 0)
+VOCAB = 50
+EOS = [3, 7]
+
+
+class ScriptedDecoder(Decoder):
+    """Decoder's step counter, indirection, reorder and advance, with logits read from a table by the device
+    step (no weights): the searches see exactly what a model would give them."""
+
+    def __init__(self, ops: DecoderOps, table: torch.Tensor, batch: int, rows_per_source: int, capacity: int):
+        self.ops, self.table = ops, table
+        self.batch, self.rows_per_source = batch, rows_per_source
+        self.rows, self.capacity = batch * rows_per_source, capacity
+        identity = torch.arange(self.rows, dtype=torch.int32, device=DEVICE)[:, None].expand(self.rows, capacity)
+        self.indir, self.indir_next = identity.contiguous(), identity.contiguous()
+        self.step = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+
+    @property
+    def device(self) -> torch.device:
+        return DEVICE
+
+    @property
+    def vocab_size(self) -> int:
+        return self.table.shape[-1]
+
+    def logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.table.index_select(0, self.step.long()).view(self.rows, -1)
+
+
+def _options(**overrides) -> GenerationOptions:
+    base = dict(num_beams=4, do_sample=False, max_length=14, min_length=0, length_penalty=1.0, early_stopping=False,
+                num_return_sequences=1, no_repeat_ngram_size=0, repetition_penalty=1.0, bad_words_single=[],
+                bad_words_multi=[], forced_bos_token_id=None, forced_eos_token_id=None, eos_token_ids=[EOS[0]],
+                pad_token_id=1, decoder_start_token_id=2, temperature=1.0, top_k=0, top_p=1.0, seed=None,
+                return_dict_in_generate=False, output_scores=False)
+    base.update(overrides)
+    return GenerationOptions(**base)
+
+
+def _table(seed: int, steps: int, batch: int, rows_per_source: int, eos: list[int]) -> torch.Tensor:
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    rows = batch * rows_per_source
+    table = torch.randn(steps, rows, VOCAB, generator=g, device=DEVICE) * 2.0
+    for token in eos:   # eos near the top on ~30 % of (step, row)
+        boost = (torch.rand(steps, rows, generator=g, device=DEVICE) < 0.3) * 6.0
+        table[:, :, token] += boost
+    table[0] = table[0, ::rows_per_source].repeat_interleave(rows_per_source, dim=0)  # beams start identical
+    return table.view(steps, rows * VOCAB).contiguous()
+
+
+def _state(search) -> dict[str, torch.Tensor]:
+    names = ("running", "running_scores", "pool", "pool_scores", "pool_lengths", "pool_finished", "improvable",
+             "done", "sequences", "generated", "unfinished")
+    state = {n: getattr(search, n).clone() for n in names if hasattr(search, n)}
+    state["step"] = search.decoder.step.clone()
+    if search.options.num_beams > 1:
+        step = int(search.decoder.step)
+        state["indir"] = search.decoder.indir[:, :step].clone()   # columns past the step are never read
+    return state
+
+
+def _pair(options: GenerationOptions, batch: int, seed: int):
+    ops = DecoderOps(DEVICE, 64)
+    if ops.sources["beam_search_step"] != "kernel":
+        pytest.skip(f"beam_search_step: {ops.sources['beam_search_step']}")
+    table = _table(seed, options.max_length, batch, options.rows_per_source, options.eos_token_ids)
+    make = BeamSearch if options.num_beams > 1 else SingleSearch
+    searches = []
+    for use_kernel in (True, False):
+        decoder = ScriptedDecoder(ops, table, batch, options.rows_per_source, options.max_length - 1)
+        search = make(decoder, options, None)
+        if not use_kernel:
+            search.kernel = None
+        assert (search.kernel is not None) == use_kernel
+        searches.append(search)
+    return searches
+
+
+def _compare(kernel_state, torch_state, step):
+    for name, ref in torch_state.items():
+        got = kernel_state[name]
+        if got.dtype == torch.float32:
+            torch.testing.assert_close(got, ref, rtol=2e-7, atol=0,
+                                       msg=lambda m, name=name: f"step {step}, {name}: {m}")
+        else:
+            assert torch.equal(got, ref), f"step {step}, {name}: kernel {got.tolist()} != torch {ref.tolist()}"
+
+
+BEAM_CASES = [
+    # batch, beams, eos ids, early_stopping, length_penalty, max_length
+    (1, 4, EOS[:1], False, 1.0, 14),
+    (3, 4, EOS[:1], True, 1.0, 14),
+    (5, 4, EOS, "never", 0.6, 20),
+    (2, 5, EOS[:1], "never", -0.5, 9),
+    (7, 2, EOS, False, 2.0, 17),
+    (2, 16, EOS[:1], True, 1.0, 12),
+    (4, 3, [], False, 1.0, 10),          # no eos: every hypothesis runs to max_length
+]
+
+
+@pytest.mark.parametrize("case", BEAM_CASES, ids=lambda c: f"b{c[0]}x{c[1]}_eos{len(c[2])}_{c[3]}_lp{c[4]}_L{c[5]}")
+def test_beam_search_step_matches_the_torch_step(seed, case):
+    batch, beams, eos, early, lp, max_length = case
+    options = _options(num_beams=beams, eos_token_ids=eos, early_stopping=early, length_penalty=lp,
+                       max_length=max_length)
+    fused, reference = _pair(options, batch, seed)
+    assert fused.keep == options.candidates_per_row * beams
+    for step in range(max_length - 1):
+        fused.step()
+        reference.step()
+        _compare(_state(fused), _state(reference), step)
+    assert bool(fused.done) == bool(reference.done)
+    a, b = fused.result(), reference.result()
+    assert torch.equal(a.sequences, b.sequences)
+    torch.testing.assert_close(a.scores, b.scores, rtol=2e-7, atol=0)
+
+
+def test_beam_search_step_captured_in_a_graph(seed):
+    """The kernel reads and advances the device step, so one captured graph replays every step."""
+    options = _options(num_beams=4, eos_token_ids=EOS, max_length=16)
+    fused, reference = _pair(options, 3, seed)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        fused.step()                 # warm-up, step 0
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fused.step()
+    fused.reset()
+    fused.decoder.step.zero_()
+    fused.decoder.indir.copy_(reference.decoder.indir)
+    for step in range(options.max_length - 1):
+        graph.replay()
+        reference.step()
+        _compare(_state(fused), _state(reference), step)
+
+
+@pytest.mark.parametrize("eos", [EOS, []], ids=["eos", "no_eos"])
+def test_greedy_step_matches_the_torch_step(seed, eos):
+    options = _options(num_beams=1, eos_token_ids=eos, max_length=15)
+    fused, reference = _pair(options, 6, seed)
+    for step in range(options.max_length - 1):
+        fused.step()
+        reference.step()
+        _compare(_state(fused), _state(reference), step)
+    assert torch.equal(fused.result(), reference.result())
+
+
+def test_beam_search_step_refuses_bad_arguments():
+    from padfree.ops import InputError, beam_search_step
+    from padfree.ops.search import new_beam_search_workspace
+
+    batch, beams, L = 2, 4, 8
+    rows = batch * beams
+    t = dict(
+        running=torch.zeros(batch, beams, L, dtype=torch.long, device=DEVICE),
+        running_scores=torch.zeros(batch, beams, device=DEVICE),
+        pool=torch.zeros(batch, beams, L, dtype=torch.long, device=DEVICE),
+        pool_scores=torch.zeros(batch, beams, device=DEVICE),
+        pool_lengths=torch.zeros(batch, beams, dtype=torch.long, device=DEVICE),
+        pool_finished=torch.zeros(batch, beams, dtype=torch.bool, device=DEVICE),
+        improvable=torch.ones(batch, dtype=torch.bool, device=DEVICE),
+        done=torch.zeros(1, dtype=torch.bool, device=DEVICE),
+        next_tokens=torch.zeros(rows, dtype=torch.long, device=DEVICE),
+        parents=torch.zeros(rows, dtype=torch.int32, device=DEVICE),
+        step=torch.zeros(1, dtype=torch.int32, device=DEVICE))
+    ws = new_beam_search_workspace(batch, beams, L, 0, DEVICE)
+    good = dict(cand_scores=torch.zeros(rows, 8, device=DEVICE),
+                cand_ids=torch.zeros(rows, 8, dtype=torch.int32, device=DEVICE), eos_ids=None)
+
+    def call(**change):
+        beam_search_step(**{**good, **t, **change}, length_penalty=1.0, early_stopping=False, workspace=ws)
+
+    call()      # valid
+    with pytest.raises(InputError, match="keep"):
+        call(cand_scores=torch.zeros(rows, 2, device=DEVICE), cand_ids=torch.zeros(rows, 2, dtype=torch.int32,
+                                                                                    device=DEVICE))
+    with pytest.raises(InputError, match="cand_ids"):
+        call(cand_ids=torch.zeros(rows, 8, dtype=torch.long, device=DEVICE))
+    with pytest.raises(InputError, match="pool_finished"):
+        call(pool_finished=torch.zeros(batch, beams, dtype=torch.uint8, device=DEVICE))
+    with pytest.raises(InputError, match="workspace"):
+        beam_search_step(**good, **t, length_penalty=1.0, early_stopping=False, workspace=ws[:16])
+    with pytest.raises(InputError, match="early_stopping"):
+        beam_search_step(**good, **t, length_penalty=1.0, early_stopping="sometimes", workspace=ws)
+    with pytest.raises(InputError, match="cache_indir"):
+        beam_search_step(**good, **t, length_penalty=1.0, early_stopping=False, workspace=ws,
+                         cache_indir=torch.zeros(rows, L - 2, dtype=torch.int32, device=DEVICE))
