@@ -147,6 +147,10 @@ def bench_model(name: str, shapes: list[tuple[int, int]], args, device: torch.de
                 row["speedup"] = row["hf_ms"] / row["padfree_ms"]
                 row["sequences_equal_hf"] = equal_share(ours, theirs, model.config.pad_token_id)
         row["padfree_ms_per_step"] = row["padfree_ms"] / args.new_tokens
+        if args.profile and device.type == "cuda":
+            with torch.inference_mode():
+                row["step_profile"] = step_profile(ours_call, args.new_tokens)
+            print_profile(row)
         runner = getattr(generator, "runner", None)
         if runner is not None:      # CUDA graphs captured so far (0: the decode steps ran eagerly)
             row["padfree_graphs"] = runner.captures
@@ -156,6 +160,35 @@ def bench_model(name: str, shapes: list[tuple[int, int]], args, device: torch.de
         rows.append(row)
         print(json.dumps(row), flush=True)
     return rows
+
+
+def step_profile(call, new_tokens: int) -> list[dict]:
+    """Device time and launches per decode step by kernel group over one warm generate() call (the
+    encoder's kernels included, spread over the steps): where a step's time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from padfree.bench.timing import _group
+    call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    groups: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA and "memcpy" not in event.name.lower():
+            groups.setdefault(f"{_group(event.name)}: {event.name[:80]}", []).append(event.time_range.elapsed_us())
+    rows = [{"kernels": key, "launches_per_step": len(t) / new_tokens, "us_per_step": sum(t) / new_tokens}
+            for key, t in groups.items()]
+    return sorted(rows, key=lambda r: -r["us_per_step"])
+
+
+def print_profile(row: dict) -> None:
+    total = sum(r["us_per_step"] for r in row["step_profile"])
+    launches = sum(r["launches_per_step"] for r in row["step_profile"])
+    print(f"-- {row['model']} {row['batch']}x{row['beams']}: {launches:.0f} kernels, {total:.0f} us of kernel time "
+          f"per step (ms/step {row['padfree_ms_per_step']:.3f})")
+    for r in row["step_profile"][:25]:
+        print(f"   {r['us_per_step']:8.1f} us {r['launches_per_step']:6.1f}x  {r['kernels']}")
 
 
 def equal_share(ours: torch.Tensor, theirs: torch.Tensor, pad: int) -> float:
@@ -194,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-hf", action="store_true", help="skip the HF generate column")
     parser.add_argument("--quick", action="store_true",
                         help="smoke test: the tiny model, shapes 1x4,2x1, 8 new tokens, one rep, CPU without CUDA")
+    parser.add_argument("--profile", action="store_true",
+                        help="also print (and record) the kernel time per decode step by kernel group")
     parser.add_argument("--out", default=None, help="JSON report (default bench/results/generate-<gpu>.json)")
     args = parser.parse_args(argv)
     if args.quick:

@@ -102,8 +102,15 @@ def _pair(options: GenerationOptions, batch: int, seed: int):
     return searches
 
 
-def _compare(kernel_state, torch_state, step):
+# At the last step every candidate is finished and all running scores tie at -1e9: HF discards the
+# running beams then, and torch.topk's order among equal values is unspecified, so only the pool counts.
+RUNNING = ("running", "running_scores", "indir")
+
+
+def _compare(kernel_state, torch_state, step, last=False):
     for name, ref in torch_state.items():
+        if last and name in RUNNING:
+            continue
         got = kernel_state[name]
         if got.dtype == torch.float32:
             torch.testing.assert_close(got, ref, rtol=2e-7, atol=0,
@@ -134,7 +141,7 @@ def test_beam_search_step_matches_the_torch_step(seed, case):
     for step in range(max_length - 1):
         fused.step()
         reference.step()
-        _compare(_state(fused), _state(reference), step)
+        _compare(_state(fused), _state(reference), step, last=step == max_length - 2)
     assert bool(fused.done) == bool(reference.done)
     a, b = fused.result(), reference.result()
     assert torch.equal(a.sequences, b.sequences)
@@ -158,7 +165,7 @@ def test_beam_search_step_captured_in_a_graph(seed):
     for step in range(options.max_length - 1):
         graph.replay()
         reference.step()
-        _compare(_state(fused), _state(reference), step)
+        _compare(_state(fused), _state(reference), step, last=step == options.max_length - 2)
 
 
 @pytest.mark.parametrize("eos", [EOS, []], ids=["eos", "no_eos"])

@@ -49,6 +49,21 @@ def seqlen_bucket(longest: int) -> int:
     return max(16, 1 << (longest - 1).bit_length())
 
 
+def folded_bias_sums(stack, dtype: torch.dtype) -> list[torch.Tensor | None]:
+    """Pre-LN with its output biases folded: the residual stream carries x minus the sum of the output
+    biases so far, so that each sublayer's output projection is one GEMM accumulating into the residual
+    (no bias-and-residual kernel after it) and the next LayerNorm adds the sum back (skip_layernorm's
+    bias). sums[s]: the output biases of sublayers before s (3 per layer: self-attention,
+    cross-attention, FFN), summed in float32; None where there are none."""
+    sums, total = [None], None
+    for layer in stack.layers:
+        for bias in (layer.self_attn.out_bias, layer.cross_attn.out_bias, layer.ffn.fc2_bias):
+            if bias is not None:
+                total = bias.float() if total is None else total + bias.float()
+            sums.append(None if total is None else total.to(dtype))
+    return sums
+
+
 class Decoder:
     """The decoder state of one shape bucket and its step.
 
@@ -81,6 +96,8 @@ class Decoder:
         heads, head_dim = stack.num_heads, stack.head_dim
         self.ws_self = ops.workspace("decoder_self_attention", self.rows, heads, head_dim, capacity)
         self.ws_cross = ops.workspace("cross_attention", self.rows, heads, head_dim, max_seqlen)
+        fold = weights.spec.pre_ln and ops.skip_layernorm is not None
+        self.bias_sums = folded_bias_sums(stack, dtype) if fold else None
 
     @property
     def device(self) -> torch.device:
@@ -111,32 +128,45 @@ class Decoder:
         heads = stack.num_heads
         positions = self.step.long().expand(self.rows)
         x = embed(stack, tokens, position_rows(spec, w.pad_token_id, positions, tokens), self.positions)
-        skip_ln = None if spec.pre_ln else self.ops.skip_layernorm
+        skip_ln = self.ops.skip_layernorm
+        sums = self.bias_sums
+
+        def norm(x, ln, s):
+            """The pre-LN input of sublayer s; with folded biases, LN(x + the biases x does not hold yet)."""
+            if sums is None:
+                return layer_norm(x, ln)
+            return skip_ln(x, None, ln.weight, ln.bias, bias=sums[s], eps=ln.eps)
 
         def close(x, h, weight, bias, ln):
             """The sublayer's output projection of h and the residual around it: x + (h W^T + b) (pre-LN),
-            LN(x + h W^T + b) (post-LN; one kernel for bias, residual and LayerNorm where it runs)."""
-            if skip_ln is not None:
+            LN(x + h W^T + b) (post-LN, one kernel for bias, residual and LayerNorm where it runs). With
+            folded biases (pre-LN) the GEMM accumulates into the residual and b waits in bias_sums."""
+            if sums is not None:
+                return torch.addmm(x, h, weight.t())
+            if not spec.pre_ln and skip_ln is not None:
                 return skip_ln(F.linear(h, weight), x, ln.weight, ln.bias, bias=bias, eps=ln.eps)
             y = x + F.linear(h, weight, bias)
             return y if spec.pre_ln else layer_norm(y, ln)
 
         for i, layer in enumerate(stack.layers):
             attn, cross, f = layer.self_attn, layer.cross_attn, layer.ffn
-            h = layer_norm(x, attn.ln) if spec.pre_ln else x
+            h = norm(x, attn.ln, 3 * i) if spec.pre_ln else x
             qkv = F.linear(h, attn.qkv_weight)
             o = self.ops.decoder_self_attention(qkv, self.k_cache[i], self.v_cache[i], self.indir, self.step, heads,
                                                 qkv_bias=attn.qkv_bias, softmax_scale=1.0, workspace=self.ws_self)
             x = close(x, o, attn.out_weight, attn.out_bias, attn.ln)
-            h = layer_norm(x, cross.ln) if spec.pre_ln else x
+            h = norm(x, cross.ln, 3 * i + 1) if spec.pre_ln else x
             q = F.linear(h, cross.q_weight)
             o = self.ops.cross_attention(q, self.kv_mem[i], self.cu_seqlens, self.max_seqlen, self.rows_per_source,
                                          heads, q_bias=cross.q_bias, softmax_scale=1.0, workspace=self.ws_cross)
             x = close(x, o, cross.out_weight, cross.out_bias, cross.ln)
-            h = layer_norm(x, f.ln) if spec.pre_ln else x
+            h = norm(x, f.ln, 3 * i + 2) if spec.pre_ln else x
             x = close(x, ffn_up(h, f, w.activation), f.fc2_weight, f.fc2_bias, f.ln)
+        last = 3 * len(stack.layers)
         if stack.final_layer_norm is not None:
-            x = layer_norm(x, stack.final_layer_norm)
+            x = norm(x, stack.final_layer_norm, last)
+        elif sums is not None:
+            x = x + sums[last]
         return F.linear(x, w.step_lm_head)      # [rows, V'] (weights.pad_output_projection)
 
     def reorder(self, parents: torch.Tensor) -> None:
