@@ -61,7 +61,7 @@ struct WgmmaConfig {
     static constexpr int kBarrierBytes = TMA ? 8 * (1 + kStages) : 0;  // Q's mbarrier, one per K/V stage
     static constexpr int kSmemBytes = kQBytes + 2 * kStages * kTileBytes + kBarrierBytes + 1024;
     static_assert((HEAD_DIM == 32 || HEAD_DIM % 64 == 0) && BLOCK_N % 64 == 0,
-                  "one 32-column or 64-column panels, 64-key wgmma blocks");
+                  "one 32-column panel or 64-column panels, 64-key wgmma blocks");
     // One box per tile (a 128-byte swizzle spans 64 columns, a 64-byte one 32), both of a tile's
     // copies on one barrier.
     static_assert(!TMA || (HEAD_DIM <= 64 && ONE_BARRIER && STAGES == 2), "TMA: head_dim 32 or 64, one barrier");
