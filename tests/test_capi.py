@@ -195,7 +195,7 @@ def test_attention_refuses(over, fragments):
 
 
 @pytest.mark.parametrize("over, fragment", [
-    (dict(head_dim=32), "head_dim 32 is not built"),
+    (dict(head_dim=16), "head_dim 16 is not built"),
     (dict(head_dim=96), "head_dim 96 is not built"),
     (dict(flags=2), "unknown flags"),
 ])

@@ -53,7 +53,7 @@ def run(ids, types, cu, tabs, position_offset, eps, with_types, rows):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("hidden", [8, 520, 768, 1024, 4096, 8192])  # 520: see test_layernorm
+@pytest.mark.parametrize("hidden", [8, 384, 520, 768, 1024, 4096, 8192])  # 384, 520: see test_layernorm
 @pytest.mark.parametrize("batch, max_seqlen", [(1, 1), (1, 512), (9, 77), (128, 128)])
 @pytest.mark.parametrize("position_offset, with_types", [(0, True), (2, False)])
 def test_embedding_layernorm(seed, dtype, hidden, batch, max_seqlen, position_offset, with_types):

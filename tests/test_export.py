@@ -111,6 +111,22 @@ def test_rewrite_fuses_every_layer_and_matches_export(name, io, seed):
         assert next(r for r in results if r.name == "last_hidden_state").padding_max == 0.0
 
 
+@pytest.mark.parametrize("io", ["packed", "padded"])
+def test_head_dim_32_fuses_every_layer_and_matches_export(io, seed):
+    """MiniLM-L6-H384's shape (6 layers, hidden 384, 12 heads of 32; bge-small's and e5-small's head
+    size too): every layer fused onto the attention kernels' head_dim 32, against the plain export."""
+    layers = 6
+    reference = exported("tiny-bert", hidden_size=384, num_hidden_layers=layers, num_attention_heads=12,
+                         intermediate_size=1536)
+    rewritten, report = rewrite(reference, io=io)
+    assert report.complete and report.fused == expected_counts(layers)
+    for node in rewritten.graph.node:
+        if node.op_type == "PadfreeAttention":
+            fields = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            assert (fields["num_heads"], fields["head_dim"]) == (12, 32)
+    assert_checks(rewritten, reference, seed)
+
+
 def test_plugin_fields():
     rewritten, _ = rewrite(exported("tiny-roberta"))
     attrs = {n.op_type: {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
@@ -174,9 +190,9 @@ def test_modified_attention_refused_then_accepted_with_allow_partial(softcapped_
     assert_checks(rewritten, softcapped_layer1, seed)
 
 
-@pytest.mark.parametrize("heads, problem", [(4, "head_dim 32 is not built"), (1, "head_dim 128")])
+@pytest.mark.parametrize("heads, problem", [(8, "head_dim 16 is not built"), (1, "head_dim 128")])
 def test_attention_without_kernels_is_refused_then_left_unfused(heads, problem, seed):
-    """head_dim 32 (128 / 4 heads) has no attention kernel: fusing it would build a graph that
+    """head_dim 16 (128 / 8 heads) has no attention kernel: fusing it would build a graph that
     fails at its first run. The control (1 head of 128) fuses."""
     reference = exported("tiny-bert", num_attention_heads=heads)
     if heads == 1:
@@ -184,7 +200,7 @@ def test_attention_without_kernels_is_refused_then_left_unfused(heads, problem, 
         return
     with pytest.raises(PartialFusionError) as err:
         rewrite(reference)
-    assert problem in str(err.value) and "built: 64, 128" in str(err.value)
+    assert problem in str(err.value) and "built: 32, 64, 128" in str(err.value)
     rewritten, report = rewrite(reference, allow_partial=True)
     assert "PadfreeAttention" not in report.fused and report.fused["PadfreeSkipLayerNorm"] == 4
     assert sum(problem in m for m in report.unmatched) == 2

@@ -32,7 +32,7 @@ extern "C" padfree_status padfree_attention_varlen(const void* qkv, const void* 
     PADFREE_REQUIRE(head_dim >= 1, "attention: head_dim must be positive, got ", head_dim);
     if (!padfree::attention_head_dim_supported(head_dim))
         return fail(PADFREE_ERROR_UNSUPPORTED, "attention: head_dim ", head_dim,
-                    " is not built (supported: 64, 128)");
+                    " is not built (supported: 32, 64, 128)");
     if (flags & ~static_cast<uint32_t>(PADFREE_ATTENTION_CAUSAL))
         return fail(PADFREE_ERROR_UNSUPPORTED, "attention: unknown flags ", flags, " (only PADFREE_ATTENTION_CAUSAL is defined)");
     PADFREE_REQUIRE(std::isfinite(softmax_scale) && softmax_scale > 0.f,

@@ -232,7 +232,8 @@ enum { PADFREE_ATTENTION_CAUSAL = 1 }; /* flags: reserved for the decoder half *
  * total_tokens >= 0 is the row count of qkv and out: a sequence reaching past it is cut there (its
  * rows past total_tokens are neither read nor written).
  * Every sequence must have 0 <= length <= max_seqlen (0: no work); rows past cu_seqlens[batch] are
- * not written. batch 0 is no work (pointers unused). softmax_scale is usually 1/sqrt(head_dim). */
+ * not written. batch 0 is no work (pointers unused). softmax_scale is usually 1/sqrt(head_dim).
+ * head_dim 32, 64 and 128 are built (others: PADFREE_ERROR_UNSUPPORTED). */
 PADFREE_API padfree_status padfree_attention_varlen(const void* qkv, const void* qkv_bias,
                                                     const int32_t* cu_seqlens, int32_t batch,
                                                     int64_t total_tokens, int32_t max_seqlen,

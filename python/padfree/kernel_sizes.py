@@ -6,7 +6,7 @@ tests/test_capi.py checks ATTENTION_HEAD_DIMS against what the built library acc
 """
 from __future__ import annotations
 
-ATTENTION_HEAD_DIMS = (64, 128)  # the head_dim values plugins/kernels/attention/attention.cu instantiates
+ATTENTION_HEAD_DIMS = (32, 64, 128)  # the head_dim values plugins/kernels/attention/attention.cu instantiates
 MAX_HIDDEN = 8192  # the LayerNorm-family kernels hold a row in registers
 HIDDEN_MULTIPLE = 8  # one 16-byte vector of fp16/bf16
 

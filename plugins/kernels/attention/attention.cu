@@ -1,6 +1,6 @@
 // Kernel choice for fused varlen attention: the one place runtime sizes become template arguments.
-// Instantiations: {fp16, bf16} x {64, 128} x {resident, tiled, wgmma (four for head_dim 64)} + fp32 x
-// {64, 128}.
+// Instantiations: {fp16, bf16} x {32, 64, 128} x {resident, tiled, wgmma (four for head_dim 32 and
+// 64)} + fp32 x {32, 64, 128}.
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
@@ -29,10 +29,16 @@ using attention_detail::WgmmaConfig;
 constexpr int kResidentMaxSeqlen = 128;
 
 // kWgmmaTmaHeld: kWgmmaTma with the Q and V bias in registers before the PDL wait (WgmmaConfig's
-// HELD_BIAS), the default at head_dim 64 (choose_path).
+// HELD_BIAS), the default at head_dim 32 and 64 (choose_path).
 enum class Path { kResident, kTiled, kWgmma, kWgmmaTma, kWgmmaTmaHeld, kFp32 };
 
-using HeldBiasConfig = WgmmaConfig<64, 64, 2, 4, true, true, true>;
+// CTAs per SM the wgmma kernel's registers must allow at head_dim 32 and 64 (WgmmaConfig's
+// MIN_BLOCKS): four, the budget of KERNELS.md. Head_dim 32 takes 98-110 registers uncapped (64:
+// 122-128), still four CTAs; a fifth needs <= 96, where ptxas spills and serializes the wgmmas (C7512).
+constexpr int kWgmmaMinBlocks = 4;
+
+template <int HD>
+using HeldBiasConfig = WgmmaConfig<HD, 64, 2, kWgmmaMinBlocks, true, true, true>;
 
 // The wgmma kernel runs where the library holds sm_90a code (CMakeLists.txt defines
 // PADFREE_HAS_SM90A only when it holds no plain sm_90 code the driver could load instead) and the
@@ -47,8 +53,8 @@ bool wgmma_available() {
 
 // PADFREE_ATTENTION_PATH=resident|tiled|wgmma|tma|held overrides the choice, so that a benchmark can
 // time every path on one build ("resident" only where the sequences fit it; "wgmma", "tma" and "held"
-// where they run: the wgmma kernel loading by cp.async, or at head_dim 64 by tensor copies, the
-// default, with its bias read where used or held).
+// where they run: the wgmma kernel loading by cp.async, or at head_dim 32 and 64 by tensor copies,
+// the default, with its bias read where used or held).
 bool forced_path(int32_t max_seqlen, Path* path) {
     const char* name = std::getenv("PADFREE_ATTENTION_PATH");
     if (name == nullptr) return false;
@@ -130,22 +136,26 @@ cudaError_t launch_tiles(void (*kernel)(AttentionArgs, Extra...), AttentionArgs 
     return cudaSuccess;
 }
 
-// args.qkv as the TMA source of the wgmma kernel at head_dim 64: [total_rows, 3 * num_heads * 64]
-// in 64 x 64 boxes with the 128-byte swizzle (its shared layout, Panels128), rows past the end read
-// as zeros. False where the driver cannot make one.
+// args.qkv as the TMA source of the wgmma kernel at head_dim HD (32 or 64): [total_rows, 3 *
+// num_heads * HD] in boxes of 64 rows x HD columns, with the swizzle of its shared layout (HD 64:
+// 128-byte, Panels128; HD 32: 64-byte, Panels64), rows past the end read as zeros. False where the
+// driver cannot make one.
+template <int HD>
 bool qkv_tensor_map(const AttentionArgs& args, padfree_dtype dtype, CUtensorMap* map) {
+    static_assert(HD == 32 || HD == 64, "one box row spans one swizzle row");
     static const auto encode =
         driver_entry<PFN_cuTensorMapEncodeTiled_v12000>("cuTensorMapEncodeTiled", 12000);
     if (encode == nullptr || args.total_rows <= 0) return false;
-    const cuuint64_t width = 3ull * static_cast<cuuint64_t>(args.num_heads) * 64;
+    const cuuint64_t width = 3ull * static_cast<cuuint64_t>(args.num_heads) * HD;
     const cuuint64_t dims[2] = {width, static_cast<cuuint64_t>(args.total_rows)};
     const cuuint64_t row_bytes[1] = {width * 2};
-    const cuuint32_t box[2] = {64, 64};
+    const cuuint32_t box[2] = {HD, 64};
+    constexpr CUtensorMapSwizzle kSwizzle = HD == 32 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B;
     const cuuint32_t element_strides[2] = {1, 1};
     const CUtensorMapDataType type =
         dtype == PADFREE_BFLOAT16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
     return encode(map, type, 2, const_cast<void*>(args.qkv), dims, row_bytes, box, element_strides,
-                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, kSwizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
@@ -159,23 +169,29 @@ bool qkv_tensor_map(const AttentionArgs& args, padfree_dtype dtype, CUtensorMap*
 // rounds, cp.async -> TMA: 16x256 10.9 -> 10.4, 64x512
 // 95.5-95.9 -> 88.0-88.3, 128x128 (there against the single-tile configuration) 32.6 -> 31.4,
 // 32x1024 133 -> 121, 8x4096 658-696 -> 581-589.
+// Head_dim 32 takes head_dim 64's configurations, tiles and choices (64-row query tiles, 64-key
+// tiles): its per-key work halves and none of the reasons behind them (one warpgroup per tile,
+// 64-key tiles at short lengths, tensor copies instead of per-thread copies) depends on head_dim.
+// Its shared memory halves too (Q 4 KB, K/V 16 KB; ~21 KB per CTA), so registers alone set how
+// many CTAs share an SM (kWgmmaMinBlocks). Not yet measured at head_dim 32: 128-key tiles (twice
+// the scores' registers, but 8 fewer for Q and 16 fewer for O than at head_dim 64).
 template <typename T, int HD>
 cudaError_t launch_wgmma(const AttentionArgs& args, int32_t batch, int32_t max_seqlen, padfree_dtype dtype, Path path,
                          cudaStream_t stream) {
     CUtensorMap map{};  // unused by the configurations without TMA
-    if constexpr (HD == 64) {
-        if (path != Path::kWgmma && qkv_tensor_map(args, dtype, &map)) {
+    if constexpr (HD <= 64) {
+        if (path != Path::kWgmma && qkv_tensor_map<HD>(args, dtype, &map)) {
             if (path == Path::kWgmmaTmaHeld)
-                return launch_tiles<HeldBiasConfig>(attention_wgmma_kernel<T, HeldBiasConfig>, args, batch, max_seqlen,
-                                                    stream, map);
-            using Cfg = WgmmaConfig<HD, 64, 2, 4, true, true>;
+                return launch_tiles<HeldBiasConfig<HD>>(attention_wgmma_kernel<T, HeldBiasConfig<HD>>, args, batch,
+                                                        max_seqlen, stream, map);
+            using Cfg = WgmmaConfig<HD, 64, 2, kWgmmaMinBlocks, true, true>;
             return launch_tiles<Cfg>(attention_wgmma_kernel<T, Cfg>, args, batch, max_seqlen, stream, map);
         }
-        using SingleTile = WgmmaConfig<HD, 128, 1, 4, false>;
+        using SingleTile = WgmmaConfig<HD, 128, 1, kWgmmaMinBlocks, false>;
         if (max_seqlen <= SingleTile::kBlockN)
             return launch_tiles<SingleTile>(attention_wgmma_kernel<T, SingleTile>, args, batch, max_seqlen, stream,
                                             map);
-        using Cfg = WgmmaConfig<HD, 64, 2, 4, true>;
+        using Cfg = WgmmaConfig<HD, 64, 2, kWgmmaMinBlocks, true>;
         return launch_tiles<Cfg>(attention_wgmma_kernel<T, Cfg>, args, batch, max_seqlen, stream, map);
     } else {
         using Cfg = WgmmaConfig<HD, 64, 2, 2, false>;
@@ -212,7 +228,7 @@ cudaError_t launch_head_dim(const AttentionArgs& args, int32_t batch, int32_t ma
 
 }  // namespace
 
-bool attention_head_dim_supported(int32_t head_dim) { return head_dim == 64 || head_dim == 128; }
+bool attention_head_dim_supported(int32_t head_dim) { return head_dim == 32 || head_dim == 64 || head_dim == 128; }
 
 cudaError_t launch_attention_varlen(AttentionArgs args, int32_t batch, int32_t max_seqlen,
                                     int32_t head_dim, padfree_dtype dtype, cudaStream_t stream) {
@@ -220,8 +236,11 @@ cudaError_t launch_attention_varlen(AttentionArgs args, int32_t batch, int32_t m
     cudaError_t result = cudaErrorInvalidValue;
     dispatch_dtype(dtype, [&](auto tag) {
         using T = typename decltype(tag)::type;
-        result = head_dim == 64 ? launch_head_dim<T, 64>(args, batch, max_seqlen, dtype, stream)
-                                : launch_head_dim<T, 128>(args, batch, max_seqlen, dtype, stream);
+        switch (head_dim) {
+            case 32: result = launch_head_dim<T, 32>(args, batch, max_seqlen, dtype, stream); break;
+            case 64: result = launch_head_dim<T, 64>(args, batch, max_seqlen, dtype, stream); break;
+            default: result = launch_head_dim<T, 128>(args, batch, max_seqlen, dtype, stream);
+        }
     });
     return result;
 }

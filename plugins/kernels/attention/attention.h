@@ -40,7 +40,7 @@ struct AttentionArgs {
     AttentionGridOrder grid_order;
 };
 
-// The head sizes kernels are built for (64 and 128).
+// The head sizes kernels are built for (32, 64 and 128).
 bool attention_head_dim_supported(int32_t head_dim);
 
 // batch >= 1, max_seqlen >= 1, head_dim supported, dtype valid. Returns the error of configuring

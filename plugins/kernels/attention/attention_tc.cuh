@@ -35,8 +35,10 @@ struct TileConfig {
     static constexpr int kStages = SINGLE_TILE ? 1 : 2;
     static constexpr int kSmemBytes = (kBlockM + 2 * kStages * kBlockN) * HEAD_DIM * 2;
     // CTAs per SM the register allocation must allow: 4 (16 warps) for head_dim 64; 2 for 128,
-    // where shared memory allows no more.
-    static constexpr int kMinBlocks = HEAD_DIM == 64 ? 4 : 2;
+    // where shared memory allows no more. Head_dim 32: 4 as well (98-118 registers uncapped). A
+    // fifth CTA would need <= 96: ptxas fits that but adds ~4% instructions to a key loop that is
+    // issue-bound (KERNELS.md), where more warps do not help; a sixth (80) spills.
+    static constexpr int kMinBlocks = HEAD_DIM <= 64 ? 4 : 2;
     static_assert(HEAD_DIM % 16 == 0 && BLOCK_N % 16 == 0, "mma tiles are 16 wide");
 };
 
@@ -100,7 +102,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tc_k
 
     // ldmatrix addresses of this lane in stage 0; the key group p adds p * kGroupBytes, a
     // compile-time offset. Row & 7 is lane & 7 for every p, so the swizzle XOR folds into the
-    // lane's constant: chunk (2 kk + c) ^ (lane & 7) = 2 kk ^ (c ^ (lane & 7)).
+    // lane's constant: chunk (2 kk + c) ^ (lane & 7) = 2 kk ^ (c ^ (lane & 7)) (head_dim 32's
+    // swizzle, (row >> 1) & 3, likewise depends on row & 7 only: RowSwizzled gives it).
     // They are made opaque to the compiler where there are several tiles (see opaque()); with one
     // tile each is used once, and recomputing it there costs nothing and saves registers.
     uint32_t k_addr[KC];      // K as the B operand of Q.K^T, 16-wide k chunk kk
@@ -110,13 +113,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) attention_tc_k
         const int k_row = (lane & 7) + ((lane >> 4) << 3);
         const int k_x = ((lane >> 3) & 1) ^ (lane & 7);
 #pragma unroll
-        for (int kk = 0; kk < KC; ++kk)
-            k_addr[kk] = keep(sK_addr + 2u * (k_row * HD + (((2 * kk) ^ k_x) << 3)));
+        for (int kk = 0; kk < KC; ++kk) {
+            if constexpr (HD == 32)
+                k_addr[kk] = keep(sK_addr + 2u * RowSwizzled<HD>::offset(k_row, 16 * kk + 8 * ((lane >> 3) & 1)));
+            else
+                k_addr[kk] = keep(sK_addr + 2u * (k_row * HD + (((2 * kk) ^ k_x) << 3)));
+        }
         const int v_row = (lane & 7) + ((lane >> 3) & 1) * 8;
         const int v_x = (lane >> 4) ^ (lane & 7);
 #pragma unroll
-        for (int dp = 0; dp < DB / 2; ++dp)
-            v_addr[dp] = keep(sV_addr + 2u * (v_row * HD + (((2 * dp) ^ v_x) << 3)));
+        for (int dp = 0; dp < DB / 2; ++dp) {
+            if constexpr (HD == 32)
+                v_addr[dp] = keep(sV_addr + 2u * RowSwizzled<HD>::offset(v_row, 16 * dp + 8 * (lane >> 4)));
+            else
+                v_addr[dp] = keep(sV_addr + 2u * (v_row * HD + (((2 * dp) ^ v_x) << 3)));
+        }
     }
 
     const float sl2 = args.scale_log2;

@@ -16,12 +16,17 @@ namespace padfree {
 namespace attention_detail {
 
 // [rows][HEAD_DIM] 16-bit tile whose 16-byte chunks are XOR-swizzled by row: the 8 rows one
-// ldmatrix phase reads land in 8 distinct bank groups (the mma.sync kernel's layout).
+// ldmatrix phase reads land in 8 distinct bank groups (the mma.sync kernel's layout). A head_dim-32
+// row is 64 bytes, half of the 128 bytes the banks serve per cycle, with 4 chunks: rows 2i and
+// 2i + 1 share a 128-byte line, so the chunk is XOR-ed with (row >> 1) & 3 instead (the hardware's
+// 64-byte swizzle, Panels64: the same bytes, so both kernels load it alike).
 template <int HEAD_DIM>
 struct RowSwizzled {
+    static_assert(HEAD_DIM == 32 || HEAD_DIM % 64 == 0, "rows of 4 or a multiple of 8 16-byte chunks");
     static constexpr int kRowBytes = HEAD_DIM * 2;
     __device__ __forceinline__ static int offset(int row, int col) {
-        return row * HEAD_DIM + ((((col >> 3) ^ (row & 7)) << 3) | (col & 7));
+        if constexpr (HEAD_DIM == 32) return row * 32 + ((((col >> 3) ^ ((row >> 1) & 3)) << 3) | (col & 7));
+        else return row * HEAD_DIM + ((((col >> 3) ^ (row & 7)) << 3) | (col & 7));
     }
 };
 
@@ -36,11 +41,24 @@ __device__ __forceinline__ int swizzle(int row, int col) {
 // 128 bytes (its leading offset where an operand spans panels).
 template <int ROWS>
 struct Panels128 {
+    static constexpr int kSwizzleBytes = 128;
     static constexpr int kRowBytes = 128;
     static constexpr int kPanelBytes = ROWS * 128;
     __device__ __forceinline__ static int offset(int row, int col) {
         return (col >> 6) * (ROWS * 64) + row * 64 + (((((col >> 3) & 7) ^ (row & 7))) << 3) + (col & 7);
     }
+};
+
+// wgmma's 64-byte-swizzle layout, for head_dim 32: [ROWS][32], each row 64 bytes whose 16-byte
+// chunks are XOR-swizzled by (row >> 1) & 3 (bits 7-8 of the byte offset XOR-ed into bits 4-5, as
+// the hardware swizzles; the same bytes as RowSwizzled<32>). One panel; 8-row groups 512 bytes apart.
+// A 128-byte swizzle would need 64-column rows: half of each row padding, twice the shared memory.
+template <int ROWS>
+struct Panels64 {
+    static constexpr int kSwizzleBytes = 64;
+    static constexpr int kRowBytes = 64;
+    static constexpr int kPanelBytes = ROWS * 64;
+    __device__ __forceinline__ static int offset(int row, int col) { return RowSwizzled<32>::offset(row, col); }
 };
 
 // A thread's share of copying ROWS x HEAD_DIM tiles, with its addresses computed once: thread i
@@ -140,9 +158,10 @@ __device__ __forceinline__ bool locate_query_tile(const AttentionArgs& args, int
             q_tile = blockIdx.x, tile.batch_index = blockIdx.y, tile.head = blockIdx.z;
             first_of_head = blockIdx.x == 0 && blockIdx.y == 0;
     }
-    if (args.qkv_bias != nullptr && first_of_head && threadIdx.x < 2 * HD * 2 / 128) {
-        const int part = threadIdx.x / (HD * 2 / 128) * 2;  // Q (0) or V (2)
-        const int line = threadIdx.x % (HD * 2 / 128);
+    constexpr int kLines = (HD * 2 + 127) / 128;  // 128-byte lines of one head's bias (head_dim 32: half of one)
+    if (args.qkv_bias != nullptr && first_of_head && threadIdx.x < 2 * kLines) {
+        const int part = threadIdx.x / kLines * 2;  // Q (0) or V (2)
+        const int line = threadIdx.x % kLines;
         prefetch_l2(static_cast<const char*>(args.qkv_bias) + ((part * args.num_heads + tile.head) * HD) * 2 +
                     line * 128);
     }

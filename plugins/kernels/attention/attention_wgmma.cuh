@@ -9,7 +9,8 @@
 // (the S accumulators, rounded) and V from shared memory as stored (MN-major). mma.sync needs each
 // warp to bring its own K and V fragments through ldmatrix, 4 warps reading every tile 4 times;
 // wgmma reads each shared operand once per warpgroup. K/V tiles arrive in wgmma's 128-byte-swizzle
-// layout, double-buffered: at head_dim 64 by tensor copies (TMA below), else by cp.async.
+// layout (head_dim 32: its 64-byte swizzle, a row being 64 bytes), double-buffered: at head_dim 32
+// and 64 by tensor copies (TMA below), else by cp.async.
 #pragma once
 
 #include <cmath>
@@ -59,11 +60,17 @@ struct WgmmaConfig {
     // dynamic shared memory is only 16-byte aligned.
     static constexpr int kBarrierBytes = TMA ? 8 * (1 + kStages) : 0;  // Q's mbarrier, one per K/V stage
     static constexpr int kSmemBytes = kQBytes + 2 * kStages * kTileBytes + kBarrierBytes + 1024;
-    static_assert(HEAD_DIM % 64 == 0 && BLOCK_N % 64 == 0, "64-column panels, 64-key wgmma blocks");
-    // One 64-column box per tile (128-byte swizzle spans 64 columns), both of a tile's copies on one
-    // barrier.
-    static_assert(!TMA || (HEAD_DIM == 64 && ONE_BARRIER && STAGES == 2), "TMA: head_dim 64, one barrier");
+    static_assert((HEAD_DIM == 32 || HEAD_DIM % 64 == 0) && BLOCK_N % 64 == 0,
+                  "one 32-column panel or 64-column panels, 64-key wgmma blocks");
+    // One box per tile (a 128-byte swizzle spans 64 columns, a 64-byte one 32), both of a tile's
+    // copies on one barrier.
+    static_assert(!TMA || (HEAD_DIM <= 64 && ONE_BARRIER && STAGES == 2), "TMA: head_dim 32 or 64, one barrier");
 };
+
+// The shared layout of ROWS rows of a head: 64-byte rows, 64-byte swizzle at head_dim 32;
+// 128-byte-swizzled 64-column panels otherwise.
+template <int HEAD_DIM, int ROWS>
+using WgmmaLayout = std::conditional_t<HEAD_DIM == 32, Panels64<ROWS>, Panels128<ROWS>>;
 
 // The 32 accumulators of one m64n64 product: 8-column blocks [b, b + 8) of a [blocks][4] array
 // (b a constant once the loops are unrolled, so the view stays in registers).
@@ -103,8 +110,8 @@ __device__ __forceinline__ void scores_to_p(float (&s)[NB][4], uint32_t (&pa)[KG
 }
 
 // Grid: as attention_tc_kernel's. Launched only where the library holds sm_90a code (attention.cu).
-// qkv_map: with Cfg::kTma, args.qkv as a [total_rows, 3 * num_heads * HEAD_DIM] tensor in 64 x 64
-// boxes with the 128-byte swizzle (attention.cu: qkv_tensor_map); unused otherwise.
+// qkv_map: with Cfg::kTma, args.qkv as a [total_rows, 3 * num_heads * HEAD_DIM] tensor in 64-row x
+// HEAD_DIM boxes with the layout's swizzle (attention.cu: qkv_tensor_map); unused otherwise.
 template <typename T, class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     attention_wgmma_kernel(AttentionArgs args, const __grid_constant__ CUtensorMap qkv_map) {
@@ -116,8 +123,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     constexpr int NB = BN / 8;   // 8-key column blocks of S
     constexpr int DB = HD / 8;   // 8-wide column blocks of O
     constexpr int KG = BN / 16;  // 16-key groups: P's A fragments, the k steps of P.V
-    using QLayout = Panels128<BM>;
-    using KVLayout = Panels128<BN>;
+    using QLayout = WgmmaLayout<HD, BM>;
+    using KVLayout = WgmmaLayout<HD, BN>;
+    constexpr int KPR = KVLayout::kRowBytes / 32;  // 16-wide k chunks per panel row
 
     QueryTile tile;
     HeadBias<T, HD, true> held_bias;  // Cfg::kHeldBias only
@@ -182,9 +190,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
     load_q_fragments<T, HD, QLayout>(qf, sQ_addr, warp * 16, head_bias());
 
     // K is the B operand of Q.K^T as stored (K-major: a key's head_dim is contiguous), one panel per
-    // 64 of head_dim; V that of P.V, MN-major, its panels the leading-offset steps of one n64 block.
-    const uint64_t k_desc = sw128_descriptor(sK_addr, KVLayout::kPanelBytes);
-    const uint64_t v_desc = sw128_descriptor(sV_addr, KVLayout::kPanelBytes);
+    // 64 of head_dim; V that of P.V, MN-major, its panels the leading-offset steps of one n64 block
+    // (head_dim 32: one n32 block, one panel).
+    const uint64_t k_desc = swizzled_descriptor<KVLayout::kSwizzleBytes>(sK_addr, KVLayout::kPanelBytes);
+    const uint64_t v_desc = swizzled_descriptor<KVLayout::kSwizzleBytes>(sV_addr, KVLayout::kPanelBytes);
     const float sl2 = args.scale_log2;
     const int row0 = tile.q0 + warp * 16 + (threadIdx.x % 32) / 4;  // this thread's rows: row0, row0 + 8
     // l: row sums of this thread's columns; the quad's are added at the end.
@@ -201,7 +210,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
             if (kb == 0 || kb < n64) {
 #pragma unroll
                 for (int kk = 0; kk < KC; ++kk) {
-                    const uint32_t at = stage + (kk / 4) * KVLayout::kPanelBytes + kb * 64 * 128 + (kk % 4) * 32;
+                    const uint32_t at = stage + (kk / KPR) * KVLayout::kPanelBytes + kb * 64 * KVLayout::kRowBytes +
+                                        (kk % KPR) * 32;
                     wgmma_m64n64k16<T, 0>(blocks8(s, 8 * kb), qf[kk], descriptor_at(k_desc, at), kk);
                 }
             }
@@ -214,10 +224,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
 #pragma unroll
         for (int p = 0; p < KG; ++p) {
             if (p < n16) {
+                if constexpr (HD == 32) {
+                    const uint32_t at = stage + p * 16 * KVLayout::kRowBytes;
+                    wgmma_m64n32k16<T, 1>(flat(rows.o), pa[p], descriptor_at(v_desc, at), 1);
+                } else {
 #pragma unroll
-                for (int dp = 0; dp < HD / 64; ++dp) {
-                    const uint32_t at = stage + dp * KVLayout::kPanelBytes + p * 16 * 128;
-                    wgmma_m64n64k16<T, 1>(blocks8(rows.o, 8 * dp), pa[p], descriptor_at(v_desc, at), 1);
+                    for (int dp = 0; dp < HD / 64; ++dp) {
+                        const uint32_t at = stage + dp * KVLayout::kPanelBytes + p * 16 * KVLayout::kRowBytes;
+                        wgmma_m64n64k16<T, 1>(blocks8(rows.o, 8 * dp), pa[p], descriptor_at(v_desc, at), 1);
+                    }
                 }
             }
         }
@@ -232,10 +247,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks)
         if constexpr (Cfg::kTma) {
             mbarrier_wait(kv_bar(j), (j / Cfg::kStages) & 1);
             if (!FULL) {  // V rows [valid, 16-row group end) are read, with P = 0: zeros, not the next sequence's
+                constexpr int kChunks = HD / 8;  // 16-byte chunks per row: 128 threads cover 16 rows or more
                 const int valid = min(BN, keys_end - j * BN);
-                const int row = valid + threadIdx.x / 8;
+                const int row = valid + threadIdx.x / kChunks;
                 if (row < round_up_16(valid))
-                    st_shared_zero_16(sV_addr + stage + 2u * KVLayout::offset(row, (threadIdx.x % 8) * 8));
+                    st_shared_zero_16(sV_addr + stage + 2u * KVLayout::offset(row, (threadIdx.x % kChunks) * 8));
             }
         } else if (Cfg::kOneBarrier) {
             cp_async_wait<0>();

@@ -49,13 +49,17 @@ __device__ __forceinline__ void keep_registers(uint32_t (&r)[N]) {
     for (int i = 0; i < N; ++i) asm volatile("" : "+r"(r[i])::"memory");
 }
 
-// Shared-memory matrix descriptor of a 128-byte-swizzled operand (attention_tiles.cuh: Panels128):
-// start address, leading byte offset (between 64-column panels, where the operand spans them),
-// stride byte offset (between 8-row groups: 1024). Offsets added to a descriptor move its start.
-__device__ __forceinline__ uint64_t sw128_descriptor(uint32_t smem, uint32_t leading_bytes) {
-    constexpr uint64_t kStrideBytes = 1024;
+// Shared-memory matrix descriptor of an operand swizzled in SWIZZLE_BYTES-byte rows (128:
+// attention_tiles.cuh's Panels128, 64: Panels64): start address, leading byte offset (between
+// panels, where the operand spans them), stride byte offset (between 8-row groups: 8 rows), layout
+// type in bits 62-63 (1: 128-byte swizzle, 2: 64-byte). Offsets added to a descriptor move its start.
+template <int SWIZZLE_BYTES>
+__device__ __forceinline__ uint64_t swizzled_descriptor(uint32_t smem, uint32_t leading_bytes) {
+    static_assert(SWIZZLE_BYTES == 128 || SWIZZLE_BYTES == 64, "128- or 64-byte swizzle");
+    constexpr uint64_t kStrideBytes = 8 * SWIZZLE_BYTES;
+    constexpr uint64_t kLayoutType = SWIZZLE_BYTES == 128 ? 1 : 2;
     return static_cast<uint64_t>((smem & 0x3FFFF) >> 4) | (static_cast<uint64_t>(leading_bytes >> 4) << 16) |
-           ((kStrideBytes >> 4) << 32) | (1ull << 62);
+           ((kStrideBytes >> 4) << 32) | (kLayoutType << 62);
 }
 __device__ __forceinline__ uint64_t descriptor_at(uint64_t desc, uint32_t byte_offset) {
     return desc + (byte_offset >> 4);
@@ -70,6 +74,11 @@ __device__ __forceinline__ uint64_t descriptor_at(uint64_t desc, uint32_t byte_o
         "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),     \
         "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),     \
         "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define PADFREE_WGMMA_D16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+#define PADFREE_WGMMA_D16_OPERANDS(d)                                                                  \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),    \
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),       \
+        "+f"(d[15])
 #define PADFREE_WGMMA_M64N64K16_RS(TYPE)                                                               \
     asm volatile(                                                                                      \
         "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                                   \
@@ -92,7 +101,30 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], const uint32_t (
     }
 }
 
+#define PADFREE_WGMMA_M64N32K16_RS(TYPE)                                                               \
+    asm volatile(                                                                                      \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"                                                   \
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32." TYPE "." TYPE " " PADFREE_WGMMA_D16              \
+        ", {%16, %17, %18, %19}, %20, p, 1, 1, %22;\n}\n"                                              \
+        : PADFREE_WGMMA_D16_OPERANDS(d)                                                                \
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate), "n"(TRANS_B))
+
+// d[64 x 32] (+)= a[64 x 16] . b[16 x 32]: wgmma_m64n64k16's contract at half the width (head_dim
+// 32's P.V); d: each warp's 16 x 32 block, 8-column block nb in d[4 nb .. 4 nb + 3].
+template <typename T, int TRANS_B>
+__device__ __forceinline__ void wgmma_m64n32k16(float (&d)[16], const uint32_t (&a)[4], uint64_t b_desc,
+                                                int accumulate) {
+    if constexpr (std::is_same_v<T, __half>) {
+        PADFREE_WGMMA_M64N32K16_RS("f16");
+    } else {
+        PADFREE_WGMMA_M64N32K16_RS("bf16");
+    }
+}
+
+#undef PADFREE_WGMMA_M64N32K16_RS
 #undef PADFREE_WGMMA_M64N64K16_RS
+#undef PADFREE_WGMMA_D16_OPERANDS
+#undef PADFREE_WGMMA_D16
 #undef PADFREE_WGMMA_D32_OPERANDS
 #undef PADFREE_WGMMA_D32
 

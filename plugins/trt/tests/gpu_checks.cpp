@@ -211,7 +211,7 @@ Register layernorm_gpu("gpu_layernorm_family_vs_c_abi", [] {
 
 Register attention_gpu("gpu_attention_vs_c_abi", [] {
     require_gpu();
-    for (int32_t head_dim : {64, 128}) {
+    for (int32_t head_dim : {32, 64, 128}) {
         for (DataType t : {DataType::kHALF, DataType::kBF16, DataType::kFLOAT}) {
             const padfree_dtype dt = abi_dtype(t);
             Batch b;

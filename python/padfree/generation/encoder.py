@@ -2,7 +2,7 @@
 
 No padded source row exists anywhere: tokens are packed [T] with cu_seqlens, every GEMM runs on [T,
 hidden], and attention runs per sequence through attention_varlen (the padfree kernel on the GPU for
-head_dim 64/128, the torch reference otherwise). The cross-attention K/V of every decoder layer are
+head_dim 32/64/128, the torch reference otherwise). The cross-attention K/V of every decoder layer are
 computed here once per batch and kept packed: kv_mem[layer] [T, 2*hidden] (K | V, bias added), which
 every beam of a source reads through cu_seqlens.
 """

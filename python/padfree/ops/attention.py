@@ -24,7 +24,7 @@ def attention_varlen(qkv: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: in
     softmax_scale: defaults to 1 / sqrt(head_dim).
     causal:     each query sees only keys at or before it (decoders).
     Returns out: [total_tokens, num_heads * head_dim], the heads' outputs side by side.
-    head_dim must be 64 or 128 (KernelUnsupportedError otherwise).
+    head_dim must be 32, 64 or 128 (KernelUnsupportedError otherwise).
     """
     check(qkv, "qkv", shape=(None, None))
     dtype = dtype_code(qkv, "qkv")
