@@ -146,6 +146,30 @@ def test_fp32_generation_matches_hf(family, reference):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+def test_fp32_few_rows_generation_matches_hf(family):
+    """Up to 8 hypotheses per step the decoder's linear layers are decode_linear kernels (LayerNorm, bias,
+    activation and residual fused): greedy over 8 sources, beam 4 over 2 and over 1 source, against HF."""
+    from padfree.generation import Seq2SeqGenerator
+    model = build(family, **GPU_MODEL).to("cuda")
+    gen = Seq2SeqGenerator(model, dtype=torch.float32, device="cuda")
+    if gen.ops.sources["decode_linear"] != "kernel":
+        pytest.skip(f"decode_linear: {gen.ops.sources['decode_linear']}")
+    sources = random_sources(model.config, 8, seed=11)
+    assert_greedy_parity(hf_generate(model, sources, max_new_tokens=16).cpu(),
+                         gen.generate(sources, max_new_tokens=16).cpu())
+    assert all(state.decoder.few_rows for state in gen.runner.states.values())
+    for count in (2, 1):
+        options = dict(num_beams=4, num_return_sequences=2, max_new_tokens=16, return_dict_in_generate=True,
+                       output_scores=True)
+        ref = hf_generate(model, sources[:count], **options)
+        out = gen.generate(sources[:count], **options)
+        for r in (ref, out):
+            r.sequences, r.sequences_scores = r.sequences.cpu(), r.sequences_scores.cpu()
+        assert_beam_parity(ref, out, count, 2, fill_value(model), f"gpu few rows {family} x{count}")
+    assert all(state.decoder.few_rows for state in gen.runner.states.values())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_share_equal_to_hf_fp32(family, dtype):
     model = build(family, **GPU_MODEL).to("cuda")

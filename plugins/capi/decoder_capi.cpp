@@ -1,4 +1,5 @@
-// C ABI of the decoder family (kernels/decoder/): one decoding step's self- and cross-attention.
+// C ABI of the decoder family (kernels/decoder/): one decoding step's self- and cross-attention and its
+// few-row linear layers.
 // Argument checks, then the launchers; device values (step, cache_indir, cu_seqlens) are clamped by
 // the kernels, never read here.
 #include <algorithm>
@@ -6,6 +7,7 @@
 #include <cstdint>
 
 #include "decoder/cross_attention.h"
+#include "decoder/decode_linear.h"
 #include "decoder/self_attention.h"
 #include "rowwise_checks.h"
 
@@ -130,6 +132,59 @@ padfree_status padfree_decoder_cross_attention(const void* q, const void* q_bias
                             num_heads, head_dim, softmax_scale};
     return configured("decoder_cross_attention",
                       launch_cross_attention(args, workspace, workspace_bytes, dtype, as_cuda_stream(stream)));
+    PADFREE_CAPI_GUARD_END
+}
+
+padfree_status padfree_decode_linear(const void* x, const void* weight, const void* bias, const void* residual,
+                                    const void* ln_gamma, const void* ln_beta, float eps, int32_t activation,
+                                    int32_t rows, int32_t in_features, int32_t out_features, padfree_dtype dtype,
+                                    void* out, void* x_norm_out, padfree_stream stream) {
+    PADFREE_CAPI_GUARD_BEGIN
+    using namespace padfree;
+    PADFREE_CHECK(check_dtype(dtype));
+    PADFREE_REQUIRE(rows >= 0 && rows <= kDecodeLinearMaxRows, "decode_linear: rows must be in [0, ",
+                    kDecodeLinearMaxRows, "], got ", rows);
+    PADFREE_CHECK(check_width("decode_linear: in_features", in_features, 0));
+    PADFREE_REQUIRE(out_features >= 0, "decode_linear: out_features must be >= 0, got ", out_features);
+    PADFREE_REQUIRE(activation >= 0 && activation <= 4,
+                    "decode_linear: activation must be 0 (none), 1 (relu), 2 (gelu), 3 (gelu_tanh) or 4 (silu), got ",
+                    activation);
+    PADFREE_REQUIRE((ln_gamma == nullptr) == (ln_beta == nullptr),
+                    "decode_linear: ln_gamma and ln_beta come together (or neither)");
+    PADFREE_REQUIRE(x_norm_out == nullptr || ln_gamma != nullptr, "decode_linear: x_norm_out needs ln_gamma/ln_beta");
+    if (ln_gamma != nullptr) PADFREE_CHECK(check_eps(eps));
+    const int64_t element = dtype == PADFREE_FLOAT32 ? 4 : 2;
+    int32_t staged = 1;
+    while (staged < rows) staged *= 2;
+    PADFREE_REQUIRE(staged * in_features * element <= kDecodeLinearMaxStageBytes, "decode_linear: rows x in_features (",
+                    rows, " x ", in_features, ") exceeds the ", kDecodeLinearMaxStageBytes,
+                    " bytes staged in shared memory; use a GEMM");
+    if (rows == 0 || out_features == 0) return PADFREE_OK;
+    PADFREE_CHECK(check_tensor(x, "decode_linear: x"));
+    PADFREE_CHECK(check_tensor(weight, "decode_linear: weight"));
+    PADFREE_CHECK(check_tensor(out, "decode_linear: out"));
+    auto element_aligned = [&](const void* p) { return reinterpret_cast<uintptr_t>(p) % element == 0; };
+    PADFREE_REQUIRE(element_aligned(bias) && element_aligned(residual) && element_aligned(ln_gamma) &&
+                        element_aligned(ln_beta) && element_aligned(x_norm_out),
+                    "decode_linear: bias, residual, ln_gamma, ln_beta and x_norm_out must be aligned to the dtype");
+    const char* x0 = static_cast<const char*>(x);
+    const char* o0 = static_cast<const char*>(out);
+    const int64_t x_bytes = static_cast<int64_t>(rows) * in_features * element;
+    const int64_t o_bytes = static_cast<int64_t>(rows) * out_features * element;
+    PADFREE_REQUIRE(o0 + o_bytes <= x0 || x0 + x_bytes <= o0, "decode_linear: out must not overlap x");
+    PADFREE_REQUIRE(residual == nullptr || residual == out ||
+                        static_cast<const char*>(residual) + o_bytes <= o0 || o0 + o_bytes <= static_cast<const char*>(residual),
+                    "decode_linear: residual must be out itself or not overlap it");
+    if (x_norm_out != nullptr) {
+        const char* n0 = static_cast<const char*>(x_norm_out);
+        PADFREE_REQUIRE(n0 + x_bytes <= x0 || x0 + x_bytes <= n0, "decode_linear: x_norm_out must not overlap x");
+        PADFREE_REQUIRE(n0 + x_bytes <= o0 || o0 + o_bytes <= n0, "decode_linear: x_norm_out must not overlap out");
+    }
+    DecodeLinearArgs args{x, weight, bias, residual, ln_gamma, ln_beta, out, x_norm_out, rows, in_features,
+                          out_features, eps, static_cast<DecodeActivation>(activation)};
+    const cudaError_t err = launch_decode_linear(args, dtype, as_cuda_stream(stream));
+    if (err != cudaSuccess) return cuda_failure("decode_linear", err);
+    return check_launch("decode_linear");
     PADFREE_CAPI_GUARD_END
 }
 

@@ -96,6 +96,9 @@ class Decoder:
         heads, head_dim = stack.num_heads, stack.head_dim
         self.ws_self = ops.workspace("decoder_self_attention", self.rows, heads, head_dim, capacity)
         self.ws_cross = ops.workspace("cross_attention", self.rows, heads, head_dim, max_seqlen)
+        # up to 8 rows (1x4, 2x4, 8x1): every linear layer with its LayerNorm, bias, activation and
+        # residual as one decode_linear kernel (logits_few_rows), where the kernel runs and fits
+        self.few_rows = ops.decode_linear_fits(self.rows, stack, weights.spec)
         fold = weights.spec.pre_ln and ops.skip_layernorm is not None
         self.bias_sums = folded_bias_sums(stack, dtype) if fold else None
 
@@ -123,6 +126,8 @@ class Decoder:
         """Logits [rows, V'] (weights' dtype, bias not added; V' = weights.step_lm_head's rows, the padded
         ids get -inf from weights.step_logits_bias) for the next token after `tokens` (int64 [rows], the
         token at position `step` of every hypothesis)."""
+        if self.few_rows:
+            return self.logits_few_rows(tokens)
         w, spec = self.weights, self.weights.spec
         stack = w.decoder
         heads = stack.num_heads
@@ -168,6 +173,48 @@ class Decoder:
         elif sums is not None:
             x = x + sums[last]
         return F.linear(x, w.step_lm_head)      # [rows, V'] (weights.pad_output_projection)
+
+    def logits_few_rows(self, tokens: torch.Tensor) -> torch.Tensor:
+        """logits() as 8 kernels per layer: each linear layer one decode_linear with the LayerNorm before
+        it (the input's; post-LN: the previous sublayer's, whose output it also writes as the residual),
+        its bias, activation and residual; the two attentions between."""
+        w, spec = self.weights, self.weights.spec
+        stack = w.decoder
+        heads = stack.num_heads
+        linear = self.ops.decode_linear
+        positions = self.step.long().expand(self.rows)
+        x = embed(stack, tokens, position_rows(spec, w.pad_token_id, positions, tokens), self.positions)
+        pending = None      # post-LN: x is a sublayer's sum, awaiting this LayerNorm
+
+        def enter(x, ln, weight, **kwargs):
+            """(the sublayer's first linear layer on its normalized input, the residual around it)."""
+            if spec.pre_ln:
+                return linear(x, weight, ln=(ln.weight, ln.bias, ln.eps), **kwargs), x
+            if pending is None:
+                return linear(x, weight, **kwargs), x
+            normed = torch.empty_like(x)
+            out = linear(x, weight, ln=(pending.weight, pending.bias, pending.eps), x_norm_out=normed, **kwargs)
+            return out, normed
+
+        for i, layer in enumerate(stack.layers):
+            attn, cross, f = layer.self_attn, layer.cross_attn, layer.ffn
+            qkv, res = enter(x, attn.ln, attn.qkv_weight)
+            o = self.ops.decoder_self_attention(qkv, self.k_cache[i], self.v_cache[i], self.indir, self.step, heads,
+                                                qkv_bias=attn.qkv_bias, softmax_scale=1.0, workspace=self.ws_self)
+            x = linear(o, attn.out_weight, attn.out_bias, residual=res)
+            pending = attn.ln
+            q, res = enter(x, cross.ln, cross.q_weight)
+            o = self.ops.cross_attention(q, self.kv_mem[i], self.cu_seqlens, self.max_seqlen, self.rows_per_source,
+                                         heads, q_bias=cross.q_bias, softmax_scale=1.0, workspace=self.ws_cross)
+            x = linear(o, cross.out_weight, cross.out_bias, residual=res)
+            pending = cross.ln
+            h, res = enter(x, f.ln, f.fc1_weight, bias=f.fc1_bias, activation=w.activation)
+            x = linear(h, f.fc2_weight, f.fc2_bias, residual=res)
+            pending = f.ln
+        last = stack.final_layer_norm if spec.pre_ln else pending
+        if last is None:
+            return linear(x, w.step_lm_head)
+        return linear(x, w.step_lm_head, ln=(last.weight, last.bias, last.eps))
 
     def reorder(self, parents: torch.Tensor) -> None:
         """Hypothesis r continues row parents[r] (int32 [rows]) from the next step on.

@@ -31,7 +31,7 @@ ENCODER_OPS = {"attention_varlen": "padfree_attention_varlen"}
 # per-step bookkeeping (beam_search.py, sampling.py) and the decoder's bias + residual + LayerNorm
 # (decoder.py); the attribute is None where the kernel does not run
 FUSED_OPS = {"beam_search_step": "padfree_beam_search_step", "greedy_step": "padfree_greedy_step",
-             "skip_layernorm": "padfree_skip_layernorm"}
+             "skip_layernorm": "padfree_skip_layernorm", "decode_linear": "padfree_decode_linear"}
 
 
 def _kernel_unavailable(name: str, symbol: str, device: torch.device) -> tuple[Callable | None, str]:
@@ -132,6 +132,17 @@ class DecoderOps:
         if beams > search.MAX_BEAMS or keep > search.MAX_KEEP:
             return None
         return kernel
+
+    def decode_linear_fits(self, rows: int, stack, spec) -> bool:
+        """Whether the decoder's step for `rows` hypotheses runs its linear layers as decode_linear: the
+        kernel runs, takes this many rows and every layer's input width (post-LN models with a final
+        LayerNorm after the last sublayer's are left to the GEMM path)."""
+        if getattr(self, "decode_linear", None) is None or (not spec.pre_ln and stack.final_layer_norm is not None):
+            return False
+        from ..ops.decoder import decode_linear_fits
+        dtype = stack.embed_tokens.dtype
+        widths = {stack.hidden} | {layer.ffn.fc2_weight.shape[1] for layer in stack.layers}
+        return all(decode_linear_fits(rows, width, dtype) for width in widths)
 
     def beam_search_workspace(self, batch: int, beams: int, max_length: int,
                               indir_len: int) -> tuple[torch.Tensor, int]:

@@ -180,3 +180,61 @@ def cross_attention(q: torch.Tensor, kv_mem: torch.Tensor, cu_seqlens: torch.Ten
                 ptr(ws), ws_bytes, dtype, ptr(out),
                 stream_handle(q.device))
     return out
+
+
+DECODE_LINEAR_MAX_ROWS = 8                  # kernels/decoder/decode_linear.h: kDecodeLinearMaxRows
+DECODE_LINEAR_MAX_STAGE_BYTES = 96 * 1024   # kDecodeLinearMaxStageBytes
+ACTIVATIONS = {None: 0, "none": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
+
+
+def decode_linear_fits(rows: int, in_features: int, dtype: torch.dtype) -> bool:
+    """Whether decode_linear takes rows x in_features (else the caller runs a GEMM)."""
+    staged = 1 << max(0, rows - 1).bit_length()
+    element = 4 if dtype == torch.float32 else 2
+    return (0 < rows <= DECODE_LINEAR_MAX_ROWS and in_features % 8 == 0
+            and staged * in_features * element <= DECODE_LINEAR_MAX_STAGE_BYTES)
+
+
+def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                  residual: torch.Tensor | None = None, ln: tuple | None = None, activation: str | None = None,
+                  out: torch.Tensor | None = None, x_norm_out: torch.Tensor | None = None) -> torch.Tensor:
+    """out = act(LN(x) W^T + bias) + residual for a decode step's few rows (padfree.h: padfree_decode_linear).
+
+    x [rows, in] (rows <= 8), weight [out_features, in] (nn.Linear's), bias [out_features], residual
+    [rows, out_features] (may be `out`), ln = (gamma, beta, eps) normalizing each x row first,
+    activation None / "relu" / "gelu" / "gelu_tanh" / "silu"; x_norm_out [rows, in]: also write LN(x)
+    (a post-LN sublayer's residual). One dtype for all; in a multiple of 8.
+    """
+    check_float(x, "x")
+    if x.dim() != 2:
+        raise InputError(f"x: expected [rows, in_features], got shape {list(x.shape)}")
+    rows, in_features = x.shape
+    check_float(weight, "weight", like=x, shape=(None, in_features))
+    out_features = weight.shape[0]
+    if not decode_linear_fits(rows, in_features, x.dtype):
+        raise InputError(f"x: decode_linear takes 1 to {DECODE_LINEAR_MAX_ROWS} rows with in_features a multiple of 8 "
+                         f"and rows x in_features within {DECODE_LINEAR_MAX_STAGE_BYTES} bytes, got {rows} x "
+                         f"{in_features} {x.dtype}; use a GEMM")
+    check(bias, "bias", dtype=x.dtype, shape=(out_features,), device=x.device, optional=True)
+    check(residual, "residual", dtype=x.dtype, shape=(rows, out_features), device=x.device, optional=True)
+    if activation not in ACTIVATIONS:
+        raise InputError(f"activation: expected one of none, relu, gelu, gelu_tanh, silu, got {activation!r}")
+    gamma = beta = None
+    eps = 0.0
+    if ln is not None:
+        gamma, beta, eps = ln
+        check(gamma, "ln gamma", dtype=x.dtype, shape=(in_features,), device=x.device)
+        check(beta, "ln beta", dtype=x.dtype, shape=(in_features,), device=x.device)
+        if not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+            raise InputError(f"ln eps: expected a finite number >= 0, got {eps!r}")
+    if x_norm_out is not None:
+        if ln is None:
+            raise InputError("x_norm_out: needs ln (it is the LayerNorm's output)")
+        check_float(x_norm_out, "x_norm_out", like=x, shape=(rows, in_features))
+    out = output(out, (rows, out_features), x)
+    if _overlaps(out, x) or (x_norm_out is not None and (_overlaps(x_norm_out, x) or _overlaps(x_norm_out, out))):
+        raise InputError("out and x_norm_out must not overlap x or each other")
+    call_kernel("padfree_decode_linear", x.device, ptr(x), ptr(weight), ptr(bias), ptr(residual), ptr(gamma),
+                ptr(beta), float(eps), ACTIVATIONS[activation], rows, in_features, out_features,
+                dtype_code(x, "x"), ptr(out), ptr(x_norm_out), stream_handle(x.device))
+    return out

@@ -1,0 +1,223 @@
+// A decode step's linear layers for up to 8 rows (batch x beams 1x4, 2x4, 8x1): the weights are read
+// once, from DRAM, at close to copy bandwidth, and everything around the GEMM rides along.
+//
+// Why not cuBLAS here: with 4 rows a [4, 1024] x [1024, 3072] GEMM is a 6 MB weight read, ~2 us at an
+// H100's bandwidth, but cuBLAS's small-M kernels take 4-5 us for it, and a decode step has 4-8 of
+// them per layer, each followed by a LayerNorm / bias / residual kernel of 2-3 us that moves a few KB.
+// Here one kernel does LN(x) (recomputed per block: rows x in_features elements, a few KB), the
+// weight-streaming dot products (CUDA cores: each weight element meets `rows` x values, so up to 8
+// rows the FMAs keep up with the loads), bias, activation and residual. Weight lines of a block's
+// first tile are prefetched into L2 before the kernel waits on its producer (PDL), so with padfree's
+// kernels before it the weight stream starts while the previous kernel still runs.
+//
+// Layout: a block stages the (normalized) x rows in shared memory, then each warp takes 2 output
+// features at a time: its lanes stream the two weight rows in 16-byte vectors (evict-first: a step
+// reads each weight once) and keep rows x 2 float accumulators; a warp reduction and the fused
+// epilogue follow. Blocks stride over tiles of 8 features, the grid capped at 4 blocks per SM so
+// that the staging is amortized over many tiles for the vocabulary projection.
+#include "decode_linear.h"
+
+#include "common.cuh"
+
+namespace padfree {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * kWarpSize;
+constexpr int kFeaturesPerWarp = 2;
+constexpr int kTile = kWarps * kFeaturesPerWarp;  // output features per block iteration
+constexpr int kUnroll = 4;                         // 16-byte weight vectors in flight per lane and feature
+constexpr int kBlocksPerSm = 4;
+
+__device__ __forceinline__ float warp_reduce_sum(float v) {
+#pragma unroll
+    for (int offset = kWarpSize / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+
+__device__ __forceinline__ float activate(float y, DecodeActivation act) {
+    switch (act) {
+        case DecodeActivation::kRelu: return fmaxf(y, 0.f);
+        case DecodeActivation::kGelu: return 0.5f * y * (1.f + erff(y * 0.70710678118654752f));
+        case DecodeActivation::kGeluTanh: {
+            const float inner = 0.7978845608028654f * (y + 0.044715f * y * y * y);
+            return 0.5f * y * (1.f + tanhf(inner));
+        }
+        case DecodeActivation::kSilu: return y / (1.f + __expf(-y));
+        default: return y;
+    }
+}
+
+// A weight vector read once per step: streamed past L1 and marked evict-first in L2.
+template <typename T>
+__device__ __forceinline__ Vec<T> load_weight_vec(const T* p) {
+    Vec<T> r;
+    *reinterpret_cast<uint4*>(&r) = __ldcs(reinterpret_cast<const uint4*>(p));
+    return r;
+}
+
+// kRows: rows rounded up to a power of two (the accumulators' count); staged rows past `rows` are zero.
+template <typename T, int kRows>
+__global__ void __launch_bounds__(kThreads) decode_linear_kernel(DecodeLinearArgs a) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    T* xs = reinterpret_cast<T*>(smem_raw);  // [kRows][in_features]
+    constexpr int V = vec_size<T>();
+    const int K = a.in_features, N = a.out_features, M = a.rows;
+    const int kvecs = K / V;
+    const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+    const int tiles = (N + kTile - 1) / kTile;
+    const T* weight = static_cast<const T*>(a.weight);
+
+    // the first tile's weights are not the producer's output: start them towards L2 before waiting
+    if (blockIdx.x < tiles) {
+        const int features = min(kTile, N - static_cast<int>(blockIdx.x) * kTile);
+        const char* first = reinterpret_cast<const char*>(weight + static_cast<int64_t>(blockIdx.x) * kTile * K);
+        const int64_t bytes = static_cast<int64_t>(features) * K * sizeof(T);
+        for (int64_t at = threadIdx.x * 128; at < bytes; at += kThreads * 128) prefetch_l2(first + at);
+    }
+    wait_on_producer();
+
+    const T* x = static_cast<const T*>(a.x);
+    for (int i = threadIdx.x; i < kRows * kvecs; i += kThreads) {
+        Vec<T> v;
+        if (i < M * kvecs) {
+            v = load_vec(x + static_cast<int64_t>(i) * V);
+        } else {
+#pragma unroll
+            for (int e = 0; e < V; ++e) v.v[e] = from_float<T>(0.f);
+        }
+        store_vec(xs + static_cast<int64_t>(i) * V, v);
+    }
+    __syncthreads();
+
+    if (a.ln_gamma != nullptr) {
+        // LayerNorm of each row in place (a warp per row, float32 two-pass statistics); block 0 also
+        // writes it out for a post-LN residual
+        const T* gamma = static_cast<const T*>(a.ln_gamma);
+        const T* beta = static_cast<const T*>(a.ln_beta);
+        for (int m = warp; m < M; m += kWarps) {
+            T* row = xs + static_cast<int64_t>(m) * K;
+            float s = 0.f;
+            for (int k = lane; k < K; k += kWarpSize) s += to_float(row[k]);
+            const float mean = warp_reduce_sum(s) / K;
+            float q = 0.f;
+            for (int k = lane; k < K; k += kWarpSize) {
+                const float d = to_float(row[k]) - mean;
+                q += d * d;
+            }
+            const float rstd = rsqrtf(warp_reduce_sum(q) / K + a.eps);
+            T* side = a.x_norm_out != nullptr && blockIdx.x == 0
+                          ? static_cast<T*>(a.x_norm_out) + static_cast<int64_t>(m) * K
+                          : nullptr;
+            for (int k = lane; k < K; k += kWarpSize) {
+                const float y = (to_float(row[k]) - mean) * rstd * to_float(gamma[k]) + to_float(beta[k]);
+                row[k] = from_float<T>(y);
+                if (side != nullptr) side[k] = row[k];
+            }
+        }
+        __syncthreads();
+    }
+
+    const T* bias = static_cast<const T*>(a.bias);
+    const T* residual = static_cast<const T*>(a.residual);
+    T* out = static_cast<T*>(a.out);
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        const int n0 = tile * kTile + warp * kFeaturesPerWarp;
+        float acc[kFeaturesPerWarp][kRows];
+#pragma unroll
+        for (int f = 0; f < kFeaturesPerWarp; ++f)
+#pragma unroll
+            for (int m = 0; m < kRows; ++m) acc[f][m] = 0.f;
+        // a feature past N reads row N - 1 (in range) and is never stored
+        const T* wrow[kFeaturesPerWarp];
+#pragma unroll
+        for (int f = 0; f < kFeaturesPerWarp; ++f) wrow[f] = weight + static_cast<int64_t>(min(n0 + f, N - 1)) * K;
+
+        for (int base = lane; base < kvecs; base += kWarpSize * kUnroll) {
+            Vec<T> w[kFeaturesPerWarp][kUnroll];
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) {
+                const int idx = base + u * kWarpSize;
+#pragma unroll
+                for (int f = 0; f < kFeaturesPerWarp; ++f)
+                    if (idx < kvecs) w[f][u] = load_weight_vec(wrow[f] + static_cast<int64_t>(idx) * V);
+            }
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) {
+                const int idx = base + u * kWarpSize;
+                if (idx >= kvecs) break;
+#pragma unroll
+                for (int m = 0; m < kRows; ++m) {
+                    const Vec<T> xv = load_vec(xs + static_cast<int64_t>(m) * K + static_cast<int64_t>(idx) * V);
+#pragma unroll
+                    for (int e = 0; e < V; ++e) {
+                        const float xf = to_float(xv.v[e]);
+#pragma unroll
+                        for (int f = 0; f < kFeaturesPerWarp; ++f) acc[f][m] = fmaf(to_float(w[f][u].v[e]), xf, acc[f][m]);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int f = 0; f < kFeaturesPerWarp; ++f)
+#pragma unroll
+            for (int m = 0; m < kRows; ++m) acc[f][m] = warp_reduce_sum(acc[f][m]);
+
+        // lane f * kRows + m stores (row m, feature n0 + f)
+#pragma unroll
+        for (int f = 0; f < kFeaturesPerWarp; ++f)
+#pragma unroll
+            for (int m = 0; m < kRows; ++m) {
+                const int n = n0 + f;
+                if (lane != f * kRows + m || m >= M || n >= N) continue;
+                float y = acc[f][m];
+                if (bias != nullptr) y += to_float(bias[n]);
+                y = activate(y, a.activation);
+                const int64_t at = static_cast<int64_t>(m) * N + n;
+                if (residual != nullptr) y += to_float(residual[at]);
+                out[at] = from_float<T>(y);
+            }
+    }
+    allow_consumers();
+}
+
+template <typename T, int kRows>
+cudaError_t launch_rows(const DecodeLinearArgs& a, cudaStream_t stream) {
+    const size_t smem = static_cast<size_t>(kRows) * a.in_features * sizeof(T);
+    auto kernel = decode_linear_kernel<T, kRows>;
+    // above 48 KB the kernel must opt in; raised once per instantiation and process (a benign race:
+    // every caller sets a value at least its own)
+    static std::atomic<size_t> opted_in{48 * 1024};
+    if (smem > opted_in.load(std::memory_order_relaxed)) {
+        const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                     static_cast<int>(kDecodeLinearMaxStageBytes));
+        if (err != cudaSuccess) return err;
+        opted_in.store(kDecodeLinearMaxStageBytes, std::memory_order_relaxed);
+    }
+    const int tiles = (a.out_features + kTile - 1) / kTile;
+    const int sms = current_device_value<query_sm_count>();
+    const int grid = sms > 0 ? min(tiles, sms * kBlocksPerSm) : tiles;
+    return launch_kernel(kernel, dim3(grid), dim3(kThreads), smem, stream, a);
+}
+
+template <typename T>
+cudaError_t launch_typed(const DecodeLinearArgs& a, cudaStream_t stream) {
+    if (a.rows <= 1) return launch_rows<T, 1>(a, stream);
+    if (a.rows <= 2) return launch_rows<T, 2>(a, stream);
+    if (a.rows <= 4) return launch_rows<T, 4>(a, stream);
+    return launch_rows<T, 8>(a, stream);
+}
+
+}  // namespace
+
+cudaError_t launch_decode_linear(const DecodeLinearArgs& args, padfree_dtype dtype, cudaStream_t stream) {
+    if (args.rows == 0 || args.out_features == 0) return cudaSuccess;
+    cudaError_t err = cudaSuccess;
+    dispatch_dtype(dtype, [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        err = launch_typed<T>(args, stream);
+    });
+    return err;
+}
+
+}  // namespace padfree

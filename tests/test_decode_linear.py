@@ -1,0 +1,111 @@
+"""decode_linear (padfree.ops): a decode step's few-row linear layer with its input LayerNorm, bias,
+activation and residual, against a float64 torch reference on fresh random data, outputs poisoned first.
+Shapes cover every row count the kernel takes (1 to 8: the accumulator instantiations 1, 2, 4, 8), output
+widths that leave a partial tile (features past N never written), the widths of Marian (512, 2048) and
+NLLB (1024, 4096) and a vocabulary projection (many tiles per block)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU (decode_linear)", allow_module_level=True)
+
+from padfree.ops import InputError, decode_linear  # noqa: E402
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# relative error of a row against the float64 reference: float32 accumulates in a different order; the
+# half types round the LayerNorm output (as a LayerNorm kernel's output is) and the result
+TOLERANCE = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+ACTS = {None: lambda y: y, "relu": torch.relu, "gelu": torch.nn.functional.gelu,
+        "gelu_tanh": lambda y: torch.nn.functional.gelu(y, approximate="tanh"), "silu": torch.nn.functional.silu}
+
+
+def reference(x, w, bias, residual, ln, act, dtype):
+    h = x.double()
+    if ln is not None:
+        gamma, beta, eps = ln
+        h = torch.nn.functional.layer_norm(h, (h.shape[-1],), gamma.double(), beta.double(), eps)
+        h = h.to(dtype).double()      # the LayerNorm's output is rounded to the dtype, as HF's is
+    y = h @ w.double().t()
+    if bias is not None:
+        y = y + bias.double()
+    y = ACTS[act](y)
+    if residual is not None:
+        y = y + residual.double()
+    return y, (h if ln is not None else None)
+
+
+def run(seed, dtype, rows, k, n, *, bias, residual, ln, act, side=False):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(rows, k, generator=g, device="cuda").to(dtype) * 2 + 0.5
+    w = (torch.randn(n, k, generator=g, device="cuda") / math.sqrt(k)).to(dtype)
+    b = torch.randn(n, generator=g, device="cuda").to(dtype) if bias else None
+    r = torch.randn(rows, n, generator=g, device="cuda").to(dtype) if residual else None
+    norm = None
+    if ln:
+        norm = (1 + 0.2 * torch.randn(k, generator=g, device="cuda")).to(dtype), \
+               (0.1 * torch.randn(k, generator=g, device="cuda")).to(dtype), 1e-5
+    out = torch.full((rows, n), float("nan"), dtype=dtype, device="cuda")
+    normed = torch.full((rows, k), float("nan"), dtype=dtype, device="cuda") if side else None
+    decode_linear(x, w, b, r, ln=norm, activation=act, out=out, x_norm_out=normed)
+    ref, ref_norm = reference(x, w, b, r, norm, act, dtype)
+    assert not out.isnan().any(), "an output element was not written"
+    err = ((out.double() - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-30)).max().item()
+    assert err < TOLERANCE[dtype], f"relative error {err:.2e}"
+    if side:
+        assert not normed.isnan().any()
+        # the same LayerNorm to the dtype's rounding (float32 statistics against float64's)
+        torch.testing.assert_close(normed.double(), ref_norm, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8])
+@pytest.mark.parametrize("k,n", [(512, 1536), (1024, 4096), (4096, 1024), (64, 37), (512, 58101)])
+def test_decode_linear_matches_float64(seed, dtype, rows, k, n):
+    if k * (1 << (rows - 1).bit_length()) * (4 if dtype == torch.float32 else 2) > 96 * 1024:
+        pytest.skip("beyond the staged rows x in_features (the caller runs a GEMM)")
+    run(seed, dtype, rows, k, n, bias=True, residual=False, ln=False, act=None)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("act", list(ACTS), ids=str)
+def test_decode_linear_fused_layernorm_activation(seed, dtype, act):
+    run(seed, dtype, 4, 1024, 4096, bias=True, residual=False, ln=True, act=act)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_decode_linear_residual_and_side_output(seed, dtype):
+    run(seed, dtype, 4, 512, 512, bias=True, residual=True, ln=True, act=None, side=True)
+    run(seed + 1, dtype, 7, 512, 512, bias=False, residual=True, ln=False, act=None)
+
+
+def test_decode_linear_residual_in_place(seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(4, 512, generator=g, device="cuda")
+    w = torch.randn(256, 512, generator=g, device="cuda") / 20
+    acc = torch.randn(4, 256, generator=g, device="cuda")
+    expected = acc.double() + x.double() @ w.double().t()
+    decode_linear(x, w, residual=acc, out=acc)
+    torch.testing.assert_close(acc.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_decode_linear_refuses_bad_input():
+    x = torch.zeros(4, 512, device="cuda")
+    w = torch.zeros(64, 512, device="cuda")
+    with pytest.raises(InputError, match="rows"):
+        decode_linear(torch.zeros(9, 512, device="cuda"), w)
+    with pytest.raises(InputError, match="weight"):
+        decode_linear(x, torch.zeros(64, 256, device="cuda"))
+    with pytest.raises(InputError, match="activation"):
+        decode_linear(x, w, activation="tanh")
+    with pytest.raises(InputError, match="x_norm_out"):
+        decode_linear(x, w, x_norm_out=torch.zeros(4, 512, device="cuda"))
+    with pytest.raises(InputError, match="overlap"):
+        decode_linear(x, torch.zeros(512, 512, device="cuda"), out=x)
+    with pytest.raises(InputError, match="dtype"):
+        decode_linear(x, w.half())
