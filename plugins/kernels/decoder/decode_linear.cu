@@ -35,6 +35,53 @@ __device__ __forceinline__ float warp_reduce_sum(float v) {
     return v;
 }
 
+// Two adjacent elements as floats (one conversion instruction for the half types).
+__device__ __forceinline__ float2 pair_to_float2(const float* p) { return make_float2(p[0], p[1]); }
+__device__ __forceinline__ float2 pair_to_float2(const __half* p) {
+    return __half22float2(*reinterpret_cast<const __half2*>(p));
+}
+__device__ __forceinline__ float2 pair_to_float2(const __nv_bfloat16* p) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+}
+
+// Sums each of kCount values over the warp, reduce-scatter style (kCount - 1 + 5 - log2(kCount) shuffles
+// instead of 5 per value): afterwards lane l holds the total of value owner_index<kCount>(l) in v[0].
+template <int kCount>
+__device__ __forceinline__ void warp_reduce_scatter(float (&v)[kCount], int lane) {
+    int count = kCount;
+#pragma unroll
+    for (int offset = kWarpSize / 2; offset > 0; offset >>= 1) {
+        if (count > 1) {
+            const int half = count / 2;
+            const bool upper = (lane & offset) != 0;
+#pragma unroll
+            for (int i = 0; i < kCount / 2; ++i) {
+                if (i >= half) break;
+                const float send = upper ? v[i] : v[i + half];
+                const float keep = upper ? v[i + half] : v[i];
+                v[i] = keep + __shfl_xor_sync(0xffffffffu, send, offset);
+            }
+            count = half;
+        } else {
+            v[0] += __shfl_xor_sync(0xffffffffu, v[0], offset);
+        }
+    }
+}
+
+// The value index whose total lane ends up with: the lane's bits from the top, one per halving.
+template <int kCount>
+__device__ __forceinline__ int owner_index(int lane) {
+    int index = 0, count = kCount;
+#pragma unroll
+    for (int offset = kWarpSize / 2; offset > 0; offset >>= 1) {
+        if (count > 1) {
+            count /= 2;
+            if (lane & offset) index += count;
+        }
+    }
+    return index;
+}
+
 __device__ __forceinline__ float activate(float y, DecodeActivation act) {
     switch (act) {
         case DecodeActivation::kRelu: return fmaxf(y, 0.f);
@@ -60,9 +107,10 @@ __device__ __forceinline__ Vec<T> load_weight_vec(const T* p) {
 template <typename T, int kRows>
 __global__ void __launch_bounds__(kThreads) decode_linear_kernel(DecodeLinearArgs a) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    T* xs = reinterpret_cast<T*>(smem_raw);  // [kRows][in_features]
     constexpr int V = vec_size<T>();
     const int K = a.in_features, N = a.out_features, M = a.rows;
+    T* xs = reinterpret_cast<T*>(smem_raw);  // [kRows][in_features]
+    T* ln_params = xs + static_cast<int64_t>(kRows) * K;  // gamma then beta [in_features] each, with LN
     const int kvecs = K / V;
     const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
     const int tiles = (N + kTile - 1) / kTile;
@@ -74,6 +122,12 @@ __global__ void __launch_bounds__(kThreads) decode_linear_kernel(DecodeLinearArg
         const char* first = reinterpret_cast<const char*>(weight + static_cast<int64_t>(blockIdx.x) * kTile * K);
         const int64_t bytes = static_cast<int64_t>(features) * K * sizeof(T);
         for (int64_t at = threadIdx.x * 128; at < bytes; at += kThreads * 128) prefetch_l2(first + at);
+    }
+    if (a.ln_gamma != nullptr) {  // parameters, not the producer's output: staged before the wait
+        for (int v = threadIdx.x; v < kvecs; v += kThreads) {
+            store_vec(ln_params + v * V, load_vec(static_cast<const T*>(a.ln_gamma) + v * V));
+            store_vec(ln_params + K + v * V, load_vec(static_cast<const T*>(a.ln_beta) + v * V));
+        }
     }
     wait_on_producer();
 
@@ -91,28 +145,40 @@ __global__ void __launch_bounds__(kThreads) decode_linear_kernel(DecodeLinearArg
     __syncthreads();
 
     if (a.ln_gamma != nullptr) {
-        // LayerNorm of each row in place (a warp per row, float32 two-pass statistics); block 0 also
-        // writes it out for a post-LN residual
-        const T* gamma = static_cast<const T*>(a.ln_gamma);
-        const T* beta = static_cast<const T*>(a.ln_beta);
+        // LayerNorm of each row in place (a warp per row, 16-byte vectors, float32 two-pass statistics);
+        // block 0 also writes it out for a post-LN residual
+        const T* gamma = ln_params;
+        const T* beta = ln_params + K;
         for (int m = warp; m < M; m += kWarps) {
             T* row = xs + static_cast<int64_t>(m) * K;
             float s = 0.f;
-            for (int k = lane; k < K; k += kWarpSize) s += to_float(row[k]);
+            for (int v = lane; v < kvecs; v += kWarpSize) {
+                const Vec<T> xv = load_vec(row + v * V);
+#pragma unroll
+                for (int e = 0; e < V; ++e) s += to_float(xv.v[e]);
+            }
             const float mean = warp_reduce_sum(s) / K;
             float q = 0.f;
-            for (int k = lane; k < K; k += kWarpSize) {
-                const float d = to_float(row[k]) - mean;
-                q += d * d;
+            for (int v = lane; v < kvecs; v += kWarpSize) {
+                const Vec<T> xv = load_vec(row + v * V);
+#pragma unroll
+                for (int e = 0; e < V; ++e) {
+                    const float d = to_float(xv.v[e]) - mean;
+                    q += d * d;
+                }
             }
             const float rstd = rsqrtf(warp_reduce_sum(q) / K + a.eps);
             T* side = a.x_norm_out != nullptr && blockIdx.x == 0
                           ? static_cast<T*>(a.x_norm_out) + static_cast<int64_t>(m) * K
                           : nullptr;
-            for (int k = lane; k < K; k += kWarpSize) {
-                const float y = (to_float(row[k]) - mean) * rstd * to_float(gamma[k]) + to_float(beta[k]);
-                row[k] = from_float<T>(y);
-                if (side != nullptr) side[k] = row[k];
+            for (int v = lane; v < kvecs; v += kWarpSize) {
+                Vec<T> xv = load_vec(row + v * V);
+                const Vec<T> g = load_vec(gamma + v * V), b = load_vec(beta + v * V);
+#pragma unroll
+                for (int e = 0; e < V; ++e)
+                    xv.v[e] = from_float<T>((to_float(xv.v[e]) - mean) * rstd * to_float(g.v[e]) + to_float(b.v[e]));
+                store_vec(row + v * V, xv);
+                if (side != nullptr) store_vec(side + v * V, xv);
             }
         }
         __syncthreads();
@@ -146,44 +212,56 @@ __global__ void __launch_bounds__(kThreads) decode_linear_kernel(DecodeLinearArg
             for (int u = 0; u < kUnroll; ++u) {
                 const int idx = base + u * kWarpSize;
                 if (idx >= kvecs) break;
+                float wf[kFeaturesPerWarp][V];
+#pragma unroll
+                for (int f = 0; f < kFeaturesPerWarp; ++f)
+#pragma unroll
+                    for (int e = 0; e < V; e += 2) {
+                        const float2 p = pair_to_float2(&w[f][u].v[e]);
+                        wf[f][e] = p.x;
+                        wf[f][e + 1] = p.y;
+                    }
 #pragma unroll
                 for (int m = 0; m < kRows; ++m) {
                     const Vec<T> xv = load_vec(xs + static_cast<int64_t>(m) * K + static_cast<int64_t>(idx) * V);
 #pragma unroll
-                    for (int e = 0; e < V; ++e) {
-                        const float xf = to_float(xv.v[e]);
+                    for (int e = 0; e < V; e += 2) {
+                        const float2 xf = pair_to_float2(&xv.v[e]);
 #pragma unroll
-                        for (int f = 0; f < kFeaturesPerWarp; ++f) acc[f][m] = fmaf(to_float(w[f][u].v[e]), xf, acc[f][m]);
+                        for (int f = 0; f < kFeaturesPerWarp; ++f) {
+                            acc[f][m] = fmaf(wf[f][e], xf.x, acc[f][m]);
+                            acc[f][m] = fmaf(wf[f][e + 1], xf.y, acc[f][m]);
+                        }
                     }
                 }
             }
         }
+        constexpr int kCount = kFeaturesPerWarp * kRows;
+        float sums[kCount];
 #pragma unroll
         for (int f = 0; f < kFeaturesPerWarp; ++f)
 #pragma unroll
-            for (int m = 0; m < kRows; ++m) acc[f][m] = warp_reduce_sum(acc[f][m]);
-
-        // lane f * kRows + m stores (row m, feature n0 + f)
-#pragma unroll
-        for (int f = 0; f < kFeaturesPerWarp; ++f)
-#pragma unroll
-            for (int m = 0; m < kRows; ++m) {
-                const int n = n0 + f;
-                if (lane != f * kRows + m || m >= M || n >= N) continue;
-                float y = acc[f][m];
-                if (bias != nullptr) y += to_float(bias[n]);
-                y = activate(y, a.activation);
-                const int64_t at = static_cast<int64_t>(m) * N + n;
-                if (residual != nullptr) y += to_float(residual[at]);
-                out[at] = from_float<T>(y);
-            }
+            for (int m = 0; m < kRows; ++m) sums[f * kRows + m] = acc[f][m];
+        warp_reduce_scatter<kCount>(sums, lane);
+        // each value's total sits in kWarpSize / kCount lanes: the first of them stores it
+        const int index = owner_index<kCount>(lane);
+        const bool first = (lane & (kWarpSize / kCount - 1)) == 0;
+        const int f = index / kRows, m = index % kRows, n = n0 + f;
+        if (first && m < M && n < N) {
+            float y = sums[0];
+            if (bias != nullptr) y += to_float(bias[n]);
+            y = activate(y, a.activation);
+            const int64_t at = static_cast<int64_t>(m) * N + n;
+            if (residual != nullptr) y += to_float(residual[at]);
+            out[at] = from_float<T>(y);
+        }
     }
     allow_consumers();
 }
 
 template <typename T, int kRows>
 cudaError_t launch_rows(const DecodeLinearArgs& a, cudaStream_t stream) {
-    const size_t smem = static_cast<size_t>(kRows) * a.in_features * sizeof(T);
+    const size_t smem = static_cast<size_t>(kRows + (a.ln_gamma != nullptr ? 2 : 0)) * a.in_features * sizeof(T);
     auto kernel = decode_linear_kernel<T, kRows>;
     // above 48 KB the kernel must opt in; raised once per instantiation and process (a benign race:
     // every caller sets a value at least its own)
