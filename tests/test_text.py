@@ -77,12 +77,13 @@ def sentence(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory):
-    """An HF BertModel directory with its tokenizer, exported as feature-extraction."""
+    """An HF BertModel directory with its tokenizer, exported as feature-extraction in both I/O forms."""
     root = tmp_path_factory.mktemp("plain")
     config_cls, model_cls, fields = models.BUILTIN["tiny-bert"]
     models.build(config_cls, model_cls, seed=3, **fields).save_pretrained(root / "hf")
     write_wordpiece(root / "hf")
     export(root / "hf", root / "out")
+    export(root / "hf", root / "padded", io="padded")
     return root / "hf", root / "out"
 
 
@@ -94,10 +95,12 @@ def test_export_keeps_the_text_side(sentence):
         assert (out / name).read_bytes() == (st / name).read_bytes(), name
     assert (out / "1_Pooling" / "config.json").read_bytes() == (st / "1_Pooling" / "config.json").read_bytes()
     modules = json.loads((out / "modules.json").read_text())
-    assert [(m["type"].rsplit(".", 1)[-1], m["path"]) for m in modules] == [("Transformer", ""), ("Pooling", "1_Pooling")]
+    layout = [(m["type"].rsplit(".", 1)[-1], m["path"]) for m in modules]
+    assert layout == [("Transformer", ""), ("Pooling", "1_Pooling")]
     report = json.loads((out / "report.json").read_text())
-    assert sorted(report["text_files"]) == sorted(["tokenizer.json", "tokenizer_config.json", "vocab.txt", "config.json",
-                                                   "sentence_bert_config.json", "modules.json", "1_Pooling/config.json"])
+    assert sorted(report["text_files"]) == sorted(["tokenizer.json", "tokenizer_config.json", "vocab.txt",
+                                                   "config.json", "sentence_bert_config.json", "modules.json",
+                                                   "1_Pooling/config.json"])
     assert not [p for p in out.rglob("*") if p.name.startswith(".padfree-partial")]
 
 
@@ -182,12 +185,14 @@ def test_a_missing_tokenizer_says_where_it_looked_and_what_to_do(sentence, tmp_p
     torch.testing.assert_close(Runtime(str(bare), tokenizer=st).encode(["the cat sat", "a dog"]), want)
 
 
-def test_run_and_tokenize_on_a_model_without_pooling(plain, seed):
+@pytest.mark.parametrize("io", ["packed", "padded"])
+def test_run_and_tokenize_on_a_model_without_pooling(plain, seed, io):
     """feature-extraction: per-token outputs of tokenized texts against the HF model; encode() says
     what it needs."""
     import transformers
 
     hf, out = plain
+    out = out if io == "packed" else out.parent / "padded"
     texts = random_texts(np.random.default_rng(seed), 6, longest=40)
     rt = Runtime(str(out), max_tokens=64)
     got = rt.run(rt.tokenize(texts))
@@ -252,3 +257,35 @@ def test_cli_run_text_errors_are_one_line(sentence, tmp_path, capsys, args, line
     assert main(["run", str(out), *args]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("padfree run: error: ") and message in err and "\n" not in err
+
+
+def test_where_the_tokenizer_is_looked_for(plain, tmp_path):
+    """Beside an engine file, in an export folder, in the HF directory a PyTorch-path model came from."""
+    from types import SimpleNamespace
+
+    from _runtime_double import ToyBackend
+
+    from padfree._lib import PadfreeError
+    from padfree.runtime._text import candidate_folders
+
+    hf, out = plain
+    assert candidate_folders(str(out / "model.engine"), None) == [out]
+    assert candidate_folders(str(out), None) == [out]
+    backend = ToyBackend(max_seqlen=128, vocab_size=512)
+    backend.encoder = SimpleNamespace(config=SimpleNamespace(_name_or_path=str(hf)))  # as from_hf keeps it
+    rt = Runtime(backend)
+    want = write_wordpiece(tmp_path / "tok")(["the cat sat", "a dog"])["input_ids"]
+    assert rt.tokenize(["the cat sat", "a dog"]) == want and all(1 not in ids for ids in want)   # no [UNK]
+    with pytest.raises(TextError, match="looked in nowhere"):
+        Runtime(ToyBackend()).tokenize(["the cat"])
+    with pytest.raises(PadfreeError, match="is a folder but not a padfree export"):
+        Runtime(str(tmp_path))
+
+
+def test_an_export_the_runtime_cannot_shape_is_refused_in_one_line(tmp_path):
+    """text-classification's logits have one row per sequence, which run() would take for per-token."""
+    from padfree._lib import PadfreeError
+
+    export("tiny-bert", tmp_path, task="text-classification")
+    with pytest.raises(PadfreeError, match="logits has one row per sequence, and the Runtime shapes only"):
+        Runtime(str(tmp_path))

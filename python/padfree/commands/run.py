@@ -106,7 +106,8 @@ def open_runtime(args: argparse.Namespace):
     model = load_hf_model(args.source)
     if not torch.cuda.is_available():
         raise CommandError("the PyTorch path runs padfree's CUDA kernels, and torch sees no CUDA device here;"
-                           " serve an engine file, or run on a machine with a GPU")
+                           " serve an engine file or a `padfree export` folder (ONNX Runtime, CPU), or run on a"
+                           " machine with a GPU")
     dtype = PRECISION_DTYPES[args.dtype]
     log.info("serving %s through the PyTorch path (%s on %s)", type(model).__name__, args.dtype, args.device)
     return Runtime(from_hf(model, dtype=dtype, device=args.device, gemm_search=args.gemm_search,

@@ -24,7 +24,7 @@ import torch
 
 from ..._lib import PadfreeError
 from ...ops._tensors import INT32_MAX
-from .base import Limits, check_chunk_limits, check_packed
+from .base import PER_SEQUENCE_OUTPUTS, Limits, check_chunk_limits, check_packed
 
 __all__ = ["OnnxrtEncoderBackend", "is_encoder_export"]
 
@@ -60,7 +60,8 @@ class OnnxrtEncoderBackend:
                                f" onnxruntime ({e})") from e
         try:
             report = json.loads((self.folder / REPORT).read_text())
-            name = report.get("rewritten", "model.padfree.onnx")
+            # a file of this folder: report.json names it, and never a path elsewhere
+            name = Path(str(report.get("rewritten") or "model.padfree.onnx")).name
             model = load_model(self.folder / name, "the rewritten model")
             facts = model_facts(model)
         except (OSError, ValueError, AttributeError, ExportError) as e:
@@ -79,6 +80,13 @@ class OnnxrtEncoderBackend:
         self.output_names = list(facts.outputs)
         self._inputs = {i.name for i in self.session.get_inputs()}
         self._token_outputs = token_outputs(model)     # padded form only: outputs with [B, S] leading axes
+        # The Runtime shapes outputs by name (backends/base.py PER_SEQUENCE_OUTPUTS): a per-sequence output it
+        # would take for a per-token one (text-classification's logits) is refused here, not met in run()
+        unshaped = [n for n in _per_sequence(model, facts.io, self._token_outputs) if n not in PER_SEQUENCE_OUTPUTS]
+        if unshaped:
+            raise PadfreeError(f"{self.folder}: {', '.join(unshaped)} has one row per sequence, and the Runtime shapes"
+                               f" only {', '.join(sorted(PER_SEQUENCE_OUTPUTS))} so; it cannot serve this"
+                               f" {report.get('task')} export yet (padfree check OUT/{name} checks it on the CPU)")
         self.limits = Limits(
             max_tokens=min(DEFAULT_MAX_TOKENS if max_tokens is None else int(max_tokens), INT32_MAX),
             max_batch=min(DEFAULT_MAX_BATCH if max_batch is None else int(max_batch), INT32_MAX),
@@ -107,6 +115,17 @@ class OnnxrtEncoderBackend:
         values = self.session.run(self.output_names, feed)
         return {name: torch.from_numpy(np.ascontiguousarray(v[mask] if name in self._token_outputs else v))
                 for name, v in zip(self.output_names, values)}
+
+
+def _per_sequence(model: Any, io: str, token_outputs: set[str]) -> list[str]:
+    """Outputs with one row per sequence: packed, those whose first axis is not input_ids' (T); padded,
+    those without input_ids' [B, S] leading axes."""
+    if io == "padded":
+        return [o.name for o in model.graph.output if o.name not in token_outputs]
+    ids = next(i for i in model.graph.input if i.name == "input_ids")
+    tokens = ids.type.tensor_type.shape.dim[0].dim_param
+    return [o.name for o in model.graph.output
+            if not o.type.tensor_type.shape.dim or o.type.tensor_type.shape.dim[0].dim_param != tokens]
 
 
 def _padded(packed: np.ndarray, mask: np.ndarray) -> np.ndarray:
