@@ -34,6 +34,7 @@ class ModelFacts:
     max_seqlen: int       # longest sequence the position table allows
     pad_token_id: int
     outputs: list[str] = field(default_factory=list)
+    position_offset: int = 0  # > 0: RoBERTa-style positions, numbered from pad_token_id + 1
 
 
 def model_facts(rewritten: onnx.ModelProto) -> ModelFacts:
@@ -66,7 +67,7 @@ def model_facts(rewritten: onnx.ModelProto) -> ModelFacts:
     pad = pad if 0 <= pad < vocab else 0
     return ModelFacts(io, vocab,
                       rows("token_type_embeddings") if "token_type_embeddings" in port else 0,
-                      rows("position_embeddings") - offset, pad, [o.name for o in rewritten.graph.output])
+                      rows("position_embeddings") - offset, pad, [o.name for o in rewritten.graph.output], offset)
 
 
 def _int_or(text: str | None, default: int) -> int:

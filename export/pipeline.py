@@ -9,7 +9,7 @@ from pathlib import Path
 
 from padfree import outputs
 
-from . import tasks
+from . import tasks, text_files
 from .errors import ExportError
 from .onnx_files import data_file, save_model as save
 from .report import RewriteReport
@@ -27,7 +27,9 @@ class ExportResult:
 
 
 def output_set(out: Path) -> list[Path]:
-    """The files of one export, in the order they are written (report.json last: it marks completion)."""
+    """The files of one export, in the order they are written (report.json last: it marks completion);
+    the text files (tokenizer, config.json, export/text_files.py) come before report.json and are
+    removed by text_files.remove_previous."""
     return [out / MODEL, data_file(out / MODEL), out / REWRITTEN, data_file(out / REWRITTEN), out / REPORT]
 
 
@@ -49,7 +51,9 @@ def export(source, out_dir: str | Path, io: str | None = None, opset: int | None
 
     Writes out_dir/model.onnx (the plain export, dynamic batch and sequence axes),
     out_dir/model.padfree.onnx (rewritten onto padfree plugin nodes, `io` form) and
-    out_dir/report.json (what was fused). model.onnx is float32 (the check's reference);
+    out_dir/report.json (what was fused), and beside them the source directory's tokenizer files and
+    config.json (+ a sentence-transformers model's module configs; export/text_files.py), which
+    report.json's "text_files" lists. model.onnx is float32 (the check's reference);
     model.padfree.onnx is in `dtype` ("fp32", "fp16" or "bf16"). Raises PartialFusionError unless
     everything fused or allow_partial is set (model.onnx is written either way).
 
@@ -85,7 +89,9 @@ def export(source, out_dir: str | Path, io: str | None = None, opset: int | None
     else:
         model, description = _model_object(source, task, allow_unused_weights), type(source).__name__
     task = tasks.of_model(model)
+    sources = _text_sources(source, task)
     outputs.remove(output_set(out))
+    text_files.remove_previous(out, sources)
     proto = export_onnx(model, description, DEFAULT_OPSET if opset is None else opset, task)
     save(proto, out / MODEL)
     log.info("wrote %s (%d nodes) in %.1f s", out / MODEL, len(proto.graph.node), time.perf_counter() - t0)
@@ -94,10 +100,22 @@ def export(source, out_dir: str | Path, io: str | None = None, opset: int | None
     rewritten, report = rewrite(proto, io=io, allow_partial=allow_partial, dtype=dtype)
     save(rewritten, out / REWRITTEN)
     log.info("wrote %s (%d nodes) in %.1f s", out / REWRITTEN, len(rewritten.graph.node), time.perf_counter() - t1)
+    copied = text_files.copy(out, sources, sentence=task == tasks.SENTENCE_SIMILARITY)
     data = {"source": description, "task": task, "io": io, "dtype": dtype, "model": MODEL, "rewritten": REWRITTEN,
-            **report.to_dict()}
+            "text_files": copied, **report.to_dict()}
     outputs.write_text(out / REPORT, json.dumps(data, indent=2) + "\n")
     return ExportResult(out / MODEL, out / REWRITTEN, out / REPORT, report)
+
+
+def _text_sources(source, task: str) -> list[Path]:
+    """The folders whose tokenizer and configs the export copies (none for a built-in or a model object)."""
+    from .models import BUILTIN
+    from .sentence import is_sentence_dir, read
+
+    if not isinstance(source, (str, Path)) or str(source) in BUILTIN:
+        return []
+    encoder_path = read(source).encoder_path if task == tasks.SENTENCE_SIMILARITY and is_sentence_dir(source) else None
+    return text_files.sources_of(source, encoder_path)
 
 
 def _model_object(model, task: str | None, allow_unused_weights: bool):
@@ -136,4 +154,5 @@ def _export_seq2seq(source, out_dir, io, opset, allow_partial, attn_implementati
     else:
         model, description = source, type(source).__name__
     outputs.remove(output_set(out))     # an encoder export's files in the same folder
+    text_files.remove_previous(out, text_files.sources_of(source_path) if source_path else [])
     return export_seq2seq(model, description, out, opset, source_path, num_beams)

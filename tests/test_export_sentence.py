@@ -21,15 +21,10 @@ from padfree.export.compare import compare, packed_feed  # noqa: E402
 from padfree.export.errors import ExportError  # noqa: E402
 from padfree.export.pipeline import export  # noqa: E402
 
-WORDS = "the a cat dog sat on mat ran fast slow red blue green house tree bird sings loud quiet".split()
-
 
 def write_tokenizer(folder: Path) -> None:
-    import transformers
-
-    vocab = folder / "vocab.txt"
-    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]) + "\n")
-    transformers.BertTokenizerFast(vocab_file=str(vocab)).save_pretrained(folder)
+    from _tokenizers import write_wordpiece
+    write_wordpiece(folder)
 
 
 def sentence_dir(folder: Path, pooling="mean", normalize=True, name="tiny-bert", legacy=False,

@@ -6,6 +6,7 @@
     decoder_step.padfree.onnx   the same step with each site swapped for its plugin node (swap.py),
                         num_beams fixed (--num-beams; default the model's generation_config.num_beams)
     config.json, generation_config.json   the HF configs: generate()'s option merge reads them
+    tokenizer files     copied from the source directory where it has them (export/text_files.py)
     seq2seq.json        what was written, the I/O names and the limits; written last (completion marker)
 
 The graphs are float32. The previous export's files in the folder (these, and an encoder export's)
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from padfree import outputs
 
+from .. import text_files
 from ..onnx_files import data_file, save_model
 from .models import check_supported
 
@@ -101,6 +103,7 @@ def export_seq2seq(model, description: str, out: Path, opset: int,
     log.info("wrote %s (%d nodes, num_beams %d)", out / STEP_PLUGINS, len(swapped.graph.node), num_beams)
     outputs.write_text(out / CONFIG, model.config.to_json_string())
     outputs.write_text(out / GENERATION_CONFIG, model.generation_config.to_json_string())
+    copied = text_files.copy(out, text_files.sources_of(source_path) if source_path else [], config=False)
     stack = weights.decoder
     inputs, step_outputs = decoder_step.io_names(len(stack.layers))
     counts: dict[str, int] = {}
@@ -118,6 +121,7 @@ def export_seq2seq(model, description: str, out: Path, opset: int,
                     "hidden": stack.hidden, "vocab_size": weights.target_vocab_size,
                     "max_positions": decoder_limit, "pad_token_id": weights.pad_token_id,
                     "inputs": inputs, "outputs": step_outputs},
+        "text_files": copied,
         "sites": counts,
         "decoder_plugins": {"num_beams": num_beams, "plugins": counts, "inputs": plugin_inputs,
                             "outputs": plugin_outputs},

@@ -1,8 +1,10 @@
 """`padfree run SOURCE`: encode one batch with padfree's Runtime and print the output shapes.
 
-SOURCE is an engine file (served by padfree.runtime.backends.engine), a Hugging Face model directory or a built-in
-tiny model name (both through the PyTorch path, padfree.torch). The batch comes from a JSON file
-(--input) or is drawn at random (--random B,S).
+SOURCE is an engine file (served by padfree.runtime.backends.engine), a `padfree export` folder (on ONNX
+Runtime, CPU: padfree.runtime.backends.onnxrt_encoder), a Hugging Face model directory or a built-in
+tiny model name (both through the PyTorch path, padfree.torch). The batch comes from texts (--text,
+--text-file: tokenized with the model's tokenizer, no padding), a JSON file of token ids (--input) or
+is drawn at random (--random B,S).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..arguments import CommandError, non_negative_int, positive_int
+from ..tokenizer_files import has_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -27,11 +30,18 @@ def register(subparsers) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("source", help="engine file, HF model directory, or built-in tiny model name")
     what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--text", action="append", metavar="TEXT",
+                      help="a text to encode (repeat for several), tokenized with the model's tokenizer")
+    what.add_argument("--text-file", type=Path, metavar="FILE", help="texts to encode, one per line (UTF-8)")
     what.add_argument("--input", type=Path, metavar="FILE.json",
                       help='a list of token-id lists, or {"input_ids": ..., "attention_mask": ...,'
                            ' "token_type_ids": ...} (padded when attention_mask is given)')
     what.add_argument("--random", metavar="B,S", type=_batch_shape,
                       help="B random sequences, lengths uniform in [ceil(0.2*S), S]")
+    p.add_argument("--tokenizer", metavar="DIR", help="the model's HF tokenizer folder (default: the one beside"
+                   " SOURCE, which `padfree export` copies into its folder)")
+    p.add_argument("--truncate", action="store_true",
+                   help="cut texts over the model's limit to it (default: refuse them, naming the limit)")
     p.add_argument("--seed", type=non_negative_int, default=0, help="seed of --random (default 0)")
     p.add_argument("--padded", action="store_true", help="padded [B, S, H] outputs (zeros in padding)")
     p.add_argument("-o", "--output", type=Path, metavar="OUT.npz",
@@ -80,21 +90,43 @@ def open_runtime(args: argparse.Namespace):
 
     from padfree.runtime import Runtime
 
-    limits = {"max_batch": args.max_batch, "max_tokens": args.max_tokens}
+    limits = {"max_batch": args.max_batch, "max_tokens": args.max_tokens, "tokenizer": args.tokenizer}
     if Path(args.source).is_file():
         log.info("serving engine %s", args.source)
         return Runtime(args.source, **limits, plugin_library_path=args.plugin_library,
                        allow_plugin_mismatch=args.allow_plugin_mismatch)
+    from padfree.runtime.backends.onnxrt_encoder import is_encoder_export
+    if is_encoder_export(args.source):
+        log.info("serving export folder %s on ONNX Runtime (CPU; plugin nodes through their references)", args.source)
+        return Runtime(args.source, **limits)
+    if Path(args.source).is_dir() and args.tokenizer is None:
+        limits["tokenizer"] = args.source if has_tokenizer(args.source) else None
     from padfree.ops._tensors import PRECISION_DTYPES
     from padfree.torch import from_hf
     model = load_hf_model(args.source)
     if not torch.cuda.is_available():
         raise CommandError("the PyTorch path runs padfree's CUDA kernels, and torch sees no CUDA device here;"
-                           " serve an engine file, or run on a machine with a GPU")
+                           " serve an engine file or a `padfree export` folder (ONNX Runtime, CPU), or run on a"
+                           " machine with a GPU")
     dtype = PRECISION_DTYPES[args.dtype]
     log.info("serving %s through the PyTorch path (%s on %s)", type(model).__name__, args.dtype, args.device)
     return Runtime(from_hf(model, dtype=dtype, device=args.device, gemm_search=args.gemm_search,
                            gemm_tuning=args.gemm_tuning), **limits)
+
+
+def read_texts(path: Path) -> list[str]:
+    """The lines of a UTF-8 text file, one text each; a blank line is refused (its row would be a text
+    the user did not mean, and skipping it would shift every later row)."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise CommandError(f"cannot read texts from {path}: {e}") from None
+    if not lines:
+        raise CommandError(f"{path} holds no text: give one text per line")
+    blank = next((i for i, line in enumerate(lines) if not line.strip()), None)
+    if blank is not None:
+        raise CommandError(f"{path}: line {blank + 1} is blank; give one text per line, without blank lines")
+    return lines
 
 
 def read_batch(path: Path) -> dict[str, Any]:
@@ -130,8 +162,18 @@ def main(args: argparse.Namespace) -> int:
 
     if args.output is not None:  # before the model loads and the batch runs
         _writable_npz(args.output)
+    texts = args.text if args.text is not None else read_texts(args.text_file) if args.text_file else None
+    if texts is None and (args.truncate or args.tokenizer):
+        raise CommandError("--truncate and --tokenizer apply to texts: give --text or --text-file")
     runtime = open_runtime(args)
-    if args.input is not None:
+    if texts is not None:
+        try:
+            ids = runtime.tokenize(texts, truncate=args.truncate)
+        except InputError as e:
+            raise CommandError(f"bad input: {e}") from None
+        log.info("%d texts: %s tokens", len(ids), [len(i) for i in ids])
+        run_args = {"batch": ids}
+    elif args.input is not None:
         run_args = read_batch(args.input)
     else:
         b, s = args.random

@@ -20,12 +20,18 @@ OUTPUT_FORMATS = ("torch", "numpy")
 
 def open_backend(source: Any, max_tokens: int | None = None, max_batch: int | None = None,
                  **engine_options: Any) -> Any:
-    """The backend for an engine path, a seq2seq export folder, a PadfreeEncoder, a padfree.generation
-    Seq2SeqGenerator, or an object that already is a backend."""
+    """The backend for an engine path, an export folder (an encoder's or a seq2seq's, on ONNX Runtime),
+    a PadfreeEncoder, a padfree.generation Seq2SeqGenerator, or an object that already is a backend."""
     if isinstance(source, (str, os.PathLike)) and os.path.isdir(source):
+        from .backends.onnxrt_encoder import OnnxrtEncoderBackend, is_encoder_export
         from .backends.onnxrt_seq2seq import OnnxrtSeq2SeqGenerator, is_seq2seq_export
         if is_seq2seq_export(source):
             return OnnxrtSeq2SeqGenerator(source)
+        if is_encoder_export(source):
+            return OnnxrtEncoderBackend(source, max_tokens=max_tokens, max_batch=max_batch)
+        raise PadfreeError(f"{os.fspath(source)} is a folder but not a padfree export (no report.json or"
+                           f" seq2seq.json): export it with `padfree export`, or serve an HF model through"
+                           f" padfree.torch.from_hf")
     if isinstance(source, (str, os.PathLike)):
         try:
             from .backends import engine as engine_backend
@@ -85,11 +91,15 @@ class Runtime:
     output: "torch" (tensors on the backend's device) or "numpy" (host arrays, stream synchronized).
     max_tokens, max_batch: chunk limits; for an encoder they default to EncoderBackend's, for an
       engine to what it was built for (and cannot exceed it).
+    tokenizer: for tokenize() and encode(): a folder holding the model's HF tokenizer, or a tokenizer
+      object; None: the one beside the source (an export folder, an engine's folder, the HF directory
+      the model was loaded from), found on first use (runtime/_text.py).
     A Runtime runs one batch at a time (its pinned staging buffer is shared): one per thread.
     """
 
     def __init__(self, source: Any, stream: Any = None, *, output: str = "torch",
-                 max_tokens: int | None = None, max_batch: int | None = None, **engine_options: Any):
+                 max_tokens: int | None = None, max_batch: int | None = None, tokenizer: Any = None,
+                 **engine_options: Any):
         if output not in OUTPUT_FORMATS:
             raise ValueError(f"output must be one of {OUTPUT_FORMATS}, got {output!r}")
         check_chunk_limits(max_tokens, max_batch)  # before an engine or a model is loaded
@@ -100,6 +110,7 @@ class Runtime:
         self.stream = _as_stream(stream, self.device)
         self.output = output
         self._staging = Staging(self.device)
+        self._source, self._tokenizer, self._text_tokenizer = source, tokenizer, None
 
     def __repr__(self) -> str:
         return f"Runtime({self.backend!r}, device={self.device}, limits={self.limits})"
@@ -114,6 +125,34 @@ class Runtime:
             raise TypeError(f"{type(self.backend).__name__} encodes; generate() needs an encoder-decoder backend "
                             f"(a seq2seq export folder or padfree.torch.from_hf of an encoder-decoder)")
         return generate(batch, attention_mask, **options)
+
+    @property
+    def text_tokenizer(self) -> Any:
+        """The model's tokenizer with its length limit (runtime/_text.py TextTokenizer), loaded on first use."""
+        if self._text_tokenizer is None:
+            from ._text import TextTokenizer
+            self._text_tokenizer = TextTokenizer.for_runtime(self._tokenizer, self._source, self.backend, self.limits)
+        return self._text_tokenizer
+
+    def tokenize(self, texts: Any, *, truncate: bool = False) -> list[list[int]]:
+        """The token ids of each text as the model's tokenizer makes them, without padding: run() takes
+        the list as it is. A text over the model's limit is an InputError naming it, unless truncate."""
+        from ._text import check_texts
+        return self.text_tokenizer(check_texts(texts), truncate)
+
+    def encode(self, texts: Any, batch_size: int = 128, *, normalize: bool = False, truncate: bool = False,
+               output: str | None = None, stream: Any = None) -> Any:
+        """Sentence embeddings, in the style of sentence-transformers' encode: float32 [len(texts), hidden],
+        row i the embedding of texts[i] (the model's sentence_embedding output: a sentence-transformers
+        model exported with its pooling, and its normalization where it has one).
+
+        texts: a list of str, tokenized on the host without padding, batch_size texts per run().
+        normalize: L2-normalize each row (as normalize_embeddings=True).
+        truncate: cut texts over the model's limit (else an InputError naming the limit).
+        output: "torch" (a tensor on the backend's device) or "numpy"; None: the Runtime's.
+        """
+        from ._text import encode
+        return encode(self, texts, batch_size, normalize, truncate, output or self.output, stream)
 
     def run(self, batch: Any, attention_mask: Any = None, token_type_ids: Any = None, *,
             padded: bool = False, output: str | None = None, stream: Any = None) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import torch
 from ...ops._tensors import InputError
 
 # Outputs with one row per sequence; every other output has one row per token.
-PER_SEQUENCE_OUTPUTS = frozenset({"pooler_output"})
+PER_SEQUENCE_OUTPUTS = frozenset({"pooler_output", "sentence_embedding"})
 
 
 @dataclass(frozen=True)
