@@ -240,3 +240,27 @@ def test_padded_mask_checks(seed):
             out = rt.run(ids, mask, padded=True)
             check_padded(out, [ids[i, :mask[i].sum()] for i in range(8)], MAX_SEQLEN)
 
+
+
+# ---------------------------------------------------------------------------------------------
+# bench/runtime.py's host-only mode (the GPU columns run on the device machine)
+# ---------------------------------------------------------------------------------------------
+
+def test_bench_runtime_host_only_runs_on_cpu(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "runtime.json"
+    argv = ["--host-only", "--batch", "16", "--reps", "3", "--warmup", "1", "--out", str(out)]
+    proc = subprocess.run([sys.executable, os.path.join(root, "bench", "runtime.py"), *argv],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    assert report["command"] and report["rows"]
+    forms = ("lists", "numpy", "padded")
+    for row in report["rows"]:
+        assert row["batch"] == 16
+        assert all(row["host_ms"][f"{kind}_{form}"] > 0 for kind in ("submit", "inputs") for form in forms)

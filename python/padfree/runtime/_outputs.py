@@ -46,22 +46,23 @@ class OutputGather:
                 raise RuntimeError(f"{backend_name}.execute_packed returned '{name}' of shape"
                                    f" {list(t.shape)} for {chunk.batch} sequences / {chunk.tokens}"
                                    f" tokens; expected {rows} rows")
+            total = self.batch if per_seq else self.tokens
             scatter = not per_seq and self.index is not None
             dest = self.outputs.get(name)
-            if dest is None:
-                dest = self.outputs[name] = self._allocate(t, self.batch if per_seq else
-                                                           self.rows if scatter else self.tokens, scatter)
             if scatter:
+                if dest is None:  # padding rows stay zero
+                    dest = self.outputs[name] = torch.zeros((self.rows, *t.shape[1:]), dtype=t.dtype, device=t.device)
                 dest.index_copy_(0, self.index[start:stop], t)
-            else:
-                dest[start:stop].copy_(t, non_blocking=True)  # asynchronous only into pinned memory
-
-    def _allocate(self, t: torch.Tensor, rows: int, scatter: bool) -> torch.Tensor:
-        shape = (rows, *t.shape[1:])
-        if scatter:  # padding rows stay zero
-            return torch.zeros(shape, dtype=t.dtype, device=t.device)
-        pinned = self.to_host and t.device.type == "cuda"
-        return torch.empty(shape, dtype=t.dtype, device="cpu" if pinned else t.device, pin_memory=pinned)
+                continue
+            pinned = self.to_host and t.device.type == "cuda"
+            if dest is None and rows == total and not pinned:  # the whole batch in one chunk: one call
+                self.outputs[name] = t.clone(memory_format=torch.contiguous_format)
+                continue
+            if dest is None:
+                dest = self.outputs[name] = torch.empty((total, *t.shape[1:]), dtype=t.dtype,
+                                                        device="cpu" if pinned else t.device, pin_memory=pinned)
+            # asynchronous only into pinned memory; the caller waits on an event before reading it
+            (dest if rows == total else dest[start:stop]).copy_(t, non_blocking=True)
 
     def finish(self) -> dict[str, torch.Tensor]:
         """The outputs; with to_host, the padded ones' asynchronous copies to pinned memory enqueued."""
@@ -101,7 +102,7 @@ def shape_outputs(outputs: dict[str, torch.Tensor], batch: HostBatch, padded: bo
             cu = batch.cu_seqlens.tolist()
             shaped[name] = [t[i:j] for i, j in zip(cu, cu[1:])]
         else:
-            shaped[name] = list(torch.split(t, batch.lengths.tolist()))
+            shaped[name] = list(t.split_with_sizes(batch.lengths.tolist()))
     return shaped
 
 
