@@ -19,7 +19,7 @@ from .backends.base import PER_SEQUENCE_OUTPUTS
 
 class OutputGather:
     """Outputs of a whole batch: per-token ones packed [T, ...] or, with `index` (padded_index() on
-    the backend's device, int64), padded [B * S, ...] with zeros in padding; per-sequence ones [B, ...].
+    the backend's device, int32), padded [B * S, ...] with zeros in padding; per-sequence ones [B, ...].
     to_host: put them in pinned host memory (padded ones are scattered on the device first).
     """
 
@@ -52,7 +52,8 @@ class OutputGather:
             if scatter:
                 if dest is None:  # padding rows stay zero
                     dest = self.outputs[name] = torch.zeros((self.rows, *t.shape[1:]), dtype=t.dtype, device=t.device)
-                dest.index_copy_(0, self.index[start:stop], t)
+                # index_copy_ takes int64 indices; converted here, after the chunk's launch, not before
+                dest.index_copy_(0, self.index[start:stop].long(), t)
                 continue
             pinned = self.to_host and t.device.type == "cuda"
             if dest is None and rows == total and not pinned:  # the whole batch in one chunk: one call

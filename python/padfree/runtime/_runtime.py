@@ -175,7 +175,7 @@ class Runtime:
 
         per_chunk = 3 if host.token_type_ids is not None else 2
         numpy = output == "numpy"
-        gather = OutputGather(self.output_names, host, views[-1].long() if padded else None, to_host=numpy)
+        gather = OutputGather(self.output_names, host, views[-1] if padded else None, to_host=numpy)
         backend_name = type(self.backend).__name__
         for i, c in enumerate(chunks):
             ids, cu, *types = views[i * per_chunk:(i + 1) * per_chunk]
