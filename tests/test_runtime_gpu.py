@@ -122,3 +122,37 @@ def test_gpu_torch_runner_vs_onnxruntime(seed, tmp_path):
     results = Comparator.run(runners, data_loader=feeds)
     mask_padding(results, feeds)
     assert bool(Comparator.compare_accuracy(results, compare_func=SimpleCompareFunc(atol=1e-4, rtol=1e-3)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("output", ["torch", "numpy"])
+def test_gpu_submitted_batches_overlap_and_keep_their_inputs(seed, output):
+    """Three batches submitted behind ~0.1 s of queued GPU work: the first two return without waiting,
+    the third packs into the first one's staging buffer only after the copy out of it ran (else the
+    first batch would be computed on the third's ids). Each equals its batch run alone."""
+    from padfree.torch import from_hf
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = tiny_bert(seed)
+    rng = np.random.default_rng(seed)
+    encoder = from_hf(model, dtype=torch.float32, device="cuda")
+    batches = [[rng.integers(0, VOCAB, size=n) for n in rng.integers(1, 129, size=int(b))]
+               for b in rng.integers(2, 12, size=3)]
+    expected = [Runtime(encoder, output="numpy").run(b) for b in batches]  # also captures the graphs
+    stream = torch.cuda.Stream()
+    rt = Runtime(encoder, stream=stream, output=output)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(stream):
+        torch.cuda._sleep(200_000_000)
+    pending = [rt.submit(batches[0]), rt.submit(batches[1])]
+    assert not stream.query(), "submit() waited for the GPU"
+    assert not pending[0].done()
+    pending.append(rt.submit(batches[2]))
+    for p, want in zip(pending, expected):
+        p.synchronize()
+        got = p.result()
+        assert p.done()
+        for g, w in zip(got["last_hidden_state"], want["last_hidden_state"]):
+            np.testing.assert_allclose(torch.as_tensor(g).cpu().numpy(), w, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(torch.as_tensor(got["pooler_output"]).cpu().numpy(), want["pooler_output"],
+                                   rtol=1e-5, atol=1e-5)

@@ -7,6 +7,7 @@ See docs/RUNTIME.md. Host-side logic (_inputs, _plan, _staging, _outputs) needs 
 tested on the CPU with a backend test double.
 """
 from ..ops._tensors import InputError  # noqa: F401
+from ._pending import PendingRun  # noqa: F401
 from ._runtime import Runtime, open_backend  # noqa: F401
 from .backends.base import PER_SEQUENCE_OUTPUTS, Backend, Limits, limits_of  # noqa: F401
 from .backends.encoder import EncoderBackend  # noqa: F401

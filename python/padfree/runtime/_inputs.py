@@ -5,14 +5,14 @@ out of bounds, a right-padded or holed mask would pack the wrong tokens."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from functools import cached_property
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
 from ..ops._tensors import INT32_MAX, InputError
+from . import _sequences
 from .backends.base import Limits
 
 _INT64_MAX = np.iinfo(np.int64).max
@@ -31,11 +31,13 @@ class HostBatch:
     lengths: np.ndarray
     padded_width: int
     mask: np.ndarray | None = None
+    cu_seqlens: np.ndarray = field(init=False, repr=False)  # int64 [B + 1]: [0, cumsum(lengths)]
 
-    @cached_property
-    def cu_seqlens(self) -> np.ndarray:
-        # computed once: Runtime._run slices it per chunk, locate() reads it twice
-        return np.concatenate(([0], np.cumsum(self.lengths))).astype(np.int64)
+    def __post_init__(self):
+        # every run reads it (chunks, staging, outputs): computed here, where a cached_property
+        # took a lock on each first read (Python 3.11)
+        self.cu_seqlens = np.zeros(len(self.lengths) + 1, dtype=np.int64)
+        np.cumsum(self.lengths, out=self.cu_seqlens[1:])
 
     def locate(self, token: int) -> tuple[int, int]:
         """(sequence, position) of a packed token index, for error messages."""
@@ -78,6 +80,12 @@ def from_sequences(batch: Sequence, token_type_ids: Sequence | None) -> HostBatc
     if isinstance(batch[0], (int, np.integer)):
         raise InputError("batch: expected a list of token sequences, got a flat list of ids;"
                          " for one sequence pass [ids]")
+    packed = _sequences.pack(batch)
+    if packed is not None:
+        ids, lengths = packed
+        types = _packed_types(token_type_ids, lengths)
+        if types is not False:
+            return HostBatch(ids, types, lengths, int(lengths.max()))
     seqs = []
     for i, seq in enumerate(batch):
         a = _to_numpy(seq, f"sequence {i}")
@@ -103,6 +111,19 @@ def from_sequences(batch: Sequence, token_type_ids: Sequence | None) -> HostBatc
     return HostBatch(np.concatenate(seqs), types, lengths, int(lengths.max()))
 
 
+def _packed_types(token_type_ids: Sequence | None, lengths: np.ndarray) -> np.ndarray | None | bool:
+    """The token types packed like the ids (None where none were given), or False where the
+    per-sequence path must look at them (it raises with the sequence's index)."""
+    if token_type_ids is None:
+        return None
+    if not _is_sequence_list(token_type_ids) or len(token_type_ids) != len(lengths):
+        return False
+    packed = _sequences.pack(token_type_ids)
+    if packed is None or not np.array_equal(packed[1], lengths):
+        return False
+    return packed[0]
+
+
 def from_padded(input_ids: Any, attention_mask: Any | None, token_type_ids: Any | None) -> HostBatch:
     ids = _ints(input_ids, "input_ids")
     if ids.ndim != 2:
@@ -117,13 +138,6 @@ def from_padded(input_ids: Any, attention_mask: Any | None, token_type_ids: Any 
         lengths = np.full(ids.shape[0], ids.shape[1], dtype=np.int64)
     else:
         mask, lengths = _mask(attention_mask, ids.shape)
-    # Right padding (ones then zeros) is the same as no 0 -> 1 step along a row: one pass, where
-    # comparing against a rebuilt [B, S] mask took three (the host checks are on every call's path).
-    rising = mask[:, 1:] > mask[:, :-1]
-    if rising.any():
-        bad = np.flatnonzero(rising.any(axis=1))
-        raise InputError(f"attention_mask row {bad[0]} is not left-aligned (ones then zeros); padfree needs"
-                         " right padding, as tokenizers with padding_side='right' produce")
     if not lengths.all():
         raise InputError(f"sequence {np.flatnonzero(lengths == 0)[0]} is empty (its attention_mask row is"
                          " all zeros)")
@@ -133,22 +147,34 @@ def from_padded(input_ids: Any, attention_mask: Any | None, token_type_ids: Any 
         if t.shape != ids.shape:
             raise InputError(f"token_type_ids: expected shape {list(ids.shape)} like input_ids,"
                              f" got {list(t.shape)}")
-        types = t[mask]
-    return HostBatch(ids[mask], types, lengths, int(ids.shape[1]), mask)
+        types = t.reshape(-1) if attention_mask is None else t[mask]
+    packed = ids.reshape(-1) if attention_mask is None else ids[mask]
+    return HostBatch(packed, types, lengths, int(ids.shape[1]), mask)
 
 
 def _mask(attention_mask: Any, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """(the mask as bool [B, S], its row sums as int64 [B]); refuses values other than 0 and 1."""
+    """(the mask as bool [B, S], its row lengths as int64 [B]); refuses values other than 0 and 1 and
+    rows that are not left-aligned (ones then zeros)."""
     m = _to_numpy(attention_mask, "attention_mask")
     if m.dtype.kind not in "biu":
         raise InputError(f"attention_mask: expected an integer or bool mask, got dtype {m.dtype}")
     if m.shape != shape:
         raise InputError(f"attention_mask: expected shape {list(shape)} like input_ids, got {list(m.shape)}")
-    if m.dtype.kind == "b":
-        return m, m.sum(axis=1, dtype=np.int64)
-    if (m.view(f"u{m.itemsize}") > 1).any():  # negatives wrap to huge unsigned values
-        raise InputError("attention_mask: expected only 0 and 1")
-    return m.astype(bool), m.sum(axis=1, dtype=np.int64)  # summing ints beats summing bools
+    if m.dtype.kind != "b":
+        if m.view(f"u{m.itemsize}").max() > 1:  # negatives wrap to huge unsigned values
+            raise InputError("attention_mask: expected only 0 and 1")
+        m = m.astype(bool)
+    # A row's length is where its first zero sits (argmin of a bool row; a row of ones has none). Every
+    # row holds at least that many ones, so the lengths add up to the mask's count of ones exactly when
+    # no row has a one after its first zero: right padding checked in two cheap passes, where row sums
+    # and a comparison of neighbours took four (the host checks are on every call's path).
+    first_zero = m.argmin(axis=1)
+    lengths = np.where(m[:, 0] & (first_zero == 0), shape[1], first_zero)
+    if int(lengths.sum()) != np.count_nonzero(m):
+        bad = np.flatnonzero(m.sum(axis=1) != lengths)
+        raise InputError(f"attention_mask row {bad[0]} is not left-aligned (ones then zeros); padfree needs"
+                         " right padding, as tokenizers with padding_side='right' produce")
+    return m, lengths
 
 
 def to_host_batch(batch: Any, attention_mask: Any | None = None,

@@ -10,7 +10,8 @@ import torch
 
 from .._lib import PadfreeError
 from ._inputs import HostBatch, to_host_batch, validate
-from ._outputs import OutputGather, padded_index, shape_outputs, to_host, to_numpy
+from ._outputs import OutputGather, needs_data, padded_index, shape_outputs
+from ._pending import PendingRun
 from ._plan import Chunk, plan_chunks
 from ._staging import Staging
 from .backends.base import Limits, check_chunk_limits, device_of, limits_of
@@ -94,7 +95,9 @@ class Runtime:
     tokenizer: for tokenize() and encode(): a folder holding the model's HF tokenizer, or a tokenizer
       object; None: the one beside the source (an export folder, an engine's folder, the HF directory
       the model was loaded from), found on first use (runtime/_text.py).
-    A Runtime runs one batch at a time (its pinned staging buffer is shared): one per thread.
+    submit() enqueues a batch and returns at once (a PendingRun), so that the host packs the next
+    batch while the GPU runs this one; run() is submit().result().
+    A Runtime is driven from one thread at a time (its pinned staging buffers are shared): one per thread.
     """
 
     def __init__(self, source: Any, stream: Any = None, *, output: str = "torch",
@@ -166,6 +169,23 @@ class Runtime:
         (padded=True: [B, S, H], zeros in padding; S = the input's width, or the longest sequence),
         "pooler_output" as [B, H]. Raises InputError (a ValueError) for malformed input.
         """
+        return self.submit(batch, attention_mask, token_type_ids, padded=padded, output=output,
+                           stream=stream).result()
+
+    def submit(self, batch: Any, attention_mask: Any = None, token_type_ids: Any = None, *,
+               padded: bool = False, output: str | None = None, stream: Any = None) -> PendingRun:
+        """Validate, pack and enqueue a batch without waiting for the GPU; arguments as run(), which is
+        submit(...).result(). Pack the next batch while this one runs (docs/RUNTIME.md):
+
+            pending = rt.submit(batches[0])
+            for batch in batches[1:]:
+                following = rt.submit(batch)   # host work overlaps the GPU's work on `pending`
+                use(pending.result())
+                pending = following
+            use(pending.result())
+
+        Raises InputError at once for malformed input, before anything is enqueued.
+        """
         if not hasattr(self.backend, "execute_packed"):
             raise TypeError(f"{type(self.backend).__name__} is an encoder-decoder: call generate(), not run()")
         output = output or self.output
@@ -173,39 +193,42 @@ class Runtime:
             raise ValueError(f"output must be one of {OUTPUT_FORMATS}, got {output!r}")
         host = to_host_batch(batch, attention_mask, token_type_ids)
         validate(host, self.limits)
-        chunks = plan_chunks(host.lengths, self.limits.max_batch, self.limits.max_tokens)
+        chunks = plan_chunks(host.lengths, self.limits.max_batch, self.limits.max_tokens, host.cu_seqlens)
         if self.device.type != "cuda":
-            return self._run(host, chunks, padded, output, None)
+            return self._submit(host, chunks, padded, output, None)
         stream = _as_stream(stream, self.device) or self.stream or torch.cuda.current_stream(self.device)
         with torch.cuda.device(self.device), torch.cuda.stream(stream):
-            return self._run(host, chunks, padded, output, stream)
+            return self._submit(host, chunks, padded, output, stream)
 
-    def _run(self, host: HostBatch, chunks: list[Chunk], padded: bool, output: str,
-             stream: torch.cuda.Stream | None) -> dict[str, Any]:
+    def _submit(self, host: HostBatch, chunks: list[Chunk], padded: bool, output: str,
+                stream: torch.cuda.Stream | None) -> PendingRun:
         arrays: list[np.ndarray] = []
         for c in chunks:
             arrays.append(host.input_ids[c.token_start:c.token_stop])
             arrays.append(host.cu_seqlens[c.first:c.stop + 1] - c.token_start)
             if host.token_type_ids is not None:
                 arrays.append(host.token_type_ids[c.token_start:c.token_stop])
-        index_on_device = padded and output == "torch"
-        if index_on_device:
+        if padded:  # the outputs are scattered into their padded rows on the backend's device
             arrays.append(padded_index(host))
         views = self._staging.upload(arrays, stream)
 
         per_chunk = 3 if host.token_type_ids is not None else 2
-        gather = OutputGather(self.output_names, host)
+        numpy = output == "numpy"
+        gather = OutputGather(self.output_names, host, views[-1] if padded else None, to_host=numpy)
         backend_name = type(self.backend).__name__
         for i, c in enumerate(chunks):
             ids, cu, *types = views[i * per_chunk:(i + 1) * per_chunk]
             result = self.backend.execute_packed(ids, cu, c.max_seqlen, types[0] if types else None, stream)
             gather.add(c, result, backend_name)
+        outputs = gather.finish()
 
-        packed = gather.outputs
-        if output == "numpy":
-            packed = to_host(packed)
-            if stream is not None:
-                stream.synchronize()
-            index = torch.from_numpy(padded_index(host)) if padded else None
-            return to_numpy(shape_outputs(packed, host, padded, index))
-        return shape_outputs(packed, host, padded, views[-1] if index_on_device else None)
+        ready = None
+        if stream is not None:
+            ready = torch.cuda.Event()
+            ready.record(stream)
+
+        def finish() -> dict[str, Any]:
+            return shape_outputs(outputs, host, padded, numpy)
+        if needs_data(outputs, numpy):
+            return PendingRun(ready, numpy, None, finish)
+        return PendingRun(ready, numpy, finish())
