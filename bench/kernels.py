@@ -182,21 +182,47 @@ def padding_cases():
     yield "cu_seqlens_from_seqlens", "[64]", torch.int32, 64 * 4, from_seqlens
 
 
+def decode_linear_cases():
+    """A decode step's linear layers at 4 rows (batch x beams 1 x 4), fp16: Marian-base's and NLLB-600M's
+    shapes (in, out), with the input LayerNorm where the decoder fuses one; torch's column is F.linear
+    (cuBLAS) without the LayerNorm. Bytes: the weight (what bounds these calls)."""
+    rows = 4
+    shapes = [("marian qkv", 512, 1536, True), ("marian out", 512, 512, False), ("marian fc1", 512, 2048, True),
+              ("marian fc2", 2048, 512, False), ("marian lm_head", 512, 58112, True),
+              ("nllb qkv", 1024, 3072, True), ("nllb out", 1024, 1024, False), ("nllb fc1", 1024, 4096, True),
+              ("nllb fc2", 4096, 1024, False), ("nllb lm_head", 1024, 256208, True)]
+    for name, k, n, ln in shapes:
+        def make(k=k, n=n, ln=ln):
+            x = torch.randn(rows, k, device="cuda", dtype=torch.float16)
+            w = torch.randn(n, k, device="cuda", dtype=torch.float16) / 32
+            norm = (torch.ones(k, device="cuda", dtype=torch.float16), torch.zeros(k, device="cuda",
+                                                                                 dtype=torch.float16), 1e-5)
+            out = torch.empty(rows, n, device="cuda", dtype=torch.float16)
+            return (lambda: ops.decode_linear(x, w, ln=norm if ln else None, out=out),
+                    lambda: F.linear(x, w))
+        yield f"decode_linear {name}", f"[{rows}, {k}] x [{n}, {k}]^T{' +LN' if ln else ''}", torch.float16, \
+            n * k * 2, make
+
+
 def cases():
     """(name, shape text, dtype, bytes moved, make() -> (padfree fn, torch fn or None))."""
     yield from layernorm_cases()
     yield from embedding_case()
     yield from gelu_cases()
     yield from padding_cases()
+    yield from decode_linear_cases()
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "kernels-h100.json")
+    parser.add_argument("--only", default="", help="run the kernels whose name contains this text")
     args = parser.parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = False
     rows = []
     for name, shape, dtype, nbytes, make in cases():
+        if args.only not in name:
+            continue
         pairs = [make() for _ in range(input_sets(nbytes))]
         ms, method = time_per_call_ms([p[0] for p in pairs])
         torch_ms = time_per_call_ms([p[1] for p in pairs])[0] if pairs[0][1] is not None else None

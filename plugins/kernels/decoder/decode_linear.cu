@@ -26,7 +26,7 @@ constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * kWarpSize;
 constexpr int kFeaturesPerWarp = 2;
 constexpr int kTile = kWarps * kFeaturesPerWarp;  // output features per block iteration
-constexpr int kUnroll = 4;                         // 16-byte weight vectors in flight per lane and feature
+constexpr int kUnroll = 8;                         // 16-byte weight vectors in flight per lane and feature
 constexpr int kBlocksPerSm = 4;
 
 __device__ __forceinline__ float warp_reduce_sum(float v) {
@@ -184,6 +184,10 @@ __global__ void __launch_bounds__(kThreads) decode_linear_kernel(DecodeLinearArg
         __syncthreads();
     }
 
+    // every block of this grid is resident (at most kBlocksPerSm per SM): the next kernel may launch now,
+    // and prefetch its own weights while this one streams (it still waits for this grid to finish)
+    allow_consumers();
+
     const T* bias = static_cast<const T*>(a.bias);
     const T* residual = static_cast<const T*>(a.residual);
     T* out = static_cast<T*>(a.out);
@@ -256,7 +260,6 @@ __global__ void __launch_bounds__(kThreads) decode_linear_kernel(DecodeLinearArg
             out[at] = from_float<T>(y);
         }
     }
-    allow_consumers();
 }
 
 template <typename T, int kRows>
