@@ -21,9 +21,7 @@ import datetime
 import functools
 import json
 import os
-import re
 import statistics
-import subprocess
 import sys
 import time
 import warnings
@@ -48,11 +46,6 @@ MODELS = {
                                   decoder_ffn_dim=128, max_position_embeddings=128, pad_token_id=96, eos_token_id=0,
                                   decoder_start_token_id=96, activation_function="swish", scale_embedding=True)),
 }
-
-
-def gpu_slug(name: str) -> str:
-    known = re.search(r"(gh200|h100|h200|h20|b200|a100|a10g|l40s|l40|l4|t4)", name.lower())
-    return known.group(1) if known else re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
 def sources_for(batch: int, config, seed: int = 7) -> list[list[int]]:
@@ -209,14 +202,6 @@ def print_table(rows: list[dict]) -> None:
               f"{r['padfree_ms_per_step']:8.3f} {r['step_floor_ms']:7.3f} {r['step_over_floor']:7.2f} {equal}")
 
 
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="marian,nllb", help="comma-separated: marian, nllb (tiny: --quick's)")
@@ -231,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="also print (and record) the kernel time per decode step by kernel group")
     parser.add_argument("--out", default=None, help="JSON report (default bench/results/generate-<gpu>.json)")
     args = parser.parse_args(argv)
+    from padfree.bench import timing
     if args.quick:
         args.models, args.shapes, args.new_tokens, args.reps, args.warmup = "tiny", "1x4,2x1", 8, 1, 0
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -249,14 +235,14 @@ def main(argv: list[str] | None = None) -> int:
               "device": device_name, "dtype": str(dtype),
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "torch": torch.__version__, "transformers": transformers.__version__, "cuda": torch.version.cuda,
-              "commit": commit(), "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
+              "commit": timing.commit(ROOT), "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
               "copy_bandwidth_gbs": bandwidth / 1e9,
               "sources": "lengths uniform in [8, 64], torch.Generator seed 7",
               "timing": ("CUDA events" if device.type == "cuda" else "perf_counter")
               + f", median of {args.reps} after {args.warmup} warm-up calls",
               "hf": "generate, attn_implementation=sdpa, same weights and options", "rows": rows}
     out = args.out or os.path.join(ROOT, "bench", "results",
-                                   f"generate-{gpu_slug(device_name)}{'-quick' if args.quick else ''}.json")
+                                   f"generate-{timing.gpu_slug(device_name)}{'-quick' if args.quick else ''}.json")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as f:
         json.dump(report, f, indent=1)

@@ -37,7 +37,6 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -209,14 +208,6 @@ def print_rows(rows: list[dict]) -> None:
         print("  host  " + "  ".join(f"{k} {v:.3f}" for k, v in r["host_ms"].items()))
 
 
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
@@ -236,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.host_only and not torch.cuda.is_available():
         parser.error("the benchmark runs on a CUDA device; --host-only times the host work anywhere")
     from padfree import env
+    from padfree.bench import timing
     from padfree.bench.timing import gpu_slug, host_loop_ms
     loop_start = host_loop_ms()
     if args.host_only:
@@ -253,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
               "device": device, "dtype": None if args.host_only else "float16",
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "torch": torch.__version__, "transformers": transformers.__version__, "cuda": torch.version.cuda,
-              "commit": commit(), "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
+              "commit": timing.commit(ROOT), "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
               "environment": env.snapshot(), "host_loop_ms": {"start": loop_start, "end": host_loop_ms()},
               "lengths": "lognormal, median longest/2, sigma 0.5, clipped to [1, longest], numpy seed 0",
               "timing": (f"CUDA events per call, median of {args.reps} after {args.warmup} warm-up calls; host_ms:"
