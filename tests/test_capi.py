@@ -322,7 +322,7 @@ def test_last_error_is_replaced_by_the_next_failure():
 
 def _stats_args(**over):
     return _args(dict(mask=A, mask_bytes=8, ids=A, types=None, id_bytes=8, batch=4, width=16, vocab=100,
-                      type_vocab=2, seqlens=A, stats=A, host_stats=None), over)
+                      type_vocab=2, forbidden=-1, seqlens=A, stats=A, host_stats=None), over)
 
 
 @pytest.mark.parametrize("over, fragments", [
@@ -336,6 +336,7 @@ def _stats_args(**over):
     (dict(batch=65536, width=65536), ["batch * padded_seqlen must be <= 2^31 - 1"]),
     (dict(vocab=-1), ["vocab_size must be >= 0"]),
     (dict(type_vocab=-2), ["type_vocab_size must be >= 0"]),
+    (dict(forbidden=-2), ["forbidden_id must be >= -1", "-2"]),
 ])
 def test_padded_input_stats_refuses(over, fragments):
     expect_invalid("padfree_padded_input_stats", _stats_args(**over), *fragments)
@@ -361,7 +362,8 @@ def test_pack_padded_inputs_refuses(over, fragments):
 
 
 def _plan_args(**over):
-    return tuple({**dict(mask_bytes=8, id_bytes=8, types=0, batch=4, width=16, vocab=100, type_vocab=2, seqlens=A,
+    return tuple({**dict(mask_bytes=8, id_bytes=8, types=0, batch=4, width=16, vocab=100, type_vocab=2, forbidden=-1,
+                         seqlens=A,
                          stats=A, host_stats=None, cu_capacity=4, packed_capacity=64, packed_ids=A,
                          packed_types=None, cu=A), **over}.values())
 

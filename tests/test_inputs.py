@@ -222,6 +222,38 @@ def test_each_flag(seed):
 
 
 @pytest.mark.gpu
+def test_forbidden_id_is_flagged_only_in_tokens(seed):
+    """A RoBERTa-style model's padding id inside a sequence is flagged (the HF-style call then takes the
+    host route, which refuses it with its place); in the padding it is fine, and -1 checks nothing."""
+    gen = torch.Generator().manual_seed(seed)
+    pad = 1
+    ids = torch.randint(2, VOCAB, (4, 9), generator=gen).cuda()
+    mask = torch.ones(4, 9, dtype=torch.int64, device="cuda")
+    mask[2, 4:] = 0
+    forbidden = FLAG["the model's padding id as a token"]
+
+    def flags(ids, mask, forbidden_id):
+        return int(ops.padded_input_stats(ids, mask, None, VOCAB, 0, forbidden_id=forbidden_id)[4])
+
+    assert flags(ids, mask, pad) == 0
+    padded = ids.clone(); padded[2, 4:] = pad  # padding positions hold it: not tokens
+    assert flags(padded, mask, pad) == 0
+    for row, col in ((0, 0), (3, 8), (2, 3)):
+        inside = ids.clone(); inside[row, col] = pad
+        assert flags(inside, mask, pad) == forbidden, (row, col)
+        assert flags(inside, mask, -1) == 0
+        assert flags(inside, None, pad) == forbidden
+    packer = ops.PaddedInputPacker(torch.device("cuda"), VOCAB, 0, pad)
+    inside = ids.clone(); inside[1, 5] = pad
+    packed, _, cu = _packer_buffers(64, 4, False)
+    assert packer(inside, mask, None, packed, None, cu)[0] == forbidden
+    assert packer(ids, mask, None, packed, None, cu)[0] == 0        # the planned route as well
+    assert packer(inside, mask, None, packed, None, cu)[0] == forbidden
+    with pytest.raises(ops.InputError, match="forbidden_id"):
+        ops.padded_input_stats(ids, mask, None, VOCAB, 0, forbidden_id=-2)
+
+
+@pytest.mark.gpu
 def test_pack_stays_within_the_packed_buffers(seed):
     """seqlens that claim more than the buffers hold (a caller's mistake) write nothing past them."""
     ids = torch.arange(40, device="cuda").reshape(4, 10)

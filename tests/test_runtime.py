@@ -362,19 +362,6 @@ def test_padding_id_inside_a_roberta_sequence_is_refused():
         rt.run(ids)  # no mask: every position is a token, the padding id included
 
 
-def test_device_inputs_find_the_padding_id_only_in_tokens():
-    """The PyTorch path's device packer does not look for the id; DeviceInputs does before using it."""
-    from padfree.torch.inputs import DeviceInputs
-    limits = Limits(max_tokens=64, max_batch=8, max_seqlen=8, position_pad_id=1)
-    inputs = DeviceInputs(limits, torch.device("cpu"), None, None)
-    ids = torch.tensor([[5, 7, 1], [6, 1, 9]])
-    assert inputs._holds_pad_id(ids, torch.tensor([[1, 1, 0], [1, 1, 1]]))
-    assert not inputs._holds_pad_id(ids, torch.tensor([[1, 1, 0], [1, 0, 0]]))
-    assert inputs._holds_pad_id(ids, None)
-    inputs.limits = Limits(max_tokens=64, max_batch=8, max_seqlen=8)
-    assert not inputs._holds_pad_id(ids, None)
-
-
 @pytest.mark.parametrize("limit", ["max_batch", "max_tokens"])
 @pytest.mark.parametrize("value", [0, -3, True, 2.5])
 def test_chunk_limits_must_be_positive_ints(limit, value):

@@ -79,14 +79,15 @@ extern "C" {
 padfree_status padfree_padded_input_stats(const void* attention_mask, int32_t mask_bytes, const void* input_ids,
                                           const void* token_type_ids, int32_t id_bytes, int32_t batch,
                                           int32_t padded_seqlen, int64_t vocab_size, int64_t type_vocab_size,
-                                          int32_t* seqlens, int32_t* stats, int32_t* host_stats,
-                                          padfree_stream stream) {
+                                          int64_t forbidden_id, int32_t* seqlens, int32_t* stats,
+                                          int32_t* host_stats, padfree_stream stream) {
     PADFREE_CAPI_GUARD_BEGIN
     PADFREE_CHECK(check_stats_args(attention_mask, mask_bytes, input_ids, id_bytes, batch, padded_seqlen, vocab_size,
                                    type_vocab_size, seqlens, stats));
+    PADFREE_REQUIRE(forbidden_id >= -1, "forbidden_id must be >= -1 (-1: none), got ", forbidden_id);
     padfree::launch_padded_input_stats(attention_mask, mask_bytes, input_ids, token_type_ids, id_bytes, batch,
-                                       padded_seqlen, vocab_size, type_vocab_size, seqlens, stats, host_stats,
-                                       padfree::as_cuda_stream(stream));
+                                       padded_seqlen, vocab_size, type_vocab_size, forbidden_id, seqlens, stats,
+                                       host_stats, padfree::as_cuda_stream(stream));
     return padfree::check_launch("padded_input_stats");
     PADFREE_CAPI_GUARD_END
 }
@@ -109,18 +110,19 @@ padfree_status padfree_pack_padded_inputs(const void* input_ids, const void* tok
 padfree_status padfree_prepare_padded_inputs(const void* attention_mask, int32_t mask_bytes, const void* input_ids,
                                              const void* token_type_ids, int32_t id_bytes, int32_t batch,
                                              int32_t padded_seqlen, int64_t vocab_size, int64_t type_vocab_size,
-                                             int32_t* seqlens, int32_t* stats, int32_t* host_stats,
-                                             int32_t cu_capacity, int32_t packed_capacity, int32_t* packed_ids,
-                                             int32_t* packed_token_type_ids, int32_t* cu_seqlens,
+                                             int64_t forbidden_id, int32_t* seqlens, int32_t* stats,
+                                             int32_t* host_stats, int32_t cu_capacity, int32_t packed_capacity,
+                                             int32_t* packed_ids, int32_t* packed_token_type_ids, int32_t* cu_seqlens,
                                              padfree_stream stream) {
     PADFREE_CAPI_GUARD_BEGIN
     PADFREE_CHECK(check_stats_args(attention_mask, mask_bytes, input_ids, id_bytes, batch, padded_seqlen, vocab_size,
                                    type_vocab_size, seqlens, stats));
+    PADFREE_REQUIRE(forbidden_id >= -1, "forbidden_id must be >= -1 (-1: none), got ", forbidden_id);
     PADFREE_CHECK(check_pack_args(input_ids, token_type_ids, id_bytes, seqlens, batch, padded_seqlen, cu_capacity,
                                   packed_capacity, packed_ids, packed_token_type_ids, cu_seqlens));
     padfree::launch_prepare_padded_inputs(
         {{attention_mask, mask_bytes, input_ids, token_type_ids, id_bytes, batch, padded_seqlen, vocab_size,
-          type_vocab_size},
+          type_vocab_size, forbidden_id},
          seqlens,
          stats,
          host_stats,
@@ -134,12 +136,14 @@ padfree_status padfree_prepare_padded_inputs(const void* attention_mask, int32_t
 
 padfree_status padfree_input_plan_create(int32_t mask_bytes, int32_t id_bytes, int32_t with_token_types,
                                          int32_t batch, int32_t padded_seqlen, int64_t vocab_size,
-                                         int64_t type_vocab_size, int32_t* seqlens, int32_t* stats,
-                                         int32_t* host_stats, int32_t cu_capacity, int32_t packed_capacity,
-                                         int32_t* packed_ids, int32_t* packed_token_type_ids, int32_t* cu_seqlens,
+                                         int64_t type_vocab_size, int64_t forbidden_id, int32_t* seqlens,
+                                         int32_t* stats, int32_t* host_stats, int32_t cu_capacity,
+                                         int32_t packed_capacity, int32_t* packed_ids,
+                                         int32_t* packed_token_type_ids, int32_t* cu_seqlens,
                                          padfree_input_plan** out) {
     PADFREE_CAPI_GUARD_BEGIN
     PADFREE_REQUIRE(out != nullptr, "out is NULL");
+    PADFREE_REQUIRE(forbidden_id >= -1, "forbidden_id must be >= -1 (-1: none), got ", forbidden_id);
     PADFREE_CHECK(check_stats_sizes(mask_bytes != 0, mask_bytes, id_bytes, batch, padded_seqlen, vocab_size,
                                     type_vocab_size, seqlens, stats));
     const bool token_types = with_token_types != 0;
@@ -147,7 +151,8 @@ padfree_status padfree_input_plan_create(int32_t mask_bytes, int32_t id_bytes, i
                                    packed_capacity, packed_ids, packed_token_type_ids, cu_seqlens));
     *out = new padfree_input_plan{
         token_types,
-        {{nullptr, mask_bytes, nullptr, nullptr, id_bytes, batch, padded_seqlen, vocab_size, type_vocab_size},
+        {{nullptr, mask_bytes, nullptr, nullptr, id_bytes, batch, padded_seqlen, vocab_size, type_vocab_size,
+          forbidden_id},
          seqlens,
          stats,
          host_stats,

@@ -35,7 +35,7 @@ extern "C" {
  * 5: input plans. 6: programmatic edges into other libraries' kernels. 7: their probe.
  * 8: removal of memsets made redundant. 9: L2 prefetch ranges for the LayerNorms before a GEMM.
  * (New functions, such as the decoder's, add to a version without bumping it.) */
-#define PADFREE_ABI_VERSION 10
+#define PADFREE_ABI_VERSION 11
 
 typedef enum padfree_status {
     PADFREE_OK = 0,
@@ -98,14 +98,17 @@ PADFREE_API padfree_status padfree_rebuild_padding(const void* packed, const int
  * packed int32 inputs in two calls around one read-back of three ints (the host needs the token
  * count to choose shapes): padfree_padded_input_stats measures and checks, padfree_pack_padded_inputs
  * packs. Element sizes: mask_bytes 1 (bool, uint8), 4 (int32) or 8 (int64); id_bytes 4 or 8, for
- * ids and types alike. batch >= 1, padded_seqlen >= 1, batch * padded_seqlen <= INT32_MAX. */
+ * ids and types alike. batch >= 1, padded_seqlen >= 1, batch * padded_seqlen <= INT32_MAX.
+ * forbidden_id: an id no valid position may hold (PADFREE_INPUT_FORBIDDEN_ID), or -1 for none. */
 
 enum {
     PADFREE_INPUT_MASK_VALUE = 1, /* a mask value other than 0 and 1 */
     PADFREE_INPUT_MASK_ALIGN = 2, /* a mask row that is not ones then zeros (right padding) */
     PADFREE_INPUT_EMPTY_ROW = 4,  /* a mask row of zeros */
     PADFREE_INPUT_ID_RANGE = 8,   /* a token id outside [0, vocab_size) at a valid position */
-    PADFREE_INPUT_TYPE_RANGE = 16 /* a token type id outside [0, type_vocab_size) at a valid position */
+    PADFREE_INPUT_TYPE_RANGE = 16, /* a token type id outside [0, type_vocab_size) at a valid position */
+    PADFREE_INPUT_FORBIDDEN_ID = 32 /* forbidden_id at a valid position (a RoBERTa-style model's padding id,
+                                       around which it numbers positions) */
 };
 
 /* attention_mask [batch, padded_seqlen] (NULL: every position is a token), input_ids and
@@ -118,8 +121,8 @@ PADFREE_API padfree_status padfree_padded_input_stats(const void* attention_mask
                                                       const void* input_ids, const void* token_type_ids,
                                                       int32_t id_bytes, int32_t batch,
                                                       int32_t padded_seqlen, int64_t vocab_size,
-                                                      int64_t type_vocab_size, int32_t* seqlens,
-                                                      int32_t* stats, int32_t* host_stats,
+                                                      int64_t type_vocab_size, int64_t forbidden_id,
+                                                      int32_t* seqlens, int32_t* stats, int32_t* host_stats,
                                                       padfree_stream stream);
 
 /* seqlens from padfree_padded_input_stats -> cu_seqlens [cu_capacity + 1] (entries past batch repeat
@@ -142,7 +145,8 @@ PADFREE_API padfree_status padfree_prepare_padded_inputs(const void* attention_m
                                                          const void* input_ids, const void* token_type_ids,
                                                          int32_t id_bytes, int32_t batch, int32_t padded_seqlen,
                                                          int64_t vocab_size, int64_t type_vocab_size,
-                                                         int32_t* seqlens, int32_t* stats, int32_t* host_stats,
+                                                         int64_t forbidden_id, int32_t* seqlens, int32_t* stats,
+                                                         int32_t* host_stats,
                                                          int32_t cu_capacity, int32_t packed_capacity,
                                                          int32_t* packed_ids, int32_t* packed_token_type_ids,
                                                          int32_t* cu_seqlens, padfree_stream stream);
@@ -207,8 +211,9 @@ PADFREE_API padfree_status padfree_graph_exec_destroy(padfree_graph_exec* exec);
 typedef struct padfree_input_plan padfree_input_plan;
 PADFREE_API padfree_status padfree_input_plan_create(int32_t mask_bytes, int32_t id_bytes, int32_t with_token_types,
                                                      int32_t batch, int32_t padded_seqlen, int64_t vocab_size,
-                                                     int64_t type_vocab_size, int32_t* seqlens, int32_t* stats,
-                                                     int32_t* host_stats, int32_t cu_capacity,
+                                                     int64_t type_vocab_size, int64_t forbidden_id,
+                                                     int32_t* seqlens, int32_t* stats, int32_t* host_stats,
+                                                     int32_t cu_capacity,
                                                      int32_t packed_capacity, int32_t* packed_ids,
                                                      int32_t* packed_token_type_ids, int32_t* cu_seqlens,
                                                      padfree_input_plan** out);

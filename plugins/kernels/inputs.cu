@@ -72,7 +72,7 @@ __device__ __forceinline__ RowStats check_row_as(const PaddedInputs& in, int32_t
     int flags = 0;
     int count = 0;
     int32_t last_one = -1;                                      // the row's last position of a 1
-    int32_t first_bad_id = in.padded_seqlen, first_bad_type = in.padded_seqlen;
+    int32_t first_bad_id = in.padded_seqlen, first_bad_type = in.padded_seqlen, first_forbidden = in.padded_seqlen;
 #pragma unroll 4  // independent loads in flight: a row is a few dependent round trips otherwise
     for (int32_t j = lane; j < in.padded_seqlen; j += kWarpSize) {
         const int64_t m = load_at<Mask>(in.mask, base + j);
@@ -86,6 +86,7 @@ __device__ __forceinline__ RowStats check_row_as(const PaddedInputs& in, int32_t
             flags |= PADFREE_INPUT_MASK_VALUE;
         }
         if ((id < 0 || id >= in.vocab_size) && first_bad_id == in.padded_seqlen) first_bad_id = j;
+        if (id == in.forbidden_id && in.forbidden_id >= 0 && first_forbidden == in.padded_seqlen) first_forbidden = j;
         if (in.types != nullptr && (type < 0 || type >= in.type_vocab_size) && first_bad_type == in.padded_seqlen)
             first_bad_type = j;
     }
@@ -94,6 +95,7 @@ __device__ __forceinline__ RowStats check_row_as(const PaddedInputs& in, int32_t
     if (__reduce_max_sync(0xffffffffu, last_one) != length - 1) flags |= PADFREE_INPUT_MASK_ALIGN;
     if (__reduce_min_sync(0xffffffffu, first_bad_id) < length) flags |= PADFREE_INPUT_ID_RANGE;
     if (__reduce_min_sync(0xffffffffu, first_bad_type) < length) flags |= PADFREE_INPUT_TYPE_RANGE;
+    if (__reduce_min_sync(0xffffffffu, first_forbidden) < length) flags |= PADFREE_INPUT_FORBIDDEN_ID;
     if (length == 0) flags |= PADFREE_INPUT_EMPTY_ROW;
     return {length, static_cast<int>(__reduce_or_sync(0xffffffffu, static_cast<unsigned>(flags)))};
 }
@@ -297,9 +299,10 @@ int32_t* mapped_host_stats(int32_t* host_stats) {
 void launch_padded_input_stats(const void* mask, int mask_bytes, const void* input_ids,
                                const void* token_type_ids, int id_bytes, int32_t batch,
                                int32_t padded_seqlen, int64_t vocab_size, int64_t type_vocab_size,
-                               int32_t* seqlens, int32_t* stats, int32_t* host_stats, cudaStream_t stream) {
+                               int64_t forbidden_id, int32_t* seqlens, int32_t* stats, int32_t* host_stats,
+                               cudaStream_t stream) {
     const PaddedInputs in{mask, mask_bytes, input_ids, token_type_ids, id_bytes, batch, padded_seqlen, vocab_size,
-                          type_vocab_size};
+                          type_vocab_size, forbidden_id};
     cudaMemsetAsync(stats, 0, 3 * sizeof(int32_t), stream);
     const unsigned blocks = row_blocks(ceil_div<int32_t>(batch, kWarpsPerStatsBlock));
     launch_kernel(padded_input_stats_kernel, blocks, kWarpsPerStatsBlock * kWarpSize, 0, stream, in, seqlens, stats);
@@ -312,7 +315,7 @@ void launch_pack_padded_inputs(const void* input_ids, const void* token_type_ids
                                int32_t cu_capacity, int32_t packed_capacity, int32_t* packed_ids,
                                int32_t* packed_token_type_ids, int32_t* cu_seqlens, cudaStream_t stream) {
     launch_cu_seqlens_from_seqlens(seqlens, batch, cu_seqlens, stream);
-    const PaddedInputs in{nullptr, 0, input_ids, token_type_ids, id_bytes, batch, padded_seqlen, 0, 0};
+    const PaddedInputs in{nullptr, 0, input_ids, token_type_ids, id_bytes, batch, padded_seqlen, 0, 0, -1};
     launch_kernel(pack_padded_inputs_kernel, row_blocks(batch), kRowThreads, 0, stream, in, seqlens,
                   packed_outputs(token_type_ids != nullptr, cu_capacity, packed_capacity, packed_ids,
                                  packed_token_type_ids, cu_seqlens));
@@ -337,7 +340,8 @@ void launch_prepare_padded_inputs(const PrepareArgs& args, cudaStream_t stream) 
     const PackedOutputs& out = args.out;
     const auto separate_launches = [&] {
         launch_padded_input_stats(in.mask, in.mask_bytes, in.ids, in.types, in.id_bytes, in.batch, in.padded_seqlen,
-                                  in.vocab_size, in.type_vocab_size, args.seqlens, args.stats, args.host_stats, stream);
+                                  in.vocab_size, in.type_vocab_size, in.forbidden_id, args.seqlens, args.stats,
+                                  args.host_stats, stream);
         launch_pack_padded_inputs(in.ids, in.types, in.id_bytes, args.seqlens, in.batch, in.padded_seqlen,
                                   out.cu_capacity, out.packed_capacity, out.packed_ids, out.packed_types,
                                   out.cu_seqlens, stream);

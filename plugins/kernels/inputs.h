@@ -22,7 +22,8 @@ namespace padfree {
 void launch_padded_input_stats(const void* mask, int mask_bytes, const void* input_ids,
                                const void* token_type_ids, int id_bytes, int32_t batch,
                                int32_t padded_seqlen, int64_t vocab_size, int64_t type_vocab_size,
-                               int32_t* seqlens, int32_t* stats, int32_t* host_stats, cudaStream_t stream);
+                               int64_t forbidden_id, int32_t* seqlens, int32_t* stats, int32_t* host_stats,
+                               cudaStream_t stream);
 
 // cu_seqlens [cu_capacity + 1] = prefix sum of seqlens, entries past batch repeating the total;
 // packed_ids (and packed_token_type_ids where both type pointers are set) [total] = each row's first
@@ -48,6 +49,7 @@ struct PaddedInputs {
     int32_t padded_seqlen;
     int64_t vocab_size;
     int64_t type_vocab_size;
+    int64_t forbidden_id;  // an id no valid position may hold (-1: none): PADFREE_INPUT_FORBIDDEN_ID
 };
 
 // Where the packed inputs go.

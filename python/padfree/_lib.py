@@ -12,7 +12,7 @@ from pathlib import Path
 
 from . import env
 
-ABI_VERSION = 10  # must match PADFREE_ABI_VERSION in plugins/capi/padfree.h
+ABI_VERSION = 11  # must match PADFREE_ABI_VERSION in plugins/capi/padfree.h
 
 _p = c_void_p
 _i32p = c_void_p  # device int32 pointers travel as plain addresses
@@ -35,16 +35,16 @@ _SIGNATURES: dict[str, list] = {
     "padfree_embedding_layernorm": [_i32p, _i32p, _i32p, c_int32, c_int64, _p, c_int32, _p, c_int32,
                                     c_int32, _p, c_int32, _p, _p, c_int32, c_float, _p, c_int64, c_int, _p, _p],
     "padfree_bias_gelu": [_p, _p, c_int64, c_int32, c_int32, c_int, _p, _p],
-    "padfree_padded_input_stats": [_p, c_int32, _p, _p, c_int32, c_int32, c_int32, c_int64, c_int64, _i32p,
+    "padfree_padded_input_stats": [_p, c_int32, _p, _p, c_int32, c_int32, c_int32, c_int64, c_int64, c_int64, _i32p,
                                    _i32p, _i32p, _p],
     "padfree_pack_padded_inputs": [_p, _p, c_int32, _i32p, c_int32, c_int32, c_int32, c_int32, _i32p, _i32p,
                                    _i32p, _p],
-    "padfree_prepare_padded_inputs": [_p, c_int32, _p, _p, c_int32, c_int32, c_int32, c_int64, c_int64, _i32p,
+    "padfree_prepare_padded_inputs": [_p, c_int32, _p, _p, c_int32, c_int32, c_int32, c_int64, c_int64, c_int64, _i32p,
                                       _i32p, _i32p, c_int32, c_int32, _i32p, _i32p, _i32p, _p],
     "padfree_guarded_graph_create": [_p, _i32p, c_int32, c_int32, c_int32, c_int32, ctypes.POINTER(c_void_p)],
     "padfree_guarded_graph_launch": [_p, _p],
     "padfree_guarded_graph_destroy": [_p],
-    "padfree_input_plan_create": [c_int32, c_int32, c_int32, c_int32, c_int32, c_int64, c_int64, _i32p, _i32p,
+    "padfree_input_plan_create": [c_int32, c_int32, c_int32, c_int32, c_int32, c_int64, c_int64, c_int64, _i32p, _i32p,
                                   _i32p, c_int32, c_int32, _i32p, _i32p, _i32p, ctypes.POINTER(c_void_p)],
     "padfree_input_plan_launch": [_p, _p, _p, _p, _p, _p],
     "padfree_input_plan_destroy": [_p],

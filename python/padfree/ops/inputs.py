@@ -17,17 +17,26 @@ MASK_BYTES = {torch.bool: 1, torch.uint8: 1, torch.int32: 4, torch.int64: 8}
 ID_BYTES = {torch.int32: 4, torch.int64: 8}
 # the bits of stats[batch] (PADFREE_INPUT_* in padfree.h)
 FLAG_NAMES = {1: "a mask value other than 0 and 1", 2: "a mask row that is not ones then zeros",
-              4: "an empty sequence", 8: "a token id out of range", 16: "a token type id out of range"}
+              4: "an empty sequence", 8: "a token id out of range", 16: "a token type id out of range",
+              32: "the model's padding id as a token"}
+
+
+def _forbidden(forbidden_id) -> int:
+    if isinstance(forbidden_id, bool) or not isinstance(forbidden_id, int) or forbidden_id < -1:
+        raise InputError(f"forbidden_id: expected an id >= 0, or -1 for none, got {forbidden_id!r}")
+    return forbidden_id
 
 
 def padded_input_stats(input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                        token_type_ids: torch.Tensor | None, vocab_size: int, type_vocab_size: int,
-                       out: torch.Tensor | None = None, host_stats: torch.Tensor | None = None) -> torch.Tensor:
+                       out: torch.Tensor | None = None, host_stats: torch.Tensor | None = None,
+                       forbidden_id: int = -1) -> torch.Tensor:
     """input_ids [B, S] int32/int64, attention_mask [B, S] bool/uint8/int32/int64 or None (all tokens),
     token_type_ids [B, S] like input_ids or None -> int32 [B + 3]: seqlens [B], then the OR of the
     FLAG_NAMES bits, the total and the longest length. Ids are checked at valid positions only.
     out: an int32 [B + 3] buffer to write instead of a new one. host_stats: a pinned int32 [3] CPU
-    tensor that receives a stream-ordered copy of the last three (read it after synchronizing)."""
+    tensor that receives a stream-ordered copy of the last three (read it after synchronizing).
+    forbidden_id: an id no valid position may hold (flag 32; a RoBERTa-style model's padding id), -1: none."""
     check(input_ids, "input_ids", dtype=tuple(ID_BYTES), shape=[None, None])
     shape = list(input_ids.shape)
     check(attention_mask, "attention_mask", dtype=tuple(MASK_BYTES), shape=shape, device=input_ids.device,
@@ -46,7 +55,7 @@ def padded_input_stats(input_ids: torch.Tensor, attention_mask: torch.Tensor | N
     mask_bytes = 0 if attention_mask is None else MASK_BYTES[attention_mask.dtype]
     call_kernel("padfree_padded_input_stats", input_ids.device, ptr(attention_mask), mask_bytes, ptr(input_ids),
                 ptr(token_type_ids), ID_BYTES[input_ids.dtype], batch, padded_seqlen, int(vocab_size),
-                int(type_vocab_size), ptr(out), out.data_ptr() + 4 * batch, ptr(host_stats),
+                int(type_vocab_size), _forbidden(forbidden_id), ptr(out), out.data_ptr() + 4 * batch, ptr(host_stats),
                 stream_handle(input_ids.device))
     return out
 
@@ -122,12 +131,12 @@ class PaddedInputPacker:
     MAX_LAYOUTS = 64  # forgets them all past this (a cache, not a registry)
     RESULTS_WAIT_S = 1.0
 
-    def __init__(self, device: torch.device, vocab_size: int, type_vocab_size: int):
+    def __init__(self, device: torch.device, vocab_size: int, type_vocab_size: int, forbidden_id: int = -1):
         device = torch.device(device)
         if device.index is None:  # "cuda": the current device, pinned down now (the layouts record it)
             device = torch.device(device.type, torch.cuda.current_device())
         self.device = device
-        self._vocab = (int(vocab_size), int(type_vocab_size))
+        self._vocab = (int(vocab_size), int(type_vocab_size), _forbidden(forbidden_id))  # the C order
         self._host = torch.empty(3, dtype=torch.int32, pin_memory=True)
         self._host_values = self._host.numpy()
         self._seqlens = torch.empty(0, dtype=torch.int32, device=self.device)
@@ -241,8 +250,9 @@ class PaddedInputPacker:
         check(input_ids, "input_ids", dtype=tuple(ID_BYTES), shape=[None, None], device=self.device)
         batch, width = input_ids.shape
         stats = torch.empty(batch + 3, dtype=torch.int32, device=self.device)
-        padded_input_stats(input_ids, attention_mask, token_type_ids, *self._vocab, out=stats,
-                           host_stats=self._host)
+        vocab, type_vocab, forbidden = self._vocab
+        padded_input_stats(input_ids, attention_mask, token_type_ids, vocab, type_vocab, out=stats,
+                           host_stats=self._host, forbidden_id=forbidden)
         seqlens = self._seqlens_for(batch)
         seqlens[:batch].copy_(stats[:batch])
         pack_padded_inputs(input_ids, token_type_ids, seqlens[:batch], packed_ids, packed_token_type_ids,

@@ -137,7 +137,10 @@ class DeviceInputs:
         lim = self.limits
         if self._packer is None:
             vocab = INT32_MAX + 1 if lim.vocab_size is None else min(lim.vocab_size, INT32_MAX + 1)
-            self._packer = self._ops.PaddedInputPacker(self.device, vocab, lim.type_vocab_size or 0)
+            # a RoBERTa-style model's padding id inside a sequence is flagged by the packer's kernel
+            # (PADFREE_INPUT_FORBIDDEN_ID): the host route then refuses it with its place
+            forbidden = -1 if lim.position_pad_id is None else lim.position_pad_id
+            self._packer = self._ops.PaddedInputPacker(self.device, vocab, lim.type_vocab_size or 0, forbidden)
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
             return self._on_host(input_ids, attention_mask, token_type_ids)
         batch = input_ids.shape[0]
@@ -183,8 +186,7 @@ class DeviceInputs:
 
     def _batch(self, flags, total, longest, input_ids, attention_mask, token_type_ids, packed) -> Batch:
         lim = self.limits
-        if flags or longest > min(lim.max_seqlen, lim.max_tokens) or total > lim.max_tokens or \
-                self._holds_pad_id(input_ids, attention_mask):
+        if flags or longest > min(lim.max_seqlen, lim.max_tokens) or total > lim.max_tokens:
             return self._on_host(input_ids, attention_mask, token_type_ids)
         complete = total <= packed.input_ids.shape[0]
         packer = self._packer
@@ -196,17 +198,6 @@ class DeviceInputs:
 
         batch, width = input_ids.shape
         return Batch(total, batch, longest, width, token_type_ids is not None, fill)
-
-    def _holds_pad_id(self, input_ids, attention_mask) -> bool:
-        """Whether a token (not padding) is the id a RoBERTa-style model numbers positions around; the
-        device packer does not look for it, the host validation then refuses it with its place."""
-        pad = self.limits.position_pad_id
-        if pad is None:
-            return False
-        hit = input_ids == pad
-        if attention_mask is not None:
-            hit &= attention_mask.to(torch.bool)
-        return bool(hit.any())
 
     def _on_host(self, input_ids, attention_mask, token_type_ids) -> Batch:
         """Copied to pinned host memory, then validated and packed as host inputs (raises InputError
