@@ -45,9 +45,6 @@ struct DecoderAttentionArgs {
     int32_t splits;
     int32_t chunk_cap;  // positions one CTA may take: the scores' shared-memory size
     float scale_log2;   // softmax_scale * log2(e): scores in base 2 (exp2)
-    // the grid is at most one CTA per SM (all resident at once): the next kernel may launch as soon as
-    // this one starts (PDL), so that a decode_linear after it prefetches its weights meanwhile
-    bool early_trigger;
 };
 
 template <typename T, int D, bool kSelf>
@@ -68,7 +65,6 @@ __global__ void __launch_bounds__(kAttnThreads) decoder_attention_kernel(Decoder
     const int hidden = a.num_heads * D;
     const T* bias = static_cast<const T*>(a.q_bias);
     wait_on_producer();
-    if (a.early_trigger) allow_consumers();
 
     int n, step = 0;
     int64_t src_start = 0;
@@ -291,8 +287,6 @@ cudaError_t launch_decoder_attention(DecoderAttentionArgs a, int32_t head_dim, p
         auto go = [&](auto dim) {
             constexpr int D = decltype(dim)::value;
             const dim3 grid(a.rows, a.num_heads, a.splits);
-            const int sms = current_device_value<query_sm_count>();
-            a.early_trigger = a.splits == 1 && sms > 0 && static_cast<int64_t>(a.rows) * a.num_heads <= sms;
             const size_t smem = static_cast<size_t>(a.chunk_cap) * sizeof(float);
             err = launch_kernel(decoder_attention_kernel<T, D, kSelf>, grid, dim3(kAttnThreads), smem, stream, a);
             if (err == cudaSuccess && a.splits > 1)
