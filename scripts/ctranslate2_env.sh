@@ -5,8 +5,9 @@
 # Why the links: the wheel is built for CUDA 12 and opens libcublas.so.12 at run time (its CUDA runtime
 # is linked in statically), while the device image has CUDA 13. CTranslate2 uses only cuBLAS calls that
 # cuBLAS 13 keeps, so libcublas.so.12 / libcublasLt.so.12 link to the image's cuBLAS 13 in a folder
-# put first on LD_LIBRARY_PATH (libcublasLt.so.13 too, which libcublas.so.13 itself loads, for images
-# whose loader path lacks $CUDA_HOME/lib64). numpy and pyyaml, its dependencies, come with torch and
+# put first on LD_LIBRARY_PATH. Only the .so.12 names go there: a .so.13 name in that folder would be
+# found before torch's own cuBLAS (LD_LIBRARY_PATH outranks a library's RUNPATH) and pair its
+# libcublas with the image's libcublasLt. numpy and pyyaml, its dependencies, come with torch and
 # transformers.
 set -e
 ct2_site=/tmp/padfree-ct2
@@ -26,7 +27,6 @@ for lib in libcublas libcublasLt; do
   fi
   ln -sf "$cuda/lib64/$lib.so.13" "$ct2_site/cuda-links/$lib.so.12"
 done
-ln -sf "$cuda/lib64/libcublasLt.so.13" "$ct2_site/cuda-links/libcublasLt.so.13"
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$ct2_site
 export LD_LIBRARY_PATH=$ct2_site/cuda-links${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 python3 -c 'import ctranslate2 as c; n = c.get_cuda_device_count(); print("ctranslate2", c.__version__, "CUDA devices:", n, "compute types:", sorted(c.get_supported_compute_types("cuda")) if n else "-")' \
