@@ -7,11 +7,18 @@ Exactly 64 new tokens (min_new_tokens = max_new_tokens = 64), batch x beams 1x4,
 Columns: HF generate ms, padfree ms, padfree ms per decode step, and the step floor: the bytes one
 step must read (decoder weights incl. the output projection, the self-attention K/V cache at the mean
 length, the packed cross-attention K/V) over the GPU's measured copy bandwidth.
-Timing: CUDA events, warm-up calls, median of --reps (time.perf_counter on the CPU).
+--ctranslate2 adds CTranslate2 (the peer to beat): the same weights converted with float16 weights,
+Translator(compute_type=float16).translate_batch with HF's options, in a process of its own
+(bench/ctranslate2_peer.py says how the vocabulary, the start token and the lengths are matched);
+ct2_ms, padfree_vs_ct2 (= ct2_ms / padfree_ms) and sequences_equal_ct2_hf (its share of HF's sequences).
+Timing: CUDA events, warm-up calls, median of --reps (time.perf_counter on the CPU; for CTranslate2,
+whose translate_batch blocks until its results are on the host, perf_counter around that call).
 On the device machine:
-  python bench/generate.py [--models marian,nllb] [--shapes 1x4,16x4,64x4,64x1] [--reps 5] [--out FILE.json]
+  python bench/generate.py [--models marian,nllb] [--shapes 1x4,16x4,64x4,64x1] [--reps 5] [--ctranslate2]
+                           [--out FILE.json]
+  (CTranslate2 there: source scripts/ctranslate2_env.sh with its wheel carried in .whl-ct2/)
 Smoke test anywhere (tiny config, CPU without CUDA; tests/test_decoder_generation.py runs it):
-  python bench/generate.py --quick
+  python bench/generate.py --quick [--ctranslate2]
 Writes bench/results/generate-<gpu>.json (device, date, versions, commit, command, rows).
 """
 from __future__ import annotations
@@ -19,10 +26,14 @@ from __future__ import annotations
 import argparse
 import datetime
 import functools
+import importlib.metadata
+import importlib.util
 import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 import warnings
 
@@ -120,7 +131,7 @@ def bench_model(name: str, shapes: list[tuple[int, int]], args, device: torch.de
     model = build(name, dtype, device)
     generator = pt.from_hf(model, dtype=dtype, device=device)
     print(f"# {name}: {generator!r}", flush=True)
-    rows = []
+    rows, peer_shapes, hf_sequences = [], [], []
     for batch, beams in shapes:
         sources = sources_for(batch, model.config)
         ids, mask = padded_batch(sources, model.config.pad_token_id, device)
@@ -139,6 +150,8 @@ def bench_model(name: str, shapes: list[tuple[int, int]], args, device: torch.de
                     row["hf_ms"] = time_ms(theirs_call, args.reps, args.warmup, device)
                 row["speedup"] = row["hf_ms"] / row["padfree_ms"]
                 row["sequences_equal_hf"] = equal_share(ours, theirs, model.config.pad_token_id)
+                hf_sequences.append(theirs.cpu())
+        peer_shapes.append({"batch": batch, "beams": beams, "sources": sources})
         row["padfree_ms_per_step"] = row["padfree_ms"] / args.new_tokens
         if args.profile and device.type == "cuda":
             with torch.inference_mode():
@@ -152,7 +165,74 @@ def bench_model(name: str, shapes: list[tuple[int, int]], args, device: torch.de
         row["step_over_floor"] = row["padfree_ms_per_step"] / row["step_floor_ms"]
         rows.append(row)
         print(json.dumps(row), flush=True)
+    if args.ctranslate2:
+        add_ctranslate2(model, rows, peer_shapes, hf_sequences, args, device)
     return rows
+
+
+def add_ctranslate2(model, rows: list[dict], shapes: list[dict], hf_sequences: list[torch.Tensor], args,
+                    device: torch.device) -> None:
+    """CTranslate2's column for one model's rows: the model saved, converted and timed by
+    bench/ctranslate2_peer.py in processes of their own (CT2's CUDA streams and state stay out of this one);
+    the options and the vocabulary mapping come from this model's own configs."""
+    import ctranslate2_peer as peer  # bench/, beside this script
+    from transformers.utils import logging as hf_logging
+
+    name, pad, start = rows[0]["model"], model.config.pad_token_id, model.config.decoder_start_token_id
+    try:
+        tokenizer = peer.StandInTokenizer(model.config)
+        requests = [peer.translate_options(model.generation_config, num_beams=shape["beams"],
+                                           max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens)
+                    for shape in shapes]
+    except peer.UnsupportedPeerModel as e:
+        return skip_ctranslate2(args, f"{name}: {e}")
+    script = os.path.join(ROOT, "bench", "ctranslate2_peer.py")
+    with tempfile.TemporaryDirectory(prefix="padfree-ct2-") as tmp:
+        hf_dir, ct2_dir = os.path.join(tmp, "hf"), os.path.join(tmp, "ct2")
+        hf_logging.disable_progress_bar()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model.save_pretrained(hf_dir)
+        quantization = ["float16"] if device.type == "cuda" else []
+        if subprocess.run([sys.executable, script, "convert", hf_dir, ct2_dir, *quantization]).returncode != 0:
+            return skip_ctranslate2(args, f"{name}: bench/ctranslate2_peer.py convert failed (its message above)")
+        request = {"model_dir": ct2_dir, "device": device.type, "reps": args.reps, "warmup": args.warmup,
+                   "compute_type": "float16" if device.type == "cuda" else "float32",
+                   "shapes": [{"source": [tokenizer.convert_ids_to_tokens(s) for s in shape["sources"]],
+                               "options": options} for shape, (options, _) in zip(shapes, requests)]}
+        paths = [os.path.join(tmp, "request.json"), os.path.join(tmp, "result.json")]
+        with open(paths[0], "w") as f:
+            json.dump(request, f)
+        if subprocess.run([sys.executable, script, "time", *paths]).returncode != 0:
+            return skip_ctranslate2(args, f"{name}: bench/ctranslate2_peer.py time failed (its message above)")
+        with open(paths[1]) as f:
+            result = json.load(f)
+    args.ctranslate2_options[name] = {k: v for k, v in requests[-1][0].items() if k != "beam_size"}
+    for i, (row, peer_row, (_, append_eos)) in enumerate(zip(rows, result["rows"], requests)):
+        row["ct2_ms"] = peer_row["ct2_ms"]
+        row["padfree_vs_ct2"] = peer_row["ct2_ms"] / row["padfree_ms"]
+        if hf_sequences:
+            ours = peer.hf_sequences(peer_row["hypotheses"], tokenizer, start, args.new_tokens, append_eos)
+            width = max(map(len, ours))
+            ct2 = torch.tensor([s + [pad] * (width - len(s)) for s in ours])
+            row["sequences_equal_ct2_hf"] = equal_share(ct2, hf_sequences[i], pad)
+        print(json.dumps({k: row[k] for k in ("model", "batch", "beams", "ct2_ms", "padfree_vs_ct2",
+                                              "sequences_equal_ct2_hf") if k in row}), flush=True)
+
+
+def skip_ctranslate2(args, reason: str) -> None:
+    args.ctranslate2_skipped.append(reason)
+    print(f"# CTranslate2 column skipped: {reason}", flush=True)
+
+
+def ctranslate2_version() -> str | None:
+    """CTranslate2's version where it is importable (found without importing it here), else None."""
+    if importlib.util.find_spec("ctranslate2") is None:
+        return None
+    try:
+        return importlib.metadata.version("ctranslate2")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def step_profile(call, new_tokens: int) -> list[dict]:
@@ -192,14 +272,19 @@ def equal_share(ours: torch.Tensor, theirs: torch.Tensor, pad: int) -> float:
 
 
 def print_table(rows: list[dict]) -> None:
+    ct2 = any("ct2_ms" in r for r in rows)
+
+    def cell(r: dict, key: str, width: int, digits: int) -> str:
+        return f"{r[key]:{width}.{digits}f}" if key in r else f"{'-':>{width}}"
+
     print(f"{'model':8} {'shape':>6} {'HF ms':>10} {'padfree ms':>11} {'x':>6} {'ms/step':>8} {'floor':>7} "
-          f"{'/floor':>7} {'=HF':>5}")
+          f"{'/floor':>7} {'=HF':>5}" + (f" {'CT2 ms':>8} {'xCT2':>6} {'=CT2':>5}" if ct2 else ""))
     for r in rows:
-        hf = f"{r['hf_ms']:10.1f}" if "hf_ms" in r else f"{'-':>10}"
-        speed = f"{r['speedup']:6.2f}" if "speedup" in r else f"{'-':>6}"
-        equal = f"{r['sequences_equal_hf']:5.2f}" if "sequences_equal_hf" in r else f"{'-':>5}"
-        print(f"{r['model']:8} {r['batch']:>3}x{r['beams']:<2} {hf} {r['padfree_ms']:11.1f} {speed} "
-              f"{r['padfree_ms_per_step']:8.3f} {r['step_floor_ms']:7.3f} {r['step_over_floor']:7.2f} {equal}")
+        print(f"{r['model']:8} {r['batch']:>3}x{r['beams']:<2} {cell(r, 'hf_ms', 10, 1)} {r['padfree_ms']:11.1f} "
+              f"{cell(r, 'speedup', 6, 2)} {r['padfree_ms_per_step']:8.3f} {r['step_floor_ms']:7.3f} "
+              f"{r['step_over_floor']:7.2f} {cell(r, 'sequences_equal_hf', 5, 2)}"
+              + (f" {cell(r, 'ct2_ms', 8, 1)} {cell(r, 'padfree_vs_ct2', 6, 2)} "
+                 f"{cell(r, 'sequences_equal_ct2_hf', 5, 2)}" if ct2 else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -214,9 +299,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="smoke test: the tiny model, shapes 1x4,2x1, 8 new tokens, one rep, CPU without CUDA")
     parser.add_argument("--profile", action="store_true",
                         help="also print (and record) the kernel time per decode step by kernel group")
+    parser.add_argument("--ctranslate2", action="store_true",
+                        help="add CTranslate2's column (ct2_ms, padfree_vs_ct2, sequences_equal_ct2_hf); "
+                             "skipped with a message where ctranslate2 is not importable")
     parser.add_argument("--out", default=None, help="JSON report (default bench/results/generate-<gpu>.json)")
     args = parser.parse_args(argv)
     from padfree.bench import timing
+    args.ctranslate2_skipped, args.ctranslate2_options = [], {}
+    ct2_version = ctranslate2_version() if args.ctranslate2 else None
+    if args.ctranslate2 and ct2_version is None:
+        args.ctranslate2 = False
+        skip_ctranslate2(args, "ctranslate2 is not importable (pip install ctranslate2; on the device machine: "
+                               "source scripts/ctranslate2_env.sh)")
     if args.quick:
         args.models, args.shapes, args.new_tokens, args.reps, args.warmup = "tiny", "1x4,2x1", 8, 1, 0
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -240,7 +334,20 @@ def main(argv: list[str] | None = None) -> int:
               "sources": "lengths uniform in [8, 64], torch.Generator seed 7",
               "timing": ("CUDA events" if device.type == "cuda" else "perf_counter")
               + f", median of {args.reps} after {args.warmup} warm-up calls",
-              "hf": "generate, attn_implementation=sdpa, same weights and options", "rows": rows}
+              "hf": "generate, attn_implementation=sdpa, same weights and options"}
+    if args.ctranslate2_options or args.ctranslate2_skipped:
+        report["ctranslate2"] = ct2_version or "not importable"
+    if args.ctranslate2_options:
+        report["ct2"] = ("the same weights converted (TransformersConverter, stand-in vocabulary, "
+                         + ("float16 weights), Translator(device=cuda, compute_type=float16)" if device.type == "cuda"
+                            else "float32), Translator(device=cpu, compute_type=float32)")
+                         + ", translate_batch(beam_size=beams, max_batch_size=batch, **ct2_options[model]) timed in a "
+                           "process of its own (median wall time of the blocking call after the warm-up calls); "
+                           "Marian: new_tokens - 1 steps, HF's forced eos appended")
+        report["ct2_options"] = args.ctranslate2_options
+    if args.ctranslate2_skipped:
+        report["ct2_skipped"] = args.ctranslate2_skipped
+    report["rows"] = rows
     out = args.out or os.path.join(ROOT, "bench", "results",
                                    f"generate-{timing.gpu_slug(device_name)}{'-quick' if args.quick else ''}.json")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
