@@ -28,7 +28,8 @@ from .encoder import PadfreeEncoder
 from .sentence import SentenceEncoder, sentence_pooling
 from .weights import EncoderWeights, UnsupportedModelError, check_kernel_sizes, extract
 
-__all__ = ["from_hf", "PadfreeEncoder", "SentenceEncoder", "EncoderWeights", "Bucket", "InputError", "UnsupportedModelError"]
+__all__ = ["from_hf", "PadfreeEncoder", "SentenceEncoder", "EncoderWeights", "Bucket", "InputError",
+           "UnsupportedModelError"]
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -44,10 +45,11 @@ def from_hf(model: torch.nn.Module, dtype: torch.dtype = torch.float16, device: 
     model: BertModel, RobertaModel, DistilBertModel or one of the same architecture (a task model
       gives its base model), or a sentence-transformers model as padfree.export.models.load returns
       it: then a SentenceEncoder (its pooling and normalization on the encoder's packed rows, output
-      sentence_embedding; the encoder's own pooler left out, as sentence-transformers never runs it). use_graphs=False runs eagerly (for debugging); max_graphs bounds the
-      captured graphs kept (least recently used evicted). A new bucket's first call captures its
-      graph and times cuBLASLt's candidates for its GEMMs against torch's calls (once per row count
-      and process; H100, BERT-base: 0.2-0.4 s for small buckets, 1.2 s at 21504 rows).
+      sentence_embedding; the encoder's own pooler left out, as sentence-transformers never runs it).
+      use_graphs=False runs eagerly (for debugging); max_graphs bounds the captured graphs kept
+      (least recently used evicted). A new bucket's first call captures its graph and times
+      cuBLASLt's candidates for its GEMMs against torch's calls (once per row count and process;
+      H100, BERT-base: 0.2-0.4 s for small buckets, 1.2 s at 21504 rows).
       gemm_search="exhaustive" makes that screen every cuBLASLt configuration (seconds per row
       count; faster GEMMs on large buckets) instead of the heuristic's short list; gemm_tuning
       names a JSON file that keeps those choices across processes (read where it exists, rewritten
