@@ -114,6 +114,37 @@ def test_random_sequences_keep_the_lengths_and_avoid_a_padding_id(seed):
     assert ids.min() >= 2 and ids.max() < 30 and len(set(ids.tolist())) == 28   # every allowed id, no other
 
 
+def test_the_encoder_keeps_a_graph_for_every_bucket_the_batches_use():
+    """Buckets worked out by hand (tokens up to a multiple of 64, batch and max_seqlen up to powers of
+    two, max_seqlen at least 16), chunks of at most max_batch 4 sequences."""
+    import types
+    encoder = types.SimpleNamespace(use_graphs=True, max_graphs=2, weights=types.SimpleNamespace(max_seqlen=128))
+    runtime = types.SimpleNamespace(backend=types.SimpleNamespace(encoder=types.SimpleNamespace(encoder=encoder)),
+                                    limits=Limits(max_tokens=1000, max_batch=4, max_seqlen=128))
+    batches = [[[1] * 10] * 3,            # 30 tokens -> (64, 4, 16)
+               [[1] * 12] * 3,            # the same bucket
+               [[1] * 10] * 5,            # chunks of 4 -> (64, 4, 16) and 1 -> (64, 1, 16)
+               [[1] * 100]]               # (128, 1, 128)
+    assert bench_model.keep_every_graph(runtime, batches) == 3 and encoder.max_graphs == 3
+    encoder.max_graphs = 8
+    assert bench_model.keep_every_graph(runtime, batches) == 3 and encoder.max_graphs == 8   # never lowered
+    encoder.use_graphs = False
+    assert bench_model.keep_every_graph(runtime, batches) is None
+
+
+def test_max_graphs_is_settable_on_the_encoder():
+    from _encoder_models import cpu_encoder, make_model
+
+    from padfree.ops import InputError
+    encoder = cpu_encoder(make_model("bert", hidden=64, heads=2))
+    assert encoder.max_graphs == 8
+    encoder.max_graphs = 20
+    assert encoder.max_graphs == 20
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(InputError, match="max_graphs"):
+            encoder.max_graphs = bad
+
+
 # ---- whole runs on the CPU (export folders on ONNX Runtime) ----------------------------------------
 
 def test_lengths_over_the_model_limit_are_named(tiny_export, tmp_path, capsys):
@@ -210,4 +241,4 @@ def test_gpu_pytorch_path_against_hf(tmp_path, capsys, seed, sentence):
     assert set(result["systems"]) == {"padfree", "hf"} and result["graph_buckets"] >= 1
     agreement = result["hf_agreement"]
     assert agreement["output"] == ("sentence_embedding" if sentence else "last_hidden_state")
-    assert agreement["max_abs_diff"] < 1e-3      # fp32 (TF32 may be on for HF's GEMMs)
+    assert agreement["max_abs_diff"] < 1e-2      # fp32 both; a wrong output differs by O(1)
