@@ -124,13 +124,6 @@ def agreement(got: torch.Tensor, want: torch.Tensor) -> dict:
     return {"max_abs_diff_vs_fp32": float((got - want).abs().max()), "min_cosine_vs_fp32": float(cosine.min())}
 
 
-def buckets_of(texts: list[list[int]], size: int, seqlen_cap: int) -> int:
-    """The CUDA-graph buckets padfree's passes use (one batch = one chunk, within the Runtime's limits)."""
-    from padfree.torch.buckets import bucket_for
-    return len({bucket_for(sum(map(len, b)), len(b), max(map(len, b)), seqlen_cap, False)
-                for b in batches(texts, size)})
-
-
 def build_padfree(model, st: Path, args, device: torch.device, texts: list[list[int]], size: int):
     """The Runtime padfree's column runs: the PyTorch path on the GPU, an export folder on ONNX Runtime
     on the CPU (--quick)."""
@@ -141,10 +134,13 @@ def build_padfree(model, st: Path, args, device: torch.device, texts: list[list[
         export(st, out)
         return Runtime(str(out)), {"backend": "export folder on ONNX Runtime (CPU, float32)"}
     import padfree.torch as pt
-    graphs = max(8, buckets_of(texts, size, model.config.max_position_embeddings))
-    encoder = pt.from_hf(model, dtype=torch.float16, device=device, max_graphs=graphs,
-                         gemm_search=args.gemm_search, gemm_tuning=args.gemm_tuning)
-    return Runtime(encoder), {"backend": repr(encoder), "max_graphs": graphs, "gemm_search": args.gemm_search}
+    from padfree.bench.model import keep_every_graph
+    encoder = pt.from_hf(model, dtype=torch.float16, device=device, gemm_search=args.gemm_search,
+                         gemm_tuning=args.gemm_tuning)
+    runtime = Runtime(encoder)
+    buckets = keep_every_graph(runtime, batches(texts, size))    # else the passes would recapture evicted graphs
+    return runtime, {"backend": repr(encoder), "graph_buckets": buckets, "max_graphs": encoder.encoder.max_graphs,
+                     "gemm_search": args.gemm_search}
 
 
 def measure(args, device: torch.device) -> dict:
@@ -161,25 +157,20 @@ def measure(args, device: torch.device) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         st = write_sentence_dir(Path(tmp) / "st", fields)
         model, description = load(str(st), attn_implementation="sdpa")
-        reference = copy.deepcopy(model).to(device=device, dtype=torch.float32)
+        reference = copy.deepcopy(model)                   # float32, on the CPU until the timing is done
         runtime, padfree_info = build_padfree(model, st, args, device, texts, size)
+        outputs = {}                                        # column -> its last pass's embeddings
 
         def column(name: str, call) -> None:
-            outputs = []
-
             def one_pass():
-                outputs[:] = [call()]
+                outputs[name] = call()
             ms = statistics.median(samples_ms(one_pass, args.reps, args.warmup, cuda=cuda))
-            row = {"column": name, "ms_per_pass": ms, "texts_per_s": count / ms * 1e3,
-                   "tokens_per_s": int(lengths.sum()) / ms * 1e3, **agreement(outputs[0], want)}
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+            rows.append({"column": name, "ms_per_pass": ms, "texts_per_s": count / ms * 1e3,
+                         "tokens_per_s": int(lengths.sum()) / ms * 1e3})
+            print(json.dumps(rows[-1]), flush=True)
 
-        previous_tf32 = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = False
         with torch.no_grad():
-            want = hf_pass(reference, texts, size, device, sort=False)
-            torch.backends.cuda.matmul.allow_tf32 = previous_tf32
+            # padfree first: no other system has run in this process yet (bench/README.md)
             column("padfree", lambda: padfree_pass(runtime, texts, size))
             padfree_info["runtime"] = repr(runtime)
             if not args.no_hf:
@@ -189,6 +180,12 @@ def measure(args, device: torch.device) -> dict:
                 if not args.no_compile:
                     compiled = torch.compile(hf, dynamic=True)
                     column("compile_sorted", lambda: hf_pass(compiled, texts, size, device, sort=True))
+            previous_tf32 = torch.backends.cuda.matmul.allow_tf32
+            torch.backends.cuda.matmul.allow_tf32 = False
+            want = hf_pass(reference.to(device), texts, size, device, sort=False)
+            torch.backends.cuda.matmul.allow_tf32 = previous_tf32
+        for row in rows:
+            row.update(agreement(outputs[row["column"]], want))
     by_name = {r["column"]: r for r in rows}
     padfree = by_name["padfree"]
     ratios = {f"padfree_over_{name}": padfree["texts_per_s"] / r["texts_per_s"]

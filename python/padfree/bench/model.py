@@ -27,30 +27,10 @@ from typing import Any
 import numpy as np
 
 from ..arguments import CommandError
+from ..line_files import read_lengths, read_texts
 
 log = logging.getLogger(__name__)
 PERCENTILES = (50, 90, 99)
-
-
-def read_lengths(path: Path) -> list[int]:
-    """The sequence lengths in `path`, one integer >= 1 per line; CommandError naming the first bad line."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise CommandError(f"cannot read lengths from {path}: {e}") from None
-    if not lines:
-        raise CommandError(f"{path} holds no lengths: give one integer (a sequence's length in tokens) per line")
-    lengths = []
-    for number, line in enumerate(lines, 1):
-        try:
-            value = int(line.strip())
-        except ValueError:
-            raise CommandError(f"{path} line {number}: expected one integer (a length in tokens), got"
-                               f" {line.strip()[:40]!r}") from None
-        if value < 1:
-            raise CommandError(f"{path} line {number}: a length must be at least 1 token, got {value}")
-        lengths.append(value)
-    return lengths
 
 
 def check_lengths(lengths: list[int], limits: Any, path: Path) -> None:
@@ -130,7 +110,6 @@ def open_model(args) -> tuple[Any, Any, str]:
 def sequences_for(args, runtime) -> tuple[list[list[int]], str]:
     from padfree.ops._tensors import InputError
     if args.texts is not None:
-        from ..commands.run import read_texts
         texts = read_texts(args.texts)
         try:
             return runtime.tokenize(texts, truncate=args.truncate), f"texts {args.texts} (tokenized, not timed)"
