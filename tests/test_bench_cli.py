@@ -38,7 +38,8 @@ def _args(**kw):
     import argparse
     parser = argparse.ArgumentParser()
     bench_cli.add_arguments(parser)
-    return parser.parse_args([a for k, v in kw.items() for a in ((f"--{k}",) if v is True else (f"--{k}", v))])
+    return bench_cli.resolve(parser.parse_args([a for k, v in kw.items()
+                                                for a in ((f"--{k}",) if v is True else (f"--{k}", v))]))
 
 
 def test_systems_follow_the_switches():

@@ -47,9 +47,23 @@ def time_ms(fn, reps: int, warmup: int, gpu_only: bool = False) -> float:
     steady state is what a server running one model sees. gpu_only: the stream sleeps GPU_AHEAD_CYCLES
     before each start event, so the host has enqueued fn's work by the time the start fires (its GPU
     time alone; padfree_gpu)."""
+    return statistics.median(samples_ms(fn, reps, warmup, gpu_only=gpu_only))
+
+
+def samples_ms(fn, reps: int, warmup: int, cuda: bool = True, gpu_only: bool = False) -> list[float]:
+    """The ms of each of `reps` calls of fn() after `warmup` untimed ones, in a block of their own (see
+    time_ms): between CUDA events on the current stream, or with cuda=False between perf_counter
+    readings (a CPU backend, whose calls return when done)."""
     import torch
     for _ in range(warmup):
         fn()
+    if not cuda:
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return times
     torch.cuda.synchronize()
     times = []
     for _ in range(reps):
@@ -61,7 +75,7 @@ def time_ms(fn, reps: int, warmup: int, gpu_only: bool = False) -> float:
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return times
 
 
 def floor_graph(weights, tokens: int, reps: int):

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..arguments import CommandError, non_negative_int, positive_int
+from ..line_files import read_texts
 from ..tokenizer_files import has_tokenizer
 
 log = logging.getLogger(__name__)
@@ -112,21 +113,6 @@ def open_runtime(args: argparse.Namespace):
     log.info("serving %s through the PyTorch path (%s on %s)", type(model).__name__, args.dtype, args.device)
     return Runtime(from_hf(model, dtype=dtype, device=args.device, gemm_search=args.gemm_search,
                            gemm_tuning=args.gemm_tuning), **limits)
-
-
-def read_texts(path: Path) -> list[str]:
-    """The lines of a UTF-8 text file, one text each; a blank line is refused (its row would be a text
-    the user did not mean, and skipping it would shift every later row)."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise CommandError(f"cannot read texts from {path}: {e}") from None
-    if not lines:
-        raise CommandError(f"{path} holds no text: give one text per line")
-    blank = next((i for i, line in enumerate(lines) if not line.strip()), None)
-    if blank is not None:
-        raise CommandError(f"{path}: line {blank + 1} is blank; give one text per line, without blank lines")
-    return lines
 
 
 def read_batch(path: Path) -> dict[str, Any]:

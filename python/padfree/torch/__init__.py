@@ -7,6 +7,10 @@ replayed from CUDA graphs per size bucket.
     out = encoder([[101, 7592, 102], [101, 102]])     # a list of token sequences
     out = encoder.forward_packed(ids, cu_seqlens, max_seqlen)   # packed, for padfree.runtime
 
+A sentence-transformers model as padfree.export.models.load("st_dir") returns it (encoder + pooling
++ optional Normalize) becomes a SentenceEncoder, whose one output is `sentence_embedding`
+(padfree.torch.sentence): padfree.Runtime(from_hf(model)).encode(texts).
+
 An encoder-decoder (Marian, M2M100/NLLB, BART, mBART) goes to padfree.generation instead:
 
     generator = padfree.torch.from_hf(seq2seq_model, dtype=torch.float16)
@@ -21,9 +25,11 @@ import torch
 from ..ops._tensors import InputError
 from .buckets import Bucket
 from .encoder import PadfreeEncoder
+from .sentence import SentenceEncoder, sentence_pooling
 from .weights import EncoderWeights, UnsupportedModelError, check_kernel_sizes, extract
 
-__all__ = ["from_hf", "PadfreeEncoder", "EncoderWeights", "Bucket", "InputError", "UnsupportedModelError"]
+__all__ = ["from_hf", "PadfreeEncoder", "SentenceEncoder", "EncoderWeights", "Bucket", "InputError",
+           "UnsupportedModelError"]
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -37,10 +43,13 @@ def from_hf(model: torch.nn.Module, dtype: torch.dtype = torch.float16, device: 
     runs the torch reference of the decoder kernels); the encoder options below apply to encoders only.
 
     model: BertModel, RobertaModel, DistilBertModel or one of the same architecture (a task model
-      gives its base model). use_graphs=False runs eagerly (for debugging); max_graphs bounds the
-      captured graphs kept (least recently used evicted). A new bucket's first call captures its
-      graph and times cuBLASLt's candidates for its GEMMs against torch's calls (once per row count
-      and process; H100, BERT-base: 0.2-0.4 s for small buckets, 1.2 s at 21504 rows).
+      gives its base model), or a sentence-transformers model as padfree.export.models.load returns
+      it: then a SentenceEncoder (its pooling and normalization on the encoder's packed rows, output
+      sentence_embedding; the encoder's own pooler left out, as sentence-transformers never runs it).
+      use_graphs=False runs eagerly (for debugging); max_graphs bounds the captured graphs kept
+      (least recently used evicted). A new bucket's first call captures its graph and times
+      cuBLASLt's candidates for its GEMMs against torch's calls (once per row count and process;
+      H100, BERT-base: 0.2-0.4 s for small buckets, 1.2 s at 21504 rows).
       gemm_search="exhaustive" makes that screen every cuBLASLt configuration (seconds per row
       count; faster GEMMs on large buckets) instead of the heuristic's short list; gemm_tuning
       names a JSON file that keeps those choices across processes (read where it exists, rewritten
@@ -69,8 +78,14 @@ def from_hf(model: torch.nn.Module, dtype: torch.dtype = torch.float16, device: 
         raise InputError(f"device: padfree's kernels run on CUDA devices, got {device}")
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
+    sentence = sentence_pooling(model)
+    if sentence is not None:
+        model = model.encoder
     weights = extract(model, dtype, device)
     check_kernel_sizes(weights)
+    if sentence is not None:
+        weights.pooler_weight = weights.pooler_bias = None
     base = getattr(model, "base_model", model)
-    return PadfreeEncoder(weights, base.config, use_graphs=use_graphs, max_graphs=max_graphs,
-                          gemm_search=gemm_search, gemm_tuning=gemm_tuning, programmatic_edges=programmatic_edges)
+    encoder = PadfreeEncoder(weights, base.config, use_graphs=use_graphs, max_graphs=max_graphs,
+                             gemm_search=gemm_search, gemm_tuning=gemm_tuning, programmatic_edges=programmatic_edges)
+    return encoder if sentence is None else SentenceEncoder(encoder, *sentence)

@@ -280,6 +280,19 @@ class PadfreeEncoder(GraphCapture, Speculation):
             raise KeyError(f"no captured graph for {bucket}")
         return graph.gemms.choices()
 
+    @property
+    def max_graphs(self) -> int:
+        """How many captured graphs are kept (from_hf's max_graphs; the least recently used go first).
+        Traffic whose batches fall into more buckets than this recaptures graphs over and over: raise
+        it to the number of buckets the batches use (padfree bench MODEL reports it)."""
+        return self._graphs.capacity
+
+    @max_graphs.setter
+    def max_graphs(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InputError(f"max_graphs: expected a positive int, got {value!r}")
+        self._graphs.capacity = value
+
     def clear_graphs(self) -> None:
         self._graphs.clear()
         self._guesses.clear()
