@@ -35,8 +35,7 @@ from .ffn import FfnUp, epilogue_matches
 from .gemm_tuning import SEARCHES, load_tuning
 from .gemms import EncoderGemms
 from .inputs import Batch, DeviceInputs, InputBuffer, from_host
-from .sentence import OUTPUT as SENTENCE_EMBEDDING
-from .sentence import sentence_output
+from .sentence import OUTPUT as SENTENCE_EMBEDDING, sentence_output
 from .speculation import GUESSES, Speculation, _Route
 from .weights import EncoderWeights
 

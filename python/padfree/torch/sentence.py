@@ -20,7 +20,7 @@ from ..ops.pooling import POOLING_MODES
 from .weights import UnsupportedModelError
 
 OUTPUT = "sentence_embedding"
-# sentence-transformers' Pooling attributes, one flag per mode (the modes padfree runs first)
+# sentence-transformers < 5 kept one Pooling flag per mode (later versions: `pooling_mode`)
 _FLAGS = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean", "pooling_mode_max_tokens": "max",
           "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
           "pooling_mode_weightedmean_tokens": "weightedmean", "pooling_mode_lasttoken": "lasttoken"}
@@ -43,7 +43,9 @@ def _sentence_transformer(model) -> SentencePooling | None:
         raise UnsupportedModelError(f"SentenceTransformer with modules {kinds}: padfree.torch runs Transformer,"
                                     " Pooling and an optional Normalize, in that order")
     transformer, pooling = modules[0], modules[1]
-    modes = [mode for flag, mode in _FLAGS.items() if getattr(pooling, flag, False)]
+    mode = getattr(pooling, "pooling_mode", None)
+    modes = [mode] if isinstance(mode, str) else list(mode) if mode else \
+        [name for flag, name in _FLAGS.items() if getattr(pooling, flag, False)]
     if len(modes) != 1 or modes[0] not in POOLING_MODES:
         raise UnsupportedModelError(f"SentenceTransformer pooling {modes or 'none'}: padfree.torch runs one of"
                                     f" {', '.join(POOLING_MODES)}")
