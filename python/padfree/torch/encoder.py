@@ -28,6 +28,7 @@ import torch
 
 from .. import ops as _default_ops
 from ..ops._tensors import INT32_MAX, InputError, current_device
+from ..ops.pooling import POOLING_MODES
 from ..runtime.backends.base import Limits, check_packed
 from .buckets import LRU, Bucket, bucket_for
 from .capture import GraphCapture, _Graph
@@ -105,8 +106,8 @@ class PadfreeEncoder(GraphCapture, Speculation):
                              position_pad_id=weights.position_offset - 1 if weights.position_offset else None)
         self._inputs: InputBuffer | None = None  # every graph's inputs: views of this one buffer
         self._device_inputs = DeviceInputs(self.limits, self.device, self._ops, lambda b: self._input_buffer(0, b))
-        if pooling is not None and pooling not in ("cls", "mean", "max"):
-            raise InputError(f"pooling: expected 'cls', 'mean', 'max' or None, got {pooling!r}")
+        if pooling is not None and pooling not in POOLING_MODES:
+            raise InputError(f"pooling: expected one of {', '.join(POOLING_MODES)} or None, got {pooling!r}")
         self.pooling, self.normalize = pooling, bool(normalize) and pooling is not None
         self.has_pooler = weights.pooler_weight is not None and pooling is None
         if pooling is not None:
