@@ -139,7 +139,7 @@ def build_padfree(model, st: Path, args, device: torch.device, texts: list[list[
                          gemm_tuning=args.gemm_tuning)
     runtime = Runtime(encoder)
     buckets = keep_every_graph(runtime, batches(texts, size))    # else the passes would recapture evicted graphs
-    return runtime, {"backend": repr(encoder), "graph_buckets": buckets, "max_graphs": encoder.encoder.max_graphs,
+    return runtime, {"backend": repr(encoder), "graph_buckets": buckets, "max_graphs": encoder.max_graphs,
                      "gemm_search": args.gemm_search}
 
 

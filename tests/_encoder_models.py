@@ -14,16 +14,28 @@ transformers = pytest.importorskip("transformers")
 from padfree.torch import PadfreeEncoder  # noqa: E402
 from padfree.torch.weights import extract  # noqa: E402
 
-ARCHS = ["bert", "roberta", "distilbert"]
+ARCHS = ["bert", "roberta", "distilbert", "electra", "albert"]
 
 
 # ---- models and batches ------------------------------------------------------------------------
 
 def make_model(arch: str, hidden: int = 128, heads: int = 2, layers: int = 2, positions: int = 64,
                act: str = "gelu", seed: int = 0) -> torch.nn.Module:
-    """A small HF encoder with random weights everywhere (LayerNorm affine included), HF eager attention."""
+    """A small HF encoder with random weights everywhere (LayerNorm affine included), HF eager attention.
+    ELECTRA and ALBERT factorize their embeddings (embedding_size = hidden / 2); ALBERT runs `layers`
+    passes through one shared group of two layers."""
     common = dict(vocab_size=97, max_position_embeddings=positions, attn_implementation="eager")
-    if arch == "bert":
+    if arch == "electra":
+        config = transformers.ElectraConfig(hidden_size=hidden, embedding_size=hidden // 2, num_attention_heads=heads,
+                                            num_hidden_layers=layers, intermediate_size=4 * hidden, hidden_act=act,
+                                            type_vocab_size=2, **common)
+        cls = transformers.ElectraModel
+    elif arch == "albert":
+        config = transformers.AlbertConfig(hidden_size=hidden, embedding_size=hidden // 2, num_attention_heads=heads,
+                                           num_hidden_layers=layers, num_hidden_groups=1, inner_group_num=2,
+                                           intermediate_size=4 * hidden, hidden_act=act, type_vocab_size=2, **common)
+        cls = transformers.AlbertModel
+    elif arch == "bert":
         config = transformers.BertConfig(hidden_size=hidden, num_attention_heads=heads, num_hidden_layers=layers,
                                          intermediate_size=4 * hidden, hidden_act=act, type_vocab_size=3, **common)
         cls = transformers.BertModel
@@ -149,11 +161,27 @@ def _ref_rebuild_padding(packed, cu, padded_seqlen, out=None):
     return padded
 
 
+def reference_pool(x, cu, mode, normalize=False):
+    """Sentence pooling of packed rows [T, H] per cu_seqlens segment in x's dtype (empty: zeros)."""
+    pooled = x.new_zeros(len(cu) - 1, x.shape[1])
+    for i, (a, b) in enumerate(_segments(cu)):
+        if b > a:
+            rows = x[a:b]
+            pooled[i] = rows[0] if mode == "cls" else rows.mean(0) if mode == "mean" else rows.max(0).values
+    return F.normalize(pooled, p=2, dim=1) if normalize else pooled
+
+
+def _ref_sequence_pool(x, cu, mode="mean", normalize=False, out=None):
+    out.copy_(reference_pool(x, cu, mode, normalize))
+    return out
+
+
 REFERENCE_OPS = types.SimpleNamespace(
     embedding_layernorm=_ref_embedding, attention_varlen=_ref_attention, skip_layernorm=_ref_skip_layernorm,
-    bias_gelu=_ref_bias_gelu, rebuild_padding=_ref_rebuild_padding)
+    bias_gelu=_ref_bias_gelu, rebuild_padding=_ref_rebuild_padding, sequence_pool=_ref_sequence_pool)
 
 
-def cpu_encoder(model, use_epilogue=None) -> PadfreeEncoder:
-    weights = extract(model, torch.float64, torch.device("cpu"))
-    return PadfreeEncoder(weights, model.config, ops=REFERENCE_OPS, use_epilogue=use_epilogue)
+def cpu_encoder(model, use_epilogue=None, dtype=torch.float64, **options) -> PadfreeEncoder:
+    """The encoder's composition on the CPU with REFERENCE_OPS (options: PadfreeEncoder's, e.g. pooling)."""
+    weights = extract(model, dtype, torch.device("cpu"))
+    return PadfreeEncoder(weights, model.config, ops=REFERENCE_OPS, use_epilogue=use_epilogue, **options)

@@ -119,7 +119,7 @@ def test_the_encoder_keeps_a_graph_for_every_bucket_the_batches_use():
     two, max_seqlen at least 16), chunks of at most max_batch 4 sequences."""
     import types
     encoder = types.SimpleNamespace(use_graphs=True, max_graphs=2, weights=types.SimpleNamespace(max_seqlen=128))
-    runtime = types.SimpleNamespace(backend=types.SimpleNamespace(encoder=types.SimpleNamespace(encoder=encoder)),
+    runtime = types.SimpleNamespace(backend=types.SimpleNamespace(encoder=encoder),
                                     limits=Limits(max_tokens=1000, max_batch=4, max_seqlen=128))
     batches = [[[1] * 10] * 3,            # 30 tokens -> (64, 4, 16)
                [[1] * 12] * 3,            # the same bucket

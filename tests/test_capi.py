@@ -312,6 +312,33 @@ def test_bias_gelu_refuses(over, fragments):
     expect_invalid("padfree_bias_gelu", _gelu_args(**over), *fragments)
 
 
+# ---- sentence pooling ----------------------------------------------------------------------------
+
+def _pool_args(**over):
+    return _args(dict(x=A, cu=A, batch=4, total=64, hidden=768, mode=1, normalize=1, dtype=F16, out=A), over)
+
+
+@pytest.mark.parametrize("over, fragments", [
+    (dict(x=None), ["x is NULL"]),
+    (dict(x=M), ["x must be 16-byte aligned"]),
+    (dict(out=None), ["out is NULL"]),
+    (dict(out=M), ["out must be 16-byte aligned"]),
+    (dict(cu=None), ["cu_seqlens is NULL"]),
+    (dict(cu=A + 2), ["cu_seqlens must be 4-byte aligned"]),
+    (dict(batch=-1), ["batch must be >= 0", "-1"]),
+    (dict(total=-1), ["total_tokens must be >= 0", "-1"]),
+    (dict(hidden=0), ["hidden must be a positive multiple of 8", "0"]),
+    (dict(hidden=12), ["hidden must be a positive multiple of 8", "12"]),
+    (dict(hidden=8200), ["hidden must be <= 8192", "8200"]),
+    (dict(mode=3), ["mode must be 0 (cls), 1 (mean) or 2 (max)", "3"]),
+    (dict(mode=-1), ["mode must be 0 (cls), 1 (mean) or 2 (max)"]),
+    (dict(normalize=2), ["normalize must be 0 or 1", "2"]),
+    (dict(dtype=3), ["dtype must be"]),
+])
+def test_sequence_pool_refuses(over, fragments):
+    expect_invalid("padfree_sequence_pool", _pool_args(**over), *fragments)
+
+
 def test_last_error_is_replaced_by_the_next_failure():
     raw("padfree_layernorm", *_layernorm_args(hidden=12))
     _, message = raw("padfree_bias_gelu", *_gelu_args(approximate=5))

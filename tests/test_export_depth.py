@@ -37,6 +37,16 @@ FAMILIES = {
                           hidden_dim=256), 6),
     "electra-12": ("ElectraConfig", "ElectraModel",
                    dict(NARROW, vocab_size=512, num_hidden_layers=12, embedding_size=128), 12),
+    # embeddings at 64, projected to the hidden size (embeddings_project, left as a MatMul)
+    "electra-proj-12": ("ElectraConfig", "ElectraModel",
+                        dict(NARROW, vocab_size=512, num_hidden_layers=12, embedding_size=64), 12),
+    # factorized embeddings; one layer run 12 times, then 2 groups of 2 layers over 12 passes (24 layers
+    # run): torch exports each shared weight transposed once (export/passes/shared_weights.py)
+    "albert-12": ("AlbertConfig", "AlbertModel",
+                  dict(NARROW, vocab_size=512, num_hidden_layers=12, embedding_size=64), 12),
+    "albert-12-2x2": ("AlbertConfig", "AlbertModel",
+                      dict(NARROW, vocab_size=512, num_hidden_layers=12, embedding_size=64, num_hidden_groups=2,
+                           inner_group_num=2), 24),
 }
 _EXPORTS: dict[str, onnx.ModelProto] = {}
 
@@ -72,6 +82,20 @@ def test_real_depth_fuses_every_layer_and_checks(name, io, seed):
     ok, results, data = compare(rewritten, reference, batch=6, max_seqlen=48, seed=seed)
     assert data.lengths.min() == 1 and data.lengths.max() == 48
     assert ok, [(r.name, r.max_abs, r.max_rel, r.padding_max) for r in results]
+
+
+def test_shared_layers_keep_one_copy_of_their_weights():
+    """ALBERT's 24 layer runs read 4 layers' weights: the rewrite merges each layer's Q/K/V once."""
+    reference = exported("albert-12-2x2")
+    rewritten, report = rewrite(reference)
+    assert any("shared weight" in note for p in report.passes for note in p["notes"])
+    attention = [n for n in rewritten.graph.node if n.op_type == "PadfreeAttention"]
+    assert len(attention) == 24 and len({n.input[1] for n in attention}) == 4
+
+    def initializer_bytes(model):
+        return sum(t.ByteSize() for t in model.graph.initializer)
+    # the merged QKV weights replace the separate ones: the total stays the exported model's
+    assert initializer_bytes(rewritten) <= 1.01 * initializer_bytes(reference)
 
 
 def test_interface_keeps_its_axis_names():

@@ -63,6 +63,28 @@ def test_task_heads_fuse_fully_and_match_the_plain_export(name, task, io):
         assert all(r.padding_max == 0.0 for r in results)
 
 
+# ELECTRA (embeddings projected to the hidden size) and ALBERT (shared layers): their own heads
+FAMILY_HEADS = {"ElectraConfig": ("Electra", dict(embedding_size=64)),
+                "AlbertConfig": ("Albert", dict(embedding_size=64, num_hidden_groups=2, inner_group_num=2))}
+
+
+@pytest.mark.parametrize("task", HEADS)
+@pytest.mark.parametrize("config_cls", list(FAMILY_HEADS))
+def test_electra_and_albert_heads_fuse_fully_and_match(config_cls, task):
+    prefix, extra = FAMILY_HEADS[config_cls]
+    fields = dict(vocab_size=512, max_position_embeddings=128, hidden_size=128, num_hidden_layers=2,
+                  num_attention_heads=2, intermediate_size=256, num_labels=2 if task == tasks.QUESTION_ANSWERING else 3,
+                  **extra)
+    model = models.build(config_cls, prefix + tasks.HEAD_SUFFIX[task], **fields)
+    assert tasks.of_model(model) == task
+    reference = export_onnx(model, prefix)
+    rewritten, report = rewrite(reference)
+    assert not report.unmatched
+    assert {o.name: dims(o) for o in rewritten.graph.output} == PACKED_SHAPES[task]
+    ok, results, _ = compare(rewritten, reference, batch=5, max_seqlen=24, seed=3)
+    assert ok, results
+
+
 def test_task_of_architectures():
     assert tasks.from_architectures(["BertForSequenceClassification"]) == tasks.TEXT_CLASSIFICATION
     assert tasks.from_architectures(["RobertaForTokenClassification"]) == tasks.TOKEN_CLASSIFICATION

@@ -41,8 +41,9 @@ def test_extract_places_each_layers_projections_in_one_buffer(arch):
         for span, (first, last) in ((lw.attention_projections, parts[:2]), (lw.ffn_projections, parts[2:])):
             assert span.data_ptr() == first.data_ptr() and span.is_contiguous()
             assert span.data_ptr() + span.nbytes == last.data_ptr() + last.nbytes
-    layer = model.encoder.layer[0] if arch != "distilbert" else model.transformer.layer[0]
-    up = layer.intermediate.dense if arch != "distilbert" else layer.ffn.lin1
+    up = {"distilbert": lambda: model.transformer.layer[0].ffn.lin1,
+          "albert": lambda: model.encoder.albert_layer_groups[0].albert_layers[0].ffn}.get(
+        arch, lambda: model.encoder.layer[0].intermediate.dense)()
     assert torch.equal(w.layers[0].up_weight, up.weight.half())
 
 

@@ -37,11 +37,12 @@ class Projection:
     weight: np.ndarray  # [H, N*D]
     bias: np.ndarray | None
     out: gs.Tensor
+    sources: tuple = ()  # the constant tensors of weight and bias: layers sharing them share the fused ones
 
 
 def _projection(t: gs.Tensor) -> Projection | None:
     """t = Add(MatMul(x, W), b) or MatMul(x, W) with constant W [in, out] and b [out]."""
-    bias, mm_out = None, t
+    bias, mm_out, bias_source = None, t, None
     add = producer_op(t, "Add")
     if add is not None:
         found = split_const(add)
@@ -49,11 +50,12 @@ def _projection(t: gs.Tensor) -> Projection | None:
             return None
         mm_out, bias = found
         bias = bias.reshape(-1)
+        bias_source = next(x for x in add.inputs if x is not mm_out)
     mm = producer_op(mm_out, "MatMul")
     weight = const_value(mm.inputs[1]) if mm is not None else None
     if weight is None or weight.ndim != 2 or (bias is not None and bias.shape != (weight.shape[1],)):
         return None
-    return Projection(mm.inputs[0], weight, bias, t)
+    return Projection(mm.inputs[0], weight, bias, t, (id(mm.inputs[1]), id(bias_source)))
 
 
 @dataclass
@@ -210,19 +212,30 @@ def _check_padding_mask(ctx: Context, mask: gs.Tensor) -> str | None:
     return None
 
 
-def _fuse(ctx: Context, att: Attention) -> None:
+def _merged(ctx: Context, att: Attention, merged: dict) -> tuple[gs.Constant, gs.Constant]:
+    """The [H, 3H] QKV weight and [3H] bias, made once per set of Q/K/V constants (layers that share
+    their weights, as ALBERT's, share these too)."""
     q, k, v = att.q.projection, att.k.projection, att.v.projection
-    weight = np.concatenate([q.weight, k.weight, v.weight], axis=1)
-    zeros = np.zeros(q.weight.shape[1], q.weight.dtype)
-    bias = np.concatenate([p.bias if p.bias is not None else zeros for p in (q, k, v)])
+    key = (q.sources, k.sources, v.sources)
+    if key not in merged:
+        weight = np.concatenate([q.weight, k.weight, v.weight], axis=1)
+        zeros = np.zeros(q.weight.shape[1], q.weight.dtype)
+        bias = np.concatenate([p.bias if p.bias is not None else zeros for p in (q, k, v)])
+        merged[key] = ctx.const("qkv_weight", weight), ctx.const("qkv_bias", bias)
+    return merged[key]
+
+
+def _fuse(ctx: Context, att: Attention, merged: dict) -> None:
+    q = att.q.projection
+    weight, bias = _merged(ctx, att, merged)
     hidden = att.heads * att.head_dim
-    qkv = ctx.variable("qkv", weight.dtype, [DIM_T, 3 * hidden])
-    ctx.node("MatMul", [q.x, ctx.const("qkv_weight", weight)], [qkv])
+    qkv = ctx.variable("qkv", weight.values.dtype, [DIM_T, 3 * hidden])
+    ctx.node("MatMul", [q.x, weight], [qkv])
     out = att.context
     producer(out).outputs.clear()
-    out.shape, out.dtype = [DIM_T, hidden], weight.dtype
+    out.shape, out.dtype = [DIM_T, hidden], weight.values.dtype
     ctx.plugin("PadfreeAttention",
-               [qkv, ctx.const("qkv_bias", bias), ctx.packed(CU_SEQLENS), ctx.packed(MAX_SEQLEN)], [out],
+               [qkv, bias, ctx.packed(CU_SEQLENS), ctx.packed(MAX_SEQLEN)], [out],
                {"num_heads": att.heads, "head_dim": att.head_dim, "softmax_scale": att.scale})
 
 
@@ -237,8 +250,9 @@ def run(graph: gs.Graph, ctx: Context) -> gs.Graph:
             matches.append(_match(ctx, node, mask_ok))
         except NoMatch as e:
             report.miss(f"attention #{i} (at Softmax '{node.name}'): {e}")
+    merged: dict = {}
     for i, att in enumerate(matches):
-        _fuse(ctx, att)
+        _fuse(ctx, att, merged)
         report.add("PadfreeAttention")
         log.debug("attention: fused #%d: %d heads x %d, scale %.6g, mask %s", i, att.heads, att.head_dim,
                   att.scale, "key-padding" if att.mask is not None else "none")

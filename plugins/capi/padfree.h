@@ -34,6 +34,7 @@ extern "C" {
  * 2: remove_padding, rebuild_padding and attention_varlen take total_tokens. 4: guarded graphs.
  * 5: input plans. 6: programmatic edges into other libraries' kernels. 7: their probe.
  * 8: removal of memsets made redundant. 9: L2 prefetch ranges for the LayerNorms before a GEMM.
+ * 11: sentence pooling (padfree_sequence_pool).
  * (New functions, such as the decoder's, add to a version without bumping it.) */
 #define PADFREE_ABI_VERSION 11
 
@@ -293,6 +294,20 @@ PADFREE_API padfree_status padfree_bias_gelu(const void* x, const void* bias, in
                                              int32_t cols, int32_t approximate,
                                              padfree_dtype dtype, void* out,
                                              padfree_stream stream);
+
+/* ---- sentence pooling ------------------------------------------------------------------------ */
+
+enum { PADFREE_POOL_CLS = 0, PADFREE_POOL_MEAN = 1, PADFREE_POOL_MAX = 2 };
+
+/* One vector per sequence, as sentence-transformers' Pooling (+ Normalize) computes it:
+ * out[b] = first row (CLS), mean or elementwise max of x's rows [cu_seqlens[b], cu_seqlens[b + 1]),
+ * then, where normalize != 0, out[b] / max(||out[b]||_2, 1e-12). x: [total_tokens, hidden],
+ * out: [batch, hidden]; hidden a multiple of 8 up to 8192, x and out 16-byte aligned. A sequence
+ * with no rows (bucket padding's empty sequences) gives zeros. Sums, maxima and the norm in fp32. */
+PADFREE_API padfree_status padfree_sequence_pool(const void* x, const int32_t* cu_seqlens, int32_t batch,
+                                                 int64_t total_tokens, int32_t hidden, int32_t mode,
+                                                 int32_t normalize, padfree_dtype dtype, void* out,
+                                                 padfree_stream stream);
 
 /* ---- decoder: one decoding step's attention (kernels/decoder/) --------------------------------
  * rows = batch * num_beams hypotheses, one query row each (row r belongs to source r / num_beams);

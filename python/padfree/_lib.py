@@ -35,6 +35,7 @@ _SIGNATURES: dict[str, list] = {
     "padfree_embedding_layernorm": [_i32p, _i32p, _i32p, c_int32, c_int64, _p, c_int32, _p, c_int32,
                                     c_int32, _p, c_int32, _p, _p, c_int32, c_float, _p, c_int64, c_int, _p, _p],
     "padfree_bias_gelu": [_p, _p, c_int64, c_int32, c_int32, c_int, _p, _p],
+    "padfree_sequence_pool": [_p, _i32p, c_int32, c_int64, c_int32, c_int32, c_int32, c_int, _p, _p],
     "padfree_padded_input_stats": [_p, c_int32, _p, _p, c_int32, c_int32, c_int32, c_int64, c_int64, c_int64, _i32p,
                                    _i32p, _i32p, _p],
     "padfree_pack_padded_inputs": [_p, _p, c_int32, _i32p, c_int32, c_int32, c_int32, c_int32, _i32p, _i32p,

@@ -127,7 +127,6 @@ def keep_every_graph(runtime, batches: list[list]) -> int | None:
     from padfree.runtime._plan import plan_chunks
     from padfree.torch.buckets import bucket_for
     encoder = getattr(runtime.backend, "encoder", None)
-    encoder = getattr(encoder, "encoder", encoder)            # a SentenceEncoder's own encoder
     if not getattr(encoder, "use_graphs", False):
         return None
     limits, cap = runtime.limits, encoder.weights.max_seqlen

@@ -74,10 +74,13 @@ def load_hf_model(source: str) -> Any:
     """An HF model from a local directory, or a built-in tiny random-weight model (padfree.export)."""
     from padfree.export.errors import ExportError
     from padfree.export.models import load
+    from padfree.export.sentence import is_sentence_dir
 
     try:
-        # the PyTorch path serves the encoder: a task head or a sentence pooling is left out (with a warning)
-        model, description = load(source, task="feature-extraction", allow_unused_weights=True)
+        # the PyTorch path serves the encoder, and a sentence-transformers directory's pooling
+        # (sentence_embedding); a task head is left out (with a warning)
+        task = None if is_sentence_dir(source) else "feature-extraction"
+        model, description = load(source, task=task, allow_unused_weights=True)
     except ExportError as e:
         raise CommandError(f"{source!r} is not an engine file, and {e}") from None
     log.info("model: %s", description)

@@ -21,4 +21,5 @@ from .padding import (  # noqa: F401
     rebuild_padding,
     remove_padding,
 )
+from .pooling import sequence_pool  # noqa: F401
 from .search import beam_search_step, greedy_step  # noqa: F401

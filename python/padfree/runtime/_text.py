@@ -182,8 +182,9 @@ def encode(runtime: Any, texts: Any, batch_size: int, normalize: bool, truncate:
     if SENTENCE_EMBEDDING not in runtime.output_names:
         raise TextError(f"encode() returns a model's {SENTENCE_EMBEDDING} output, and this model has none (its"
                         f" outputs: {', '.join(runtime.output_names)}): export a sentence-transformers directory"
-                        " (modules.json + pooling) with `padfree export DIR -o OUT` and serve that, or call run() on"
-                        " tokenize(texts) for these outputs")
+                        " (modules.json + pooling) with `padfree export DIR -o OUT` and serve that, give the"
+                        " PyTorch path a sentence model or a pooling (padfree.torch.from_hf(model, pooling='mean')),"
+                        " or call run() on tokenize(texts) for these outputs")
     if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     if output not in OUTPUT_FORMATS:

@@ -1,15 +1,17 @@
-"""padfree.torch: Hugging Face encoders (BERT, RoBERTa, DistilBERT and models of their architecture)
-run padding-free on padfree's kernels, with the GEMMs through torch (cuBLASLt) and the whole forward
-replayed from CUDA graphs per size bucket.
+"""padfree.torch: Hugging Face encoders (BERT, RoBERTa, XLM-R, ELECTRA, ALBERT, DistilBERT and models of
+their architecture) run padding-free on padfree's kernels, with the GEMMs through torch (cuBLASLt) and
+the whole forward replayed from CUDA graphs per size bucket.
 
     encoder = padfree.torch.from_hf(model, dtype=torch.float16, device="cuda")
     out = encoder(input_ids, attention_mask)          # as HF: out.last_hidden_state, out.pooler_output
     out = encoder([[101, 7592, 102], [101, 102]])     # a list of token sequences
     out = encoder.forward_packed(ids, cu_seqlens, max_seqlen)   # packed, for padfree.runtime
 
-A sentence-transformers model as padfree.export.models.load("st_dir") returns it (encoder + pooling
-+ optional Normalize) becomes a SentenceEncoder, whose one output is `sentence_embedding`
-(padfree.torch.sentence): padfree.Runtime(from_hf(model)).encode(texts).
+Sentence embeddings (a SentenceTransformer, padfree.export's load of a sentence-transformers
+directory, or any encoder with pooling=...): the one output is sentence_embedding [B, H].
+
+    st = padfree.torch.from_hf(SentenceTransformer(path), dtype=torch.float16)
+    emb = st(input_ids, attention_mask).sentence_embedding
 
 An encoder-decoder (Marian, M2M100/NLLB, BART, mBART) goes to padfree.generation instead:
 
@@ -23,33 +25,35 @@ import os
 import torch
 
 from ..ops._tensors import InputError
+from . import sentence
 from .buckets import Bucket
 from .encoder import PadfreeEncoder
-from .sentence import SentenceEncoder, sentence_pooling
 from .weights import EncoderWeights, UnsupportedModelError, check_kernel_sizes, extract
 
-__all__ = ["from_hf", "PadfreeEncoder", "SentenceEncoder", "EncoderWeights", "Bucket", "InputError",
-           "UnsupportedModelError"]
+__all__ = ["from_hf", "PadfreeEncoder", "EncoderWeights", "Bucket", "InputError", "UnsupportedModelError"]
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def from_hf(model: torch.nn.Module, dtype: torch.dtype = torch.float16, device: str | torch.device | None = None,
             *, use_graphs: bool = True, max_graphs: int = 8, gemm_search: str = "heuristic",
-            gemm_tuning: str | os.PathLike | None = None, programmatic_edges: bool = False):
+            gemm_tuning: str | os.PathLike | None = None, programmatic_edges: bool = False,
+            pooling: str | None = None, normalize: bool | None = None):
     """A PadfreeEncoder with a copy of `model`'s weights in `dtype` on `device` (a CUDA device; None:
     the current one), or for an encoder-decoder model (config.is_encoder_decoder) a
     padfree.generation.Seq2SeqGenerator on `device` (None: CUDA where available, else the CPU, which
     runs the torch reference of the decoder kernels); the encoder options below apply to encoders only.
 
-    model: BertModel, RobertaModel, DistilBertModel or one of the same architecture (a task model
-      gives its base model), or a sentence-transformers model as padfree.export.models.load returns
-      it: then a SentenceEncoder (its pooling and normalization on the encoder's packed rows, output
-      sentence_embedding; the encoder's own pooler left out, as sentence-transformers never runs it).
-      use_graphs=False runs eagerly (for debugging); max_graphs bounds the captured graphs kept
-      (least recently used evicted). A new bucket's first call captures its graph and times
-      cuBLASLt's candidates for its GEMMs against torch's calls (once per row count and process;
-      H100, BERT-base: 0.2-0.4 s for small buckets, 1.2 s at 21504 rows).
+    model: BertModel, RobertaModel, XLMRobertaModel, ElectraModel, AlbertModel, DistilBertModel or
+      one of the same architecture (a task model gives its base model: its head is not run), or a
+      sentence model: sentence_transformers.SentenceTransformer (Transformer, Pooling, optional
+      Normalize) or padfree.export's SentenceModel. pooling ("cls", "mean" or "max") and normalize
+      make any encoder a sentence model; a sentence model's own must not be contradicted (None: the
+      model's). A sentence model's one output is sentence_embedding [B, H] (padfree.torch.sentence).
+      use_graphs=False runs eagerly (for debugging); max_graphs bounds the
+      captured graphs kept (least recently used evicted). A new bucket's first call captures its
+      graph and times cuBLASLt's candidates for its GEMMs against torch's calls (once per row count
+      and process; H100, BERT-base: 0.2-0.4 s for small buckets, 1.2 s at 21504 rows).
       gemm_search="exhaustive" makes that screen every cuBLASLt configuration (seconds per row
       count; faster GEMMs on large buckets) instead of the heuristic's short list; gemm_tuning
       names a JSON file that keeps those choices across processes (read where it exists, rewritten
@@ -60,11 +64,12 @@ def from_hf(model: torch.nn.Module, dtype: torch.dtype = torch.float16, device: 
     Raises UnsupportedModelError for an architecture or configuration it cannot run, or sizes the
     kernels are not built for (padfree.kernel_sizes: head_dim, hidden).
     """
+    model, pooling, normalize = sentence.of_model(model, pooling, normalize)
     if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
         from ..generation import Seq2SeqGenerator  # imported here: encoder users never load it
         # use_graphs and max_graphs mean the same there: CUDA-graph decode steps, states kept per bucket
         encoder_only = {"gemm_search": (gemm_search, "heuristic"), "gemm_tuning": (gemm_tuning, None),
-                        "programmatic_edges": (programmatic_edges, False)}
+                        "programmatic_edges": (programmatic_edges, False), "pooling": (pooling, None)}
         for name, (value, default) in encoder_only.items():
             if value != default:
                 raise UnsupportedModelError(f"from_hf: {name}={value!r} applies to encoders; padfree.generation "
@@ -78,14 +83,11 @@ def from_hf(model: torch.nn.Module, dtype: torch.dtype = torch.float16, device: 
         raise InputError(f"device: padfree's kernels run on CUDA devices, got {device}")
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    sentence = sentence_pooling(model)
-    if sentence is not None:
-        model = model.encoder
     weights = extract(model, dtype, device)
-    check_kernel_sizes(weights)
-    if sentence is not None:
+    if pooling is not None:  # a sentence model never runs the encoder's pooler: its weights are not kept
         weights.pooler_weight = weights.pooler_bias = None
+    check_kernel_sizes(weights)
     base = getattr(model, "base_model", model)
-    encoder = PadfreeEncoder(weights, base.config, use_graphs=use_graphs, max_graphs=max_graphs,
-                             gemm_search=gemm_search, gemm_tuning=gemm_tuning, programmatic_edges=programmatic_edges)
-    return encoder if sentence is None else SentenceEncoder(encoder, *sentence)
+    return PadfreeEncoder(weights, base.config, use_graphs=use_graphs, max_graphs=max_graphs,
+                          gemm_search=gemm_search, gemm_tuning=gemm_tuning, programmatic_edges=programmatic_edges,
+                          pooling=pooling, normalize=normalize)

@@ -178,7 +178,7 @@ class GraphCapture:
         probes = [edges.Probe(x, lambda t: g.gemms.qkv(t, lw.qkv_weight, qkv), qkv, poisoned(qkv)),
                   edges.Probe(x, lambda t: g.gemms.up(t, lw.up_weight, lw.up_bias, up), up, poisoned(up)),
                   edges.Probe(x, lambda t: g.gemms.out_residual(t, lw.out_weight, acc), acc, lambda: acc.copy_(acc0))]
-        if g.pooled is not None:
+        if g.pooled is not None and self.has_pooler:  # (a sentence model's pooling is padfree's kernel)
             first, pooled = torch.randn(g.pooled.shape, **new), torch.empty(g.pooled.shape, **new)
             probes.append(edges.Probe(first, lambda t: torch.addmm(w.pooler_bias, t, w.pooler_weight.t(), out=pooled),
                                       pooled, poisoned(pooled)))

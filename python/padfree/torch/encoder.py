@@ -1,9 +1,13 @@
 """PadfreeEncoder: a BERT-family encoder run on packed tokens with padfree's kernels.
 
+Embeddings: x = LayerNorm(word + position + type) at the embedding size E, then where E is factorized
+(ELECTRA, ALBERT) x = x @ Wproj^T + bproj to the hidden size H (one GEMM).
 Per layer, on x [T, H]:  qkv = x @ Wqkv^T (no bias: the attention kernel adds it on load)
 -> ctx = attention_varlen(qkv) -> x += ctx @ Wo^T (in the GEMM) -> x = LayerNorm(x + bo)
 -> up = act(x @ Wi^T + bi) (cuBLASLt epilogue, see ffn.py) -> x += up @ Wd^T -> x = LayerNorm(x + bd),
-all on one [T, H] buffer (the LayerNorms in place).
+all on one [T, H] buffer (the LayerNorms in place). Shared layers (ALBERT) run the same weights again.
+Then the pooler (dense + tanh of each sequence's first row) where the model has one, or, for a sentence
+model, its pooling per sequence over the packed rows (padfree.ops.sequence_pool, sentence.py).
 GEMMs are cuBLASLt's: torch's calls, or for a bucket's row count the cuBLASLt algorithm that
 measured fastest (gemms.py, gemm_tuning.py). No layer synchronizes the host. With graphs on, the whole packed forward
 is captured once per bucket (buckets.py) and replayed; all captures share one memory pool, so the
@@ -24,6 +28,7 @@ import torch
 
 from .. import ops as _default_ops
 from ..ops._tensors import INT32_MAX, InputError, current_device
+from ..ops.pooling import POOLING_MODES
 from ..runtime.backends.base import Limits, check_packed
 from .buckets import LRU, Bucket, bucket_for
 from .capture import GraphCapture, _Graph
@@ -31,6 +36,7 @@ from .ffn import FfnUp, epilogue_matches
 from .gemm_tuning import SEARCHES, load_tuning
 from .gemms import EncoderGemms
 from .inputs import Batch, DeviceInputs, InputBuffer, from_host
+from .sentence import OUTPUT as SENTENCE_EMBEDDING, sentence_output
 from .speculation import GUESSES, Speculation, _Route
 from .weights import EncoderWeights
 
@@ -50,16 +56,18 @@ class PadfreeEncoder(GraphCapture, Speculation):
       encoder(input_ids, attention_mask=None, token_type_ids=None) -> HF-style output
           input_ids [B, S] (right-padded, with its attention mask) or a list of token sequences;
           last_hidden_state [B, S, H] with exact zeros in padded rows, pooler_output [B, H] where
-          the model has a pooler.
+          the model has a pooler; a sentence model (pooling set): sentence_embedding [B, H] alone.
       encoder.forward_packed(input_ids [T], cu_seqlens [B + 1], max_seqlen, token_type_ids [T])
-          -> {"last_hidden_state": [T, H], "pooler_output": [B, H]} (DESIGN.md).
+          -> {"last_hidden_state": [T, H], "pooler_output": [B, H]} (DESIGN.md), or for a sentence
+          model {"sentence_embedding": [B, H]}.
     One encoder serves one stream at a time (graphs replay into shared static buffers).
     """
 
     def __init__(self, weights: EncoderWeights, config: Any = None, *, use_graphs: bool = True,
                  max_graphs: int = 8, use_epilogue: bool | None = None, gemm_search: str = "heuristic",
                  gemm_tuning: str | os.PathLike | None = None, programmatic_edges: bool = False,
-                 prefetch_weights: bool | None = None, ops=None):
+                 prefetch_weights: bool | None = None, pooling: str | None = None, normalize: bool = False,
+                 ops=None):
         """weights: from padfree.torch.weights.extract. config: the HF config, kept for callers
         (padfree.runtime reads it). use_epilogue: None probes whether the cuBLASLt epilogue computes
         the model's activation to the dtype's precision. gemm_search: how a bucket's capture tunes
@@ -70,7 +78,9 @@ class PadfreeEncoder(GraphCapture, Speculation):
         while the padfree kernel before them drains, where a check shows the GEMM waits for it
         (edges.py; PADFREE_PDL=0 also turns it off). prefetch_weights: whether the LayerNorms start
         moving the next GEMMs' weights into L2 (None: for buckets of at most PREFETCH_MAX_ROWS rows).
-        ops: the kernel bindings (padfree.ops)."""
+        pooling: None, or "cls" / "mean" / "max": the encoder is a sentence model whose one output is
+        sentence_embedding [B, H], pooled per sequence (and L2-normalized where normalize); the
+        model's pooler, if any, is not run. ops: the kernel bindings (padfree.ops)."""
         if gemm_search not in SEARCHES:
             raise InputError(f"gemm_search: expected one of {', '.join(SEARCHES)}, got {gemm_search!r}")
         self.gemm_search = gemm_search
@@ -96,8 +106,14 @@ class PadfreeEncoder(GraphCapture, Speculation):
                              position_pad_id=weights.position_offset - 1 if weights.position_offset else None)
         self._inputs: InputBuffer | None = None  # every graph's inputs: views of this one buffer
         self._device_inputs = DeviceInputs(self.limits, self.device, self._ops, lambda b: self._input_buffer(0, b))
-        self.has_pooler = weights.pooler_weight is not None
-        self.output_names = ["last_hidden_state"] + (["pooler_output"] if self.has_pooler else [])
+        if pooling is not None and pooling not in POOLING_MODES:
+            raise InputError(f"pooling: expected one of {', '.join(POOLING_MODES)} or None, got {pooling!r}")
+        self.pooling, self.normalize = pooling, bool(normalize) and pooling is not None
+        self.has_pooler = weights.pooler_weight is not None and pooling is None
+        if pooling is not None:
+            self.output_names = [SENTENCE_EMBEDDING]
+        else:
+            self.output_names = ["last_hidden_state"] + (["pooler_output"] if self.has_pooler else [])
         self._graphs: LRU[Bucket, _Graph] = LRU(max_graphs)
         # (padded shape, token types) of GPU inputs -> the bucket of the last such call (buckets, not
         # graphs: an evicted graph must free its memory, and a recaptured one serves as well)
@@ -114,7 +130,7 @@ class PadfreeEncoder(GraphCapture, Speculation):
         w = self.weights
         return EncoderGemms(rows, w.hidden_size, w.intermediate_size, self.dtype, self.device, self.ffn_up,
                             tune=tune, search=self.gemm_search, layers=len(w.layers),
-                            prefetched=self._prefetches(rows))
+                            weight_layers=len(w.distinct_layers), prefetched=self._prefetches(rows))
 
     def _prefetches(self, rows: int) -> bool:
         """Whether a forward of `rows` rows prefetches each GEMM's weights (see PREFETCH_MAX_ROWS)."""
@@ -124,9 +140,10 @@ class PadfreeEncoder(GraphCapture, Speculation):
 
     def _run(self, input_ids, token_type_ids, cu_seqlens, max_seqlen: int, hidden: torch.Tensor,
              pooled: torch.Tensor | None, gemms: EncoderGemms) -> None:
-        """The whole forward on packed rows, into `hidden` [rows, H] and `pooled` [B, H] (the pooler's
-        dense output: every caller applies its tanh as it copies the output out, so that a graph has
-        one latency-bound kernel fewer; H100 1x128: ~2 us of its ~0.4 ms).
+        """The whole forward on packed rows, into `hidden` [rows, H] and `pooled` [B, H]: the sentence
+        embedding of a sentence model, else the pooler's dense output (every caller applies its tanh
+        as it copies the output out, so that a graph has one latency-bound kernel fewer; H100 1x128:
+        ~2 us of its ~0.4 ms).
 
         Intermediates are allocated here, so that under capture they come from the shared pool.
         """
@@ -136,14 +153,21 @@ class PadfreeEncoder(GraphCapture, Speculation):
 
         def ahead(weights):  # a LayerNorm's prefetch: the weights of the GEMMs up to the next LayerNorm
             return {"prefetch": weights} if prefetching and weights is not None else {}
-        next_weights = [lw.attention_projections for lw in w.layers[1:]] + [w.pooler_weight]
+        next_weights = [lw.attention_projections for lw in w.layers[1:]] + \
+            [w.pooler_weight if self.has_pooler else None]
         gemms.start_forward()
+        new = dict(dtype=self.dtype, device=self.device)
+        projected = w.embedding_proj_weight is not None
+        embedded = torch.empty(rows, w.embedding_size, **new) if projected else hidden
+        # with a projection the GEMM after this kernel reads its small [H, E] weight; layer 0's
+        # projections are still the larger share of what comes before the next LayerNorm
         ops.embedding_layernorm(input_ids, cu_seqlens, w.word_embeddings, w.position_embeddings,
                                 w.emb_ln_weight, w.emb_ln_bias, eps=w.emb_ln_eps,
                                 token_type_ids=token_type_ids, token_type_embeddings=w.token_type_embeddings,
-                                position_offset=w.position_offset, out=hidden,
+                                position_offset=w.position_offset, out=embedded,
                                 **ahead(w.layers[0].attention_projections))
-        new = dict(dtype=self.dtype, device=self.device)
+        if projected:
+            torch.addmm(w.embedding_proj_bias, embedded, w.embedding_proj_weight.t(), out=hidden)
         qkv = torch.empty(rows, 3 * h, **new)
         ctx = torch.empty(rows, h, **new)
         up = torch.empty(rows, w.intermediate_size, **new)
@@ -164,7 +188,9 @@ class PadfreeEncoder(GraphCapture, Speculation):
             gemms.down_residual(up, lw.down_weight, hidden)
             ops.skip_layernorm(hidden, None, lw.ffn_ln_weight, lw.ffn_ln_bias, bias=lw.down_bias,
                                eps=lw.ffn_ln_eps, out=hidden, **ahead(after))
-        if pooled is not None:
+        if pooled is not None and self.pooling is not None:
+            ops.sequence_pool(hidden, cu_seqlens, self.pooling, self.normalize, out=pooled)
+        elif pooled is not None:
             # each sequence's first token (zeros for bucket padding's empty sequences) in one kernel,
             # where index_select needed a clamp of cu_seqlens first: two latency-bound launches. One
             # sequence's is row 0, read in place (a bucket of batch 1 holds one sequence). H100,
@@ -180,12 +206,13 @@ class PadfreeEncoder(GraphCapture, Speculation):
 
         input_ids, token_type_ids: int32 [T] on the encoder's device; cu_seqlens: int32 [B + 1];
         max_seqlen: the longest sequence (host int). Returns "last_hidden_state" [T, H] and, where the
-        model has a pooler, "pooler_output" [B, H]. Ids and lengths are not range-checked here, as
+        model has a pooler, "pooler_output" [B, H]; a sentence model returns "sentence_embedding" [B, H]
+        alone. Ids and lengths are not range-checked here, as
         that would synchronize (the kernels clamp ids to stay memory-safe): validate first, as
         padfree.runtime and the HF-style call do. With graphs on, a call whose bucket has no graph yet
         captures one, which synchronizes the device; later calls in that bucket only enqueue.
-        copy=False returns last_hidden_state as a view of a graph's static output, overwritten by the
-        next call that uses the same bucket (pooler_output is always a tensor of its own).
+        copy=False returns last_hidden_state (sentence_embedding) as a view of a graph's static output,
+        overwritten by the next call that uses the same bucket (pooler_output is always a tensor of its own).
         """
         self._check_packed(input_ids, cu_seqlens, max_seqlen, token_type_ids)
         tokens, batch = input_ids.shape[0], cu_seqlens.shape[0] - 1
@@ -203,8 +230,12 @@ class PadfreeEncoder(GraphCapture, Speculation):
                     buf.pad_batch(batch, tokens)
                 hidden, pooled, _ = self._execute(Batch(tokens, batch, max_seqlen, 0,
                                                         token_type_ids is not None, fill))
-                if copy:
+                if copy and self.pooling is not None:  # the output returned is a graph's static buffer
+                    pooled = pooled.clone()
+                elif copy:
                     hidden = hidden.clone()
+        if self.pooling is not None:
+            return {SENTENCE_EMBEDDING: pooled}
         out = {"last_hidden_state": hidden}
         if pooled is not None:
             out["pooler_output"] = torch.tanh(pooled)  # _run leaves the tanh to us
@@ -213,7 +244,8 @@ class PadfreeEncoder(GraphCapture, Speculation):
     def _outputs(self, tokens: int, batch: int):
         new = dict(dtype=self.dtype, device=self.device)
         hidden = torch.empty(tokens, self.weights.hidden_size, **new)
-        return hidden, torch.empty(batch, self.weights.hidden_size, **new) if self.has_pooler else None
+        per_sequence = self.has_pooler or self.pooling is not None
+        return hidden, torch.empty(batch, self.weights.hidden_size, **new) if per_sequence else None
 
     def _execute(self, batch: Batch):
         """Fill the inputs and run: a bucket's graph, or eagerly at the batch's exact size.
@@ -329,7 +361,8 @@ class PadfreeEncoder(GraphCapture, Speculation):
         attention_mask [B, S] (right padding: ones then zeros), or a list of token sequences
         (token_type_ids then a list too). Returns a transformers BaseModelOutputWithPooling (or
         BaseModelOutput for models without a pooler): last_hidden_state [B, S, H] with zeros in padded
-        rows (S = the input's width, or the longest sequence of a list). Waits where inputs are on
+        rows (S = the input's width, or the longest sequence of a list); for a sentence model a
+        ModelOutput with sentence_embedding [B, H] alone. Waits where inputs are on
         the GPU (their token count must reach the host) and where a new bucket's graph is captured;
         GPU inputs shaped as an earlier call's launch that call's graph first, behind a device-side
         check that they fit it (_speculate), so the GPU need not idle through the wait."""
@@ -343,6 +376,8 @@ class PadfreeEncoder(GraphCapture, Speculation):
             outputs = self._execute(batch)
             self._remember(input_ids, token_type_ids, batch)
         hidden, pooled, cu_seqlens = outputs
+        if self.pooling is not None:
+            return sentence_output(pooled.clone())  # a graph's static output: the next call overwrites it
         last = self._ops.rebuild_padding(hidden, cu_seqlens, batch.padded_width)
         pooled = None if pooled is None else torch.tanh(pooled)  # _run leaves the tanh to us
         from transformers.modeling_outputs import BaseModelOutput, BaseModelOutputWithPooling
@@ -354,6 +389,8 @@ class PadfreeEncoder(GraphCapture, Speculation):
 
     def __repr__(self) -> str:
         w = self.weights
+        pooling = "" if self.pooling is None else \
+            f", {self.pooling} pooling{' + L2 norm' if self.normalize else ''}"
         return (f"PadfreeEncoder({w.architecture}, layers={len(w.layers)}, hidden={w.hidden_size}, "
                 f"heads={w.num_heads}, {self.dtype}, {self.device}, graphs={'on' if self.use_graphs else 'off'}, "
-                f"{self.ffn_up})")
+                f"{self.ffn_up}{pooling})")

@@ -17,14 +17,16 @@ class EncoderGemms:
     Construct outside graph capture (tuning synchronizes and allocates); the calls themselves only
     enqueue and are capturable. search: "heuristic" times the heuristic's candidates, "exhaustive"
     also screens every configuration cuBLASLt accepts (seconds per problem, once per process and row
-    count). layers: how many layers a forward runs (their weights together decide gemm_tuning.COLD_WEIGHTS);
-    prefetched: the forward prefetches each GEMM's weights into L2 (so they are timed hot). A
+    count). layers: how many layers a forward runs; weight_layers: how many distinct layers' weights it
+    reads (None: `layers`; fewer where layers share weights, as ALBERT's), which decide
+    gemm_tuning.COLD_WEIGHTS; prefetched: the forward prefetches each GEMM's weights into L2 (so they are timed hot). A
     forward (start_forward(), then each projection once per layer) gives each cuBLASLt call that
     needs a workspace its own slot of this object's CounterSlots, so that a graph of it can drop
     cuBLASLt's memsets (drop_memsets); no buffer is shared between encoders, buckets or graphs."""
 
     def __init__(self, rows: int, hidden: int, intermediate: int, dtype: torch.dtype, device: torch.device,
-                 ffn_up, *, tune: bool, search: str = "heuristic", layers: int = 1, prefetched: bool = False):
+                 ffn_up, *, tune: bool, search: str = "heuristic", layers: int = 1, weight_layers: int | None = None,
+                 prefetched: bool = False):
         if search not in tuning.SEARCHES:
             raise ValueError(f"search: expected one of {tuning.SEARCHES}, got {search!r}")
         # each projection as f(x, w, bias, out): torch's call unless a tuned algorithm replaces it
@@ -42,7 +44,8 @@ class EncoderGemms:
             cublaslt.library()
         except (cublaslt.CublasLtError, OSError):
             return  # torch without a loadable cuBLASLt: torch's calls it is
-        streamed = tuning.streams_weights(layers, hidden, intermediate, dtype, device, prefetched)
+        streamed = tuning.streams_weights(layers if weight_layers is None else weight_layers, hidden,
+                                          intermediate, dtype, device, prefetched)
 
         def problem(in_features, out_features, epilogue, accumulate):
             return tuning.Problem(rows, in_features, out_features, dtype, epilogue, accumulate,

@@ -1,99 +1,109 @@
-"""Sentence embeddings on the PyTorch path: a PadfreeEncoder under a sentence-transformers model's
-pooling (CLS, mean or max over each sequence's packed rows) and optional L2 normalization, giving
-the `sentence_embedding` output an export of the same directory gives (export/passes/sentence.py),
-so that `Runtime(...).encode(texts)` serves it.
+"""Sentence embeddings on the PyTorch path: which pooling a model asks for, and the output type.
 
-    model, _ = padfree.export.models.load("st_dir")      # encoder + Pooling (+ Normalize), modules.json
-    rt = padfree.Runtime(padfree.torch.from_hf(model))    # a SentenceEncoder
-    emb = rt.encode(texts)                                # float32 [len(texts), H]
-
-Rules, each with its reason:
-- **Pooled on the packed rows, never padded**: each row's sequence comes from cu_seqlens (a sorted
-  search of the row index among the sequence ends), then CLS gathers the first rows, mean sums the
-  rows into their sequence (index_add) and divides by the length, max takes the per-sequence maximum
-  (scatter_reduce). The work is O(T * H) like the encoder's, and nothing waits for the host: the
-  token and sequence counts are the inputs' shapes.
-- **float32 accumulation and output**: a mean over up to max_seqlen fp16 rows summed in fp16 would
-  lose the low bits the fp32 reference keeps; the embedding is float32 whatever the encoder's dtype
-  (encode() returns float32 anyway).
-- **The encoder's own pooler is not run** (BERT's dense + tanh): a sentence-transformers model never
-  uses it (export.models drops it too).
-These are torch ops after the encoder's graph replay (a handful of small launches); a fused pooling
-kernel would take them into the graph.
+A model brings its pooling where it has one: sentence-transformers' SentenceTransformer (modules
+Transformer, Pooling, optional Normalize, in that order), or the SentenceModel that
+padfree.export.models.load makes of a sentence-transformers directory. Any other module, or a
+pooling other than CLS / mean / max (with the prompt included), is refused by name, as the exporter
+refuses it. A plain encoder pools only where from_hf is asked to (pooling=..., normalize=...).
+The pooling runs on the encoder's packed rows in one kernel (padfree.ops.sequence_pool); the
+encoder's own pooler (BERT's dense + tanh) is not part of such a model and is not run.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-POOLING_MODES = ("cls", "mean", "max")
+from ..ops._tensors import InputError
+from ..ops.pooling import POOLING_MODES
+from .weights import UnsupportedModelError
+
 OUTPUT = "sentence_embedding"
+# sentence-transformers < 5 kept one Pooling flag per mode (later versions: `pooling_mode`)
+_FLAGS = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean", "pooling_mode_max_tokens": "max",
+          "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+          "pooling_mode_weightedmean_tokens": "weightedmean", "pooling_mode_lasttoken": "lasttoken"}
 
 
-def pool_packed(hidden: torch.Tensor, cu_seqlens: torch.Tensor, mode: str, normalize: bool) -> torch.Tensor:
-    """Per-sequence pooling of packed rows.
-
-    hidden: [T, H] (any float dtype); cu_seqlens: int32 or int64 [B + 1] on hidden's device, every
-    sequence non-empty. Returns float32 [B, H]: the first row (cls), the mean or the maximum of each
-    sequence's rows, L2-normalized (x / max(||x||, 1e-12), as torch.nn.functional.normalize) if asked.
-    """
-    if mode not in POOLING_MODES:
-        raise ValueError(f"pooling must be one of {', '.join(POOLING_MODES)}, got {mode!r}")
-    tokens, width = hidden.shape
-    batch = cu_seqlens.shape[0] - 1
-    if mode == "cls":
-        pooled = hidden.index_select(0, cu_seqlens[:-1]).float()
-    else:
-        rows = torch.arange(tokens, device=hidden.device, dtype=cu_seqlens.dtype)
-        segment = torch.searchsorted(cu_seqlens[1:], rows, right=True)     # int64 [T]: the sequence of each row
-        values = hidden.float()
-        if mode == "mean":
-            pooled = torch.zeros(batch, width, device=hidden.device).index_add_(0, segment, values)
-            pooled /= (cu_seqlens[1:] - cu_seqlens[:-1]).unsqueeze(1)
-        else:
-            pooled = torch.full((batch, width), float("-inf"), device=hidden.device)
-            pooled.scatter_reduce_(0, segment.unsqueeze(1).expand(tokens, width), values, "amax")
-    if normalize:
-        pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
-    return pooled
+@dataclass
+class SentencePooling:
+    encoder: torch.nn.Module  # the HF encoder whose rows are pooled
+    pooling: str              # one of POOLING_MODES
+    normalize: bool
 
 
-def sentence_pooling(model: Any) -> tuple[str, bool] | None:
-    """(pooling, normalize) of a sentence model as padfree.export.models.load returns it for a
-    sentence-transformers directory (export.sentence.sentence_model); None for any other model."""
-    if type(model).__name__ != "SentenceModel" or getattr(model, "pooling", None) not in POOLING_MODES:
+def _sentence_transformer(model) -> SentencePooling | None:
+    """The pooling of a sentence_transformers.SentenceTransformer (None for any other model)."""
+    if type(model).__name__ != "SentenceTransformer" or not isinstance(model, torch.nn.Sequential):
         return None
-    return model.pooling, bool(getattr(model, "normalize", False))
+    modules = list(model)
+    kinds = [type(m).__name__ for m in modules]
+    if kinds[:2] != ["Transformer", "Pooling"] or kinds[2:] not in ([], ["Normalize"]):
+        raise UnsupportedModelError(f"SentenceTransformer with modules {kinds}: padfree.torch runs Transformer,"
+                                    " Pooling and an optional Normalize, in that order")
+    transformer, pooling = modules[0], modules[1]
+    mode = getattr(pooling, "pooling_mode", None)
+    modes = [mode] if isinstance(mode, str) else list(mode) if mode else \
+        [name for flag, name in _FLAGS.items() if getattr(pooling, flag, False)]
+    if len(modes) != 1 or modes[0] not in POOLING_MODES:
+        raise UnsupportedModelError(f"SentenceTransformer pooling {modes or 'none'}: padfree.torch runs one of"
+                                    f" {', '.join(POOLING_MODES)}")
+    if getattr(pooling, "include_prompt", True) is False:
+        raise UnsupportedModelError("SentenceTransformer pooling with include_prompt=False (prompt tokens left"
+                                    " out) is not supported")
+    encoder = getattr(transformer, "auto_model", None)
+    if encoder is None:
+        raise UnsupportedModelError("SentenceTransformer: its Transformer module holds no auto_model")
+    return SentencePooling(encoder, modes[0], len(kinds) == 3)
 
 
-class SentenceEncoder:
-    """An encoder's forward_packed followed by the sentence pooling: outputs {"sentence_embedding":
-    float32 [B, H]}. Exposes what padfree.Runtime's EncoderBackend reads (limits, config, device,
-    dtype, output_names, forward_packed); build it with padfree.torch.from_hf(sentence_model)."""
+def _export_sentence_model(model) -> SentencePooling | None:
+    """The pooling of padfree.export's SentenceModel (None for any other model, or without the exporter)."""
+    try:
+        from padfree.export.sentence import of_model
+    except ImportError:
+        return None
+    found = of_model(model)
+    return None if found is None else SentencePooling(model.encoder, found.pooling, found.normalize)
 
-    def __init__(self, encoder: Any, pooling: str, normalize: bool):
-        if pooling not in POOLING_MODES:
-            raise ValueError(f"pooling must be one of {', '.join(POOLING_MODES)}, got {pooling!r}")
-        self.encoder = encoder
-        self.pooling, self.normalize = pooling, bool(normalize)
-        self.config = encoder.config      # its _name_or_path leads the Runtime to the tokenizer
-        self.limits = encoder.limits
-        self.device, self.dtype = encoder.device, encoder.dtype
-        self.output_names = [OUTPUT]
 
-    @property
-    def weights(self):
-        return self.encoder.weights
+def of_model(model, pooling: str | None, normalize: bool | None) -> tuple[Any, str | None, bool]:
+    """(the encoder to run, pooling or None, normalize) for from_hf's model and pooling arguments.
 
-    def forward_packed(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
-                       token_type_ids: torch.Tensor | None = None, *, copy: bool = True) -> dict[str, torch.Tensor]:
-        """As PadfreeEncoder.forward_packed, returning {"sentence_embedding": float32 [B, H]}, a tensor
-        of its own (copy is accepted for the Runtime and changes nothing)."""
-        # the pooling reads the encoder's static output before any later call can overwrite it (one stream)
-        hidden = self.encoder.forward_packed(input_ids, cu_seqlens, max_seqlen, token_type_ids,
-                                             copy=False)["last_hidden_state"]
-        return {OUTPUT: pool_packed(hidden, cu_seqlens, self.pooling, self.normalize)}
+    A sentence model's own pooling is used; a pooling argument that contradicts it is an InputError
+    (the model says how it was trained to pool), as are an unknown mode and normalize without pooling.
+    """
+    if pooling is not None and pooling not in POOLING_MODES:
+        raise InputError(f"pooling: expected one of {', '.join(POOLING_MODES)} or None, got {pooling!r}")
+    found = _sentence_transformer(model) or _export_sentence_model(model)
+    if found is None:
+        if normalize and pooling is None:
+            raise InputError("normalize=True needs a pooling (pooling='cls', 'mean' or 'max'): it normalizes"
+                             " the sentence embedding")
+        return model, pooling, bool(normalize)
+    for name, given, own in (("pooling", pooling, found.pooling), ("normalize", normalize, found.normalize)):
+        if given is not None and given != own:
+            raise InputError(f"{name}={given!r}, but the sentence model {type(model).__name__} has {name}"
+                             f" {own!r}; leave {name} out to use the model's")
+    return found.encoder, found.pooling, found.normalize
 
-    def __repr__(self) -> str:
-        return f"SentenceEncoder({self.encoder!r}, {self.pooling} pooling{', normalized' if self.normalize else ''})"
+
+_OUTPUT_TYPE = None
+
+
+def sentence_output(embedding: torch.Tensor):
+    """A transformers ModelOutput with `sentence_embedding` [B, H] (as sentence-transformers' features
+    name it): attribute and key access alike."""
+    global _OUTPUT_TYPE
+    if _OUTPUT_TYPE is None:  # transformers is imported on first use, as for the HF-style outputs
+        from dataclasses import dataclass as output_dataclass
+
+        from transformers.utils import ModelOutput
+
+        @output_dataclass
+        class SentenceEmbeddingOutput(ModelOutput):
+            sentence_embedding: torch.Tensor | None = None
+
+        _OUTPUT_TYPE = SentenceEmbeddingOutput
+    return _OUTPUT_TYPE(sentence_embedding=embedding)

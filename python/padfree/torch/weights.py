@@ -1,11 +1,19 @@
 """Weight extraction: a Hugging Face encoder -> EncoderWeights, the one layout the encoder runs.
 
 Architectures are recognised by module structure, not class name, so that models of the same
-architecture (ELECTRA with embedding_size == hidden_size, XLM-RoBERTa, CamemBERT, ...) load too:
+architecture (XLM-RoBERTa, CamemBERT, ...) load too:
 - BERT-like:       embeddings.{word,position,token_type}_embeddings + encoder.layer[i].attention.self.query ...
+- ELECTRA-like:    BERT-like, plus embeddings_project (embedding_size -> hidden_size) where the two differ
 - RoBERTa-like:    BERT-like whose embeddings number positions from padding_idx + 1
                    (they define create_position_ids_from_input_ids)
 - DistilBERT-like: embeddings.{word,position}_embeddings + transformer.layer[i].attention.q_lin ...
+- ALBERT-like:     BERT-like embeddings at embedding_size, encoder.embedding_hidden_mapping_in to the hidden
+                   size, then encoder.albert_layer_groups[g].albert_layers[j]: num_hidden_layers passes, each
+                   through one group's inner_group_num layers (groups shared by consecutive passes)
+
+Factorized embeddings (ELECTRA, ALBERT) run the embedding LayerNorm kernel at embedding_size and the
+projection to the hidden size as one GEMM. Shared layers (ALBERT) are one LayerWeights object repeated
+in `layers`: their weights are held once.
 """
 from __future__ import annotations
 
@@ -57,20 +65,22 @@ class LayerWeights:
 @dataclass
 class EncoderWeights:
     """Everything the padding-free encoder needs, on one device in one dtype."""
-    architecture: str               # "bert", "roberta" or "distilbert" (the weight layout it came from)
+    architecture: str               # "bert", "roberta", "electra", "albert" or "distilbert" (the weight layout)
     hidden_size: int
     num_heads: int
     activation: str                 # a value of ACTIVATIONS
-    word_embeddings: torch.Tensor   # [vocab, H]
-    position_embeddings: torch.Tensor  # [positions, H]
-    token_type_embeddings: torch.Tensor | None  # [types, H]; None: the model has no token types
-    emb_ln_weight: torch.Tensor
+    word_embeddings: torch.Tensor   # [vocab, E]; E = embedding_size (= H unless factorized)
+    position_embeddings: torch.Tensor  # [positions, E]
+    token_type_embeddings: torch.Tensor | None  # [types, E]; None: the model has no token types
+    emb_ln_weight: torch.Tensor     # [E]
     emb_ln_bias: torch.Tensor
     emb_ln_eps: float
     position_offset: int            # position of a sequence's first token (RoBERTa: padding_idx + 1)
-    layers: list[LayerWeights] = field(default_factory=list)
+    layers: list[LayerWeights] = field(default_factory=list)  # one per layer run (shared ones repeated)
     pooler_weight: torch.Tensor | None = None  # [H, H]; None: the model has no pooler
     pooler_bias: torch.Tensor | None = None
+    embedding_proj_weight: torch.Tensor | None = None  # [H, E]: ELECTRA's embeddings_project, ALBERT's
+    embedding_proj_bias: torch.Tensor | None = None    # embedding_hidden_mapping_in; None: E == H, none
 
     @property
     def head_dim(self) -> int:
@@ -93,6 +103,15 @@ class EncoderWeights:
     def intermediate_size(self) -> int:
         return self.layers[0].up_weight.shape[0]
 
+    @property
+    def embedding_size(self) -> int:
+        return self.word_embeddings.shape[1]
+
+    @property
+    def distinct_layers(self) -> list[LayerWeights]:
+        """The layers whose weights a forward reads, each once (ALBERT's shared layers once)."""
+        return list({id(lw): lw for lw in self.layers}.values())
+
 
 def extract(model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> EncoderWeights:
     """Copy a HF encoder's weights into EncoderWeights (the model itself is left untouched).
@@ -111,23 +130,23 @@ def extract(model: torch.nn.Module, dtype: torch.dtype, device: torch.device) ->
     if position_type != "absolute":
         raise UnsupportedModelError(f"position_embedding_type={position_type!r} is not supported; "
                                     "only absolute position embeddings are")
-    if hasattr(base, "embeddings_project"):
-        raise UnsupportedModelError("embeddings projected to the hidden size (ELECTRA with "
-                                    "embedding_size != hidden_size) are not supported")
 
     def take(t: torch.Tensor) -> torch.Tensor:
         return t.detach().to(device=device, dtype=dtype).contiguous()
 
-    if hasattr(base, "encoder") and hasattr(base, "embeddings"):
+    encoder = getattr(base, "encoder", None)
+    if encoder is not None and hasattr(encoder, "albert_layer_groups") and hasattr(base, "embeddings"):
+        weights = _albert_like(base, config, take)
+    elif encoder is not None and hasattr(encoder, "layer") and hasattr(base, "embeddings"):
         weights = _bert_like(base, config, take)
     elif hasattr(base, "transformer") and hasattr(base, "embeddings"):
         weights = _distilbert_like(base, config, take)
     else:
         raise UnsupportedModelError(
-            f"{type(base).__name__}: expected a BERT-, RoBERTa- or DistilBERT-like model "
-            "(embeddings + encoder.layer or transformer.layer)")
+            f"{type(base).__name__}: expected a BERT-, RoBERTa-, ELECTRA-, ALBERT- or DistilBERT-like model "
+            "(embeddings + encoder.layer, encoder.albert_layer_groups or transformer.layer)")
     _check_shapes(weights)
-    for lw in weights.layers:
+    for lw in weights.distinct_layers:
         colocate_projections(lw)
     return weights
 
@@ -168,11 +187,28 @@ def _merge_qkv(q: torch.nn.Linear, k: torch.nn.Linear, v: torch.nn.Linear, take)
             take(torch.cat([q.bias, k.bias, v.bias], dim=0)))
 
 
+def _linear(module, take, where: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight [out, in], bias [out]) of a Linear with a bias, else UnsupportedModelError."""
+    if not isinstance(module, torch.nn.Linear) or module.bias is None:
+        raise UnsupportedModelError(f"{where}: expected a Linear layer with a bias, got {type(module).__name__}")
+    return take(module.weight), take(module.bias)
+
+
+def _embeddings(emb, take, **fields) -> dict:
+    """The EncoderWeights fields of BERT-like embeddings (word, position, optional token type, LayerNorm)."""
+    token_types = getattr(emb, "token_type_embeddings", None)
+    return dict(
+        word_embeddings=take(emb.word_embeddings.weight),
+        position_embeddings=take(emb.position_embeddings.weight),
+        token_type_embeddings=None if token_types is None else take(token_types.weight),
+        emb_ln_weight=take(emb.LayerNorm.weight), emb_ln_bias=take(emb.LayerNorm.bias),
+        emb_ln_eps=float(emb.LayerNorm.eps), **fields)
+
+
 def _bert_like(base, config, take) -> EncoderWeights:
     emb = base.embeddings
     roberta = hasattr(emb, "create_position_ids_from_input_ids")
     offset = emb.padding_idx + 1 if roberta else 0
-    token_types = getattr(emb, "token_type_embeddings", None)
     layers = []
     for layer in base.encoder.layer:
         att = layer.attention
@@ -187,17 +223,65 @@ def _bert_like(base, config, take) -> EncoderWeights:
             ffn_ln_weight=take(layer.output.LayerNorm.weight), ffn_ln_bias=take(layer.output.LayerNorm.bias),
             ffn_ln_eps=float(layer.output.LayerNorm.eps)))
     pooler = getattr(base, "pooler", None)
+    # ELECTRA: embeddings at embedding_size, projected to the hidden size (the module exists only
+    # where the two differ)
+    project = getattr(base, "embeddings_project", None)
+    proj_w, proj_b = (None, None) if project is None else _linear(project, take, "embeddings_project")
+    architecture = "roberta" if roberta else "electra" if getattr(config, "model_type", "") == "electra" else "bert"
     return EncoderWeights(
-        architecture="roberta" if roberta else "bert",
+        architecture=architecture,
         hidden_size=config.hidden_size, num_heads=config.num_attention_heads,
-        activation=_activation(config.hidden_act),
-        word_embeddings=take(emb.word_embeddings.weight),
-        position_embeddings=take(emb.position_embeddings.weight),
-        token_type_embeddings=None if token_types is None else take(token_types.weight),
-        emb_ln_weight=take(emb.LayerNorm.weight), emb_ln_bias=take(emb.LayerNorm.bias),
-        emb_ln_eps=float(emb.LayerNorm.eps), position_offset=offset, layers=layers,
+        activation=_activation(config.hidden_act), layers=layers,
         pooler_weight=None if pooler is None else take(pooler.dense.weight),
-        pooler_bias=None if pooler is None else take(pooler.dense.bias))
+        pooler_bias=None if pooler is None else take(pooler.dense.bias),
+        embedding_proj_weight=proj_w, embedding_proj_bias=proj_b,
+        **_embeddings(emb, take, position_offset=offset))
+
+
+def _albert_layer(layer, take) -> LayerWeights:
+    att = layer.attention
+    qkv_w, qkv_b = _merge_qkv(att.query, att.key, att.value, take)
+    return LayerWeights(
+        qkv_weight=qkv_w, qkv_bias=qkv_b,
+        out_weight=take(att.dense.weight), out_bias=take(att.dense.bias),
+        attn_ln_weight=take(att.LayerNorm.weight), attn_ln_bias=take(att.LayerNorm.bias),
+        attn_ln_eps=float(att.LayerNorm.eps),
+        up_weight=take(layer.ffn.weight), up_bias=take(layer.ffn.bias),
+        down_weight=take(layer.ffn_output.weight), down_bias=take(layer.ffn_output.bias),
+        ffn_ln_weight=take(layer.full_layer_layer_norm.weight), ffn_ln_bias=take(layer.full_layer_layer_norm.bias),
+        ffn_ln_eps=float(layer.full_layer_layer_norm.eps))
+
+
+def albert_schedule(num_hidden_layers: int, num_hidden_groups: int) -> list[int]:
+    """The layer group of each of ALBERT's num_hidden_layers passes, by HF's own formula
+    (AlbertTransformer.forward: int(i / (num_hidden_layers / num_hidden_groups)))."""
+    return [int(i / (num_hidden_layers / num_hidden_groups)) for i in range(num_hidden_layers)]
+
+
+def _albert_like(base, config, take) -> EncoderWeights:
+    groups = base.encoder.albert_layer_groups
+    passes, group_count = int(config.num_hidden_layers), int(config.num_hidden_groups)
+    if group_count < 1 or group_count != len(groups):
+        raise UnsupportedModelError(f"ALBERT: num_hidden_groups={group_count} but the model holds {len(groups)}"
+                                    " layer groups")
+    schedule = albert_schedule(passes, group_count)
+    if any(g >= group_count for g in schedule):
+        raise UnsupportedModelError(f"ALBERT: num_hidden_layers={passes} with num_hidden_groups={group_count}"
+                                    " maps a layer to a group the model does not have")
+    # each group's layers extracted once; every pass through a group reuses the same objects
+    group_layers = [[_albert_layer(layer, take) for layer in group.albert_layers] for group in groups]
+    layers = [lw for g in schedule for lw in group_layers[g]]
+    proj_w, proj_b = _linear(base.encoder.embedding_hidden_mapping_in, take, "embedding_hidden_mapping_in")
+    pooler = getattr(base, "pooler", None)
+    pooler_w, pooler_b = (None, None) if pooler is None else _linear(pooler, take, "pooler")
+    if pooler is not None and not isinstance(getattr(base, "pooler_activation", None), torch.nn.Tanh):
+        raise UnsupportedModelError(f"ALBERT pooler activation {type(base.pooler_activation).__name__}:"
+                                    " the pooler runs dense + tanh")
+    return EncoderWeights(
+        architecture="albert", hidden_size=config.hidden_size, num_heads=config.num_attention_heads,
+        activation=_activation(config.hidden_act), layers=layers,
+        pooler_weight=pooler_w, pooler_bias=pooler_b, embedding_proj_weight=proj_w, embedding_proj_bias=proj_b,
+        **_embeddings(base.embeddings, take, position_offset=0))
 
 
 def _distilbert_like(base, config, take) -> EncoderWeights:
@@ -243,6 +327,17 @@ def _check_shapes(w: EncoderWeights) -> None:
     problem = kernel_sizes.hidden_problem(h)
     if problem is not None:
         raise UnsupportedModelError(f"{problem}: the LayerNorm kernels cannot run this model")
+    e = w.embedding_size
+    if w.embedding_proj_weight is None and e != h:
+        raise UnsupportedModelError(f"embedding size {e} differs from hidden size {h} with no projection between")
+    if w.embedding_proj_weight is not None:
+        problem = kernel_sizes.hidden_problem(e)
+        if problem is not None:
+            raise UnsupportedModelError(f"embedding {problem.replace('hidden size', 'size')}: the embedding"
+                                        " LayerNorm kernel cannot run this model")
+        if w.embedding_proj_weight.shape != (h, e):
+            raise UnsupportedModelError(f"the embedding projection is {list(w.embedding_proj_weight.shape)},"
+                                        f" expected [{h}, {e}] (hidden size x embedding size)")
     if w.max_seqlen < 1:
         raise UnsupportedModelError(f"the position table ({w.position_embeddings.shape[0]} rows) "
                                     f"leaves no room after the position offset {w.position_offset}")
