@@ -145,6 +145,18 @@ def test_fp32_generation_matches_hf(family, reference):
     assert_beam_parity(ref, out, len(sources), 2, fill_value(model), f"gpu {family} reference={reference}")
 
 
+def test_a_head_dim_the_decoder_kernels_lack_runs_the_reference():
+    """head_dim 16: the attention kernels refuse it when the decode state asks for their workspace; that
+    op runs the torch reference from then on (logged), and generation still matches HF."""
+    from padfree.generation import Seq2SeqGenerator
+    model = build("marian", d_model=64, heads=4, ffn=128).to("cuda")
+    gen = Seq2SeqGenerator(model, dtype=torch.float32, device="cuda")
+    sources = random_sources(model.config, 6, seed=3)
+    assert_greedy_parity(hf_generate(model, sources, max_new_tokens=12).cpu(),
+                         gen.generate(sources, max_new_tokens=12).cpu())
+    assert gen.ops.sources["decoder_self_attention"].startswith("reference: kernel refused")
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_fp32_few_rows_generation_matches_hf(family):
     """Up to 8 hypotheses per step the decoder's linear layers are decode_linear kernels (LayerNorm, bias,

@@ -110,14 +110,21 @@ class DecoderOps:
         rounding, is the same as a call without it."""
         if self.sources.get(name) != "kernel":
             return None
+        from .._lib import KernelUnsupportedError
         from ..ops import decoder as kernels_decoder, decoding as kernels_decoding
-        with torch.cuda.device(self.device):
-            if name == "log_softmax_topk":
-                nbytes = kernels_decoding._workspace_bytes(*sizes)
-            else:
-                symbol = {"decoder_self_attention": "padfree_decoder_self_attention_workspace_size",
-                          "cross_attention": "padfree_decoder_cross_attention_workspace_size"}[name]
-                nbytes = kernels_decoder._workspace_bytes(symbol, torch.cuda.current_device(), *sizes)
+        try:
+            with torch.cuda.device(self.device):
+                if name == "log_softmax_topk":
+                    nbytes = kernels_decoding._workspace_bytes(*sizes)
+                else:
+                    symbol = {"decoder_self_attention": "padfree_decoder_self_attention_workspace_size",
+                              "cross_attention": "padfree_decoder_cross_attention_workspace_size"}[name]
+                    nbytes = kernels_decoder._workspace_bytes(symbol, torch.cuda.current_device(), *sizes)
+        except KernelUnsupportedError as e:   # e.g. a head_dim the kernels are not built for
+            log.warning("padfree.generation: %s kernel refused this configuration (%s); using the torch "
+                        "reference from now on", name, e)
+            self._bind(name, getattr(reference_ops, name), f"reference: kernel refused ({e})")
+            return None
         if nbytes == 0:
             return None
         return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
