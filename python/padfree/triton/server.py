@@ -28,6 +28,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from padfree import env
+
 from ._repository import TritonError
 
 
@@ -41,11 +43,10 @@ class Distribution:
 
 def find() -> Distribution:
     """The tritonserver to run: $PADFREE_TRITONSERVER, else the nvidia-pytriton wheel's. TritonError if neither."""
-    binary = os.environ.get("PADFREE_TRITONSERVER")
-    if binary:
-        path = Path(binary)
+    path = env.path("PADFREE_TRITONSERVER")
+    if path is not None:
         if not path.is_file():
-            raise TritonError(f"PADFREE_TRITONSERVER={binary}: no such file")
+            raise TritonError(f"PADFREE_TRITONSERVER={path}: no such file")
         return Distribution(path, path.parent.parent / "backends", None, None)
     spec = importlib.util.find_spec("pytriton")   # located, not imported (its dependencies may be absent)
     if spec is None or not spec.submodule_search_locations:
@@ -104,14 +105,13 @@ class LocalServer:
         self.log_path = self._work / "tritonserver.log"
         port = _free_port()
         self.grpc_url = f"127.0.0.1:{port}"
-        env = dict(os.environ)
         libraries = [python_library_dir()] + ([str(dist.libraries)] if dist.libraries else [])
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(libraries + [p for p in [env.get("LD_LIBRARY_PATH")] if p])
+        environment = env.with_search_path("LD_LIBRARY_PATH", libraries)
         argv = [str(dist.binary), f"--model-repository={self.repository}",
                 f"--backend-directory={_backends(dist, self._work)}", "--allow-http=false", "--allow-metrics=false",
                 "--grpc-address=127.0.0.1", f"--grpc-port={port}", "--exit-timeout-secs=10", *self.extra_args]
         with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(argv, env=environment, stdout=log, stderr=subprocess.STDOUT)
         try:
             self._wait_ready()
         except BaseException:
