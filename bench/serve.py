@@ -24,6 +24,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -150,7 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     runtime = padfree.Runtime(str(work / "out"))
     requests = make_requests(args.requests, args.longest, runtime.limits.vocab_size, args.seed)
     warmup = make_requests(args.clients * 4, args.longest, runtime.limits.vocab_size, args.seed + 1)
-    rows, versions = zip(*[serve_row(args, work, runtime, b, requests, warmup) for b in batches])
+    try:
+        rows, versions = zip(*[serve_row(args, work, runtime, b, requests, warmup) for b in batches])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     direct = {"one_by_one": direct_ms(runtime, requests, 1),
               f"batches_of_{args.clients}": direct_ms(runtime, requests, args.clients)}
     print(json.dumps({"rows": rows, "direct_ms_per_request": direct}, indent=1))
