@@ -9,8 +9,9 @@ request when its last is answered (closed loop). Before the timed run, --clients
 requests. Every answer is compared with a direct padfree.Runtime.run of the same request in this
 process (the same ONNX Runtime computation): the run fails unless all are answered and all match.
 Recorded: latency per request (p50 / p90 / p99 / max, perf_counter around each gRPC call), requests and
-tokens per second over the wall time, and Triton's own statistics (executions: how many batches the
-requests were grouped into; the mean queue and compute time per execution). `direct` runs the same
+tokens per second over the wall time, and Triton's own statistics: executions (how many batches the
+requests were grouped into), the mean queue time per request, the server's compute time per request,
+and per batch size its executions and mean ms per execution. `direct` runs the same
 requests through Runtime.run in this process, one by one and in batches of --clients, for scale.
 
     python bench/serve.py [--requests 400] [--clients 16] [--longest 128] [--out FILE.json]
@@ -70,14 +71,26 @@ def direct_ms(runtime, requests, batch: int) -> float:
     return (time.perf_counter() - start) * 1e3 / len(requests)
 
 
-def triton_stats(url: str, model: str) -> np.ndarray:
-    """Triton's cumulative counters: executions, queued requests, queue ns, compute ns (input + infer + output)."""
+def triton_stats(url: str, model: str) -> dict:
+    """Triton's cumulative counters: executions, queued requests and their queue ns, and per batch size
+    (sequences) its executions and their compute ns (input + infer + output, once per execution: the
+    per-request statistics charge every request of a batch the whole batch's time)."""
     import tritonclient.grpc as grpcclient
 
     s = grpcclient.InferenceServerClient(url).get_inference_statistics(model).model_stats[0]
-    st = s.inference_stats
-    return np.array([s.execution_count, st.queue.count, st.queue.ns,
-                     st.compute_input.ns + st.compute_infer.ns + st.compute_output.ns], dtype=np.float64)
+    batches = {b.batch_size: (b.compute_infer.count, b.compute_input.ns + b.compute_infer.ns + b.compute_output.ns)
+               for b in s.batch_stats}
+    return {"executions": s.execution_count, "queued": s.inference_stats.queue.count,
+            "queue_ns": s.inference_stats.queue.ns, "batches": batches}
+
+
+def stats_delta(before: dict, after: dict) -> dict:
+    batches = {}
+    for size, (count, ns) in after["batches"].items():
+        count0, ns0 = before["batches"].get(size, (0, 0))
+        if count > count0:
+            batches[size] = (count - count0, ns - ns0)
+    return {k: after[k] - before[k] for k in ("executions", "queued", "queue_ns")} | {"batches": batches}
 
 
 def serve_row(args, work: Path, runtime, max_batch: int, requests, warmup) -> tuple[dict, str]:
@@ -96,7 +109,7 @@ def serve_row(args, work: Path, runtime, max_batch: int, requests, warmup) -> tu
         load.send_all(server.grpc_url, "encoder", warmup, outputs, args.clients)
         before = triton_stats(server.grpc_url, "encoder")
         answers, wall = load.send_all(server.grpc_url, "encoder", requests, outputs, args.clients)
-        executions, queued, queue_ns, compute_ns = triton_stats(server.grpc_url, "encoder") - before
+        stats = stats_delta(before, triton_stats(server.grpc_url, "encoder"))
     errors = [(i, a.error) for i, a in enumerate(answers) if a is None or a.error]
     worst = max((load.largest_difference(a, load.expected(runtime, r)) for r, a in zip(requests, answers)
                  if a is not None and not a.error), default=float("inf"))
@@ -106,9 +119,13 @@ def serve_row(args, work: Path, runtime, max_batch: int, requests, warmup) -> tu
             "max_queue_delay_us": args.max_queue_delay_us, "instances": args.instances,
             "answered": len(requests) - len(errors), "errors": errors[:5], "max_abs_diff_vs_runtime_run": worst,
             **load.latency_summary(answers, wall), "tokens_per_s": tokens / wall,
-            "triton_executions": int(executions), "requests_per_execution": len(requests) / max(executions, 1),
-            "triton_queue_ms_per_request": queue_ns / max(queued, 1) / 1e6,
-            "triton_compute_ms_per_execution": compute_ns / max(executions, 1) / 1e6}, version
+            "triton_executions": stats["executions"],
+            "requests_per_execution": len(requests) / max(stats["executions"], 1),
+            "triton_queue_ms_per_request": stats["queue_ns"] / max(stats["queued"], 1) / 1e6,
+            # the server's busy time per request, and per batch size: executions and mean ms per execution
+            "triton_compute_ms_per_request": sum(ns for _, ns in stats["batches"].values()) / len(requests) / 1e6,
+            "triton_batches": {str(size): [count, ns / count / 1e6]
+                               for size, (count, ns) in sorted(stats["batches"].items())}}, version
 
 
 def main(argv: list[str] | None = None) -> int:
