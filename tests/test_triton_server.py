@@ -79,3 +79,34 @@ def test_request_errors_are_one_line_answers(served):
     answers, _ = load.send_all(server.grpc_url, "bert", bad, ["last_hidden_state"], 2)
     assert "128" in answers[0].error
     assert "token_type_ids has shape [1, 5], input_ids [1, 4]" in answers[1].error
+
+
+@pytest.mark.gpu
+def test_pytorch_path_on_the_gpu_against_hf(tmp_path, seed):
+    """`padfree triton HF_DIR` (KIND_GPU, float16): concurrent ragged requests answered as HF eager computes
+    them (float64 on the CPU, each sequence alone), to float16's tolerance."""
+    import torch
+    import transformers
+
+    from padfree.export import models
+    from padfree.triton import load, write_python_model
+
+    config_cls, model_cls, fields = models.BUILTIN["tiny-bert"]
+    models.build(config_cls, model_cls, seed=seed % 1000, **fields).save_pretrained(tmp_path / "hf")
+    write_python_model(tmp_path / "hf", tmp_path / "models", name="bert", max_batch=16, max_queue_delay_us=20000)
+    rng = np.random.default_rng(seed)
+    requests = load.random_requests(rng, 48, LONGEST, (5, 512), sequences=(1, 2), type_vocab_size=2)
+    with triton_server.LocalServer(tmp_path / "models") as server:
+        answers, _ = load.send_all(server.grpc_url, "bert", requests, ["last_hidden_state", "pooler_output"], CLIENTS)
+    hf = transformers.AutoModel.from_pretrained(tmp_path / "hf").double().eval()
+    for i, (request, answer) in enumerate(zip(requests, answers)):
+        assert answer.error is None, (i, answer.error)
+        assert answer.outputs["last_hidden_state"].dtype == np.float16
+        for j, ids in enumerate(request.ids):
+            with torch.no_grad():
+                ref = hf(input_ids=torch.as_tensor(ids, dtype=torch.long)[None],
+                         token_type_ids=torch.as_tensor(request.token_type_ids[j], dtype=torch.long)[None])
+            for name, want in (("last_hidden_state", ref.last_hidden_state[0]),
+                               ("pooler_output", ref.pooler_output[0])):
+                got = torch.as_tensor(answer.outputs[name][j].astype(np.float64))
+                assert ((got - want).norm() / want.norm()).item() < 1e-2, (i, j, name)
