@@ -30,6 +30,10 @@ else
        "built, and engines build from the plain export only" >&2
 fi
 $py -m pip install -q -e '.[export,test,trt-rtx]'
+# A real tritonserver for tests/test_triton_server.py: only the wheel's binaries are used, and its own
+# Python dependencies pin numpy < 2, hence --no-deps. Without it those tests skip with a message.
+$py -m pip install -q --no-deps nvidia-pytriton==0.7.0 ||
+  echo "padfree: nvidia-pytriton not installed: the tritonserver tests skip" >&2
 
 case "$job" in
   demo) exec .venv/bin/padfree demo "$@" ;;

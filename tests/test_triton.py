@@ -141,3 +141,86 @@ def test_cli(tmp_path, capsys):
                      str(tmp_path / "models")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "padded I/O form" in err[0]
+
+
+# ---- the Python-backend model (padfree.Runtime in model.py) ---------------------------------------
+
+@pytest.fixture(scope="module")
+def export_folder(tmp_path_factory):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("transformers")
+    from padfree.export.pipeline import export
+
+    out = tmp_path_factory.mktemp("export") / "out"
+    export("tiny-bert", out)
+    return out
+
+
+@needs_triton
+def test_python_model_for_an_export_folder(export_folder, tmp_path):
+    target = triton.write_python_model(export_folder, tmp_path / "models", name="bert", max_batch=16, instances=2,
+                                       python_path=["/opt/site", "/opt/padfree"])
+    files = {str(p.relative_to(target)) for p in target.rglob("*") if p.is_file()}
+    import json
+
+    text_files = json.loads((export_folder / "report.json").read_text())["text_files"]   # none for a built-in
+    assert files == {"config.pbtxt", "1/model.py", "1/export/report.json", "1/export/model.padfree.onnx",
+                     *(f"1/export/{f}" for f in text_files)}     # not the plain model.onnx
+    copied = target / "1" / "export" / "model.padfree.onnx"
+    assert copied.read_bytes() == (export_folder / "model.padfree.onnx").read_bytes()
+    c = text_format.Parse((target / "config.pbtxt").read_text(), pb.ModelConfig())
+    assert c.backend == "python" and c.max_batch_size == 16 and not c.batch_input and not c.batch_output
+    assert [(i.name, i.data_type, list(i.dims), i.allow_ragged_batch, i.optional) for i in c.input] == [
+        ("input_ids", pb.TYPE_INT32, [-1], True, False), ("token_type_ids", pb.TYPE_INT32, [-1], True, True)]
+    assert [(o.name, o.data_type, list(o.dims)) for o in c.output] == [
+        ("last_hidden_state", pb.TYPE_FP32, [-1, 128]), ("pooler_output", pb.TYPE_FP32, [128])]
+    params = {k: v.string_value for k, v in c.parameters.items()}
+    assert params["runtime"] == "onnxruntime" and params["source"] == "export"
+    assert params["python_path"] == os.pathsep.join(["/opt/site", "/opt/padfree"])
+    assert [(g.count, g.kind) for g in c.instance_group] == [(2, pb.ModelInstanceGroup.KIND_CPU)]
+
+
+@needs_triton
+@pytest.mark.parametrize("arch, pooler, types", [("tiny-bert", True, True), ("tiny-distilbert", False, False)])
+def test_python_model_for_an_hf_directory(tmp_path, arch, pooler, types):
+    pytest.importorskip("transformers")
+    from padfree.export import models
+
+    config_cls, model_cls, fields = models.BUILTIN[arch]
+    models.build(config_cls, model_cls, seed=1, **fields).save_pretrained(tmp_path / "hf")
+    target = triton.write_python_model(tmp_path / "hf", tmp_path / "models", dtype="bfloat16")
+    assert target.name == "hf"
+    copied = target / "1" / "hf" / "model.safetensors"
+    assert copied.read_bytes() == (tmp_path / "hf" / "model.safetensors").read_bytes()
+    c = text_format.Parse((target / "config.pbtxt").read_text(), pb.ModelConfig())
+    assert [i.name for i in c.input] == ["input_ids"] + (["token_type_ids"] if types else [])
+    # bfloat16 leaves the Runtime's numpy output as float32
+    want = [("last_hidden_state", pb.TYPE_FP32, [-1, 128])]
+    want += [("pooler_output", pb.TYPE_FP32, [128])] if pooler else []
+    assert [(o.name, o.data_type, list(o.dims)) for o in c.output] == want
+    params = {k: v.string_value for k, v in c.parameters.items()}
+    assert (params["runtime"], params["source"], params["dtype"]) == ("torch", "hf", "bfloat16")
+    assert [g.kind for g in c.instance_group] == [pb.ModelInstanceGroup.KIND_GPU]
+
+
+def test_python_model_refusals(export_folder, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(triton.TritonError, match="not an engine file, a `padfree export` folder"):
+        triton.write_python_model(tmp_path / "empty", tmp_path / "models")
+    seq2seq = tmp_path / "s2s"
+    seq2seq.mkdir()
+    (seq2seq / "seq2seq.json").write_text("{}")
+    with pytest.raises(triton.TritonError, match="encoder-decoder export"):
+        triton.write_python_model(seq2seq, tmp_path / "models")
+    assert cli.main(["triton", str(export_folder), "--repository", str(tmp_path / "models"), "--dtype", "float16"]) == 2
+    assert cli.main(["triton", str(_engine(tmp_path)), "--repository", str(tmp_path / "models"),
+                     "--python-path", "/x"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "--dtype applies to an HF model directory" in err[0] and "--python-path apply" in err[1]
+    assert not (tmp_path / "models").exists() or _listing(tmp_path / "models") == []
+
+
+def test_cli_writes_the_python_model(export_folder, tmp_path):
+    assert cli.main(["triton", str(export_folder), "--repository", str(tmp_path / "models"), "--name", "cpu"]) == 0
+    assert (tmp_path / "models" / "cpu" / "1" / "model.py").read_bytes() == \
+        (Path(triton.__file__).parent / "model.py").read_bytes()

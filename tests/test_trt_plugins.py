@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -262,6 +263,70 @@ def test_library_registers_in_tensorrt():
         creator = registry.get_creator(name, SPEC.version, SPEC.namespace)
         assert creator is not None, name
         assert [f.name for f in creator.field_names] == list(plugin.fields), name
+
+
+# How a host that never calls loadLibrary brings the plugins in (Triton's TensorRT backend dlopens
+# --backend-config=tensorrt,plugins=... RTLD_LOCAL; LD_PRELOAD), each in a fresh process: the static
+# registration must land in the registry of the runtime the process holds, however that was loaded.
+_REGISTERED = """
+import ctypes, os, sys
+from padfree.engines import trt_api
+trt = trt_api.load().trt                     # the bindings load their runtime RTLD_LOCAL
+mode = sys.argv[2]
+if mode != "preloaded":
+    ctypes.CDLL(sys.argv[1], mode=os.RTLD_NOW | (os.RTLD_GLOBAL if mode == "global" else os.RTLD_LOCAL))
+lib = ctypes.CDLL(sys.argv[1])               # the same object: its flag of the load-time registration
+names = sys.argv[3].split(",")
+creators = [trt.get_plugin_registry().get_creator(n, sys.argv[4], sys.argv[5]) for n in names]
+print("statically", lib.padfree_trt_statically_registered(), "creators", sum(c is not None for c in creators))
+if lib.padfree_trt_statically_registered():   # then loadLibrary still works: the creators move, not doubled
+    trt.get_plugin_registry().load_library(sys.argv[1])
+    again = [trt.get_plugin_registry().get_creator(n, sys.argv[4], sys.argv[5]) for n in names]
+    print("after load_library", sum(c is not None for c in again))
+"""
+
+
+def _registration(mode: str, preload: list[str] | None = None) -> subprocess.CompletedProcess:
+    environment = env.with_search_path("LD_PRELOAD", preload) if preload else None   # ':' separates, as ' ' does
+    return subprocess.run([sys.executable, "-c", _REGISTERED, str(LIBRARY), mode, ",".join(SPEC.plugins),
+                           SPEC.version, SPEC.namespace], capture_output=True, text=True, timeout=300, env=environment)
+
+
+def _runtime_library() -> Path:
+    """The shared library of the TensorRT runtime the bindings load (TensorRT-RTX's or TensorRT's)."""
+    import importlib.util
+    for package, pattern in (("tensorrt_rtx_libs", "libtensorrt_rtx.so.*"), ("tensorrt_libs", "libnvinfer.so.*")):
+        spec = importlib.util.find_spec(package)
+        if spec is not None and spec.submodule_search_locations:
+            hits = sorted(Path(next(iter(spec.submodule_search_locations))).glob(pattern))
+            if hits:
+                return hits[0]
+    pytest.skip("no TensorRT runtime library from a pip package (tensorrt_rtx_libs, tensorrt_libs)")
+
+
+@needs_library
+@pytest.mark.parametrize("mode", ["local", "global"])
+def test_library_loaded_by_dlopen_registers_in_the_loaded_runtime(mode):
+    _rtx()
+    done = _registration(mode)
+    count = len(SPEC.plugins)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"statically 1 creators {count}" in done.stdout and f"after load_library {count}" in done.stdout, \
+        done.stdout + done.stderr[-2000:]
+
+
+@needs_library
+def test_library_preloaded_registers_with_its_runtime_and_says_so_without():
+    _rtx()
+    runtime = _runtime_library()
+    count = len(SPEC.plugins)
+    for order in ([str(LIBRARY), str(runtime)], [str(runtime), str(LIBRARY)]):
+        done = _registration("preloaded", order)
+        assert done.returncode == 0 and f"statically 1 creators {count}" in done.stdout, done.stdout + done.stderr
+        assert "no TensorRT runtime" not in done.stderr
+    alone = _registration("preloaded", [str(LIBRARY)])
+    assert alone.returncode == 0 and "statically 0 creators 0" in alone.stdout, alone.stdout + alone.stderr
+    assert "no TensorRT runtime (libnvinfer / libtensorrt_rtx) is loaded" in alone.stderr
 
 
 @needs_library

@@ -3,20 +3,29 @@
 // 1. IPluginRegistry::loadLibrary("libpadfree_trt.so") (TensorRT and TensorRT-RTX, C++ and Python,
 //    trtexec --dynamicPlugins): it dlopens the library, calls setLoggerFinder() and getCreators()
 //    below and registers what they return under the library's handle.
-// 2. Static registration when the library is loaded into a process where TensorRT's
-//    getPluginRegistry() is globally visible (an application linked against libnvinfer, or one that
-//    loaded it RTLD_GLOBAL). REGISTER_TENSORRT_PLUGIN would do this with a link-time reference to
-//    getPluginRegistry(), making libnvinfer a hard dependency: a library loaded by loadLibrary from
-//    the Python bindings (which load libnvinfer / libtensorrt_rtx RTLD_LOCAL) would then fail to
-//    load on that unresolved symbol. So the symbol is looked up at load time instead, and when it
-//    is absent static registration is simply skipped.
+// 2. Static registration when the library is loaded into a process that already holds a TensorRT
+//    runtime: the library registers its creators in that runtime's getPluginRegistry(). This is how
+//    Triton's TensorRT backend (--backend-config=tensorrt,plugins=libpadfree_trt.so) and a plain
+//    dlopen / ctypes load bring plugins in. REGISTER_TENSORRT_PLUGIN would do it through a link-time
+//    reference to getPluginRegistry(), making one runtime (libnvinfer) a hard dependency, and one build
+//    of this library serves TensorRT and TensorRT-RTX alike; so the registry is looked up at load time:
+//    first in the global scope (an application linked against the runtime, or one that loaded it
+//    RTLD_GLOBAL), then in the runtime libraries already loaded RTLD_LOCAL (Triton loads its backends,
+//    and the Python bindings their runtime, RTLD_LOCAL: a global lookup alone finds nothing there
+//    and would register nothing, silently). With no runtime loaded yet (LD_PRELOAD of this library
+//    alone) there is nothing to register into: preload the runtime after it
+//    (LD_PRELOAD="libpadfree_trt.so libnvinfer.so.10": the dynamic loader initializes preloads last
+//    to first, so the runtime is ready when this library looks), or use way 1.
 //
 // loadLibrary refuses a library whose creators are already registered, so getCreators() first
 // withdraws the static registration: whichever way the library came in, the creators end up
 // registered exactly once.
 #include <dlfcn.h>
+#include <link.h>
 
 #include <atomic>
+#include <cstdio>
+#include <cstring>
 
 #include "attention_plugin.h"
 #include "beam_reorder_plugin.h"
@@ -60,11 +69,50 @@ IPluginCreatorInterface* const* all_creators(int32_t& count) {
 using GetPluginRegistry = IPluginRegistry* (*)();
 std::atomic<IPluginRegistry*> g_static_registry{nullptr};
 
+// The TensorRT runtimes whose getPluginRegistry() this library registers into, by file name prefix.
+constexpr const char* kRuntimePrefixes[] = {"libnvinfer.so", "libtensorrt_rtx.so"};
+
+bool is_runtime(const char* path) {
+    const char* slash = std::strrchr(path, '/');
+    const char* name = slash ? slash + 1 : path;
+    for (const char* prefix : kRuntimePrefixes) {
+        if (std::strncmp(name, prefix, std::strlen(prefix)) == 0) return true;
+    }
+    return false;
+}
+
+// dl_iterate_phdr callback: the first loaded runtime library that defines getPluginRegistry, whatever
+// scope it was loaded into (RTLD_NOLOAD only takes a reference to an object already in the process).
+int find_loaded_runtime(dl_phdr_info* info, size_t, void* out) {
+    if (info->dlpi_name == nullptr || !is_runtime(info->dlpi_name)) return 0;
+    void* handle = dlopen(info->dlpi_name, RTLD_LAZY | RTLD_NOLOAD);
+    if (handle == nullptr) return 0;
+    auto lookup = reinterpret_cast<GetPluginRegistry>(dlsym(handle, "getPluginRegistry"));
+    dlclose(handle);  // the runtime stays loaded: it was loaded before this lookup, by someone else
+    if (lookup == nullptr) return 0;
+    *static_cast<GetPluginRegistry*>(out) = lookup;
+    return 1;
+}
+
+IPluginRegistry* runtime_registry() {
+    auto lookup = reinterpret_cast<GetPluginRegistry>(dlsym(RTLD_DEFAULT, "getPluginRegistry"));
+    if (lookup == nullptr) dl_iterate_phdr(find_loaded_runtime, &lookup);
+    return lookup ? lookup() : nullptr;
+}
+
 struct StaticRegistrar {
     StaticRegistrar() {
-        auto lookup = reinterpret_cast<GetPluginRegistry>(dlsym(RTLD_DEFAULT, "getPluginRegistry"));
-        IPluginRegistry* registry = lookup ? lookup() : nullptr;
-        if (registry == nullptr) return;
+        IPluginRegistry* registry = runtime_registry();
+        if (registry == nullptr) {
+            // Said once, on stderr (no TensorRT logger exists yet): a preload without its runtime would
+            // otherwise fail later, at the engine's deserialization, far from the cause.
+            std::fprintf(stderr,
+                         "libpadfree_trt.so: no TensorRT runtime (libnvinfer / libtensorrt_rtx) is loaded, so its"
+                         " plugin creators were not registered; load the runtime with it"
+                         " (LD_PRELOAD=\"libpadfree_trt.so libnvinfer.so.10\") or load this library through"
+                         " IPluginRegistry::loadLibrary\n");
+            return;
+        }
         int32_t count = 0;
         IPluginCreatorInterface* const* creators = all_creators(count);
         for (int32_t k = 0; k < count; ++k) registry->registerCreator(*creators[k], kPluginNamespace);

@@ -29,6 +29,8 @@ _VARIABLES = (
              "the kernel library (libpadfree_kernels.so) to load instead of the installed one"),
     Variable("PADFREE_TRT_LIBRARY", "path", None, "location", "python",
              "the TensorRT plugin library (libpadfree_trt.so) to load, as if passed as --plugin-library"),
+    Variable("PADFREE_TRITONSERVER", "path", None, "location", "python",
+             "the tritonserver padfree.triton.server starts (backends beside it) instead of nvidia-pytriton's"),
     Variable("PADFREE_TRT_BACKEND", "choice", None, "location", "python",
              "tensorrt or tensorrt_rtx: which installed TensorRT the engines use (default: the first importable)"),
     Variable("PADFREE_PDL", "flag", "1", "diagnostic", "python, kernels",
@@ -88,6 +90,14 @@ def path(name: str) -> Path | None:
 def flag(name: str) -> bool:
     """A "flag" variable: off only where it says exactly 0 (as the kernel library reads it)."""
     return get(name) != "0"
+
+
+def with_search_path(name: str, entries: list[str], base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """An environment for a child process: `base` (default this one) with `entries` put first on the
+    search-path variable `name` (LD_LIBRARY_PATH, not a padfree variable), its previous value after them."""
+    base = dict(os.environ if base is None else base)
+    base[name] = os.pathsep.join(list(entries) + [p for p in [base.get(name)] if p])
+    return base
 
 
 def with_value(name: str, value: str, base: Mapping[str, str] | None = None) -> dict[str, str]:

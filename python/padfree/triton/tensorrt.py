@@ -1,4 +1,4 @@
-"""A Triton Inference Server model repository for a packed padfree engine, with ragged batching.
+"""A Triton model for a packed padfree engine (TensorRT backend), with ragged batching.
 
 `write_repository(engine, repository)` writes REPOSITORY/NAME/config.pbtxt and REPOSITORY/NAME/1/model.plan
 (the engine, checked against its sidecar). Triton concatenates the requests' `input_ids` (each a
@@ -8,29 +8,18 @@ outputs are scattered back to the requests by the shape of their `input_ids` (do
 """
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
-from padfree._lib import PadfreeError
 from padfree.engines import sidecar
+
+from ._repository import TritonError, check_config, check_name, quote as _q, write_model
 
 _TYPES = {"int32": "TYPE_INT32", "int64": "TYPE_INT64", "bool": "TYPE_BOOL", "float32": "TYPE_FP32",
           "float16": "TYPE_FP16", "bfloat16": "TYPE_BF16"}
 RAGGED_INPUTS = ("input_ids", "token_type_ids")  # the per-token inputs a request sends
 BATCH_INPUTS = {"cu_seqlens": "BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO",  # [B+1]: 0, len_0, len_0+len_1, ...
                 "max_seqlen": "BATCH_MAX_ELEMENT_COUNT_AS_SHAPE"}  # shape [longest request]
-_PARTIAL = ".padfree-partial-"
-
-
-class TritonError(PadfreeError, ValueError):
-    """The engine cannot be served by Triton as asked; the message says what to do."""
-
-
-def _q(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def main_profile(data: dict) -> tuple[int, dict]:
@@ -118,55 +107,18 @@ def config_text(data: dict, name: str, max_batch: int | None = None, max_queue_d
     return "\n".join(lines) + "\n"
 
 
-def parse(text: str):
-    """The config parsed with Triton's own ModelConfig protobuf (tritonclient[grpc]); ImportError without it."""
-    from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2
-
-    return text_format.Parse(text, model_config_pb2.ModelConfig())
-
-
 def write_repository(engine: str | os.PathLike, repository: str | os.PathLike, name: str | None = None,
                      max_batch: int | None = None, max_queue_delay_us: int = 100, instances: int = 1) -> Path:
-    """REPOSITORY/NAME/{config.pbtxt,1/model.plan}, all or nothing: the model folder is built under a
-    temporary name beside it and renamed into place whole (a previous one is replaced only then)."""
-    from padfree import outputs
-
+    """REPOSITORY/NAME/{config.pbtxt,1/model.plan}, all or nothing (_repository.write_model)."""
     data = sidecar.read(engine)
-    name = name or Path(engine).stem
-    if not name or Path(name).name != name or name.startswith("."):
-        raise TritonError(f"model name {name!r}: give a plain folder name (--name NAME)")
+    name = check_name(name or Path(engine).stem)
     text = config_text(data, name, max_batch, max_queue_delay_us, instances, engine)
-    with contextlib.suppress(ImportError):  # validated wherever tritonclient is installed
-        from google.protobuf.text_format import ParseError
-        try:
-            parse(text)
-        except ParseError as e:
-            raise TritonError(f"internal error: the generated config.pbtxt does not parse ({e})") from e
+    check_config(text)
     blob = sidecar.read_engine_bytes(engine, data)
-    try:
-        root = outputs.writable_folder(repository, "model repository")
-    except outputs.OutputError as e:
-        raise TritonError(str(e)) from e
-    stage = Path(tempfile.mkdtemp(prefix=_PARTIAL, dir=root))
-    target, old = root / name, None
-    try:
+
+    def fill(stage: Path) -> list[Path]:
         (stage / "1").mkdir()
         (stage / "1" / "model.plan").write_bytes(blob)
-        (stage / "config.pbtxt").write_text(text)
-        for f in (stage / "1" / "model.plan", stage / "config.pbtxt"):
-            outputs._fsync_file(f)
-        if target.exists() or target.is_symlink():
-            old = Path(tempfile.mkdtemp(prefix=_PARTIAL, dir=root))
-            os.replace(target, old / name)
-        os.replace(stage, target)
-        outputs._fsync_folder(root)
-    except BaseException:
-        if old is not None and not target.exists():
-            os.replace(old / name, target)  # put the previous model back
-        raise
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    return target
+        return [stage / "1" / "model.plan"]
+
+    return write_model(repository, name, text, fill)

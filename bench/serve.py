@@ -1,0 +1,202 @@
+"""Serving through Triton Inference Server on the CPU: padfree's Python-backend model (padfree.Runtime on
+ONNX Runtime) behind a real tritonserver (nvidia-pytriton's), loaded by concurrent gRPC clients on loopback.
+
+The model: `padfree export small-bert` (the demo's BERT: 12 layers, hidden 256, 4 heads, random weights,
+float32), written with `padfree triton OUT --repository ...`. Requests: --requests of one sequence each,
+lengths lognormal (median --longest / 4, sigma 0.6, clipped to [1, --longest]), ids uniform in
+[1000, vocab), numpy seed --seed; --clients threads, one gRPC client each, each sending its next
+request when its last is answered (closed loop). Before the timed run, --clients x 4 warm-up
+requests. Every answer is compared with a direct padfree.Runtime.run of the same request in this
+process (the same ONNX Runtime computation): the run fails unless all are answered and all match.
+Recorded: latency per request (p50 / p90 / p99 / max, perf_counter around each gRPC call), requests and
+tokens per second over the wall time, and Triton's own statistics: executions (how many batches the
+requests were grouped into), the mean queue time per request, the server's compute time per request,
+and per batch size its executions and mean ms per execution. `direct` runs the same
+requests through Runtime.run in this process, one by one and in batches of --clients, for scale.
+
+    python bench/serve.py [--requests 400] [--clients 16] [--longest 128] [--out FILE.json]
+Needs nvidia-pytriton (pip install --no-deps nvidia-pytriton) and tritonclient[grpc]. Writes
+bench/results/serve-cpu.json (device, date, versions, commit, command, rows).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def make_requests(count: int, longest: int, vocab: int, seed: int):
+    from padfree.triton.load import Request
+
+    rng = np.random.default_rng(seed)
+    lengths = np.clip(np.round(rng.lognormal(np.log(longest / 4), 0.6, count)), 1, longest).astype(int)
+    return [Request(rng.integers(1000, vocab, (1, int(n))).astype(np.int32)) for n in lengths]
+
+
+def direct_ms(runtime, requests, batch: int) -> float:
+    """ms per request of Runtime.run over the requests, `batch` requests per call."""
+    start = time.perf_counter()
+    for i in range(0, len(requests), batch):
+        runtime.run([r.ids[0] for r in requests[i:i + batch]], output="numpy")
+    return (time.perf_counter() - start) * 1e3 / len(requests)
+
+
+def triton_stats(url: str, model: str) -> dict:
+    """Triton's cumulative counters: executions, queued requests and their queue ns, and per batch size
+    (sequences) its executions and their compute ns (input + infer + output, once per execution: the
+    per-request statistics charge every request of a batch the whole batch's time)."""
+    import tritonclient.grpc as grpcclient
+
+    s = grpcclient.InferenceServerClient(url).get_inference_statistics(model).model_stats[0]
+    batches = {b.batch_size: (b.compute_infer.count, b.compute_input.ns + b.compute_infer.ns + b.compute_output.ns)
+               for b in s.batch_stats}
+    return {"executions": s.execution_count, "queued": s.inference_stats.queue.count,
+            "queue_ns": s.inference_stats.queue.ns, "batches": batches}
+
+
+def stats_delta(before: dict, after: dict) -> dict:
+    batches = {}
+    for size, (count, ns) in after["batches"].items():
+        count0, ns0 = before["batches"].get(size, (0, 0))
+        if count > count0:
+            batches[size] = (count - count0, ns - ns0)
+    return {k: after[k] - before[k] for k in ("executions", "queued", "queue_ns")} | {"batches": batches}
+
+
+def serve_row(args, work: Path, runtime, max_batch: int, requests, warmup) -> tuple[dict, str]:
+    """One server start with max_batch, the warm-up and the timed run, every answer checked; the row and
+    the server's version."""
+    import tritonclient.grpc as grpcclient
+
+    from padfree.triton import load, write_python_model
+    from padfree.triton.server import LocalServer
+
+    write_python_model(work / "out", work / "models", name="encoder", max_batch=max_batch,
+                       max_queue_delay_us=args.max_queue_delay_us, instances=args.instances)
+    outputs = list(runtime.output_names)
+    with LocalServer(work / "models") as server:
+        version = grpcclient.InferenceServerClient(server.grpc_url).get_server_metadata().version
+        load.send_all(server.grpc_url, "encoder", warmup, outputs, args.clients)
+        before = triton_stats(server.grpc_url, "encoder")
+        answers, wall = load.send_all(server.grpc_url, "encoder", requests, outputs, args.clients)
+        stats = stats_delta(before, triton_stats(server.grpc_url, "encoder"))
+    errors = [(i, a.error) for i, a in enumerate(answers) if a is None or a.error]
+    worst = max((load.largest_difference(a, load.expected(runtime, r)) for r, a in zip(requests, answers)
+                 if a is not None and not a.error), default=float("inf"))
+    tokens = sum(r.ids.size for r in requests)
+    return {"model": args.model, "requests": len(requests), "clients": args.clients, "tokens": int(tokens),
+            "mean_length": tokens / len(requests), "longest": args.longest, "max_batch": max_batch,
+            "max_queue_delay_us": args.max_queue_delay_us, "instances": args.instances,
+            "answered": len(requests) - len(errors), "errors": errors[:5], "max_abs_diff_vs_runtime_run": worst,
+            **load.latency_summary(answers, wall), "tokens_per_s": tokens / wall,
+            "triton_executions": stats["executions"],
+            "requests_per_execution": len(requests) / max(stats["executions"], 1),
+            "triton_queue_ms_per_request": stats["queue_ns"] / max(stats["queued"], 1) / 1e6,
+            # the server's busy time per request, and per batch size: executions and mean ms per execution
+            "triton_compute_ms_per_request": sum(ns for _, ns in stats["batches"].values()) / len(requests) / 1e6,
+            "triton_batches": {str(size): [count, ns / count / 1e6]
+                               for size, (count, ns) in sorted(stats["batches"].items())}}, version
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="small-bert", help="a padfree export built-in (default small-bert)")
+    parser.add_argument("--requests", type=int, default=400)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--longest", type=int, default=128)
+    parser.add_argument("--max-batch", default="1,4,16", help="the Triton model's max_batch_size; a comma-separated"
+                        " list runs one server per value (default 1,4,16)")
+    parser.add_argument("--max-queue-delay-us", type=int, default=2000)
+    parser.add_argument("--instances", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=None, help="JSON report (default bench/results/serve-cpu.json)")
+    args = parser.parse_args(argv)
+    try:
+        batches = [int(b) for b in args.max_batch.split(",")]
+    except ValueError:
+        parser.error(f"--max-batch {args.max_batch}: give positive integers, comma-separated")
+    if min(args.requests, args.clients, args.longest, args.instances, *batches) < 1:
+        parser.error("--requests, --clients, --longest, --max-batch and --instances must be positive")
+
+    from importlib import metadata
+
+    import onnxruntime
+    import torch
+
+    import padfree
+    from padfree.export.pipeline import export
+    from padfree.triton.server import find
+
+    def distribution() -> str:
+        try:
+            return f"nvidia-pytriton {metadata.version('nvidia-pytriton')}"
+        except metadata.PackageNotFoundError:
+            return str(find().binary)
+
+    work = Path(tempfile.mkdtemp(prefix="padfree-serve-"))
+    export(args.model, work / "out")
+    runtime = padfree.Runtime(str(work / "out"))
+    requests = make_requests(args.requests, args.longest, runtime.limits.vocab_size, args.seed)
+    warmup = make_requests(args.clients * 4, args.longest, runtime.limits.vocab_size, args.seed + 1)
+    try:
+        rows, versions = zip(*[serve_row(args, work, runtime, b, requests, warmup) for b in batches])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    direct = {"one_by_one": direct_ms(runtime, requests, 1),
+              f"batches_of_{args.clients}": direct_ms(runtime, requests, args.clients)}
+    print(json.dumps({"rows": rows, "direct_ms_per_request": direct}, indent=1))
+    import transformers
+    report = {"benchmark": "Triton Inference Server (Python backend, padfree.Runtime on ONNX Runtime, CPU),"
+                           " concurrent gRPC clients on loopback",
+              "device": f"{cpu_name()}, {os.cpu_count()} cores", "dtype": "float32",
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "padfree": padfree.__version__, "tritonserver": versions[0], "distribution": distribution(),
+              "tritonclient": metadata.version("tritonclient"), "onnxruntime": onnxruntime.__version__,
+              "torch": torch.__version__, "transformers": transformers.__version__,
+              "python": platform.python_version(), "commit": commit(),
+              "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
+              "lengths": f"lognormal, median longest/4, sigma 0.6, clipped to [1, longest], numpy seed {args.seed}",
+              "timing": "perf_counter around each gRPC call (client side, loopback); closed loop, one request in"
+                        f" flight per client; after {len(warmup)} warm-up requests",
+              "direct_ms_per_request": direct, "rows": list(rows)}
+    out = args.out or os.path.join(ROOT, "bench", "results", "serve-cpu.json")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(report, f, indent=1)
+        f.write("\n")
+    print(f"wrote {out}")
+    return 0 if all(not r["errors"] and r["max_abs_diff_vs_runtime_run"] <= 1e-4 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
