@@ -86,17 +86,6 @@ def write_sentence_dir(folder: Path, fields: dict) -> Path:
     return folder
 
 
-def padded(seqs: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """input_ids and attention_mask [B, longest] on `device`, as a tokenizer pads a batch."""
-    width = max(map(len, seqs))
-    ids = np.zeros((len(seqs), width), np.int64)
-    mask = np.zeros((len(seqs), width), np.int64)
-    for i, s in enumerate(seqs):
-        ids[i, :len(s)] = s
-        mask[i, :len(s)] = 1
-    return torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device)
-
-
 def batches(seqs: list, size: int) -> list[list]:
     return [seqs[i:i + size] for i in range(0, len(seqs), size)]
 
@@ -105,6 +94,7 @@ def hf_pass(model, texts: list[list[int]], size: int, device: torch.device, sort
     """One pass of the HF sentence model; sort: longest first, the rows put back in order after."""
     order = np.argsort([-len(s) for s in texts], kind="stable") if sort else None
     ordered = [texts[i] for i in order] if sort else texts
+    from padfree.bench.model import padded
     parts = [model(*padded(batch, device))["sentence_embedding"] for batch in batches(ordered, size)]
     embeddings = torch.cat(parts).float()
     if sort:

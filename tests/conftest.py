@@ -63,3 +63,13 @@ def seed():
     value = int(given) if given is not None else random.SystemRandom().randrange(2**31)
     print(f"PADFREE_SEED={value}")
     return value
+
+
+@pytest.fixture
+def no_tf32():
+    """float32 GEMMs in float32 (not TF32) for the test, as the references compute them."""
+    import torch
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved

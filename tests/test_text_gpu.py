@@ -21,14 +21,6 @@ from padfree.runtime import Runtime  # noqa: E402
 from padfree.runtime._text import TextError  # noqa: E402
 
 
-@pytest.fixture
-def no_tf32():
-    previous = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous
-
-
 @pytest.mark.gpu
 def test_gpu_pytorch_path_runs_tokenized_texts(tmp_path, seed, no_tf32):
     """The tokenizer is found through the HF directory the model was loaded from."""

@@ -20,14 +20,6 @@ from padfree.torch import from_hf  # noqa: E402
 
 # ---- GPU: the real kernels -----------------------------------------------------------------------------
 
-@pytest.fixture
-def no_tf32():
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
-
-
 def poison_allocator(megabytes: int = 256) -> None:
     """Fill the caching allocator's free blocks with NaN, so that a buffer the encoder allocates but
     fails to write shows up as NaN rather than as zeros or stale values."""

@@ -131,14 +131,6 @@ def test_albert_with_groups_missing_is_refused(seed):
 
 # ---- GPU: the kernels ---------------------------------------------------------------------------------
 
-@pytest.fixture
-def no_tf32():
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
-
-
 GPU_TOLERANCE = {torch.float32: 1e-4, torch.float16: 1e-2}
 
 

@@ -136,14 +136,6 @@ def test_padfree_run_keeps_a_sentence_directory_pooling(tmp_path):
 
 # ---- GPU: the kernels ---------------------------------------------------------------------------------
 
-@pytest.fixture
-def no_tf32():
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("pooling", MODES)
