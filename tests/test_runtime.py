@@ -372,3 +372,30 @@ def test_chunk_limits_must_be_positive_ints(limit, value):
     with pytest.raises(ValueError, match=f"{limit} must be a positive int"):
         EncoderBackend(_FakeEncoder(config), **{limit: value})
     assert Runtime(ToyBackend(), **{limit: np.int64(1)}).limits.__dict__[limit] == 1
+
+
+def test_backends_declare_their_per_sequence_outputs():
+    """One name, two shapes: a backend's per_sequence_outputs decides, names decide only without it."""
+    from padfree.runtime import per_sequence_outputs_of
+    from padfree.runtime.backends.engine import per_sequence_from_sidecar
+
+    class Named:
+        output_names = ["last_hidden_state", "pooler_output", "logits"]
+    assert per_sequence_outputs_of(Named()) == {"pooler_output"}
+    declared = Named()
+    declared.per_sequence_outputs = {"logits"}
+    assert per_sequence_outputs_of(declared) == {"logits"}
+    declared.per_sequence_outputs = {"sentence_embedding"}
+    with pytest.raises(TypeError, match="not among its output_names"):
+        per_sequence_outputs_of(declared)
+
+    def sidecar(io, ids_shape, outputs):
+        return {"model": {"io": io}, "inputs": [{"name": "input_ids", "dtype": "int32", "shape": ids_shape}],
+                "outputs": [{"name": n, "dtype": "float32", "shape": s} for n, s in outputs.items()]}
+    assert per_sequence_from_sidecar(sidecar("packed", ["total_tokens"], {"logits": ["batch", 3]})) == {"logits"}
+    assert per_sequence_from_sidecar(sidecar("packed", ["total_tokens"], {"logits": ["total_tokens", 3]})) == set()
+    assert per_sequence_from_sidecar(sidecar("padded", ["batch", "sequence"], {
+        "start_logits": ["batch", "sequence"], "logits": ["batch", 2]})) == {"logits"}
+    assert per_sequence_from_sidecar(sidecar("packed", ["?"], {"logits": ["batch", 3]})) is None
+    assert per_sequence_from_sidecar({"model": {"io": "packed"}, "inputs": [{"name": "input_ids"}],
+                                      "outputs": [{"name": "logits"}]}) is None

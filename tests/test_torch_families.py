@@ -91,16 +91,27 @@ def test_albert_layers_are_held_once_and_run_in_hf_order(layers, groups, inner, 
     assert len({lw.qkv_weight.data_ptr() for lw in weights.layers}) == groups * inner
 
 
-def test_task_models_give_their_encoder(seed):
-    """ELECTRA's and ALBERT's task models load as their base model (the head is not run), as BERT's."""
+def test_task_models_run_their_heads(seed):
+    """ELECTRA's and ALBERT's task models run their heads (ALBERT's classifier over its pooler) on the
+    packed rows, against HF in float64; per-token outputs are zeros at padded positions."""
     rng = np.random.default_rng(seed)
-    for name, cls in (("electra", "ElectraForSequenceClassification"), ("albert", "AlbertForTokenClassification"),
-                      ("albert-2x2", "AlbertForQuestionAnswering")):
+    for name, cls, outputs in (("electra", "ElectraForSequenceClassification", ["logits"]),
+                               ("albert", "AlbertForSequenceClassification", ["logits"]),
+                               ("albert", "AlbertForTokenClassification", ["logits"]),
+                               ("albert-2x2", "AlbertForQuestionAnswering", ["start_logits", "end_logits"])):
         model = family_model(name, seed, layers=3, model_cls=cls)
         ids, mask, type_ids = batch_for(model, rng, batch=3, width=20)
-        out = cpu_encoder(model)(ids, mask, type_ids)
-        ref_hidden, ref_pooled = hf_reference(model.base_model, ids, mask, type_ids, "cpu", torch.float64)
-        check_padded_output(out, ref_hidden, ref_pooled, mask, 1e-10)
+        encoder = cpu_encoder(model)
+        assert encoder.output_names == outputs
+        out = encoder(ids, mask, type_ids)
+        with torch.no_grad():
+            want = model.double()(input_ids=ids, attention_mask=mask, token_type_ids=type_ids)
+        valid = mask.bool()
+        for key in outputs:
+            if "Sequence" in cls:
+                assert out[key].shape == want[key].shape and (out[key] - want[key]).abs().max() < 1e-10
+            else:
+                assert (out[key][~valid] == 0).all() and (out[key][valid] - want[key][valid]).abs().max() < 1e-10
 
 
 def test_albert_pooler_and_electra_without_pooler(seed):

@@ -9,5 +9,5 @@ tested on the CPU with a backend test double.
 from ..ops._tensors import InputError  # noqa: F401
 from ._pending import PendingRun  # noqa: F401
 from ._runtime import Runtime, open_backend  # noqa: F401
-from .backends.base import PER_SEQUENCE_OUTPUTS, Backend, Limits, limits_of  # noqa: F401
+from .backends.base import PER_SEQUENCE_OUTPUTS, Backend, Limits, limits_of, per_sequence_outputs_of  # noqa: F401
 from .backends.encoder import EncoderBackend  # noqa: F401

@@ -14,18 +14,19 @@ import torch
 
 from ._inputs import HostBatch
 from ._plan import Chunk
-from .backends.base import PER_SEQUENCE_OUTPUTS
 
 
 class OutputGather:
     """Outputs of a whole batch: per-token ones packed [T, ...] or, with `index` (padded_index() on
     the backend's device, int32), padded [B * S, ...] with zeros in padding; per-sequence ones [B, ...].
     to_host: put them in pinned host memory (padded ones are scattered on the device first).
+    per_sequence: the names of the per-sequence outputs (the backend's, base.per_sequence_outputs_of).
     """
 
     def __init__(self, names: list[str], batch: HostBatch, index: torch.Tensor | None = None,
-                 to_host: bool = False):
+                 to_host: bool = False, per_sequence: frozenset[str] = frozenset()):
         self.names = list(names)
+        self.per_sequence = per_sequence
         self.tokens = int(batch.cu_seqlens[-1])
         self.batch = len(batch.lengths)
         self.rows = self.batch * batch.padded_width
@@ -39,7 +40,7 @@ class OutputGather:
                 raise RuntimeError(f"{backend_name}.execute_packed returned no '{name}' (it returned"
                                    f" {sorted(result)}), though its output_names list it")
             t = result[name]
-            per_seq = name in PER_SEQUENCE_OUTPUTS
+            per_seq = name in self.per_sequence
             rows, start, stop = ((chunk.batch, chunk.first, chunk.stop) if per_seq else
                                  (chunk.tokens, chunk.token_start, chunk.token_stop))
             if t.dim() < 1 or t.shape[0] != rows:
@@ -87,7 +88,8 @@ def padded_index(batch: HostBatch) -> np.ndarray:
 
 
 def shape_outputs(outputs: dict[str, torch.Tensor], batch: HostBatch, padded: bool,
-                  numpy: bool = False) -> dict[str, torch.Tensor | np.ndarray | list]:
+                  numpy: bool = False, per_sequence: frozenset[str] = frozenset()
+                  ) -> dict[str, torch.Tensor | np.ndarray | list]:
     """OutputGather's outputs as the caller gets them: per-token ones as a list of [len_i, ...] views
     or, padded, [B, S, ...]; per-sequence ones [B, ...]. numpy: as numpy arrays (views of the host
     tensors; bfloat16, which numpy lacks, becomes float32, which reads the data: wait for it first)."""
@@ -95,7 +97,7 @@ def shape_outputs(outputs: dict[str, torch.Tensor], batch: HostBatch, padded: bo
     for name, t in outputs.items():
         if numpy:
             t = (t.float() if t.dtype == torch.bfloat16 else t).numpy()
-        if name in PER_SEQUENCE_OUTPUTS:
+        if name in per_sequence:
             shaped[name] = t
         elif padded:
             shaped[name] = t.reshape(len(batch.lengths), batch.padded_width, *t.shape[1:])

@@ -14,7 +14,7 @@ from ._outputs import OutputGather, needs_data, padded_index, shape_outputs
 from ._pending import PendingRun
 from ._plan import Chunk, plan_chunks
 from ._staging import Staging
-from .backends.base import Limits, check_chunk_limits, device_of, limits_of
+from .backends.base import Limits, check_chunk_limits, device_of, limits_of, per_sequence_outputs_of
 
 OUTPUT_FORMATS = ("torch", "numpy")
 
@@ -109,6 +109,7 @@ class Runtime:
         self.backend = open_backend(source, max_tokens=max_tokens, max_batch=max_batch, **engine_options)
         self.limits = _tighten(limits_of(self.backend), max_tokens, max_batch)
         self.output_names = list(self.backend.output_names)
+        self.per_sequence_outputs = per_sequence_outputs_of(self.backend)
         self.device = device_of(self.backend)
         self.stream = _as_stream(stream, self.device)
         self.output = output
@@ -214,7 +215,8 @@ class Runtime:
 
         per_chunk = 3 if host.token_type_ids is not None else 2
         numpy = output == "numpy"
-        gather = OutputGather(self.output_names, host, views[-1] if padded else None, to_host=numpy)
+        gather = OutputGather(self.output_names, host, views[-1] if padded else None, to_host=numpy,
+                              per_sequence=self.per_sequence_outputs)
         backend_name = type(self.backend).__name__
         for i, c in enumerate(chunks):
             ids, cu, *types = views[i * per_chunk:(i + 1) * per_chunk]
@@ -228,7 +230,7 @@ class Runtime:
             ready.record(stream)
 
         def finish() -> dict[str, Any]:
-            return shape_outputs(outputs, host, padded, numpy)
+            return shape_outputs(outputs, host, padded, numpy, self.per_sequence_outputs)
         if needs_data(outputs, numpy):
             return PendingRun(ready, numpy, None, finish)
         return PendingRun(ready, numpy, finish())

@@ -7,6 +7,12 @@ the whole forward replayed from CUDA graphs per size bucket.
     out = encoder([[101, 7592, 102], [101, 102]])     # a list of token sequences
     out = encoder.forward_packed(ids, cu_seqlens, max_seqlen)   # packed, for padfree.runtime
 
+Task models (...ForSequenceClassification, ...ForTokenClassification, ...ForQuestionAnswering) run
+their head in the same forward, with HF's output names:
+
+    clf = padfree.torch.from_hf(BertForSequenceClassification..., dtype=torch.float16)
+    logits = clf(input_ids, attention_mask).logits    # [B, num_labels]; per-token heads: [B, S, ...]
+
 Sentence embeddings (a SentenceTransformer, padfree.export's load of a sentence-transformers
 directory, or any encoder with pooling=...): the one output is sentence_embedding [B, H].
 
@@ -38,14 +44,16 @@ _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 def from_hf(model: torch.nn.Module, dtype: torch.dtype = torch.float16, device: str | torch.device | None = None,
             *, use_graphs: bool = True, max_graphs: int = 8, gemm_search: str = "heuristic",
             gemm_tuning: str | os.PathLike | None = None, programmatic_edges: bool = False,
-            pooling: str | None = None, normalize: bool | None = None):
+            pooling: str | None = None, normalize: bool | None = None, allow_unused_weights: bool = False):
     """A PadfreeEncoder with a copy of `model`'s weights in `dtype` on `device` (a CUDA device; None:
     the current one), or for an encoder-decoder model (config.is_encoder_decoder) a
     padfree.generation.Seq2SeqGenerator on `device` (None: CUDA where available, else the CPU, which
     runs the torch reference of the decoder kernels); the encoder options below apply to encoders only.
 
     model: BertModel, RobertaModel, XLMRobertaModel, ElectraModel, AlbertModel, DistilBertModel or
-      one of the same architecture (a task model gives its base model: its head is not run), or a
+      one of the same architecture, their ...ForSequenceClassification, ...ForTokenClassification or
+      ...ForQuestionAnswering models (the head runs on the packed rows in the same forward: outputs
+      logits, or start_logits / end_logits, as HF names them; padfree.torch.heads), or a
       sentence model: sentence_transformers.SentenceTransformer (Transformer, Pooling, optional
       Normalize) or padfree.export's SentenceModel. pooling ("cls", "mean" or "max") and normalize
       make any encoder a sentence model; a sentence model's own must not be contradicted (None: the
@@ -61,7 +69,9 @@ def from_hf(model: torch.nn.Module, dtype: torch.dtype = torch.float16, device: 
       programmatic_edges=True (experimental, off by default) lets each captured forward's GEMMs
       launch while the padfree kernel before them drains, where a capture-time check finds that the
       GEMM waits for it (padfree.torch.edges says why it is not on by default).
-    Raises UnsupportedModelError for an architecture or configuration it cannot run, or sizes the
+      allow_unused_weights: run the encoder alone where the model's head would go unused (a head
+      padfree cannot run, as BertForMaskedLM's, or a task head under pooling=); refused otherwise.
+    Raises UnsupportedModelError for an architecture, head or configuration it cannot run, or sizes the
     kernels are not built for (padfree.kernel_sizes: head_dim, hidden).
     """
     model, pooling, normalize = sentence.of_model(model, pooling, normalize)
@@ -83,9 +93,13 @@ def from_hf(model: torch.nn.Module, dtype: torch.dtype = torch.float16, device: 
         raise InputError(f"device: padfree's kernels run on CUDA devices, got {device}")
     if device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    weights = extract(model, dtype, device)
-    if pooling is not None:  # a sentence model never runs the encoder's pooler: its weights are not kept
-        weights.pooler_weight = weights.pooler_bias = None
+    weights = extract(model, dtype, device, allow_unused_weights)
+    if pooling is not None and weights.head is not None and not allow_unused_weights:
+        raise UnsupportedModelError(f"pooling={pooling!r} makes a sentence model of {type(model).__name__}, whose"
+                                    f" {weights.head.task} head would go unused (pass allow_unused_weights=True or"
+                                    " the model's base_model)")
+    if pooling is not None:  # a sentence model never runs the encoder's pooler or a head: their weights go
+        weights.pooler_weight = weights.pooler_bias = weights.head = None
     check_kernel_sizes(weights)
     base = getattr(model, "base_model", model)
     return PadfreeEncoder(weights, base.config, use_graphs=use_graphs, max_graphs=max_graphs,

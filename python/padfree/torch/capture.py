@@ -46,7 +46,8 @@ class _Graph:
     graph: torch.cuda.CUDAGraph
     inputs: InputBuffer                   # the encoder's input buffer, viewed at the bucket's sizes
     hidden: torch.Tensor                  # [tokens, H]: the output
-    pooled: torch.Tensor | None           # [batch, H]
+    pooled: torch.Tensor | None           # [batch, H], or a sequence-classification head's [batch, num_labels]
+    head_rows: torch.Tensor | None = None  # [tokens, width]: a per-token head's output
     gemms: EncoderGemms | None = None     # the projections' implementations at the bucket's rows
     replays: int = 0
     guarded: Any = None                   # its GuardedGraph (None: not made yet, False: cannot be)
@@ -73,8 +74,9 @@ class GraphCapture:
         """inputs: the bucket's view of the input buffer, holding the batch that asked for the bucket
         (so the warm-up below computes a real forward, and no stale lengths beyond the bucket's)."""
         # static outputs live outside the pool: they must survive other captures
-        hidden, pooled = self._outputs(bucket.tokens, bucket.batch)
-        g = _Graph(bucket=bucket, graph=keeping_cuda_graph(), inputs=inputs, hidden=hidden, pooled=pooled)
+        hidden, pooled, head_rows = self._outputs(bucket.tokens, bucket.batch)
+        g = _Graph(bucket=bucket, graph=keeping_cuda_graph(), inputs=inputs, hidden=hidden, pooled=pooled,
+                   head_rows=head_rows)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
             self._capture_stream = side_stream(self.device)
@@ -82,7 +84,7 @@ class GraphCapture:
         if self.gemm_tuning is not None:
             save_tuning(self.gemm_tuning, self.device)
         args = (g.inputs.input_ids, g.inputs.token_type_ids, g.inputs.cu_seqlens, bucket.max_seqlen,
-                g.hidden, g.pooled, g.gemms)
+                g.hidden, g.pooled, g.gemms, g.head_rows)
         if CHOOSE_IN_FORWARD:
             current = None  # the forward as the choices so far left it, captured
             for name in g.gemms.alternatives():
@@ -148,7 +150,7 @@ class GraphCapture:
         ids = g.inputs.input_ids
         batches = [ids.clone()]
         batches.append((batches[0] + 1) % self.weights.vocab_size)  # every token differs, same lengths
-        outputs = [g.hidden] + ([] if g.pooled is None else [g.pooled])
+        outputs = [t for t in (g.hidden, g.pooled, g.head_rows) if t is not None]
         try:
             verdicts: dict[int, bool] = {}
             for probe in self._consumer_probes(g):

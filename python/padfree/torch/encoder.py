@@ -7,7 +7,9 @@ Per layer, on x [T, H]:  qkv = x @ Wqkv^T (no bias: the attention kernel adds it
 -> up = act(x @ Wi^T + bi) (cuBLASLt epilogue, see ffn.py) -> x += up @ Wd^T -> x = LayerNorm(x + bd),
 all on one [T, H] buffer (the LayerNorms in place). Shared layers (ALBERT) run the same weights again.
 Then the pooler (dense + tanh of each sequence's first row) where the model has one, or, for a sentence
-model, its pooling per sequence over the packed rows (padfree.ops.sequence_pool, sentence.py).
+model, its pooling per sequence over the packed rows (padfree.ops.sequence_pool, sentence.py), or a
+task model's head (heads.py): dense layers over each sequence's first row (logits [B, num_labels]) or
+over every row (token classification's logits, question answering's start / end logits [T]).
 GEMMs are cuBLASLt's: torch's calls, or for a bucket's row count the cuBLASLt algorithm that
 measured fastest (gemms.py, gemm_tuning.py). No layer synchronizes the host. With graphs on, the whole packed forward
 is captured once per bucket (buckets.py) and replayed; all captures share one memory pool, so the
@@ -35,6 +37,7 @@ from .capture import GraphCapture, _Graph
 from .ffn import FfnUp, epilogue_matches
 from .gemm_tuning import SEARCHES, load_tuning
 from .gemms import EncoderGemms
+from .heads import HeadWeights, activate
 from .inputs import Batch, DeviceInputs, InputBuffer, from_host
 from .sentence import OUTPUT as SENTENCE_EMBEDDING, sentence_output
 from .speculation import GUESSES, Speculation, _Route
@@ -56,7 +59,8 @@ class PadfreeEncoder(GraphCapture, Speculation):
       encoder(input_ids, attention_mask=None, token_type_ids=None) -> HF-style output
           input_ids [B, S] (right-padded, with its attention mask) or a list of token sequences;
           last_hidden_state [B, S, H] with exact zeros in padded rows, pooler_output [B, H] where
-          the model has a pooler; a sentence model (pooling set): sentence_embedding [B, H] alone.
+          the model has a pooler; a sentence model (pooling set): sentence_embedding [B, H] alone; a
+          task model (heads.py): its head's HF output (logits, or start_logits / end_logits [B, S]).
       encoder.forward_packed(input_ids [T], cu_seqlens [B + 1], max_seqlen, token_type_ids [T])
           -> {"last_hidden_state": [T, H], "pooler_output": [B, H]} (DESIGN.md), or for a sentence
           model {"sentence_embedding": [B, H]}.
@@ -110,10 +114,18 @@ class PadfreeEncoder(GraphCapture, Speculation):
             raise InputError(f"pooling: expected one of {', '.join(POOLING_MODES)} or None, got {pooling!r}")
         self.pooling, self.normalize = pooling, bool(normalize) and pooling is not None
         self.has_pooler = weights.pooler_weight is not None and pooling is None
+        # a sentence model pools instead of running a head (from_hf refuses or drops it first)
+        self.head: HeadWeights | None = weights.head if pooling is None else None
         if pooling is not None:
             self.output_names = [SENTENCE_EMBEDDING]
+        elif self.head is not None:
+            self.output_names = self.head.output_names
         else:
             self.output_names = ["last_hidden_state"] + (["pooler_output"] if self.has_pooler else [])
+        # outputs with one row per sequence (the Runtime shapes them per sequence, the others per token)
+        self.per_sequence_outputs = frozenset(
+            name for name in self.output_names
+            if name in ("pooler_output", SENTENCE_EMBEDDING) or (self.head is not None and self.head.per_sequence))
         self._graphs: LRU[Bucket, _Graph] = LRU(max_graphs)
         # (padded shape, token types) of GPU inputs -> the bucket of the last such call (buckets, not
         # graphs: an evicted graph must free its memory, and a recaptured one serves as well)
@@ -139,11 +151,12 @@ class PadfreeEncoder(GraphCapture, Speculation):
         return rows <= PREFETCH_MAX_ROWS if self.prefetch_weights is None else self.prefetch_weights
 
     def _run(self, input_ids, token_type_ids, cu_seqlens, max_seqlen: int, hidden: torch.Tensor,
-             pooled: torch.Tensor | None, gemms: EncoderGemms) -> None:
+             pooled: torch.Tensor | None, gemms: EncoderGemms, head_rows: torch.Tensor | None = None) -> None:
         """The whole forward on packed rows, into `hidden` [rows, H] and `pooled` [B, H]: the sentence
         embedding of a sentence model, else the pooler's dense output (every caller applies its tanh
         as it copies the output out, so that a graph has one latency-bound kernel fewer; H100 1x128:
-        ~2 us of its ~0.4 ms).
+        ~2 us of its ~0.4 ms); a sequence-classification head's logits [B, num_labels] go to
+        `pooled`, a per-token head's [rows, width] to `head_rows`.
 
         Intermediates are allocated here, so that under capture they come from the shared pool.
         """
@@ -154,7 +167,7 @@ class PadfreeEncoder(GraphCapture, Speculation):
         def ahead(weights):  # a LayerNorm's prefetch: the weights of the GEMMs up to the next LayerNorm
             return {"prefetch": weights} if prefetching and weights is not None else {}
         next_weights = [lw.attention_projections for lw in w.layers[1:]] + \
-            [w.pooler_weight if self.has_pooler else None]
+            [w.pooler_weight if self.has_pooler else self.head.layers[0].weight if self.head is not None else None]
         gemms.start_forward()
         new = dict(dtype=self.dtype, device=self.device)
         projected = w.embedding_proj_weight is not None
@@ -190,14 +203,34 @@ class PadfreeEncoder(GraphCapture, Speculation):
                                eps=lw.ffn_ln_eps, out=hidden, **ahead(after))
         if pooled is not None and self.pooling is not None:
             ops.sequence_pool(hidden, cu_seqlens, self.pooling, self.normalize, out=pooled)
-        elif pooled is not None:
-            # each sequence's first token (zeros for bucket padding's empty sequences) in one kernel,
-            # where index_select needed a clamp of cu_seqlens first: two latency-bound launches. One
-            # sequence's is row 0, read in place (a bucket of batch 1 holds one sequence). H100,
-            # BERT-base, same process, calls alternating, us per call with the gather minus without:
-            # 1x128 +3.7 to +6.2, where both gather (4x128, 16x256) +0.7 to +2.5.
-            first = hidden[:1] if pooled.shape[0] == 1 else ops.rebuild_padding(hidden, cu_seqlens, 1).view(-1, h)
-            torch.addmm(w.pooler_bias, first, w.pooler_weight.t(), out=pooled)
+        elif self.has_pooler:
+            torch.addmm(w.pooler_bias, self._first_rows(hidden, cu_seqlens, pooled.shape[0]), w.pooler_weight.t(),
+                        out=pooled)
+        if self.head is not None:
+            self._run_head(hidden, cu_seqlens, pooled, head_rows)
+
+    def _first_rows(self, hidden: torch.Tensor, cu_seqlens: torch.Tensor, batch: int) -> torch.Tensor:
+        """Each sequence's first row [batch, H] (zeros for bucket padding's empty sequences) in one kernel,
+        where index_select needed a clamp of cu_seqlens first: two latency-bound launches. One
+        sequence's is row 0, read in place (a bucket of batch 1 holds one sequence). H100,
+        BERT-base, same process, calls alternating, us per call with the gather minus without:
+        1x128 +3.7 to +6.2, where both gather (4x128, 16x256) +0.7 to +2.5."""
+        if batch == 1:
+            return hidden[:1]
+        return self._ops.rebuild_padding(hidden, cu_seqlens, 1).view(-1, hidden.shape[1])
+
+    def _run_head(self, hidden, cu_seqlens, pooled, head_rows) -> None:
+        """The task head's dense layers on each sequence's first row (into pooled) or on every row
+        (into head_rows): a few small GEMMs at the end of the same forward (and graph)."""
+        head = self.head
+        x, out = (self._first_rows(hidden, cu_seqlens, pooled.shape[0]), pooled) if head.per_sequence \
+            else (hidden, head_rows)
+        for dense in head.layers[:-1]:
+            x = activate(torch.addmm(dense.bias, x, dense.weight.t()), dense.activation)
+        last = head.layers[-1]
+        torch.addmm(last.bias, x, last.weight.t(), out=out)
+        if last.activation is not None:
+            out.copy_(activate(out, last.activation))
 
     def forward_packed(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
                        token_type_ids: torch.Tensor | None = None, *, copy: bool = True
@@ -207,20 +240,22 @@ class PadfreeEncoder(GraphCapture, Speculation):
         input_ids, token_type_ids: int32 [T] on the encoder's device; cu_seqlens: int32 [B + 1];
         max_seqlen: the longest sequence (host int). Returns "last_hidden_state" [T, H] and, where the
         model has a pooler, "pooler_output" [B, H]; a sentence model returns "sentence_embedding" [B, H]
-        alone. Ids and lengths are not range-checked here, as
+        alone; a task model its head's outputs alone: "logits" [B, num_labels] (sequence classification)
+        or [T, num_labels] (token classification), "start_logits" and "end_logits" [T] (question
+        answering). Ids and lengths are not range-checked here, as
         that would synchronize (the kernels clamp ids to stay memory-safe): validate first, as
         padfree.runtime and the HF-style call do. With graphs on, a call whose bucket has no graph yet
         captures one, which synchronizes the device; later calls in that bucket only enqueue.
-        copy=False returns last_hidden_state (sentence_embedding) as a view of a graph's static output,
+        copy=False returns last_hidden_state (sentence_embedding, a head's outputs) as a view of a graph's static output,
         overwritten by the next call that uses the same bucket (pooler_output is always a tensor of its own).
         """
         self._check_packed(input_ids, cu_seqlens, max_seqlen, token_type_ids)
         tokens, batch = input_ids.shape[0], cu_seqlens.shape[0] - 1
         with self._device_guard():
             if not self.use_graphs:  # the caller's tensors are read in place
-                hidden, pooled = self._outputs(tokens, batch)
+                hidden, pooled, head_rows = self._outputs(tokens, batch)
                 self._run(input_ids, token_type_ids, cu_seqlens, max_seqlen, hidden, pooled,
-                          self._gemms(tokens, tune=False))
+                          self._gemms(tokens, tune=False), head_rows)
             else:
                 def fill(buf: InputBuffer) -> None:
                     buf.input_ids[:tokens].copy_(input_ids)
@@ -228,36 +263,52 @@ class PadfreeEncoder(GraphCapture, Speculation):
                         buf.token_type_ids[:tokens].copy_(token_type_ids)
                     buf.cu_seqlens[:batch + 1].copy_(cu_seqlens)
                     buf.pad_batch(batch, tokens)
-                hidden, pooled, _ = self._execute(Batch(tokens, batch, max_seqlen, 0,
-                                                        token_type_ids is not None, fill))
-                if copy and self.pooling is not None:  # the output returned is a graph's static buffer
-                    pooled = pooled.clone()
-                elif copy:
-                    hidden = hidden.clone()
+                hidden, pooled, head_rows, _ = self._execute(Batch(tokens, batch, max_seqlen, 0,
+                                                                   token_type_ids is not None, fill))
+                if copy:  # the outputs returned are a graph's static buffers (pooler_output: its tanh copies)
+                    returned = pooled if self.pooling is not None or self.head is not None and self.head.per_sequence \
+                        else head_rows if self.head is not None else hidden
+                    copied = returned.clone()
+                    hidden, pooled, head_rows = (copied if t is returned else t for t in (hidden, pooled, head_rows))
         if self.pooling is not None:
             return {SENTENCE_EMBEDDING: pooled}
+        if self.head is not None:
+            out = self._head_outputs(pooled if self.head.per_sequence else head_rows)
+            return {k: v.contiguous() for k, v in out.items()} if copy else out
         out = {"last_hidden_state": hidden}
         if pooled is not None:
             out["pooler_output"] = torch.tanh(pooled)  # _run leaves the tanh to us
         return out
 
+    def _head_outputs(self, logits: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The head's outputs by their HF names: question answering's two columns split (views)."""
+        if self.head.output_names == ["logits"]:
+            return {"logits": logits}
+        return {"start_logits": logits[..., 0], "end_logits": logits[..., 1]}
+
     def _outputs(self, tokens: int, batch: int):
+        """(hidden [T, H], per-sequence [B, H or num_labels] or None, per-token head [T, width] or None)."""
         new = dict(dtype=self.dtype, device=self.device)
-        hidden = torch.empty(tokens, self.weights.hidden_size, **new)
+        h, head = self.weights.hidden_size, self.head
+        hidden = torch.empty(tokens, h, **new)
+        if head is not None and head.per_sequence:
+            return hidden, torch.empty(batch, head.width, **new), None
+        head_rows = None if head is None else torch.empty(tokens, head.width, **new)
         per_sequence = self.has_pooler or self.pooling is not None
-        return hidden, torch.empty(batch, self.weights.hidden_size, **new) if per_sequence else None
+        return hidden, torch.empty(batch, h, **new) if per_sequence else None, head_rows
 
     def _execute(self, batch: Batch):
         """Fill the inputs and run: a bucket's graph, or eagerly at the batch's exact size.
-        Returns (hidden [T, H], pooled [B, H] or None, cu_seqlens [B + 1]) on the device."""
+        Returns (hidden [T, H], pooled [B, ...] or None, head rows [T, width] or None, cu_seqlens [B + 1])
+        on the device."""
         tokens, size = batch.total_tokens, batch.batch
         if not self.use_graphs:
             buf = self._input_buffer(tokens, size).view(tokens, size, batch.token_types)
             batch.fill(buf)
-            hidden, pooled = self._outputs(tokens, size)
+            hidden, pooled, head_rows = self._outputs(tokens, size)
             self._run(buf.input_ids, buf.token_type_ids, buf.cu_seqlens, batch.max_seqlen, hidden, pooled,
-                      self._gemms(tokens, tune=False))
-            return hidden, pooled, buf.cu_seqlens
+                      self._gemms(tokens, tune=False), head_rows)
+            return hidden, pooled, head_rows, buf.cu_seqlens
         bucket = bucket_for(tokens, size, batch.max_seqlen, self.weights.max_seqlen, batch.token_types)
         g = self._graphs.get(bucket)
         if g is None:
@@ -276,7 +327,7 @@ class PadfreeEncoder(GraphCapture, Speculation):
     def _served(g: _Graph, batch: Batch):
         g.replays += 1
         return (g.hidden[:batch.total_tokens], None if g.pooled is None else g.pooled[:batch.batch],
-                g.inputs.cu_seqlens[:batch.batch + 1])
+                None if g.head_rows is None else g.head_rows[:batch.total_tokens], g.inputs.cu_seqlens[:batch.batch + 1])
 
     def _input_buffer(self, tokens: int, batch: int) -> InputBuffer:
         """The encoder's input buffer, grown to hold `tokens` and `batch` where it does not. Growing drops
@@ -375,15 +426,29 @@ class PadfreeEncoder(GraphCapture, Speculation):
                 batch = self.prepare(input_ids, attention_mask, token_type_ids)
             outputs = self._execute(batch)
             self._remember(input_ids, token_type_ids, batch)
-        hidden, pooled, cu_seqlens = outputs
+        hidden, pooled, head_rows, cu_seqlens = outputs
         if self.pooling is not None:
             return sentence_output(pooled.clone())  # a graph's static output: the next call overwrites it
+        if self.head is not None:
+            return self._head_call_output(pooled, head_rows, cu_seqlens, batch.padded_width)
         last = self._ops.rebuild_padding(hidden, cu_seqlens, batch.padded_width)
         pooled = None if pooled is None else torch.tanh(pooled)  # _run leaves the tanh to us
         from transformers.modeling_outputs import BaseModelOutput, BaseModelOutputWithPooling
         if self.has_pooler:
             return BaseModelOutputWithPooling(last_hidden_state=last, pooler_output=pooled)
         return BaseModelOutput(last_hidden_state=last)
+
+    def _head_call_output(self, pooled, head_rows, cu_seqlens, padded_width: int):
+        """A task head's HF-style output: SequenceClassifierOutput (logits [B, num_labels]),
+        TokenClassifierOutput (logits [B, S, num_labels]) or QuestionAnsweringModelOutput (start_logits,
+        end_logits [B, S]); per-token ones with exact zeros in padded positions (HF leaves values there)."""
+        from transformers import modeling_outputs as mo
+        if self.head.per_sequence:
+            return mo.SequenceClassifierOutput(logits=pooled.clone())  # a graph's static output
+        padded = self._ops.rebuild_padding(head_rows, cu_seqlens, padded_width)
+        if self.head.output_names == ["logits"]:
+            return mo.TokenClassifierOutput(logits=padded)
+        return mo.QuestionAnsweringModelOutput(**{k: v.contiguous() for k, v in self._head_outputs(padded).items()})
 
     forward = __call__
 

@@ -18,6 +18,7 @@ in `layers`: their weights are held once.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -81,6 +82,7 @@ class EncoderWeights:
     pooler_bias: torch.Tensor | None = None
     embedding_proj_weight: torch.Tensor | None = None  # [H, E]: ELECTRA's embeddings_project, ALBERT's
     embedding_proj_bias: torch.Tensor | None = None    # embedding_hidden_mapping_in; None: E == H, none
+    head: Any = None  # heads.HeadWeights of a task model (BERT's pooler then lives there); None: none
 
     @property
     def head_dim(self) -> int:
@@ -113,12 +115,15 @@ class EncoderWeights:
         return list({id(lw): lw for lw in self.layers}.values())
 
 
-def extract(model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> EncoderWeights:
+def extract(model: torch.nn.Module, dtype: torch.dtype, device: torch.device,
+            allow_unused_weights: bool = False) -> EncoderWeights:
     """Copy a HF encoder's weights into EncoderWeights (the model itself is left untouched).
 
-    Task models (BertForSequenceClassification, ...) give their base model: the heads are not run.
-    Raises UnsupportedModelError naming what does not fit.
+    Task models (BertForSequenceClassification, ...) give their base model and their head (heads.py);
+    a model with a head padfree cannot run (BertForMaskedLM) is refused unless allow_unused_weights,
+    which runs its encoder alone. Raises UnsupportedModelError naming what does not fit.
     """
+    from .heads import extract_head  # heads.py imports this module's error
     base = getattr(model, "base_model", model)
     config = getattr(base, "config", None)
     if config is None:
@@ -145,6 +150,9 @@ def extract(model: torch.nn.Module, dtype: torch.dtype, device: torch.device) ->
         raise UnsupportedModelError(
             f"{type(base).__name__}: expected a BERT-, RoBERTa-, ELECTRA-, ALBERT- or DistilBERT-like model "
             "(embeddings + encoder.layer, encoder.albert_layer_groups or transformer.layer)")
+    weights.head = extract_head(model, base, take, allow_unused_weights)
+    if weights.head is not None:  # the head reads the pooler where it uses one; nothing else does
+        weights.pooler_weight = weights.pooler_bias = None
     _check_shapes(weights)
     for lw in weights.distinct_layers:
         colocate_projections(lw)

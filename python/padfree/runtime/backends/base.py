@@ -2,7 +2,11 @@
 
 A backend is anything with `limits`, `output_names` and `execute_packed`: the engine backend
 (padfree.runtime.backends.engine), the PyTorch-path backend (padfree.runtime.backends.encoder) or a test double.
-An optional `device` attribute says where execute_packed wants its inputs (CUDA when absent).
+An optional `device` attribute says where execute_packed wants its inputs (CUDA when absent); an
+optional `per_sequence_outputs` (a set of output names) says which outputs have one row per sequence
+(all others one per token). A backend without it is read by name (PER_SEQUENCE_OUTPUTS): the name
+alone cannot tell, as `logits` is per sequence for text classification and per token for token
+classification.
 """
 from __future__ import annotations
 
@@ -15,8 +19,20 @@ import torch
 
 from ...ops._tensors import InputError
 
-# Outputs with one row per sequence; every other output has one row per token.
+# Outputs with one row per sequence where a backend does not say (per_sequence_outputs_of).
 PER_SEQUENCE_OUTPUTS = frozenset({"pooler_output", "sentence_embedding"})
+
+
+def per_sequence_outputs_of(backend: Any) -> frozenset[str]:
+    """The backend's outputs with one row per sequence: its own per_sequence_outputs, else by name."""
+    declared = getattr(backend, "per_sequence_outputs", None)
+    if declared is None:
+        return frozenset(n for n in backend.output_names if n in PER_SEQUENCE_OUTPUTS)
+    unknown = set(declared) - set(backend.output_names)
+    if unknown:
+        raise TypeError(f"{type(backend).__name__}.per_sequence_outputs names {sorted(unknown)}, which are not"
+                        f" among its output_names {list(backend.output_names)}")
+    return frozenset(declared)
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,10 @@ class EncoderBackend:
         names = getattr(encoder, "output_names", None)
         self.output_names = list(names) if names is not None else (
             ["last_hidden_state"] + (["pooler_output"] if _has_pooler(encoder) else []))
+        # a task model's logits are per sequence or per token by its head, not by name
+        declared = getattr(encoder, "per_sequence_outputs", None)
+        if declared is not None:
+            self.per_sequence_outputs = frozenset(declared)
         # the Runtime copies every chunk's outputs out, so the encoder's own copy can be skipped
         params = inspect.signature(encoder.forward_packed).parameters
         self._extra = {"copy": False} if "copy" in params else {}

@@ -39,6 +39,21 @@ def open_engine(path: str | os.PathLike, plugin_library_path: str | os.PathLike 
                          allow_plugin_mismatch=allow_plugin_mismatch)
 
 
+def per_sequence_from_sidecar(metadata: dict) -> frozenset[str] | None:
+    """The outputs with one row per sequence, from the shapes the sidecar records (engines/model_info.py):
+    packed, those whose first axis is not input_ids' (T); padded, those without input_ids' [B, S]
+    leading axes. None where the sidecar records no shapes."""
+    ids = next((t for t in metadata.get("inputs", ()) if t.get("name") == "input_ids"), None)
+    outputs = metadata.get("outputs", ())
+    if ids is None or not isinstance(ids.get("shape"), list) or \
+            any(not isinstance(t.get("shape"), list) for t in outputs):
+        return None
+    lead = ids["shape"][:1] if metadata["model"]["io"] == "packed" else ids["shape"][:2]
+    if any(not isinstance(d, str) or d == "?" for d in lead):  # unnamed axes cannot be matched
+        return None
+    return frozenset(t["name"] for t in outputs if t["shape"][:len(lead)] != lead)
+
+
 class EngineBackend:
     """limits, output_names, device and execute_packed over one engine file."""
 
@@ -59,6 +74,9 @@ class EngineBackend:
         self.profiles = [Profile(p["max_tokens"], p["max_batch"], p["max_seqlen"]) for p in self.metadata["profiles"]]
         self.limits = self._limits()
         self.output_names = [t["name"] for t in self.metadata["outputs"]]
+        per_sequence = per_sequence_from_sidecar(self.metadata)
+        if per_sequence is not None:  # a sidecar without shapes: the Runtime reads outputs by name
+            self.per_sequence_outputs = per_sequence
         self._input_dtypes = {t["name"]: _TORCH_DTYPES[t["dtype"]] for t in self.metadata["inputs"]}
         if not torch.cuda.is_available():
             raise EngineError(f"{self.path}: the engine and its sidecar check out, but running it needs a CUDA device"
@@ -195,7 +213,10 @@ class EngineBackend:
     def _unpad(self, outputs: dict[str, torch.Tensor], cu_seqlens: torch.Tensor, tokens: int, batch: int):
         from padfree.ops import padding
         out = {}
+        per_sequence = getattr(self, "per_sequence_outputs", None)
         for name, value in outputs.items():
-            per_token = value.dim() >= 3 and value.shape[0] == batch
+            # question answering's start_logits [B, S] are per token with two dims
+            per_token = value.dim() >= 3 and value.shape[0] == batch if per_sequence is None else \
+                name not in per_sequence
             out[name] = padding.remove_padding(value.contiguous(), cu_seqlens, tokens) if per_token else value
         return out

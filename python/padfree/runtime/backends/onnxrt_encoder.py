@@ -24,7 +24,7 @@ import torch
 
 from ..._lib import PadfreeError
 from ...ops._tensors import INT32_MAX
-from .base import PER_SEQUENCE_OUTPUTS, Limits, check_chunk_limits, check_packed
+from .base import Limits, check_chunk_limits, check_packed
 
 __all__ = ["OnnxrtEncoderBackend", "is_encoder_export"]
 
@@ -80,13 +80,9 @@ class OnnxrtEncoderBackend:
         self.output_names = list(facts.outputs)
         self._inputs = {i.name for i in self.session.get_inputs()}
         self._token_outputs = token_outputs(model)     # padded form only: outputs with [B, S] leading axes
-        # The Runtime shapes outputs by name (backends/base.py PER_SEQUENCE_OUTPUTS): a per-sequence output it
-        # would take for a per-token one (text-classification's logits) is refused here, not met in run()
-        unshaped = [n for n in _per_sequence(model, facts.io, self._token_outputs) if n not in PER_SEQUENCE_OUTPUTS]
-        if unshaped:
-            raise PadfreeError(f"{self.folder}: {', '.join(unshaped)} has one row per sequence, and the Runtime shapes"
-                               f" only {', '.join(sorted(PER_SEQUENCE_OUTPUTS))} so; it cannot serve this"
-                               f" {report.get('task')} export yet (padfree check OUT/{name} checks it on the CPU)")
+        # read from the graph's output shapes: text-classification's logits are per sequence, token-
+        # classification's per token, under one name
+        self.per_sequence_outputs = frozenset(_per_sequence(model, facts.io, self._token_outputs))
         self.limits = Limits(
             max_tokens=min(DEFAULT_MAX_TOKENS if max_tokens is None else int(max_tokens), INT32_MAX),
             max_batch=min(DEFAULT_MAX_BATCH if max_batch is None else int(max_batch), INT32_MAX),
