@@ -165,3 +165,30 @@ def test_cli_exports_a_classifier_directory_with_its_head(tmp_path, capsys):
     assert "logits" in capsys.readouterr().out
     assert main(["export", str(tmp_path / "hf"), "-o", str(out), "--task", "feature-extraction"]) == 2
     assert "--allow-unused-weights" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("model_cls, per_sequence", [("BertForSequenceClassification", True),
+                                                     ("BertForTokenClassification", False)])
+def test_runtime_serves_a_task_export_folder_per_sequence_or_per_token(tmp_path, model_cls, per_sequence):
+    """Both tasks' output is `logits`: the folder backend reads per sequence / per token from the graph's
+    output shapes, and the Runtime shapes them so, against the HF model the export was made from."""
+    import numpy as np
+    import torch
+    import transformers
+
+    from padfree.export.pipeline import export
+    from padfree.runtime import Runtime
+
+    _saved(tmp_path / "hf", model_cls)
+    export(str(tmp_path / "hf"), tmp_path / "out")
+    runtime = Runtime(tmp_path / "out")
+    assert runtime.per_sequence_outputs == ({"logits"} if per_sequence else set())
+    model = getattr(transformers, model_cls).from_pretrained(tmp_path / "hf").eval()
+    rng = np.random.default_rng(0)
+    sequences = [rng.integers(5, 90, n).tolist() for n in (7, 1, 12)]
+    got = runtime.run(sequences)["logits"]
+    for i, seq in enumerate(sequences):
+        with torch.no_grad():
+            want = model(input_ids=torch.tensor([seq])).logits[0]
+        row = got[i]
+        assert row.shape == want.shape and torch.allclose(row.float(), want, atol=1e-4)

@@ -22,7 +22,8 @@ TASKS = {"seq": "ForSequenceClassification", "token": "ForTokenClassification", 
 CONFIGS = {
     "bert": ("BertConfig", "Bert", dict(type_vocab_size=2)),
     "roberta": ("RobertaConfig", "Roberta", dict(type_vocab_size=1, pad_token_id=1, max_position_embeddings=98)),
-    "distilbert": ("DistilBertConfig", "DistilBert", dict(dim=HIDDEN, n_heads=HEADS, n_layers=12, hidden_dim=4 * HIDDEN)),
+    "distilbert": ("DistilBertConfig", "DistilBert",
+                   dict(dim=HIDDEN, n_heads=HEADS, n_layers=12, hidden_dim=4 * HIDDEN)),
     "electra": ("ElectraConfig", "Electra", dict(embedding_size=32, type_vocab_size=2)),
 }
 # (family, task) pairs on the CPU: every head of BERT, and the other families' own head structures

@@ -246,8 +246,9 @@ class PadfreeEncoder(GraphCapture, Speculation):
         that would synchronize (the kernels clamp ids to stay memory-safe): validate first, as
         padfree.runtime and the HF-style call do. With graphs on, a call whose bucket has no graph yet
         captures one, which synchronizes the device; later calls in that bucket only enqueue.
-        copy=False returns last_hidden_state (sentence_embedding, a head's outputs) as a view of a graph's static output,
-        overwritten by the next call that uses the same bucket (pooler_output is always a tensor of its own).
+        copy=False returns last_hidden_state (sentence_embedding, a head's outputs) as a view of a graph's
+        static output, overwritten by the next call that uses the same bucket (pooler_output is always a
+        tensor of its own).
         """
         self._check_packed(input_ids, cu_seqlens, max_seqlen, token_type_ids)
         tokens, batch = input_ids.shape[0], cu_seqlens.shape[0] - 1
@@ -327,7 +328,8 @@ class PadfreeEncoder(GraphCapture, Speculation):
     def _served(g: _Graph, batch: Batch):
         g.replays += 1
         return (g.hidden[:batch.total_tokens], None if g.pooled is None else g.pooled[:batch.batch],
-                None if g.head_rows is None else g.head_rows[:batch.total_tokens], g.inputs.cu_seqlens[:batch.batch + 1])
+                None if g.head_rows is None else g.head_rows[:batch.total_tokens],
+                g.inputs.cu_seqlens[:batch.batch + 1])
 
     def _input_buffer(self, tokens: int, batch: int) -> InputBuffer:
         """The encoder's input buffer, grown to hold `tokens` and `batch` where it does not. Growing drops
