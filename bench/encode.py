@@ -244,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     if device.type != "cuda" and not args.quick:
         parser.error("the benchmark runs on a CUDA device; --quick runs the smoke test on the CPU")
     from padfree import env
+    from padfree.bench import record
     from padfree.bench.record import provenance
     from padfree.bench.timing import gpu_slug
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
@@ -255,11 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         out = None
     else:
         out = args.out or os.path.join(ROOT, "bench", "results", f"encode-{gpu_slug(name)}.json")
-        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        with open(out, "w") as f:
-            json.dump(result, f, indent=1)
-            f.write("\n")
-        print(f"wrote {out}")
+        record.write(result, out)
     if not result["accuracy"]["padfree_agrees"]:
         print(f"padfree's embeddings differ from the float32 model by more than {args.atol}", file=sys.stderr)
         return 1

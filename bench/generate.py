@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
                              "skipped with a message where ctranslate2 is not importable")
     parser.add_argument("--out", default=None, help="JSON report (default bench/results/generate-<gpu>.json)")
     args = parser.parse_args(argv)
-    from padfree.bench import timing
+    from padfree.bench import record, timing
     args.ctranslate2_skipped, args.ctranslate2_options = [], {}
     ct2_version = ctranslate2_version() if args.ctranslate2 else None
     if args.ctranslate2 and ct2_version is None:
@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
               "device": device_name, "dtype": str(dtype),
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "torch": torch.__version__, "transformers": transformers.__version__, "cuda": torch.version.cuda,
-              "commit": timing.commit(ROOT), "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
+              "commit": record.commit(ROOT), "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
               "copy_bandwidth_gbs": bandwidth / 1e9,
               "sources": "lengths uniform in [8, 64], torch.Generator seed 7",
               "timing": ("CUDA events" if device.type == "cuda" else "perf_counter")
@@ -350,10 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     report["rows"] = rows
     out = args.out or os.path.join(ROOT, "bench", "results",
                                    f"generate-{timing.gpu_slug(device_name)}{'-quick' if args.quick else ''}.json")
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(report, f, indent=1)
-    print(f"wrote {out}")
+    record.write(report, out)
     return 0
 
 

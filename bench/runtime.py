@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import statistics
 import sys
@@ -227,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.host_only and not torch.cuda.is_available():
         parser.error("the benchmark runs on a CUDA device; --host-only times the host work anywhere")
     from padfree import env
-    from padfree.bench import timing
+    from padfree.bench import record
     from padfree.bench.timing import gpu_slug, host_loop_ms
     loop_start = host_loop_ms()
     if args.host_only:
@@ -245,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
               "device": device, "dtype": None if args.host_only else "float16",
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "torch": torch.__version__, "transformers": transformers.__version__, "cuda": torch.version.cuda,
-              "commit": timing.commit(ROOT), "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
+              "commit": record.commit(ROOT), "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
               "environment": env.snapshot(), "host_loop_ms": {"start": loop_start, "end": host_loop_ms()},
               "lengths": "lognormal, median longest/2, sigma 0.5, clipped to [1, longest], numpy seed 0",
               "timing": (f"CUDA events per call, median of {args.reps} after {args.warmup} warm-up calls; host_ms:"
@@ -256,11 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.host_only and args.out is None:
         return 0
     out = args.out or os.path.join(ROOT, "bench", "results", f"runtime-{gpu_slug(device)}.json")
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(report, f, indent=1)
-        f.write("\n")
-    print(f"wrote {out}")
+    record.write(report, out)
     return 0
 
 

@@ -37,3 +37,13 @@ def provenance(root: str | None = None, program: str = "padfree") -> dict:
         record["commit"] = commit(root)
     record["command"] = " ".join([program] + sys.argv[1:])
     return record
+
+
+def write(report: dict, out: str) -> None:
+    """The result file (bench/results/<name>-<gpu>.json by default), its folder made where missing."""
+    import json
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(report, f, indent=1)
+        f.write("\n")
+    print(f"wrote {out}")

@@ -20,16 +20,6 @@ def lengths_for(batch: int, max_seqlen: int) -> list[int]:
     return torch.randint(max(1, int(0.2 * max_seqlen)), max_seqlen + 1, (batch,), generator=gen).tolist()
 
 
-def commit(root) -> str:
-    """The checkout's HEAD commit (a result file records the code that ran), or "unknown"."""
-    import subprocess
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def gpu_slug(name: str) -> str:
     known = re.search(r"(gh200|h100|h200|h20|b200|a100|a10g|l40s|l40|l4|t4)", name.lower())
     return known.group(1) if known else re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
