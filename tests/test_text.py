@@ -282,10 +282,10 @@ def test_where_the_tokenizer_is_looked_for(plain, tmp_path):
         Runtime(str(tmp_path))
 
 
-def test_an_export_the_runtime_cannot_shape_is_refused_in_one_line(tmp_path):
-    """text-classification's logits have one row per sequence, which run() would take for per-token."""
-    from padfree._lib import PadfreeError
-
+def test_a_text_classification_export_answers_per_sequence(tmp_path):
+    """text-classification's logits have one row per sequence: the export folder's backend declares it
+    (from the graph's output shapes), so run() returns one row per sequence, not per token."""
     export("tiny-bert", tmp_path, task="text-classification")
-    with pytest.raises(PadfreeError, match="logits has one row per sequence, and the Runtime shapes only"):
-        Runtime(str(tmp_path))
+    rt = Runtime(str(tmp_path))
+    out = rt.run([[101, 7, 8, 102], [101, 9, 102], [101, 5, 6, 7, 8, 102]])
+    assert out["logits"].dim() == 2 and out["logits"].shape[0] == 3      # one row per sequence, not per token
