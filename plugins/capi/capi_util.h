@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <sstream>
 #include <string>
 
@@ -32,6 +33,14 @@ padfree_status check_launch(const char* what);
 // A failed CUDA API call as PADFREE_ERROR_CUDA, its error cleared first: a failed graph call may
 // leave it sticky for the next launch check.
 padfree_status cuda_failure(const char* what, cudaError_t err);
+
+// Whether the byte ranges [a, a + a_bytes) and [b, b + b_bytes) share no byte (an output a kernel
+// writes while other threads still read an input must not overlap it).
+inline bool disjoint(const void* a, int64_t a_bytes, const void* b, int64_t b_bytes) {
+    const char* a0 = static_cast<const char*>(a);
+    const char* b0 = static_cast<const char*>(b);
+    return a0 + a_bytes <= b0 || b0 + b_bytes <= a0;
+}
 
 }  // namespace padfree
 

@@ -167,18 +167,14 @@ padfree_status padfree_decode_linear(const void* x, const void* weight, const vo
     PADFREE_REQUIRE(element_aligned(bias) && element_aligned(residual) && element_aligned(ln_gamma) &&
                         element_aligned(ln_beta) && element_aligned(x_norm_out),
                     "decode_linear: bias, residual, ln_gamma, ln_beta and x_norm_out must be aligned to the dtype");
-    const char* x0 = static_cast<const char*>(x);
-    const char* o0 = static_cast<const char*>(out);
     const int64_t x_bytes = static_cast<int64_t>(rows) * in_features * element;
     const int64_t o_bytes = static_cast<int64_t>(rows) * out_features * element;
-    PADFREE_REQUIRE(o0 + o_bytes <= x0 || x0 + x_bytes <= o0, "decode_linear: out must not overlap x");
-    PADFREE_REQUIRE(residual == nullptr || residual == out ||
-                        static_cast<const char*>(residual) + o_bytes <= o0 || o0 + o_bytes <= static_cast<const char*>(residual),
+    PADFREE_REQUIRE(disjoint(out, o_bytes, x, x_bytes), "decode_linear: out must not overlap x");
+    PADFREE_REQUIRE(residual == nullptr || residual == out || disjoint(residual, o_bytes, out, o_bytes),
                     "decode_linear: residual must be out itself or not overlap it");
     if (x_norm_out != nullptr) {
-        const char* n0 = static_cast<const char*>(x_norm_out);
-        PADFREE_REQUIRE(n0 + x_bytes <= x0 || x0 + x_bytes <= n0, "decode_linear: x_norm_out must not overlap x");
-        PADFREE_REQUIRE(n0 + x_bytes <= o0 || o0 + o_bytes <= n0, "decode_linear: x_norm_out must not overlap out");
+        PADFREE_REQUIRE(disjoint(x_norm_out, x_bytes, x, x_bytes), "decode_linear: x_norm_out must not overlap x");
+        PADFREE_REQUIRE(disjoint(x_norm_out, x_bytes, out, o_bytes), "decode_linear: x_norm_out must not overlap out");
     }
     DecodeLinearArgs args{x, weight, bias, residual, ln_gamma, ln_beta, out, x_norm_out, rows, in_features,
                           out_features, eps, static_cast<DecodeActivation>(activation)};

@@ -33,10 +33,8 @@ padfree_status padfree_beam_reorder_cache_indir(const int32_t* cache_indir, cons
     const uintptr_t align = max_len % 4 == 0 ? 16 : 4;
     PADFREE_REQUIRE(reinterpret_cast<uintptr_t>(cache_indir) % align == 0 && reinterpret_cast<uintptr_t>(out) % align == 0,
                     "beam_reorder_cache_indir: cache_indir and out must be ", align, "-byte aligned");
-    const char* a0 = reinterpret_cast<const char*>(cache_indir);
-    const char* b0 = reinterpret_cast<const char*>(out);
     const int64_t bytes = static_cast<int64_t>(rows) * max_len * 4;
-    PADFREE_REQUIRE(a0 + bytes <= b0 || b0 + bytes <= a0, "beam_reorder_cache_indir: out must not overlap cache_indir");
+    PADFREE_REQUIRE(disjoint(cache_indir, bytes, out, bytes), "beam_reorder_cache_indir: out must not overlap cache_indir");
     launch_beam_reorder_cache_indir(cache_indir, parents, step, rows, max_len, out, as_cuda_stream(stream));
     return check_launch("beam_reorder_cache_indir");
     PADFREE_CAPI_GUARD_END

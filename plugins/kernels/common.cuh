@@ -124,6 +124,11 @@ __host__ __device__ constexpr I ceil_div(I a, I b) {
     return (a + b - 1) / b;
 }
 
+// bytes rounded up to a whole number of 16-byte vectors: where a workspace's next part starts.
+__host__ __device__ constexpr int64_t round_up_vectors(int64_t bytes) {
+    return ceil_div<int64_t>(bytes, kVectorBytes) * kVectorBytes;
+}
+
 // Softmax kernels work in base 2 (exp2 is one instruction): exp(x) = exp2(x * log2 e), so scores
 // are scaled by softmax_scale * kLog2e once.
 constexpr float kLog2e = 1.4426950408889634f;

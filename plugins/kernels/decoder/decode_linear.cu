@@ -29,12 +29,6 @@ constexpr int kTile = kWarps * kFeaturesPerWarp;  // output features per block i
 constexpr int kUnroll = 8;                         // 16-byte weight vectors in flight per lane and feature
 constexpr int kBlocksPerSm = 4;
 
-__device__ __forceinline__ float warp_reduce_sum(float v) {
-#pragma unroll
-    for (int offset = kWarpSize / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-    return v;
-}
-
 // Two adjacent elements as floats (one conversion instruction for the half types).
 __device__ __forceinline__ float2 pair_to_float2(const float* p) { return make_float2(p[0], p[1]); }
 __device__ __forceinline__ float2 pair_to_float2(const __half* p) {
@@ -157,7 +151,7 @@ __global__ void __launch_bounds__(kThreads) decode_linear_kernel(DecodeLinearArg
 #pragma unroll
                 for (int e = 0; e < V; ++e) s += to_float(xv.v[e]);
             }
-            const float mean = warp_reduce_sum(s) / K;
+            const float mean = warp_sum(s) / K;
             float q = 0.f;
             for (int v = lane; v < kvecs; v += kWarpSize) {
                 const Vec<T> xv = load_vec(row + v * V);
@@ -167,7 +161,7 @@ __global__ void __launch_bounds__(kThreads) decode_linear_kernel(DecodeLinearArg
                     q += d * d;
                 }
             }
-            const float rstd = rsqrtf(warp_reduce_sum(q) / K + a.eps);
+            const float rstd = rsqrtf(warp_sum(q) / K + a.eps);
             T* side = a.x_norm_out != nullptr && blockIdx.x == 0
                           ? static_cast<T*>(a.x_norm_out) + static_cast<int64_t>(m) * K
                           : nullptr;

@@ -401,8 +401,7 @@ size_t merge_smem(const LogitsTopkArgs& args) {
 int64_t logits_topk_workspace_bytes(int32_t rows, int32_t vocab, int32_t k) {
     const int64_t blocks = static_cast<int64_t>(rows) * chunks_of(vocab);
     // stats (float2), then values (float) and ids (int32), each rounded up to 16 bytes
-    const auto round16 = [](int64_t b) { return (b + 15) / 16 * 16; };
-    return round16(blocks * 8) + 2 * round16(blocks * k * 4);
+    return round_up_vectors(blocks * 8) + 2 * round_up_vectors(blocks * k * 4);
 }
 
 cudaError_t launch_logits_topk(const LogitsTopkArgs& args, void* workspace, padfree_dtype dtype,
@@ -410,11 +409,11 @@ cudaError_t launch_logits_topk(const LogitsTopkArgs& args, void* workspace, padf
     if (args.rows == 0) return cudaSuccess;
     const int32_t nchunks = chunks_of(args.vocab);
     const int64_t blocks = static_cast<int64_t>(args.rows) * nchunks;
-    const auto round16 = [](int64_t b) { return (b + 15) / 16 * 16; };
     char* ws = static_cast<char*>(workspace);
     float2* stats = reinterpret_cast<float2*>(ws);
-    float* cand_value = reinterpret_cast<float*>(ws + round16(blocks * 8));
-    int32_t* cand_id = reinterpret_cast<int32_t*>(ws + round16(blocks * 8) + round16(blocks * args.k * 4));
+    float* cand_value = reinterpret_cast<float*>(ws + round_up_vectors(blocks * 8));
+    int32_t* cand_id =
+        reinterpret_cast<int32_t*>(ws + round_up_vectors(blocks * 8) + round_up_vectors(blocks * args.k * 4));
     const size_t smem = merge_smem(args);
     cudaError_t err = cudaSuccess;
     dispatch_dtype(dtype, [&](auto tag) {

@@ -268,14 +268,21 @@ __global__ void __launch_bounds__(kThreads) greedy_step_kernel(GreedyStepArgs a)
     allow_consumers();
 }
 
-constexpr int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
+// Where the workspace's parts start: the sequence scratch at 0, the indirection scratch, the counters.
+struct WorkspaceLayout {
+    int64_t indir;
+    int64_t counters;
+};
+
+WorkspaceLayout workspace_layout(int32_t batch, int32_t beams, int32_t max_length, int32_t indir_len) {
+    const int64_t indir = round_up_vectors(int64_t{batch} * 2 * beams * max_length * sizeof(int64_t));
+    return {indir, indir + round_up_vectors(int64_t{batch} * beams * indir_len * sizeof(int32_t))};
+}
 
 }  // namespace
 
 int64_t beam_search_counters_offset(int32_t batch, int32_t beams, int32_t max_length, int32_t indir_len) {
-    const int64_t seq = align16(int64_t{batch} * 2 * beams * max_length * 8);
-    const int64_t indir = align16(int64_t{batch} * beams * indir_len * 4);
-    return seq + indir;
+    return workspace_layout(batch, beams, max_length, indir_len).counters;
 }
 
 int64_t beam_search_workspace_bytes(int32_t batch, int32_t beams, int32_t max_length, int32_t indir_len) {
@@ -285,11 +292,10 @@ int64_t beam_search_workspace_bytes(int32_t batch, int32_t beams, int32_t max_le
 void launch_beam_search_step(const BeamSearchStepArgs& args, cudaStream_t stream) {
     if (args.batch == 0) return;
     char* ws = static_cast<char*>(args.workspace);
+    const WorkspaceLayout layout = workspace_layout(args.batch, args.beams, args.max_length, args.indir_len);
     auto* seq_scratch = reinterpret_cast<int64_t*>(ws);
-    auto* indir_scratch = reinterpret_cast<int32_t*>(
-        ws + align16(int64_t{args.batch} * 2 * args.beams * args.max_length * 8));
-    auto* counters = reinterpret_cast<int32_t*>(
-        ws + beam_search_counters_offset(args.batch, args.beams, args.max_length, args.indir_len));
+    auto* indir_scratch = reinterpret_cast<int32_t*>(ws + layout.indir);
+    auto* counters = reinterpret_cast<int32_t*>(ws + layout.counters);
     launch_kernel(beam_search_step_kernel, dim3(args.batch), dim3(kThreads), 0, stream, args, seq_scratch,
                   indir_scratch, counters);
 }
