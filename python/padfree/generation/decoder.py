@@ -122,6 +122,26 @@ class Decoder:
         self.cu_seqlens.copy_(sources.cu_seqlens)
         self.step.zero_()
 
+    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The step's input rows: the tokens' embeddings at position `step`."""
+        w = self.weights
+        positions = self.step.long().expand(self.rows)
+        return embed(w.decoder, tokens, position_rows(w.spec, w.pad_token_id, positions, tokens), self.positions)
+
+    def _self_attention(self, i: int, qkv: torch.Tensor) -> torch.Tensor:
+        """Layer i's masked self-attention over its cache for this step's fused QKV (bias not yet added)."""
+        attn = self.weights.decoder.layers[i].self_attn
+        return self.ops.decoder_self_attention(qkv, self.k_cache[i], self.v_cache[i], self.indir, self.step,
+                                               self.weights.decoder.num_heads, qkv_bias=attn.qkv_bias,
+                                               softmax_scale=1.0, workspace=self.ws_self)
+
+    def _cross_attention(self, i: int, q: torch.Tensor) -> torch.Tensor:
+        """Layer i's cross-attention over the packed sources' K/V for this step's Q (bias not yet added)."""
+        cross = self.weights.decoder.layers[i].cross_attn
+        return self.ops.cross_attention(q, self.kv_mem[i], self.cu_seqlens, self.max_seqlen, self.rows_per_source,
+                                        self.weights.decoder.num_heads, q_bias=cross.q_bias, softmax_scale=1.0,
+                                        workspace=self.ws_cross)
+
     def logits(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits [rows, V'] (weights' dtype, bias not added; V' = weights.step_lm_head's rows, the padded
         ids get -inf from weights.step_logits_bias) for the next token after `tokens` (int64 [rows], the
@@ -130,9 +150,7 @@ class Decoder:
             return self.logits_few_rows(tokens)
         w, spec = self.weights, self.weights.spec
         stack = w.decoder
-        heads = stack.num_heads
-        positions = self.step.long().expand(self.rows)
-        x = embed(stack, tokens, position_rows(spec, w.pad_token_id, positions, tokens), self.positions)
+        x = self._embed(tokens)
         skip_ln = self.ops.skip_layernorm
         sums = self.bias_sums
 
@@ -156,14 +174,10 @@ class Decoder:
         for i, layer in enumerate(stack.layers):
             attn, cross, f = layer.self_attn, layer.cross_attn, layer.ffn
             h = norm(x, attn.ln, 3 * i) if spec.pre_ln else x
-            qkv = F.linear(h, attn.qkv_weight)
-            o = self.ops.decoder_self_attention(qkv, self.k_cache[i], self.v_cache[i], self.indir, self.step, heads,
-                                                qkv_bias=attn.qkv_bias, softmax_scale=1.0, workspace=self.ws_self)
+            o = self._self_attention(i, F.linear(h, attn.qkv_weight))
             x = close(x, o, attn.out_weight, attn.out_bias, attn.ln)
             h = norm(x, cross.ln, 3 * i + 1) if spec.pre_ln else x
-            q = F.linear(h, cross.q_weight)
-            o = self.ops.cross_attention(q, self.kv_mem[i], self.cu_seqlens, self.max_seqlen, self.rows_per_source,
-                                         heads, q_bias=cross.q_bias, softmax_scale=1.0, workspace=self.ws_cross)
+            o = self._cross_attention(i, F.linear(h, cross.q_weight))
             x = close(x, o, cross.out_weight, cross.out_bias, cross.ln)
             h = norm(x, f.ln, 3 * i + 2) if spec.pre_ln else x
             x = close(x, ffn_up(h, f, w.activation), f.fc2_weight, f.fc2_bias, f.ln)
@@ -180,10 +194,8 @@ class Decoder:
         its bias, activation and residual; the two attentions between."""
         w, spec = self.weights, self.weights.spec
         stack = w.decoder
-        heads = stack.num_heads
         linear = self.ops.decode_linear
-        positions = self.step.long().expand(self.rows)
-        x = embed(stack, tokens, position_rows(spec, w.pad_token_id, positions, tokens), self.positions)
+        x = self._embed(tokens)
         pending = None      # post-LN: x is a sublayer's sum, awaiting this LayerNorm
 
         def enter(x, ln, weight, **kwargs):
@@ -199,13 +211,11 @@ class Decoder:
         for i, layer in enumerate(stack.layers):
             attn, cross, f = layer.self_attn, layer.cross_attn, layer.ffn
             qkv, res = enter(x, attn.ln, attn.qkv_weight)
-            o = self.ops.decoder_self_attention(qkv, self.k_cache[i], self.v_cache[i], self.indir, self.step, heads,
-                                                qkv_bias=attn.qkv_bias, softmax_scale=1.0, workspace=self.ws_self)
+            o = self._self_attention(i, qkv)
             x = linear(o, attn.out_weight, attn.out_bias, residual=res)
             pending = attn.ln
             q, res = enter(x, cross.ln, cross.q_weight)
-            o = self.ops.cross_attention(q, self.kv_mem[i], self.cu_seqlens, self.max_seqlen, self.rows_per_source,
-                                         heads, q_bias=cross.q_bias, softmax_scale=1.0, workspace=self.ws_cross)
+            o = self._cross_attention(i, q)
             x = linear(o, cross.out_weight, cross.out_bias, residual=res)
             pending = cross.ln
             h, res = enter(x, f.ln, f.fc1_weight, bias=f.fc1_bias, activation=w.activation)

@@ -88,6 +88,12 @@ class DecoderOps:
         if source != "kernel":
             log.info("padfree.generation: %s on %s runs the torch %s", name, self.device, source)
 
+    def _refused(self, name: str, error: Exception) -> None:
+        """The kernel of `name` refused a configuration: the reference serves it from now on (logged)."""
+        log.warning("padfree.generation: %s kernel refused this configuration (%s); using the torch "
+                    "reference from now on", name, error)
+        self._bind(name, getattr(reference_ops, name), f"reference: kernel refused ({error})")
+
     def _guarded(self, name: str, kernel: Callable, reference: Callable) -> Callable:
         """kernel, replaced by the reference on its first KernelUnsupportedError (logged)."""
         from .._lib import KernelUnsupportedError
@@ -96,9 +102,7 @@ class DecoderOps:
             try:
                 return kernel(*args, **kwargs)
             except KernelUnsupportedError as e:
-                log.warning("padfree.generation: %s kernel refused this configuration (%s); using the torch "
-                            "reference from now on", name, e)
-                self._bind(name, reference, f"reference: kernel refused ({e})")
+                self._refused(name, e)
                 return reference(*args, **kwargs)   # the reference takes (and ignores) workspace=
         return call
 
@@ -121,9 +125,7 @@ class DecoderOps:
                               "cross_attention": "padfree_decoder_cross_attention_workspace_size"}[name]
                     nbytes = kernels_decoder._workspace_bytes(symbol, torch.cuda.current_device(), *sizes)
         except KernelUnsupportedError as e:   # e.g. a head_dim the kernels are not built for
-            log.warning("padfree.generation: %s kernel refused this configuration (%s); using the torch "
-                        "reference from now on", name, e)
-            self._bind(name, getattr(reference_ops, name), f"reference: kernel refused ({e})")
+            self._refused(name, e)
             return None
         if nbytes == 0:
             return None
