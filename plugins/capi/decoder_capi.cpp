@@ -33,10 +33,7 @@ padfree_status check_scale(const char* what, float softmax_scale) {
 
 bool aligned4(const void* p) { return reinterpret_cast<uintptr_t>(p) % 4 == 0; }
 
-padfree_status configured(const char* what, cudaError_t err) {
-    if (err == cudaErrorInvalidValue)
-        return padfree::fail(PADFREE_ERROR_INVALID_ARGUMENT, what,
-                             ": workspace too small (see the *_workspace_size call)");
+padfree_status launched(const char* what, cudaError_t err) {
     if (err != cudaSuccess) return padfree::cuda_failure(what, err);
     return padfree::check_launch(what);
 }
@@ -83,7 +80,7 @@ padfree_status padfree_decoder_self_attention(const void* qkv, const void* qkv_b
     PADFREE_REQUIRE(step != nullptr && aligned4(step), "step must be a 4-byte aligned device pointer");
     SelfAttentionArgs args{qkv, qkv_bias, k_cache, v_cache, cache_indir, step, out,
                            rows, num_heads, head_dim, max_len, softmax_scale};
-    return configured("decoder_self_attention",
+    return launched("decoder_self_attention",
                       launch_self_attention(args, workspace, workspace_bytes, dtype, as_cuda_stream(stream)));
     PADFREE_CAPI_GUARD_END
 }
@@ -130,7 +127,7 @@ padfree_status padfree_decoder_cross_attention(const void* q, const void* q_bias
     CrossAttentionArgs args{q, q_bias, kv_mem, cu_seqlens, out, batch * num_beams, batch, num_beams,
                             static_cast<int32_t>(std::min<int64_t>(total_tokens, INT32_MAX)), max_seqlen,
                             num_heads, head_dim, softmax_scale};
-    return configured("decoder_cross_attention",
+    return launched("decoder_cross_attention",
                       launch_cross_attention(args, workspace, workspace_bytes, dtype, as_cuda_stream(stream)));
     PADFREE_CAPI_GUARD_END
 }
@@ -178,9 +175,7 @@ padfree_status padfree_decode_linear(const void* x, const void* weight, const vo
     }
     DecodeLinearArgs args{x, weight, bias, residual, ln_gamma, ln_beta, out, x_norm_out, rows, in_features,
                           out_features, eps, static_cast<DecodeActivation>(activation)};
-    const cudaError_t err = launch_decode_linear(args, dtype, as_cuda_stream(stream));
-    if (err != cudaSuccess) return cuda_failure("decode_linear", err);
-    return check_launch("decode_linear");
+    return launched("decode_linear", launch_decode_linear(args, dtype, as_cuda_stream(stream)));
     PADFREE_CAPI_GUARD_END
 }
 

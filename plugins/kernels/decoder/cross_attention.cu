@@ -17,7 +17,6 @@ cudaError_t launch_cross_attention(const CrossAttentionArgs& args, void* workspa
     decoder::DecoderAttentionArgs a{};
     a.splits = decoder::fitting_splits(row_heads, args.max_seqlen, args.head_dim,
                                        workspace != nullptr ? workspace_bytes : 0);
-    if (a.splits == 0) return cudaErrorInvalidValue;
     a.q = args.q;
     a.q_bias = args.q_bias;
     a.q_row_stride = static_cast<int64_t>(args.num_heads) * args.head_dim;
@@ -31,7 +30,6 @@ cudaError_t launch_cross_attention(const CrossAttentionArgs& args, void* workspa
     a.partial = static_cast<float*>(workspace);
     a.rows = args.rows;
     a.num_heads = args.num_heads;
-    a.chunk_cap = ceil_div(args.max_seqlen, a.splits);
     a.scale_log2 = args.softmax_scale * kLog2e;
     return decoder::launch_decoder_attention<false>(a, args.head_dim, dtype, stream);
 }

@@ -1,8 +1,15 @@
 // One query row per hypothesis and head against a list of keys: the kernel shared by the decoder's
 // masked self-attention over the K/V cache (kSelf) and its cross-attention over packed encoder rows.
-// A CTA takes one (row, head, split) and a contiguous range of positions; where rows * heads leave
-// SMs idle the positions are split over CTAs and combined afterwards (split-K flash-decoding: each
-// split keeps its own max and sum, the combine rescales them, as in online softmax).
+//
+// A warp takes one (row, head, split) item and its positions with online softmax (a running max, sum
+// and output, rescaled as the max moves), loading each key's K and V vectors in the same round trip:
+// a decode step's items are short (tens of positions), so the time is the DRAM latency chain, and one
+// round trip per 16 keys (D = 64) is the shortest chain. Where items alone leave the GPU short of warps
+// (1x4: 64 items), up to 4 warps of a CTA share an item's positions and combine in shared memory; where
+// even that leaves SMs idle and the keys are long, the positions are split over CTAs and combined by a
+// second kernel (split-K flash-decoding). Items run row-fastest, so a CTA's warps hold neighbouring
+// rows: for cross-attention the beams of one source, whose K/V lines one warp brings into L1/L2 for
+// the others.
 #pragma once
 
 #include <math_constants.h>
@@ -15,11 +22,12 @@
 namespace padfree {
 namespace decoder {
 
-constexpr int kAttnThreads = 128;
-constexpr int kUnroll = 4;              // key vectors a thread has in flight
+constexpr int kAttnWarps = 4;
+constexpr int kAttnThreads = kAttnWarps * kWarpSize;
+constexpr int kUnroll = 4;              // keys per lane group and round trip (K and V vectors in flight)
 constexpr int kMinSplitPositions = 64;  // a split covers at least this many positions
 constexpr int kMaxSplits = 64;
-constexpr int kMaxChunkPositions = 8192;  // one CTA's scores in shared memory (32 KB)
+constexpr int kAttnMinBlocks = 4;       // CTAs per SM the registers must allow (16 warps: busy_warps)
 
 struct DecoderAttentionArgs {
     const void* q;       // self: qkv [rows, 3 * hidden]; cross: q [rows, hidden]
@@ -43,186 +51,207 @@ struct DecoderAttentionArgs {
     int32_t rows;
     int32_t num_heads;
     int32_t splits;
-    int32_t chunk_cap;  // positions one CTA may take: the scores' shared-memory size
-    float scale_log2;   // softmax_scale * log2(e): scores in base 2 (exp2)
+    int32_t warps_per_item;  // 1, 2 or 4: the warps of a CTA that share one item's positions
+    float scale_log2;        // softmax_scale * log2(e): scores in base 2 (exp2)
 };
 
-template <typename T, int D, bool kSelf>
-__global__ void __launch_bounds__(kAttnThreads) decoder_attention_kernel(DecoderAttentionArgs a) {
+// An item's (max, sum, unnormalized output) into the output (unsplit) or its split's partial.
+template <typename T, int D>
+__device__ __forceinline__ void store_item(const DecoderAttentionArgs& a, int64_t rh, int split, float m, float l,
+                                           const float* o, int lane_vec) {
     constexpr int VEC = Vec<T>::size;
-    constexpr int G = D / VEC;             // threads per key: one 16-byte vector each
-    constexpr int KPI = kAttnThreads / G;  // keys per pass of the CTA
-    static_assert(G <= kWarpSize && kWarpSize % G == 0, "a key's threads sit in one warp");
-    extern __shared__ float scores[];  // [chunk_cap]
-    __shared__ __align__(16) float q_s[D];
-    __shared__ __align__(16) float kn_s[D];
-    __shared__ __align__(16) float vn_s[D];
-    __shared__ __align__(16) float red[KPI][D];
-    __shared__ float scratch[kWarpSize];
+    if (a.splits == 1) {
+        const float inv = l > 0.f ? 1.f / l : 0.f;  // l == 0: an empty source, zeros
+        float v[VEC];
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) v[i] = o[i] * inv;
+        store_vec(static_cast<T*>(a.out) + rh * D + lane_vec * VEC, vec_from_float<T>(v));
+    } else {
+        float* po = a.partial + (rh * a.splits + split) * D + lane_vec * VEC;
+#pragma unroll
+        for (int i = 0; i < VEC; i += 4) *reinterpret_cast<float4*>(po + i) = make_float4(o[i], o[i + 1], o[i + 2], o[i + 3]);
+        if (lane_vec == 0) {
+            float2* ml = reinterpret_cast<float2*>(a.partial + static_cast<int64_t>(a.rows) * a.num_heads * a.splits * D);
+            ml[rh * a.splits + split] = make_float2(m, l);
+        }
+    }
+}
 
-    const int row = blockIdx.x, head = blockIdx.y, split = blockIdx.z;
-    const int tid = threadIdx.x;
+template <typename T, int D, bool kSelf>
+__global__ void __launch_bounds__(kAttnThreads, kAttnMinBlocks) decoder_attention_kernel(DecoderAttentionArgs a) {
+    constexpr int VEC = Vec<T>::size;
+    constexpr int G = D / VEC;        // lanes per key: one 16-byte vector each
+    constexpr int KPW = kWarpSize / G;  // keys per warp and load
+    static_assert(G <= kWarpSize && kWarpSize % G == 0, "a key's lanes sit in one warp");
+    __shared__ __align__(16) float part_o[kAttnWarps][D];
+    __shared__ float2 part_ml[kAttnWarps];
+    // self-attention: this step's K and V of each warp's head (not read back from the cache, which
+    // another warp writes: attended from here, rounded to T as later steps read them)
+    __shared__ Vec<T> step_kv[kSelf ? kAttnWarps : 1][2][G];
+
+    const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+    const int g = lane / G, lane_vec = lane % G;
+    const int wpi = a.warps_per_item;
+    const int sub = warp % wpi;
+    const int64_t items = static_cast<int64_t>(a.rows) * a.num_heads * a.splits;
+    const int64_t item = static_cast<int64_t>(blockIdx.x) * (kAttnWarps / wpi) + warp / wpi;
+    const bool active = item < items;  // the same for the warps of one item
+    const int row = static_cast<int>(item % a.rows);
+    const int head = static_cast<int>((item / a.rows) % a.num_heads);
+    const int split = static_cast<int>(item / (static_cast<int64_t>(a.rows) * a.num_heads));
+    const int64_t rh = static_cast<int64_t>(row) * a.num_heads + head;
     const int hidden = a.num_heads * D;
-    const T* bias = static_cast<const T*>(a.q_bias);
     wait_on_producer();
 
-    int n, step = 0;
-    int64_t src_start = 0;
-    if constexpr (kSelf) {
-        step = min(max(*a.step, 0), a.max_len - 1);  // clamped: a bad step stays inside the cache
-        n = step + 1;
-    } else {
-        const int s = min(row / a.num_beams, a.batch - 1);
-        const int start = min(max(a.cu_seqlens[s], 0), a.total_tokens);
-        const int end = min(max(a.cu_seqlens[s + 1], start), a.total_tokens);
-        n = min(end - start, a.max_seqlen);
-        src_start = start;
-    }
-
-    // Q (pre-scaled), and for self-attention this step's K and V, which split 0 stores in the cache.
-    const T* qrow = static_cast<const T*>(a.q) + row * a.q_row_stride + head * D;
-    const int part = tid / G, lane_vec = tid % G;
-    if (part < (kSelf ? 3 : 1)) {
-        float v[VEC];
-        vec_to_float(load_vec(qrow + part * hidden + lane_vec * VEC), v);
-        if (bias != nullptr) add_vec<T>(v, load_vec_ro(bias + part * hidden + head * D + lane_vec * VEC));
-        if (part == 0) {
+    float m = -CUDART_INF_F, l = 0.f, o[VEC];
 #pragma unroll
-            for (int i = 0; i < VEC; ++i) q_s[lane_vec * VEC + i] = v[i] * a.scale_log2;
-        } else if constexpr (kSelf) {
-            // the cache holds T: attend to the rounded value, as later steps will
-            const Vec<T> stored = vec_from_float<T>(v);
-            float* dst = part == 1 ? kn_s : vn_s;
-#pragma unroll
-            for (int i = 0; i < VEC; ++i) dst[lane_vec * VEC + i] = to_float(stored.v[i]);
-            if (split == 0) {
-                T* cache = static_cast<T*>(part == 1 ? a.k_cache : a.v_cache);
-                const int64_t at = ((static_cast<int64_t>(row) * a.num_heads + head) * a.max_len + step) * D;
-                store_vec(cache + at + lane_vec * VEC, stored);
-            }
-        }
-    }
-    __syncthreads();
-
-    const int per = ceil_div(n, a.splits);
-    const int chunk = min(max(per, kMinSplitPositions), a.chunk_cap);
-    const int t0 = min(split * chunk, n);
-    const int t1 = min(t0 + chunk, n);
-
-    // Pointer to position t's K (or V at + v_offset) vector of this thread.
-    const T* kv_mem = static_cast<const T*>(a.kv_mem);
-    auto key_ptr = [&](const void* base, int t) -> const T* {
+    for (int i = 0; i < VEC; ++i) o[i] = 0.f;
+    if (active) {
+        int n, step = 0;
+        int64_t src_start = 0;
         if constexpr (kSelf) {
-            const int src = min(max(a.cache_indir[static_cast<int64_t>(row) * a.max_len + t], 0), a.rows - 1);
-            return static_cast<const T*>(base) +
-                   ((static_cast<int64_t>(src) * a.num_heads + head) * a.max_len + t) * D + lane_vec * VEC;
+            step = min(max(*a.step, 0), a.max_len - 1);  // clamped: a bad step stays inside the cache
+            n = step + 1;
         } else {
-            return static_cast<const T*>(base) + (src_start + t) * (2 * hidden) + head * D + lane_vec * VEC;
+            const int s = min(row / a.num_beams, a.batch - 1);
+            const int start = min(max(a.cu_seqlens[s], 0), a.total_tokens);
+            const int end = min(max(a.cu_seqlens[s + 1], start), a.total_tokens);
+            n = min(end - start, a.max_seqlen);
+            src_start = start;
         }
-    };
-    const void* k_base = kSelf ? static_cast<const void*>(a.k_cache) : static_cast<const void*>(kv_mem);
-    const void* v_base = kSelf ? static_cast<const void*>(a.v_cache) : static_cast<const void*>(kv_mem + hidden);
-
-    // ---- scores: each group of G threads takes one key, kUnroll keys in flight ----
-    float qv[VEC];
+        // Q (pre-scaled), and for self-attention this step's K and V, which one warp of split 0 stores
+        // in the cache
+        const T* bias = static_cast<const T*>(a.q_bias);
+        const T* qrow = static_cast<const T*>(a.q) + row * a.q_row_stride + head * D + lane_vec * VEC;
+        float qv[VEC];
+        vec_to_float(load_vec(qrow), qv);
+        if (bias != nullptr) add_vec<T>(qv, load_vec_ro(bias + head * D + lane_vec * VEC));
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) qv[i] = q_s[lane_vec * VEC + i];
-    const int g = part;
-    float local_max = -CUDART_INF_F;
-    for (int pass = t0; pass < t1; pass += KPI * kUnroll) {  // the same trip count in every warp
-        const int base = pass + g;
-        Vec<T> kv[kUnroll];
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-            const int t = base + u * KPI;
-            if (t < t1 && (!kSelf || t != step)) kv[u] = load_vec(key_ptr(k_base, t));
-        }
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-            const int t = base + u * KPI;
-            float dot = 0.f;
-            if (t < t1) {
-                if (kSelf && t == step) {
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) dot += qv[i] * kn_s[lane_vec * VEC + i];
-                } else {
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) dot += qv[i] * to_float(kv[u].v[i]);
+        for (int i = 0; i < VEC; ++i) qv[i] *= a.scale_log2;
+        if constexpr (kSelf) {
+            float kf[VEC], vf[VEC];
+            vec_to_float(load_vec(qrow + hidden), kf);
+            vec_to_float(load_vec(qrow + 2 * hidden), vf);
+            if (bias != nullptr) {
+                add_vec<T>(kf, load_vec_ro(bias + hidden + head * D + lane_vec * VEC));
+                add_vec<T>(vf, load_vec_ro(bias + 2 * hidden + head * D + lane_vec * VEC));
+            }
+            const Vec<T> kn = vec_from_float<T>(kf), vn = vec_from_float<T>(vf);
+            if (g == 0) {  // the warp's lane group reading position `step` takes them from here
+                step_kv[warp][0][lane_vec] = kn;
+                step_kv[warp][1][lane_vec] = vn;
+                if (split == 0 && sub == 0) {
+                    const int64_t at = (rh * a.max_len + step) * D + lane_vec * VEC;
+                    store_vec(static_cast<T*>(a.k_cache) + at, kn);
+                    store_vec(static_cast<T*>(a.v_cache) + at, vn);
                 }
             }
-#pragma unroll
-            for (int offset = G / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-            if (t < t1) {
-                if (lane_vec == 0) scores[t - t0] = dot;
-                local_max = fmaxf(local_max, dot);
-            }
+            __syncwarp();
         }
-    }
-    const float m = block_max(local_max, scratch);  // barriers inside: scores are visible after
-    float sum = 0.f;
-    for (int i = tid; i < t1 - t0; i += kAttnThreads) {
-        const float p = exp2f(scores[i] - m);
-        scores[i] = p;
-        sum += p;
-    }
-    const float l = block_sum(sum);  // barriers inside: the probabilities are visible after
 
-    // ---- P V: group g sums its positions' V vectors; the groups are then summed over ----
-    float acc[VEC];
+        // this warp's positions: its share of the item's split
+        const int per = ceil_div(n, a.splits);
+        const int chunk = max(per, kMinSplitPositions);
+        const int t0 = min(split * chunk, n), t1 = min(t0 + chunk, n);
+        const int share = ceil_div(t1 - t0, wpi);
+        const int w0 = min(t0 + sub * share, t1), w1 = min(w0 + share, t1);
+
+        // Offset of position t's K vector of this lane (V: + v_offset).
+        const T* kv_mem = static_cast<const T*>(a.kv_mem);
+        auto key_offset = [&](int t) -> int64_t {
+            if constexpr (kSelf) {
+                const int src = min(max(a.cache_indir[static_cast<int64_t>(row) * a.max_len + t], 0), a.rows - 1);
+                return ((static_cast<int64_t>(src) * a.num_heads + head) * a.max_len + t) * D + lane_vec * VEC;
+            } else {
+                return (src_start + t) * (2 * hidden) + head * D + lane_vec * VEC;
+            }
+        };
+        const T* k_base = kSelf ? static_cast<const T*>(a.k_cache) : kv_mem;
+        const T* v_base = kSelf ? static_cast<const T*>(a.v_cache) : kv_mem + hidden;
+
+        for (int pass = w0; pass < w1; pass += KPW * kUnroll) {  // the same trip count for the whole warp
+            const int base = pass + g;
+            Vec<T> kv[kUnroll], vv[kUnroll];
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) acc[i] = 0.f;
-    for (int pass = t0; pass < t1; pass += KPI * kUnroll) {  // the same trip count in every warp
-        const int base = pass + g;
-        Vec<T> vv[kUnroll];
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-            const int t = base + u * KPI;
-            if (t < t1 && (!kSelf || t != step)) vv[u] = load_vec(key_ptr(v_base, t));
-        }
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-            const int t = base + u * KPI;
-            if (t < t1) {
-                const float p = scores[t - t0];
+            for (int u = 0; u < kUnroll; ++u) {
+                const int t = base + u * KPW;
                 if (kSelf && t == step) {
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) acc[i] += p * vn_s[lane_vec * VEC + i];
-                } else {
-#pragma unroll
-                    for (int i = 0; i < VEC; ++i) acc[i] += p * to_float(vv[u].v[i]);
+                    kv[u] = step_kv[warp][0][lane_vec];
+                    vv[u] = step_kv[warp][1][lane_vec];
+                } else if (t < w1) {
+                    const int64_t at = key_offset(t);
+                    kv[u] = load_vec(k_base + at);
+                    vv[u] = load_vec(v_base + at);
                 }
             }
+            float s[kUnroll];
+            float block_m = -CUDART_INF_F;
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) {
+                const int t = base + u * KPW;
+                float dot = 0.f;
+#pragma unroll
+                for (int i = 0; i < VEC; ++i) dot += qv[i] * to_float(kv[u].v[i]);
+#pragma unroll
+                for (int offset = G / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+                s[u] = t < w1 ? dot : -CUDART_INF_F;
+                block_m = fmaxf(block_m, s[u]);
+            }
+#pragma unroll
+            for (int offset = kWarpSize / 2; offset >= G; offset /= 2)
+                block_m = fmaxf(block_m, __shfl_xor_sync(0xffffffffu, block_m, offset));
+            const float m_new = fmaxf(m, block_m);
+            if (m_new == -CUDART_INF_F) continue;  // no finite score yet (-inf keys only)
+            const float correction = exp2f(m - m_new);  // 0 while m is -inf
+            l *= correction;
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) o[i] *= correction;
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) {
+                const int t = base + u * KPW;
+                if (t < w1) {
+                    const float p = exp2f(s[u] - m_new);
+                    l += p;
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) o[i] += p * to_float(vv[u].v[i]);
+                }
+            }
+            m = m_new;
+        }
+        // the lane groups' sums (one running max for the whole warp): a plain sum over the groups
+#pragma unroll
+        for (int offset = kWarpSize / 2; offset >= G; offset /= 2) {
+            l += __shfl_xor_sync(0xffffffffu, l, offset);
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) o[i] += __shfl_xor_sync(0xffffffffu, o[i], offset);
         }
     }
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) red[g][lane_vec * VEC + i] = acc[i];
-    __syncthreads();
     allow_consumers();
-    if (tid < G) {
-        float o[VEC];
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) o[i] = 0.f;
-#pragma unroll 4
-        for (int j = 0; j < KPI; ++j) {
-#pragma unroll
-            for (int i = 0; i < VEC; ++i) o[i] += red[j][tid * VEC + i];
-        }
-        const int64_t rh = static_cast<int64_t>(row) * a.num_heads + head;
-        if (a.splits == 1) {
-            const float inv = l > 0.f ? 1.f / l : 0.f;  // l == 0: an empty source, zeros
-#pragma unroll
-            for (int i = 0; i < VEC; ++i) o[i] *= inv;
-            store_vec(static_cast<T*>(a.out) + rh * D + tid * VEC, vec_from_float<T>(o));
-        } else {
-            float* po = a.partial + (rh * a.splits + split) * D + tid * VEC;
-#pragma unroll
-            for (int i = 0; i < VEC; i += 4) *reinterpret_cast<float4*>(po + i) = make_float4(o[i], o[i + 1], o[i + 2], o[i + 3]);
-            if (tid == 0) {
-                float2* ml = reinterpret_cast<float2*>(a.partial + static_cast<int64_t>(a.rows) * a.num_heads * a.splits * D);
-                ml[rh * a.splits + split] = make_float2(t1 > t0 ? m : -CUDART_INF_F, l);
-            }
-        }
+    if (wpi == 1) {
+        if (active && g == 0) store_item<T, D>(a, rh, split, m, l, o, lane_vec);
+        return;
     }
+    // the item's warps combine: each one's sums rescaled to the common max
+    if (g == 0) {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) part_o[warp][lane_vec * VEC + i] = o[i];
+        if (lane_vec == 0) part_ml[warp] = make_float2(m, l);
+    }
+    __syncthreads();
+    if (!active || sub != 0 || g != 0) return;
+    float mc = -CUDART_INF_F;
+    for (int w = warp; w < warp + wpi; ++w) mc = fmaxf(mc, part_ml[w].x);
+    float lc = 0.f, oc[VEC];
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) oc[i] = 0.f;
+    for (int w = warp; w < warp + wpi; ++w) {
+        const float2 ml = part_ml[w];
+        const float scale = ml.y > 0.f ? exp2f(ml.x - mc) : 0.f;
+        lc += ml.y * scale;
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) oc[i] += part_o[w][lane_vec * VEC + i] * scale;
+    }
+    store_item<T, D>(a, rh, split, mc, lc, oc, lane_vec);
 }
 
 // The splits of one (row, head) into its output: each split's sum of exp2(s - m_i) V, rescaled to the
@@ -247,16 +276,29 @@ __global__ void __launch_bounds__(D) decoder_attention_combine_kernel(const floa
     out[rh * D + d] = from_float<T>(l > 0.f ? o / l : 0.f);
 }
 
-// Splits for `row_heads` CTAs over up to `positions` positions: enough CTAs for two per SM, each split
-// at least kMinSplitPositions long, at most kMaxChunkPositions per CTA.
-inline int32_t choose_splits(int64_t row_heads, int32_t positions) {
+// Warps that keep DRAM busy: a quarter of the GPU's warp slots (16 of an SM's 64), each with ~16
+// keys' K and V vectors in flight, hold more bytes in flight than DRAM's latency needs.
+inline int64_t busy_warps() {
     const int sms = current_device_value<query_sm_count>();
-    const int64_t target = 2 * static_cast<int64_t>(sms > 0 ? sms : 132);
-    int64_t splits = row_heads >= target ? 1 : ceil_div<int64_t>(target, row_heads);
+    return 16 * static_cast<int64_t>(sms > 0 ? sms : 132);
+}
+
+// Splits for `row_heads` items over up to `positions` positions: where the items' CTAs (4 warps
+// each) fall short of busy_warps, the positions are split over more CTAs, each split at least
+// kMinSplitPositions long (a split costs a combine kernel: only where the warps are that few).
+inline int32_t choose_splits(int64_t row_heads, int32_t positions) {
+    const int64_t warps = row_heads * kAttnWarps;
+    int64_t splits = warps >= busy_warps() ? 1 : ceil_div<int64_t>(busy_warps(), warps);
     splits = std::min<int64_t>(splits, ceil_div<int64_t>(positions, kMinSplitPositions));
     splits = std::min<int64_t>(splits, kMaxSplits);
-    splits = std::max<int64_t>(splits, ceil_div<int64_t>(positions, kMaxChunkPositions));
     return static_cast<int32_t>(std::max<int64_t>(splits, 1));
+}
+
+// Warps per item: as many (up to 4) as keep the grid within one wave of `wave_blocks` resident CTAs,
+// shortening each warp's chain of round trips; one where even that takes more than a wave.
+inline int32_t choose_warps_per_item(int64_t items, int64_t wave_blocks) {
+    if (items <= wave_blocks) return kAttnWarps;
+    return ceil_div<int64_t>(items, 2) <= wave_blocks ? 2 : 1;
 }
 
 inline int64_t partial_bytes(int64_t row_heads, int32_t splits, int32_t head_dim) {
@@ -270,25 +312,32 @@ inline int64_t workspace_bytes(int32_t rows, int32_t num_heads, int32_t head_dim
     return partial_bytes(row_heads, choose_splits(row_heads, positions), head_dim);
 }
 
-// The most splits `workspace_bytes` holds, and at least those shared memory needs; 0 if it holds fewer.
+// The most splits (up to choose_splits') that `workspace_bytes` holds: 1 needs none.
 inline int32_t fitting_splits(int64_t row_heads, int32_t positions, int32_t head_dim, int64_t workspace_bytes) {
     int32_t splits = choose_splits(row_heads, positions);
-    const int32_t needed = ceil_div(positions, kMaxChunkPositions);
     while (splits > 1 && partial_bytes(row_heads, splits, head_dim) > workspace_bytes) --splits;
-    return splits < needed ? 0 : splits;
+    return splits;
 }
 
-// Launches the attention (and the combine where split): a.splits and a.chunk_cap set by the caller.
+// Launches the attention (and the combine where split): a.splits set by the caller.
 template <bool kSelf>
 cudaError_t launch_decoder_attention(DecoderAttentionArgs a, int32_t head_dim, padfree_dtype dtype, cudaStream_t stream) {
+    const int64_t items = static_cast<int64_t>(a.rows) * a.num_heads * a.splits;
+    const int sms = current_device_value<query_sm_count>();
     cudaError_t err = cudaSuccess;
     dispatch_dtype(dtype, [&](auto tag) {
         using T = typename decltype(tag)::type;
         auto go = [&](auto dim) {
             constexpr int D = decltype(dim)::value;
-            const dim3 grid(a.rows, a.num_heads, a.splits);
-            const size_t smem = static_cast<size_t>(a.chunk_cap) * sizeof(float);
-            err = launch_kernel(decoder_attention_kernel<T, D, kSelf>, grid, dim3(kAttnThreads), smem, stream, a);
+            auto kernel = decoder_attention_kernel<T, D, kSelf>;
+            static const int per_sm = [&] {  // CTAs an SM holds (registers): once per instantiation
+                int n = 0;
+                return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kAttnThreads, 0) == cudaSuccess && n > 0
+                           ? n : kAttnMinBlocks;
+            }();
+            a.warps_per_item = choose_warps_per_item(items, static_cast<int64_t>(sms > 0 ? sms : 132) * per_sm);
+            const int64_t blocks = ceil_div<int64_t>(items, kAttnWarps / a.warps_per_item);
+            err = launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kAttnThreads), 0, stream, a);
             if (err == cudaSuccess && a.splits > 1)
                 err = launch_kernel(decoder_attention_combine_kernel<T, D>, dim3(a.rows * a.num_heads), dim3(D), 0,
                                     stream, static_cast<const float*>(a.partial), a.rows * a.num_heads, a.splits,

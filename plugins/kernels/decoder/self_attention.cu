@@ -14,7 +14,6 @@ cudaError_t launch_self_attention(const SelfAttentionArgs& args, void* workspace
     const int64_t row_heads = static_cast<int64_t>(args.rows) * args.num_heads;
     decoder::DecoderAttentionArgs a{};
     a.splits = decoder::fitting_splits(row_heads, args.max_len, args.head_dim, workspace != nullptr ? workspace_bytes : 0);
-    if (a.splits == 0) return cudaErrorInvalidValue;
     a.q = args.qkv;
     a.q_bias = args.qkv_bias;
     a.q_row_stride = 3 * static_cast<int64_t>(args.num_heads) * args.head_dim;
@@ -27,7 +26,6 @@ cudaError_t launch_self_attention(const SelfAttentionArgs& args, void* workspace
     a.partial = static_cast<float*>(workspace);
     a.rows = args.rows;
     a.num_heads = args.num_heads;
-    a.chunk_cap = ceil_div(args.max_len, a.splits);
     a.scale_log2 = args.softmax_scale * kLog2e;
     return decoder::launch_decoder_attention<true>(a, args.head_dim, dtype, stream);
 }

@@ -30,8 +30,7 @@ struct SelfAttentionArgs {
 // Bytes of scratch the launch wants for its split-K partials (0: it runs unsplit).
 int64_t self_attention_workspace_bytes(int32_t rows, int32_t num_heads, int32_t head_dim, int32_t max_len);
 
-// Launches with at most the splits `workspace_bytes` holds (at least the ones shared memory needs:
-// cudaErrorInvalidValue where the workspace is smaller than that).
+// Launches with at most the splits `workspace_bytes` holds (unsplit where it holds none).
 cudaError_t launch_self_attention(const SelfAttentionArgs& args, void* workspace, int64_t workspace_bytes,
                                   padfree_dtype dtype, cudaStream_t stream);
 
