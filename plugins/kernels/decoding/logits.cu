@@ -144,15 +144,24 @@ __device__ void block_select(const unsigned long long* keys, int n, int k, Selec
 
 // A chunk's global loads, in registers from the time they are issued until the chunk is staged. Rows
 // start anywhere when vocab % VEC != 0 (NLLB's 256206), so the logits are read as the aligned 16-byte
-// vectors around the chunk and realigned through shared memory: kChunk / VEC vectors, and the
-// elements the chunk reaches into one more, one per thread (that vector's registers in every thread
-// for one thread's use would cost occupancy).
+// vectors around the chunk and realigned through shared memory. Whole vectors as vectors; the fewer
+// than VEC elements after the last whole one, of the logits and of the bias, one per thread in
+// `rest` (threads [0, VEC) and [VEC, 2 VEC)): a vector's registers in every thread for one thread's
+// use would cost occupancy.
 template <typename T>
 struct ChunkLoads {
     static constexpr int kVecs = kChunk / Vec<T>::size / kThreads;  // per thread
     Vec<T> x[kVecs];
-    T x_tail;
     Vec<T> bias[kVecs];
+    T rest;
+};
+
+// The row as loaded: the aligned vectors from `base` on, whose element shift + id is the logit of id;
+// `avail` elements from base are in the tensor (at most INT_MAX: more are never reached).
+template <typename T>
+struct RowSource {
+    const T* base;
+    int shift, avail;
 };
 
 // A chunk of a row: its ids [e0, e0 + len).
@@ -164,72 +173,67 @@ __device__ __forceinline__ ChunkSpan chunk_span(int chunk, int vocab) {
     return {chunk * kChunk, min(kChunk, vocab - chunk * kChunk)};
 }
 
-// The row as loaded: the aligned vectors from `base` on, whose element shift + id is the logit of id;
-// `avail` elements from base are in the tensor (at most INT_MAX: more are never reached).
+// Where a chunk's whole vectors end: the stage needs elements [0, need) (stage element s is
+// base[e0 + s]), whole vectors up to x_rest; the bias's whole vectors end at bias_rest. Fewer than VEC
+// elements follow each (need <= row.avail - e0): the tail of the vector after the chunk's
+// kChunk / VEC, or of the tensor's last, partial vector; the end of the bias.
 template <typename T>
-struct RowSource {
-    const T* base;
-    int shift, avail;
+struct ChunkEnds {
+    int need, x_rest, bias_rest;
+    __device__ __forceinline__ ChunkEnds(ChunkSpan c, const RowSource<T>& row)
+        : need(row.shift + c.len),
+          x_rest(min(kChunk, (row.avail - c.e0) / Vec<T>::size * Vec<T>::size)),
+          bias_rest(c.len / Vec<T>::size * Vec<T>::size) {}
 };
 
-// Issues the chunk's loads; nothing waits for them before stage_chunk. Stage element s (of shift + len)
-// is base[e0 + s].
+// Issues the chunk's loads; nothing waits for them before stage_chunk.
 template <typename T>
-__device__ __forceinline__ void load_chunk(ChunkLoads<T>& in, ChunkSpan c, const RowSource<T>& row, const T* bias,
-                                           int vocab) {
+__device__ __forceinline__ void load_chunk(ChunkLoads<T>& in, ChunkSpan c, const RowSource<T>& row, const T* bias) {
     constexpr int VEC = Vec<T>::size;
     const int tid = threadIdx.x;
+    const ChunkEnds<T> end(c, row);
     const T* src = row.base + c.e0;
-    const int need = row.shift + c.len, avail = row.avail - c.e0;
 #pragma unroll
     for (int j = 0; j < ChunkLoads<T>::kVecs; ++j) {
         const int s = (tid + j * kThreads) * VEC;
-        if (s >= need) continue;
-        if (s + VEC <= avail) {
-            in.x[j] = load_vec_ro(src + s);
-        } else {  // the tensor's last, partial vector
-#pragma unroll
-            for (int i = 0; i < VEC; ++i) in.x[j].v[i] = s + i < avail ? src[s + i] : from_float<T>(0.f);
-        }
+        if (s < end.need && s < end.x_rest) in.x[j] = load_vec_ro(src + s);
     }
-    if (kChunk + tid < need) in.x_tail = src[kChunk + tid];
     if (bias != nullptr) {  // bias + e0 is aligned: e0 is a multiple of kChunk
 #pragma unroll
         for (int j = 0; j < ChunkLoads<T>::kVecs; ++j) {
             const int p = (tid + j * kThreads) * VEC;
-            if (p >= c.len) continue;
-            if (c.e0 + p + VEC <= vocab) {
-                in.bias[j] = load_vec_ro(bias + c.e0 + p);
-            } else {
-#pragma unroll
-                for (int i = 0; i < VEC; ++i)
-                    in.bias[j].v[i] = c.e0 + p + i < vocab ? bias[c.e0 + p + i] : from_float<T>(0.f);
-            }
+            if (p < end.bias_rest) in.bias[j] = load_vec_ro(bias + c.e0 + p);
         }
     }
+    // one load for both: a second load into the register would wait for all loads before it
+    const bool logit = tid < VEC;
+    const int i = logit ? end.x_rest + tid : end.bias_rest + tid - VEC;
+    if (logit ? i < end.need : bias != nullptr && i < c.len) in.rest = logit ? src[i] : bias[c.e0 + i];
 }
 
 // Stores the chunk's loads in the stage as they are (converted where they are read): 16-byte stores,
 // consecutive threads on consecutive vectors.
 template <typename T>
-__device__ __forceinline__ void stage_chunk(const ChunkLoads<T>& in, ChunkSpan c, int shift, bool has_bias, T* stage_x,
-                                            T* stage_bias) {
+__device__ __forceinline__ void stage_chunk(const ChunkLoads<T>& in, ChunkSpan c, const RowSource<T>& row,
+                                            bool has_bias, T* stage_x, T* stage_bias) {
     constexpr int VEC = Vec<T>::size;
     const int tid = threadIdx.x;
-    const int need = shift + c.len;
+    const ChunkEnds<T> end(c, row);
 #pragma unroll
     for (int j = 0; j < ChunkLoads<T>::kVecs; ++j) {
         const int s = (tid + j * kThreads) * VEC;
-        if (s < need) store_vec(stage_x + s, in.x[j]);
+        if (s < end.need && s < end.x_rest) store_vec(stage_x + s, in.x[j]);
     }
-    if (kChunk + tid < need) stage_x[kChunk + tid] = in.x_tail;
     if (has_bias) {
 #pragma unroll
         for (int j = 0; j < ChunkLoads<T>::kVecs; ++j) {
             const int p = (tid + j * kThreads) * VEC;
-            if (p < c.len) store_vec(stage_bias + p, in.bias[j]);
+            if (p < end.bias_rest) store_vec(stage_bias + p, in.bias[j]);
         }
     }
+    const bool logit = tid < VEC;
+    const int i = logit ? end.x_rest + tid : end.bias_rest + tid - VEC;
+    if (logit ? i < end.need : has_bias && i < c.len) (logit ? stage_x : stage_bias)[i] = in.rest;
 }
 
 // Stage 1's registers are capped for this many CTAs per SM, so that an SM has 32 KB of chunk loads in
@@ -249,8 +253,9 @@ __global__ void __launch_bounds__(kThreads, kChunkCtasPerSm<T>)
     constexpr int kIdsPerThread = kLogitsTopkMaxSpecialIds / kThreads;
     static_assert(kLogitsTopkMaxSpecialIds % kThreads == 0, "the processed ids are loaded in whole rounds");
     __shared__ union {
-        struct {  // the chunk as loaded (T), vectors
-            uint4 x[kChunk / VEC + 1];
+        struct {
+            unsigned long long ranked[kThreads];  // left alone: a ranking select may still read these keys
+            uint4 x[kChunk / VEC + 1];            // the chunk as loaded (T)
             uint4 bias[kChunk / VEC];
         } stage;
         unsigned long long keys[kChunk];  // written once the stage is in registers
@@ -276,12 +281,11 @@ __global__ void __launch_bounds__(kThreads, kChunkCtasPerSm<T>)
     }
     const int specials = a.num_penalty + a.num_banned;
 
-    // Whether the row is forced, its processed ids and its first chunk: one round trip.
+    // The first chunk's loads go out before the forced check, which they overlap (a forced row wastes them).
     wait_on_producer();
     int chunk = blockIdx.x;
-    ChunkSpan span = chunk_span(chunk, a.vocab);
     ChunkLoads<T> in;
-    load_chunk(in, span, row, bias, a.vocab);
+    load_chunk(in, chunk_span(chunk, a.vocab), row, bias);
     const int forced = a.forced_ids != nullptr ? a.forced_ids[r] : -1;
     int32_t ids[kIdsPerThread];
 #pragma unroll
@@ -297,23 +301,24 @@ __global__ void __launch_bounds__(kThreads, kChunkCtasPerSm<T>)
         if (tid + j * kThreads < specials) special_ids[tid + j * kThreads] = ids[j];
     }
     if (tid < kChunk / 32) special_bits[tid] = 0;
+    __syncthreads();
 
+    // Per chunk three barriers: the stage written, the stage read (keys may overwrite it), the keys
+    // written. The next chunk's stage may be written while this chunk's ranking select still reads
+    // keys [0, kThreads), which the stage leaves alone; only the radix select, reading all keys, is
+    // waited for.
     while (true) {
-        // Every thread is past the previous chunk's selection (keys, the stage's alias, are free) and
-        // the special bits are zero.
-        __syncthreads();
+        const ChunkSpan span = chunk_span(chunk, a.vocab);
+        const int e0 = span.e0, len = span.len;
         // Ids the processors change are no candidates here (stage 2 adds them processed).
         for (int i = tid; i < specials; i += kThreads) {
             const int id = special_ids[i];
-            if (id >= span.e0 && id < span.e0 + span.len)
-                atomicOr(&special_bits[(id - span.e0) / 32], 1u << ((id - span.e0) % 32));
+            if (id >= e0 && id < e0 + len) atomicOr(&special_bits[(id - e0) / 32], 1u << ((id - e0) % 32));
         }
-        stage_chunk(in, span, row.shift, bias != nullptr, stage_x, stage_bias);
-        const int e0 = span.e0, len = span.len;
+        stage_chunk(in, span, row, bias != nullptr, stage_x, stage_bias);
         const int next = chunk + static_cast<int>(gridDim.x);
         if (next < nchunks) {  // the next chunk's loads are in flight while this one is worked on
-            span = chunk_span(next, a.vocab);
-            load_chunk(in, span, row, bias, a.vocab);
+            load_chunk(in, chunk_span(next, a.vocab), row, bias);
         } else {
             allow_consumers();  // the CTA's last chunk
         }
@@ -390,6 +395,7 @@ __global__ void __launch_bounds__(kThreads, kChunkCtasPerSm<T>)
         for (int slot = min(n, a.k) + tid; slot < a.k; slot += kThreads) cand_id[out_base + slot] = -1;
         if (next >= nchunks) break;
         chunk = next;
+        if (n > kThreads) __syncthreads();
     }
 }
 
