@@ -15,7 +15,7 @@ import torch
 
 from padfree import _lib
 from padfree.ops import DecodeProgram, InputError, cross_attention, decode_linear, decoder_self_attention
-from padfree.ops.decode_program import MAX_OPS, DecodeOp
+from padfree.ops.decode_program import MAX_OPS, DecodeOp, new_barrier
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -146,14 +146,16 @@ def test_program_replays_in_a_cuda_graph(seed):
     theirs, ours = _clone(state), _clone(state)
     stream = torch.cuda.Stream()
     graph = torch.cuda.CUDAGraph()
+    barrier = new_barrier(torch.device("cuda"))
     with torch.cuda.stream(stream):
-        program = DecodeProgram(4, torch.float16, torch.device("cuda"))
+        program = DecodeProgram(4, torch.float16, torch.device("cuda"), barrier)
         out, _ = _step((program.linear, program.self_attention, program.cross_attention), x0, params, ours, True)
         with torch.cuda.graph(graph, stream=stream):
             program.run()
     ours["step"].fill_(9)
     theirs["step"].fill_(9)
     graph.replay()
+    graph.replay()   # the barrier is left ready for the next launch
     want, _ = _step((decode_linear, decoder_self_attention, cross_attention), x0, params, theirs, True)
     torch.cuda.synchronize()
     assert torch.equal(out, want)
@@ -182,7 +184,7 @@ def _capi_program(ops, count=None, rows=4, dtype=1):
         pytest.skip(f"padfree_decode_program not built into {lib._name}")
     array = (DecodeOp * max(1, len(ops)))(*ops)
     status = _lib.function("padfree_decode_program")(ctypes.addressof(array), len(ops) if count is None else count,
-                                                     rows, dtype, None)
+                                                     rows, A, dtype, None)
     return status, (lib.padfree_last_error() or b"").decode()
 
 

@@ -224,8 +224,8 @@ padfree_status padfree_decode_linear(const void* x, const void* weight, const vo
     PADFREE_CAPI_GUARD_END
 }
 
-padfree_status padfree_decode_program(const padfree_decode_op* ops, int32_t count, int32_t rows, padfree_dtype dtype,
-                                      padfree_stream stream) {
+padfree_status padfree_decode_program(const padfree_decode_op* ops, int32_t count, int32_t rows, void* barrier,
+                                      padfree_dtype dtype, padfree_stream stream) {
     PADFREE_CAPI_GUARD_BEGIN
     using namespace padfree;
     PADFREE_CHECK(check_dtype(dtype));
@@ -272,7 +272,9 @@ padfree_status padfree_decode_program(const padfree_decode_op* ops, int32_t coun
                         " (batch x num_beams of a cross-attention; no empty linear layer)");
     }
     if (count == 0) return PADFREE_OK;
-    return launched("decode_program", launch_decode_program(program, dtype, as_cuda_stream(stream)));
+    PADFREE_REQUIRE(barrier != nullptr && aligned4(barrier), "decode_program: barrier must be a 4-byte aligned pointer");
+    return launched("decode_program", launch_decode_program(program, static_cast<DecodeProgramBarrier*>(barrier), dtype,
+                                                            as_cuda_stream(stream)));
     PADFREE_CAPI_GUARD_END
 }
 

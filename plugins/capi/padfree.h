@@ -374,7 +374,10 @@ PADFREE_API padfree_status padfree_decode_linear(const void* x, const void* weig
  * fields below; those another kind names are ignored), run in order by one cooperative grid with a
  * grid barrier between consecutive ones, so an operation reads what the ones before it wrote. Every
  * operation has `rows` rows (<= 8: decode_linear's; a cross-attention's batch x num_beams); the
- * attention runs unsplit, without a workspace. count <= 200. Results equal the calls one by one. */
+ * attention runs unsplit, without a workspace. count <= 200. Results equal the calls one by one where
+ * those run the attention unsplit (as they do up to 64 positions). barrier: 8 bytes of device memory,
+ * zeroed once and then left to the calls (each leaves it ready for the next); one per program that may
+ * run at the same time as another. */
 typedef enum padfree_decode_op_kind {
     PADFREE_DECODE_OP_LINEAR = 0,
     PADFREE_DECODE_OP_SELF_ATTENTION = 1,
@@ -412,7 +415,7 @@ typedef struct padfree_decode_op {
 } padfree_decode_op;
 
 PADFREE_API padfree_status padfree_decode_program(const padfree_decode_op* ops, int32_t count, int32_t rows,
-                                                 padfree_dtype dtype, padfree_stream stream);
+                                                 void* barrier, padfree_dtype dtype, padfree_stream stream);
 
 /* ---- decoding: scores to hypotheses (kernels/decoding/) -------------------------------------- */
 

@@ -10,15 +10,12 @@
 // decoder_attention.cuh: attend_block): results are bit-identical to the per-kernel path.
 #include "decode_program.h"
 
-#include <cooperative_groups.h>
-
 #include "decode_linear.cuh"
 #include "decoder_attention.cuh"
 
 namespace padfree {
 namespace {
 
-namespace cg = cooperative_groups;
 using decode_linear_detail::decode_linear_block;
 using decode_linear_detail::decode_linear_smem;
 using decode_linear_detail::prefetch_first_tile;
@@ -51,14 +48,44 @@ __device__ void attention_op(const Args& args) {
     else attention_phase<T, 128, kSelf>(decoder::attention_args(args));
 }
 
+// Waits until every CTA of the grid has arrived; what any CTA wrote before it is visible to all after.
+// One thread per CTA arrives (an atomic) and polls the generation with volatile loads and a growing
+// sleep: cooperative_groups' grid.sync() polls with back-to-back acquire loads, and the grid's ~500
+// pollers on one line slowed the phases between the barriers (H100: a 1x4 Marian step took 2.3x
+// the per-kernel path's time with it). The last CTA to arrive resets the count and moves the
+// generation on, so the state is ready for the next barrier and the next launch.
+__device__ __forceinline__ void grid_barrier(DecodeProgramBarrier* barrier) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        volatile unsigned int* generation = &barrier->generation;
+        const unsigned int seen = *generation;
+        __threadfence();  // this CTA's writes (the block barrier ordered them before this thread's) go first
+        if (atomicAdd(&barrier->arrived, 1u) == gridDim.x - 1) {
+            atomicExch(&barrier->arrived, 0u);
+            __threadfence();
+            atomicAdd(&barrier->generation, 1u);
+        } else {
+            unsigned int sleep_ns = 32;
+            while (*generation == seen) {
+                __nanosleep(sleep_ns);
+                sleep_ns = min(2 * sleep_ns, 256u);
+            }
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+
 template <typename T, int kRows>
-__global__ void __launch_bounds__(kThreads, kProgramBlocksPerSm) decode_program_kernel(const __grid_constant__ DecodeProgramOps program) {
+__global__ void __launch_bounds__(kThreads, kProgramBlocksPerSm)
+    decode_program_kernel(const __grid_constant__ DecodeProgramOps program, DecodeProgramBarrier* barrier) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    cg::grid_group grid = cg::this_grid();
+    __shared__ DecodeProgramOp op;  // the phase's operation, out of the parameter bank once per CTA
     if (program.count > 0 && program.ops[0].kind == DecodeProgramOpKind::kLinear)
         prefetch_first_tile<T>(program.ops[0].linear, blockIdx.x);
     for (int i = 0; i < program.count; ++i) {
-        const DecodeProgramOp& op = program.ops[i];
+        if (threadIdx.x == 0) op = program.ops[i];
+        __syncthreads();
         switch (op.kind) {
             case DecodeProgramOpKind::kLinear:
                 linear_phase<T, kRows>(op.linear, smem_raw);
@@ -70,13 +97,13 @@ __global__ void __launch_bounds__(kThreads, kProgramBlocksPerSm) decode_program_
             // the next phase's first weight tile is not this phase's output: on its way before the barrier
             const DecodeProgramOp& next = program.ops[i + 1];
             if (next.kind == DecodeProgramOpKind::kLinear) prefetch_first_tile<T>(next.linear, blockIdx.x);
-            grid.sync();
+            grid_barrier(barrier);
         }
     }
 }
 
 template <typename T, int kRows>
-cudaError_t launch_rows(const DecodeProgramOps& program, cudaStream_t stream) {
+cudaError_t launch_rows(const DecodeProgramOps& program, DecodeProgramBarrier* barrier, cudaStream_t stream) {
     size_t smem = 0;
     for (int i = 0; i < program.count; ++i)
         if (program.ops[i].kind == DecodeProgramOpKind::kLinear)
@@ -98,20 +125,22 @@ cudaError_t launch_rows(const DecodeProgramOps& program, cudaStream_t stream) {
     cooperative.val.cooperative = 1;
     const cudaLaunchConfig_t config{dim3(static_cast<unsigned>((sms > 0 ? sms : 1) * per_sm)), dim3(kThreads), smem,
                                     stream, &cooperative, 1};
-    return cudaLaunchKernelEx(&config, kernel, program);
+    return cudaLaunchKernelEx(&config, kernel, program, barrier);
 }
 
 template <typename T>
-cudaError_t launch_typed(const DecodeProgramOps& program, int rows, cudaStream_t stream) {
-    if (rows <= 1) return launch_rows<T, 1>(program, stream);
-    if (rows <= 2) return launch_rows<T, 2>(program, stream);
-    if (rows <= 4) return launch_rows<T, 4>(program, stream);
-    return launch_rows<T, 8>(program, stream);
+cudaError_t launch_typed(const DecodeProgramOps& program, int rows, DecodeProgramBarrier* barrier,
+                         cudaStream_t stream) {
+    if (rows <= 1) return launch_rows<T, 1>(program, barrier, stream);
+    if (rows <= 2) return launch_rows<T, 2>(program, barrier, stream);
+    if (rows <= 4) return launch_rows<T, 4>(program, barrier, stream);
+    return launch_rows<T, 8>(program, barrier, stream);
 }
 
 }  // namespace
 
-cudaError_t launch_decode_program(const DecodeProgramOps& program, padfree_dtype dtype, cudaStream_t stream) {
+cudaError_t launch_decode_program(const DecodeProgramOps& program, DecodeProgramBarrier* barrier, padfree_dtype dtype,
+                                  cudaStream_t stream) {
     if (program.count == 0) return cudaSuccess;
     const DecodeProgramOp& first = program.ops[0];
     const int rows = first.kind == DecodeProgramOpKind::kLinear          ? first.linear.rows
@@ -120,7 +149,7 @@ cudaError_t launch_decode_program(const DecodeProgramOps& program, padfree_dtype
     cudaError_t err = cudaSuccess;
     dispatch_dtype(dtype, [&](auto tag) {
         using T = typename decltype(tag)::type;
-        err = launch_typed<T>(program, rows, stream);
+        err = launch_typed<T>(program, rows, barrier, stream);
     });
     return err;
 }

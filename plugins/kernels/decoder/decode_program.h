@@ -35,7 +35,15 @@ struct DecodeProgramOps {
     DecodeProgramOp ops[kDecodeProgramMaxOps];
 };
 
+// The grid barrier's state: zeroed once by the caller, left ready for the next launch by each one.
+struct DecodeProgramBarrier {
+    unsigned int arrived;
+    unsigned int generation;
+};
+
 // Every op has the same rows (<= kDecodeLinearMaxRows); attention runs unsplit, with no workspace.
-cudaError_t launch_decode_program(const DecodeProgramOps& program, padfree_dtype dtype, cudaStream_t stream);
+// One barrier serves one program at a time (programs on concurrent streams need one each).
+cudaError_t launch_decode_program(const DecodeProgramOps& program, DecodeProgramBarrier* barrier, padfree_dtype dtype,
+                                  cudaStream_t stream);
 
 }  // namespace padfree

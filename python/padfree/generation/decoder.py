@@ -101,6 +101,7 @@ class Decoder:
         self.few_rows = ops.decode_linear_fits(self.rows, stack, weights.spec)
         # and those layers, the attention between them and the output projection as one kernel
         self.program = self.few_rows and ops.decode_program_fits(stack)
+        self.program_barrier = ops.decode_program_barrier() if self.program else None
         fold = weights.spec.pre_ln and ops.skip_layernorm is not None
         self.bias_sums = folded_bias_sums(stack, dtype) if fold else None
 
@@ -204,7 +205,7 @@ class Decoder:
         w, spec = self.weights, self.weights.spec
         stack = w.decoder
         x = self._embed(tokens)
-        program = self.ops.decode_program(self.rows, x.dtype, x.device) if self.program else None
+        program = self.ops.decode_program(self.rows, x.dtype, x.device, self.program_barrier) if self.program else None
         linear = program.linear if program is not None else self.ops.decode_linear
         pending = None      # post-LN: x is a sublayer's sum, awaiting this LayerNorm
 

@@ -167,6 +167,11 @@ class DecoderOps:
         from ..ops.decode_program import MAX_OPS
         return 8 * len(stack.layers) + 1 <= MAX_OPS
 
+    def decode_program_barrier(self) -> torch.Tensor:
+        """A decode program's grid-barrier state, allocated once by the caller's state (not in a capture)."""
+        from ..ops.decode_program import new_barrier
+        return new_barrier(self.device)
+
     def beam_search_workspace(self, batch: int, beams: int, max_length: int,
                               indir_len: int) -> tuple[torch.Tensor, int]:
         """A zeroed workspace for beam_search_step and the offset of the counters the kernel keeps zero."""

@@ -37,13 +37,27 @@ class DecodeOp(ctypes.Structure):
                 ("num_beams", ctypes.c_int32), ("max_seqlen", ctypes.c_int32), ("softmax_scale", ctypes.c_float)]
 
 
-class DecodeProgram:
-    """Operations over `rows` rows (1 to 8) of one dtype on one device, run in order by run()."""
+def new_barrier(device: torch.device) -> torch.Tensor:
+    """A grid barrier's state for decode programs (8 zeroed bytes; each run leaves it ready for the next).
+    Programs that may run at the same time (concurrent streams) need one each."""
+    return torch.zeros(2, dtype=torch.int32, device=device)
 
-    def __init__(self, rows: int, dtype: torch.dtype, device: torch.device):
+
+class DecodeProgram:
+    """Operations over `rows` rows (1 to 8) of one dtype on one device, run in order by run().
+
+    barrier: new_barrier()'s tensor, kept by a caller that runs programs again and again (a captured
+    step: allocating one inside a CUDA-graph capture would add its zeroing to every replay); None
+    allocates one."""
+
+    def __init__(self, rows: int, dtype: torch.dtype, device: torch.device, barrier: torch.Tensor | None = None):
         if not 1 <= rows <= DECODE_LINEAR_MAX_ROWS:
             raise InputError(f"rows: a decode program takes 1 to {DECODE_LINEAR_MAX_ROWS} rows, got {rows}")
         self.rows, self.dtype, self.device = rows, dtype, torch.device(device)
+        if barrier is not None and (barrier.dtype != torch.int32 or barrier.numel() != 2
+                                    or barrier.device != self.device or not barrier.is_contiguous()):
+            raise InputError("barrier: expected new_barrier()'s tensor (2 int32 on the program's device)")
+        self._barrier = barrier
         self._ops: list[DecodeOp] = []
         self._tensors: list[torch.Tensor] = []   # alive until the program is dropped
         self._dtype_code: int | None = None
@@ -102,11 +116,14 @@ class DecodeProgram:
         """Enqueues the operations as one kernel on torch's current stream."""
         if not self._ops:
             return
+        if self._barrier is None:
+            self._barrier = new_barrier(self.device)
         ops = (DecodeOp * len(self._ops))(*self._ops)
         call_kernel("padfree_decode_program", self.device, ctypes.addressof(ops), len(self._ops), self.rows,
-                    self._dtype_code, stream_handle(self.device))
+                    ptr(self._barrier), self._dtype_code, stream_handle(self.device))
 
 
-def decode_program(rows: int, dtype: torch.dtype, device: torch.device) -> DecodeProgram:
+def decode_program(rows: int, dtype: torch.dtype, device: torch.device,
+                   barrier: torch.Tensor | None = None) -> DecodeProgram:
     """An empty decode program (record its operations, then run())."""
-    return DecodeProgram(rows, dtype, device)
+    return DecodeProgram(rows, dtype, device, barrier)
