@@ -4,21 +4,12 @@
 // stage 2 merges a row's candidates. Every selection is an exact radix select on 64-bit keys
 // (order-preserving float bits | ~id), so ties go to the smaller id without a sort.
 //
-// Stage 1 streams the logits: about one wave of CTAs, each looping over chunks of one row. A CTA
-// issues the next chunk's loads (logits and bias together, one round trip) into registers before it
-// works on the current chunk, so it always has a chunk's loads in flight. One CTA per chunk instead
-// put each chunk's round trips and its serial chain of barriers, block reductions and select one
-// after the other, with 8 KB of loads per CTA and few CTAs per SM: at 256 NLLB rows (16k CTAs) an
-// H100 took 193 us for 131 MB of fp16 logits, 45 us at copy bandwidth.
-//
 // The processors touch few ids (repetition penalty, banned ids): stage 1 leaves those out of its
 // candidates, stage 2 reads them again and adds them with their processed scores, so a penalised id
 // can neither displace a candidate nor be lost.
 #include "logits.h"
 
 #include <math_constants.h>
-
-#include <cstdint>
 
 #include "common.cuh"
 
@@ -27,7 +18,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kElems = 16;                  // logits per thread in stage 1
-constexpr int kChunk = kThreads * kElems;   // logits per stage-1 chunk
+constexpr int kChunk = kThreads * kElems;   // logits per stage-1 CTA
 constexpr int kWarps = kThreads / kWarpSize;
 constexpr int kMergeThreads = 512;
 constexpr uint32_t kPenalised = 1, kBanned = 2;
@@ -58,13 +49,18 @@ __device__ __forceinline__ float2 merge_max_sum(float2 a, float2 b) {
     return make_float2(m, a.y * __expf(a.x - m) + b.y * __expf(b.x - m));
 }
 
-// The warp's (max, sum), returned to every lane.
-__device__ __forceinline__ float2 warp_max_sum(float2 v) {
+// The whole block's (max, sum), returned to every thread: one barrier pair instead of two reductions.
+__device__ __forceinline__ float2 block_max_sum(float2 v, float2* scratch) {
 #pragma unroll
     for (int offset = kWarpSize / 2; offset > 0; offset /= 2)
         v = merge_max_sum(v, make_float2(__shfl_xor_sync(0xffffffffu, v.x, offset),
                                          __shfl_xor_sync(0xffffffffu, v.y, offset)));
-    return v;
+    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float2 total = scratch[0];
+    for (int w = 1; w < static_cast<int>(blockDim.x / kWarpSize); ++w) total = merge_max_sum(total, scratch[w]);
+    return total;
 }
 
 struct SelectShared {
@@ -140,263 +136,152 @@ __device__ void block_select(const unsigned long long* keys, int n, int k, Selec
     }
 }
 
-// ---- stage 1: CTAs looping over a row's chunks of kChunk logits ------------------------------------
+// ---- stage 1: one CTA per (chunk of kChunk logits, row) --------------------------------------------
 
-// A chunk's global loads, in registers from the time they are issued until the chunk is staged. Rows
-// start anywhere when vocab % VEC != 0 (NLLB's 256206), so the logits are read as the aligned 16-byte
-// vectors around the chunk and realigned through shared memory. Whole vectors as vectors; the fewer
-// than VEC elements after the last whole one, of the logits and of the bias, one per thread in
-// `rest` (threads [0, VEC) and [VEC, 2 VEC)): a vector's registers in every thread for one thread's
-// use would cost occupancy.
 template <typename T>
-struct ChunkLoads {
-    static constexpr int kVecs = kChunk / Vec<T>::size / kThreads;  // per thread
-    Vec<T> x[kVecs];
-    Vec<T> bias[kVecs];
-    T rest;
-};
-
-// The row as loaded: the aligned vectors from `base` on, whose element shift + id is the logit of id;
-// `avail` elements from base are in the tensor (at most INT_MAX: more are never reached).
-template <typename T>
-struct RowSource {
-    const T* base;
-    int shift, avail;
-};
-
-// A chunk of a row: its ids [e0, e0 + len).
-struct ChunkSpan {
-    int e0, len;
-};
-
-__device__ __forceinline__ ChunkSpan chunk_span(int chunk, int vocab) {
-    return {chunk * kChunk, min(kChunk, vocab - chunk * kChunk)};
-}
-
-// Where a chunk's whole vectors end: the stage needs elements [0, need) (stage element s is
-// base[e0 + s]), whole vectors up to x_rest; the bias's whole vectors end at bias_rest. Fewer than VEC
-// elements follow each (need <= row.avail - e0): the tail of the vector after the chunk's
-// kChunk / VEC, or of the tensor's last, partial vector; the end of the bias.
-template <typename T>
-struct ChunkEnds {
-    int need, x_rest, bias_rest;
-    __device__ __forceinline__ ChunkEnds(ChunkSpan c, const RowSource<T>& row)
-        : need(row.shift + c.len),
-          x_rest(min(kChunk, (row.avail - c.e0) / Vec<T>::size * Vec<T>::size)),
-          bias_rest(c.len / Vec<T>::size * Vec<T>::size) {}
-};
-
-// Issues the chunk's loads; nothing waits for them before stage_chunk.
-template <typename T>
-__device__ __forceinline__ void load_chunk(ChunkLoads<T>& in, ChunkSpan c, const RowSource<T>& row, const T* bias) {
+__global__ void __launch_bounds__(kThreads) topk_chunks_kernel(LogitsTopkArgs a, float2* stats, float* cand_value,
+                                                               int32_t* cand_id) {
     constexpr int VEC = Vec<T>::size;
-    const int tid = threadIdx.x;
-    const ChunkEnds<T> end(c, row);
-    const T* src = row.base + c.e0;
-#pragma unroll
-    for (int j = 0; j < ChunkLoads<T>::kVecs; ++j) {
-        const int s = (tid + j * kThreads) * VEC;
-        if (s < end.need && s < end.x_rest) in.x[j] = load_vec_ro(src + s);
-    }
-    if (bias != nullptr) {  // bias + e0 is aligned: e0 is a multiple of kChunk
-#pragma unroll
-        for (int j = 0; j < ChunkLoads<T>::kVecs; ++j) {
-            const int p = (tid + j * kThreads) * VEC;
-            if (p < end.bias_rest) in.bias[j] = load_vec_ro(bias + c.e0 + p);
-        }
-    }
-    // one load for both: a second load into the register would wait for all loads before it
-    const bool logit = tid < VEC;
-    const int i = logit ? end.x_rest + tid : end.bias_rest + tid - VEC;
-    if (logit ? i < end.need : bias != nullptr && i < c.len) in.rest = logit ? src[i] : bias[c.e0 + i];
-}
-
-// Stores the chunk's loads in the stage as they are (converted where they are read): 16-byte stores,
-// consecutive threads on consecutive vectors.
-template <typename T>
-__device__ __forceinline__ void stage_chunk(const ChunkLoads<T>& in, ChunkSpan c, const RowSource<T>& row,
-                                            bool has_bias, T* stage_x, T* stage_bias) {
-    constexpr int VEC = Vec<T>::size;
-    const int tid = threadIdx.x;
-    const ChunkEnds<T> end(c, row);
-#pragma unroll
-    for (int j = 0; j < ChunkLoads<T>::kVecs; ++j) {
-        const int s = (tid + j * kThreads) * VEC;
-        if (s < end.need && s < end.x_rest) store_vec(stage_x + s, in.x[j]);
-    }
-    if (has_bias) {
-#pragma unroll
-        for (int j = 0; j < ChunkLoads<T>::kVecs; ++j) {
-            const int p = (tid + j * kThreads) * VEC;
-            if (p < end.bias_rest) store_vec(stage_bias + p, in.bias[j]);
-        }
-    }
-    const bool logit = tid < VEC;
-    const int i = logit ? end.x_rest + tid : end.bias_rest + tid - VEC;
-    if (logit ? i < end.need : has_bias && i < c.len) (logit ? stage_x : stage_bias)[i] = in.rest;
-}
-
-// Stage 1's registers are capped for this many CTAs per SM, so that an SM has 32 KB of chunk loads in
-// flight (4 x 8 KB for 16-bit types, 2 x 16 KB for fp32, whose loads take twice the registers).
-template <typename T>
-constexpr int kChunkCtasPerSm = sizeof(T) == 4 ? 2 : 4;
-
-// A candidate's 32-bit key, at least 1: a NaN whose bits map to 0 stays above "no candidate" (0).
-__device__ __forceinline__ uint32_t candidate_key(float x) { return max(order_key(x), 1u); }
-
-// CTA (x, r) takes chunks x, x + gridDim.x, ... of row r, and writes each chunk's (max, sum of exp)
-// and candidates at [r * nchunks + chunk], as one CTA per chunk would.
-template <typename T>
-__global__ void __launch_bounds__(kThreads, kChunkCtasPerSm<T>)
-    topk_chunks_kernel(LogitsTopkArgs a, int32_t nchunks, float2* stats, float* cand_value, int32_t* cand_id) {
-    constexpr int VEC = Vec<T>::size;
-    constexpr int kIdsPerThread = kLogitsTopkMaxSpecialIds / kThreads;
-    static_assert(kLogitsTopkMaxSpecialIds % kThreads == 0, "the processed ids are loaded in whole rounds");
+    constexpr int kStageVecs = kChunk / VEC + 1;
     __shared__ union {
         struct {
-            unsigned long long ranked[kThreads];  // left alone: a ranking select may still read these keys
-            uint4 x[kChunk / VEC + 1];            // the chunk as loaded (T)
-            uint4 bias[kChunk / VEC];
+            float x[kChunk + VEC];
+            float bias[kChunk];
         } stage;
-        unsigned long long keys[kChunk];  // written once the stage is in registers
+        unsigned long long keys[kChunk];
     } sm;
-    __shared__ int32_t special_ids[kLogitsTopkMaxSpecialIds];  // the row's processed ids, read once
     __shared__ uint32_t special_bits[kChunk / 32];
     __shared__ SelectShared select;
     __shared__ uint32_t warp_bound[kWarps];
     __shared__ float2 pair_scratch[kWarps];
     __shared__ int candidates;
 
-    T* const stage_x = reinterpret_cast<T*>(sm.stage.x);
-    T* const stage_bias = reinterpret_cast<T*>(sm.stage.bias);
-    const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
-    const int r = blockIdx.y;
-    const T* bias = static_cast<const T*>(a.bias);
-    RowSource<T> row;
-    {
-        const int64_t row_start = static_cast<int64_t>(r) * a.vocab, total = static_cast<int64_t>(a.rows) * a.vocab;
-        row.shift = static_cast<int>(row_start % VEC);  // the same for every chunk: kChunk % VEC == 0
-        row.base = static_cast<const T*>(a.logits) + (row_start - row.shift);
-        row.avail = static_cast<int>(min(total - (row_start - row.shift), static_cast<int64_t>(INT32_MAX)));
-    }
-    const int specials = a.num_penalty + a.num_banned;
-
-    // The first chunk's loads go out before the forced check, which they overlap (a forced row wastes them).
+    const int tid = threadIdx.x;
+    const int chunk = blockIdx.x, r = blockIdx.y;
+    const int nchunks = gridDim.x;
     wait_on_producer();
-    int chunk = blockIdx.x;
-    ChunkLoads<T> in;
-    load_chunk(in, chunk_span(chunk, a.vocab), row, bias);
-    const int forced = a.forced_ids != nullptr ? a.forced_ids[r] : -1;
-    int32_t ids[kIdsPerThread];
-#pragma unroll
-    for (int j = 0; j < kIdsPerThread; ++j) {
-        const int i = tid + j * kThreads;
-        if (i < specials)
-            ids[j] = i < a.num_penalty ? a.penalty_ids[static_cast<int64_t>(r) * a.num_penalty + i]
-                                       : a.banned_ids[static_cast<int64_t>(r) * a.num_banned + i - a.num_penalty];
+    if (a.forced_ids != nullptr) {
+        const int forced = a.forced_ids[r];
+        if (forced >= 0 && forced < a.vocab) return;  // stage 2 writes a forced row without candidates
     }
-    if (forced >= 0 && forced < a.vocab) return;  // stage 2 writes a forced row without candidates
-#pragma unroll
-    for (int j = 0; j < kIdsPerThread; ++j) {
-        if (tid + j * kThreads < specials) special_ids[tid + j * kThreads] = ids[j];
-    }
+    const int64_t vocab = a.vocab;
+    const int e0 = chunk * kChunk;
+    const int e1 = static_cast<int>(min(static_cast<int64_t>(e0) + kChunk, vocab));
+    const T* logits = static_cast<const T*>(a.logits);
+    const T* bias = static_cast<const T*>(a.bias);
+
+    // Rows start anywhere when vocab % VEC != 0 (NLLB's 256206): the chunk is read as the aligned
+    // 16-byte vectors around it and realigned through shared memory.
+    const int64_t g0 = r * vocab + e0, g1 = r * vocab + e1;
+    const int64_t va = g0 / VEC, vb = ceil_div<int64_t>(g1, VEC);
+    const int64_t total = static_cast<int64_t>(a.rows) * vocab, full_vecs = total / VEC;
+    const int shift = static_cast<int>(g0 - va * VEC);
     if (tid < kChunk / 32) special_bits[tid] = 0;
-    __syncthreads();
-
-    // Per chunk three barriers: the stage written, the stage read (keys may overwrite it), the keys
-    // written. The next chunk's stage may be written while this chunk's ranking select still reads
-    // keys [0, kThreads), which the stage leaves alone; only the radix select, reading all keys, is
-    // waited for.
-    while (true) {
-        const ChunkSpan span = chunk_span(chunk, a.vocab);
-        const int e0 = span.e0, len = span.len;
-        // Ids the processors change are no candidates here (stage 2 adds them processed).
-        for (int i = tid; i < specials; i += kThreads) {
-            const int id = special_ids[i];
-            if (id >= e0 && id < e0 + len) atomicOr(&special_bits[(id - e0) / 32], 1u << ((id - e0) % 32));
-        }
-        stage_chunk(in, span, row, bias != nullptr, stage_x, stage_bias);
-        const int next = chunk + static_cast<int>(gridDim.x);
-        if (next < nchunks) {  // the next chunk's loads are in flight while this one is worked on
-            load_chunk(in, chunk_span(next, a.vocab), row, bias);
-        } else {
-            allow_consumers();  // the CTA's last chunk
-        }
-        __syncthreads();
-
-        // Consecutive threads on consecutive elements: no bank conflicts, and each thread's sum of
-        // exp adds its elements in the order of one CTA per chunk.
-        float x[kElems];
-        uint32_t candidate_bits = 0;  // bit j: x[j] is a candidate
-        float thread_max = -CUDART_INF_F;
-        uint32_t thread_key = 0;  // 0: no candidate
+    {
+        Vec<T> raw[kStageVecs / kThreads + 1];
 #pragma unroll
-        for (int j = 0; j < kElems; ++j) {
-            const int p = j * kThreads + tid;
-            const bool valid = p < len;
-            x[j] = valid ? to_float(stage_x[row.shift + p]) + (bias != nullptr ? to_float(stage_bias[p]) : 0.f)
-                         : -CUDART_INF_F;
-            if (valid) thread_max = fmaxf(thread_max, x[j]);
-            if (valid && (specials == 0 || !((special_bits[j * kWarps + warp] >> lane) & 1u))) {  // bit p of them
-                candidate_bits |= 1u << j;
-                thread_key = max(thread_key, candidate_key(x[j]));
+        for (int j = 0; j < kStageVecs / kThreads + 1; ++j) {
+            const int64_t vi = va + tid + j * kThreads;
+            if (vi < vb && vi < full_vecs) raw[j] = load_vec_ro(logits + vi * VEC);
+        }
+#pragma unroll
+        for (int j = 0; j < kStageVecs / kThreads + 1; ++j) {
+            const int64_t vi = va + tid + j * kThreads;
+            if (vi >= vb) continue;
+            float f[VEC];
+            if (vi < full_vecs) {
+                vec_to_float(raw[j], f);
+            } else {  // the tensor's last, partial vector
+#pragma unroll
+                for (int i = 0; i < VEC; ++i) f[i] = vi * VEC + i < total ? to_float(logits[vi * VEC + i]) : 0.f;
+            }
+#pragma unroll
+            for (int i = 0; i < VEC; ++i) sm.stage.x[(vi - va) * VEC + i] = f[i];
+        }
+        if (bias != nullptr) {  // bias + e0 is aligned: e0 is a multiple of kChunk
+            for (int p = tid * VEC; p < e1 - e0; p += kThreads * VEC) {
+                float f[VEC];
+                if (e0 + p + VEC <= vocab) {
+                    vec_to_float(load_vec_ro(bias + e0 + p), f);
+                } else {
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) f[i] = e0 + p + i < vocab ? to_float(bias[e0 + p + i]) : 0.f;
+                }
+#pragma unroll
+                for (int i = 0; i < VEC; ++i) sm.stage.bias[p + i] = f[i];
             }
         }
-        if (a.normalize) {  // the chunk's max and sum of exp (online softmax's pairs), combined in stage 2
-            float sum = 0.f;
-            if (thread_max != -CUDART_INF_F) {
-#pragma unroll
-                for (int j = 0; j < kElems; ++j) sum += __expf(x[j] - thread_max);
-            }
-            const float2 ms = warp_max_sum(make_float2(thread_max, sum));
-            if (lane == 0) pair_scratch[warp] = ms;
-        }
-        // A lower bound of the k-th largest candidate key: each warp's ceil(k / warps)-th largest thread
-        // maximum (those maxima are distinct elements, at least k of them at or above the smallest bound).
-        {
-            const int q = ceil_div(a.k, kWarps);
-            uint32_t work = thread_key, bound = 0;
-            for (int i = 0; i < q; ++i) {
-                bound = __reduce_max_sync(0xffffffffu, work);
-                if (bound == 0) break;
-                const unsigned holders = __ballot_sync(0xffffffffu, work == bound);
-                if (lane == __ffs(holders) - 1) work = 0;
-            }
-            if (lane == 0) warp_bound[warp] = bound;
-            if (tid == 0) candidates = 0;
-        }
-        __syncthreads();  // also: every thread has read the stage and the special bits
-
-        if (a.normalize && tid == 0) {
-            float2 ms = pair_scratch[0];
-#pragma unroll
-            for (int w = 1; w < kWarps; ++w) ms = merge_max_sum(ms, pair_scratch[w]);
-            stats[static_cast<int64_t>(r) * nchunks + chunk] = ms;
-        }
-        if (specials > 0 && tid < kChunk / 32) special_bits[tid] = 0;  // for the next chunk
-        uint32_t bound = warp_bound[0];
-#pragma unroll
-        for (int w = 1; w < kWarps; ++w) bound = min(bound, warp_bound[w]);
-        bound = max(bound, 1u);
-#pragma unroll
-        for (int j = 0; j < kElems; ++j) {
-            if ((candidate_bits >> j) & 1u) {
-                const uint32_t key = candidate_key(x[j]);
-                if (key >= bound) sm.keys[atomicAdd(&candidates, 1)] = full_key(key, e0 + j * kThreads + tid);
-            }
-        }
-        __syncthreads();
-        const int n = candidates;
-        const int64_t out_base = (static_cast<int64_t>(r) * nchunks + chunk) * a.k;
-        block_select<kThreads>(sm.keys, n, a.k, select, [&](int slot, unsigned long long k64) {
-            cand_value[out_base + slot] = key_value(static_cast<uint32_t>(k64 >> 32));
-            cand_id[out_base + slot] = key_id(k64);
-        });
-        for (int slot = min(n, a.k) + tid; slot < a.k; slot += kThreads) cand_id[out_base + slot] = -1;
-        if (next >= nchunks) break;
-        chunk = next;
-        if (n > kThreads) __syncthreads();
     }
+    __syncthreads();
+    // Ids the processors change are no candidates here (stage 2 adds them processed).
+    const int specials = a.num_penalty + a.num_banned;
+    if (specials > 0) {  // the same for the whole block
+        for (int i = tid; i < specials; i += kThreads) {
+            const int id = i < a.num_penalty ? a.penalty_ids[static_cast<int64_t>(r) * a.num_penalty + i]
+                                             : a.banned_ids[static_cast<int64_t>(r) * a.num_banned + i - a.num_penalty];
+            if (id >= e0 && id < e1) atomicOr(&special_bits[(id - e0) / 32], 1u << ((id - e0) % 32));
+        }
+        __syncthreads();
+    }
+
+    float x[kElems];
+    uint32_t key[kElems];
+    float thread_max = -CUDART_INF_F;
+    uint32_t thread_key = 0;  // 0: no candidate
+#pragma unroll
+    for (int j = 0; j < kElems; ++j) {
+        const int p = j * kThreads + tid;  // consecutive threads, consecutive words: no bank conflicts
+        const bool valid = p < e1 - e0;
+        x[j] = valid ? sm.stage.x[shift + p] + (bias != nullptr ? sm.stage.bias[p] : 0.f) : -CUDART_INF_F;
+        if (valid) thread_max = fmaxf(thread_max, x[j]);
+        const bool candidate = valid && !((special_bits[p / 32] >> (p % 32)) & 1u);
+        key[j] = candidate ? max(order_key(x[j]), 1u) : 0u;  // 1: a NaN's key, still above "none"
+        thread_key = max(thread_key, key[j]);
+    }
+
+    if (a.normalize) {  // the chunk's max and sum of exp (online softmax's pairs), combined in stage 2
+        float sum = 0.f;
+        if (thread_max != -CUDART_INF_F) {
+#pragma unroll
+            for (int j = 0; j < kElems; ++j) sum += __expf(x[j] - thread_max);
+        }
+        const float2 ms = block_max_sum(make_float2(thread_max, sum), pair_scratch);
+        if (tid == 0) stats[static_cast<int64_t>(r) * nchunks + chunk] = ms;
+    }
+
+    // A lower bound of the k-th largest candidate key: each warp's ceil(k / warps)-th largest thread
+    // maximum (those maxima are distinct elements, at least k of them at or above the smallest bound).
+    {
+        const int lane = tid % kWarpSize, warp = tid / kWarpSize;
+        const int q = ceil_div(a.k, kWarps);
+        uint32_t work = thread_key, bound = 0;
+        for (int i = 0; i < q; ++i) {
+            bound = __reduce_max_sync(0xffffffffu, work);
+            if (bound == 0) break;
+            const unsigned holders = __ballot_sync(0xffffffffu, work == bound);
+            if (lane == __ffs(holders) - 1) work = 0;
+        }
+        if (lane == 0) warp_bound[warp] = bound;
+        if (tid == 0) candidates = 0;
+    }
+    __syncthreads();  // also: every thread has read the stage before keys (its alias) is written
+    uint32_t bound = warp_bound[0];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) bound = min(bound, warp_bound[w]);
+    bound = max(bound, 1u);
+#pragma unroll
+    for (int j = 0; j < kElems; ++j) {
+        if (key[j] >= bound) sm.keys[atomicAdd(&candidates, 1)] = full_key(key[j], e0 + j * kThreads + tid);
+    }
+    __syncthreads();
+    const int n = candidates;
+    const int64_t out_base = (static_cast<int64_t>(r) * nchunks + chunk) * a.k;
+    block_select<kThreads>(sm.keys, n, a.k, select, [&](int slot, unsigned long long k64) {
+        cand_value[out_base + slot] = key_value(static_cast<uint32_t>(k64 >> 32));
+        cand_id[out_base + slot] = key_id(k64);
+    });
+    allow_consumers();
+    for (int slot = min(n, a.k) + tid; slot < a.k; slot += kThreads) cand_id[out_base + slot] = -1;
 }
 
 // ---- stage 2: one CTA per row --------------------------------------------------------------------
@@ -511,56 +396,24 @@ size_t merge_smem(const LogitsTopkArgs& args) {
            static_cast<size_t>(table_size_of(specials)) * 2 * sizeof(int32_t);
 }
 
-// Stage 1's CTAs per SM on the current device (0 where it cannot be read).
-template <typename T>
-int query_chunk_ctas_per_sm(int /*device: the current one*/) {
-    int ctas = 0;
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, topk_chunks_kernel<T>, kThreads, 0) == cudaSuccess
-               ? ctas
-               : 0;
-}
-
-// Stage 1's CTAs per row where `slots` CTAs are resident at once. Equal CTAs run in waves of `slots`,
-// each CTA taking its chunks one after another plus its first chunk's loads (nothing overlaps those):
-// the count with the fewest chunk times, waves * (chunks per CTA + 1). That is one wave of as many
-// CTAs as fit (256 rows of 63 chunks on 528 slots: 2 per row), unless that leaves many slots idle or
-// a last wave nearly empty (300 rows: 7 CTAs per row of 9 chunks in 4 waves, 40 chunk times, not 1
-// of 63 in one, 64). Unknown slots: one CTA per chunk.
-int32_t chunk_ctas_per_row(int32_t rows, int32_t nchunks, int64_t slots) {
-    if (slots <= 0) return nchunks;
-    int32_t best = nchunks;
-    int64_t best_time = INT64_MAX;
-    for (int32_t ctas = 1;;) {  // each number of chunks per CTA at its fewest CTAs: ~2 sqrt(nchunks) tries
-        const int32_t chunks = ceil_div(nchunks, ctas);
-        const int64_t time = ceil_div<int64_t>(static_cast<int64_t>(rows) * ctas, slots) * (chunks + 1);
-        if (time < best_time) {
-            best = ctas;
-            best_time = time;
-        }
-        if (chunks == 1) break;
-        ctas = ceil_div(nchunks, chunks - 1);
-    }
-    return best;
-}
-
 }  // namespace
 
 int64_t logits_topk_workspace_bytes(int32_t rows, int32_t vocab, int32_t k) {
-    const int64_t chunks = static_cast<int64_t>(rows) * chunks_of(vocab);
+    const int64_t blocks = static_cast<int64_t>(rows) * chunks_of(vocab);
     // stats (float2), then values (float) and ids (int32), each rounded up to 16 bytes
-    return round_up_vectors(chunks * 8) + 2 * round_up_vectors(chunks * k * 4);
+    return round_up_vectors(blocks * 8) + 2 * round_up_vectors(blocks * k * 4);
 }
 
 cudaError_t launch_logits_topk(const LogitsTopkArgs& args, void* workspace, padfree_dtype dtype,
                                cudaStream_t stream) {
     if (args.rows == 0) return cudaSuccess;
     const int32_t nchunks = chunks_of(args.vocab);
-    const int64_t chunks = static_cast<int64_t>(args.rows) * nchunks;
+    const int64_t blocks = static_cast<int64_t>(args.rows) * nchunks;
     char* ws = static_cast<char*>(workspace);
     float2* stats = reinterpret_cast<float2*>(ws);
-    float* cand_value = reinterpret_cast<float*>(ws + round_up_vectors(chunks * 8));
+    float* cand_value = reinterpret_cast<float*>(ws + round_up_vectors(blocks * 8));
     int32_t* cand_id =
-        reinterpret_cast<int32_t*>(ws + round_up_vectors(chunks * 8) + round_up_vectors(chunks * args.k * 4));
+        reinterpret_cast<int32_t*>(ws + round_up_vectors(blocks * 8) + round_up_vectors(blocks * args.k * 4));
     const size_t smem = merge_smem(args);
     cudaError_t err = cudaSuccess;
     dispatch_dtype(dtype, [&](auto tag) {
@@ -570,10 +423,8 @@ cudaError_t launch_logits_topk(const LogitsTopkArgs& args, void* workspace, padf
                                        static_cast<int>(smem));
             if (err != cudaSuccess) return;
         }
-        const int64_t slots = static_cast<int64_t>(current_device_value<query_sm_count>()) *
-                              current_device_value<query_chunk_ctas_per_sm<T>>();
-        launch_kernel(topk_chunks_kernel<T>, dim3(chunk_ctas_per_row(args.rows, nchunks, slots), args.rows),
-                      dim3(kThreads), 0, stream, args, nchunks, stats, cand_value, cand_id);
+        launch_kernel(topk_chunks_kernel<T>, dim3(nchunks, args.rows), dim3(kThreads), 0, stream, args, stats,
+                      cand_value, cand_id);
         launch_kernel(topk_merge_kernel<T>, dim3(args.rows), dim3(kMergeThreads), smem, stream, args, nchunks,
                       table_size_of(args.num_penalty + args.num_banned), stats, cand_value, cand_id);
     });

@@ -35,7 +35,7 @@ struct LogitsTopkArgs {
 constexpr int32_t kLogitsTopkMaxK = 64;
 constexpr int32_t kLogitsTopkMaxSpecialIds = 2048;  // num_penalty + num_banned
 
-// Scratch of the two stages (per-chunk statistics and candidates).
+// Scratch of the two stages (per-block statistics and candidates).
 int64_t logits_topk_workspace_bytes(int32_t rows, int32_t vocab, int32_t k);
 
 // workspace: at least logits_topk_workspace_bytes, 16-byte aligned. Returns a configuration error
