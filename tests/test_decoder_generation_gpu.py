@@ -157,20 +157,15 @@ def test_a_head_dim_the_decoder_kernels_lack_runs_the_reference():
     assert gen.ops.sources["decoder_self_attention"].startswith("reference: kernel refused")
 
 
-@pytest.mark.parametrize("program", [True, False], ids=["program", "kernels"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_fp32_few_rows_generation_matches_hf(family, program, monkeypatch):
+def test_fp32_few_rows_generation_matches_hf(family):
     """Up to 8 hypotheses per step the decoder's linear layers are decode_linear kernels (LayerNorm, bias,
-    activation and residual fused), run as one decode program or one kernel each: greedy over 8
-    sources, beam 4 over 2 and over 1 source, against HF."""
+    activation and residual fused): greedy over 8 sources, beam 4 over 2 and over 1 source, against HF."""
     from padfree.generation import Seq2SeqGenerator
-    if not program:
-        monkeypatch.setenv("PADFREE_DECODE_PROGRAM", "0")
     model = build(family, **GPU_MODEL).to("cuda")
     gen = Seq2SeqGenerator(model, dtype=torch.float32, device="cuda")
-    for op in ("decode_linear", "decode_program") if program else ("decode_linear",):
-        if gen.ops.sources[op] != "kernel":
-            pytest.skip(f"{op}: {gen.ops.sources[op]}")
+    if gen.ops.sources["decode_linear"] != "kernel":
+        pytest.skip(f"decode_linear: {gen.ops.sources['decode_linear']}")
     sources = random_sources(model.config, 8, seed=11)
     assert_greedy_parity(hf_generate(model, sources, max_new_tokens=16).cpu(),
                          gen.generate(sources, max_new_tokens=16).cpu())
@@ -183,7 +178,7 @@ def test_fp32_few_rows_generation_matches_hf(family, program, monkeypatch):
         for r in (ref, out):
             r.sequences, r.sequences_scores = r.sequences.cpu(), r.sequences_scores.cpu()
         assert_beam_parity(ref, out, count, 2, fill_value(model), f"gpu few rows {family} x{count}")
-    assert all(state.decoder.few_rows and state.decoder.program == program for state in gen.runner.states.values())
+    assert all(state.decoder.few_rows for state in gen.runner.states.values())
 
 
 @pytest.mark.parametrize("family", FAMILIES)

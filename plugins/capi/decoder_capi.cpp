@@ -1,5 +1,5 @@
-// C ABI of the decoder family (kernels/decoder/): one decoding step's self- and cross-attention, its
-// few-row linear layers, and the decode program that runs a list of them as one kernel.
+// C ABI of the decoder family (kernels/decoder/): one decoding step's self- and cross-attention and its
+// few-row linear layers.
 // Argument checks, then the launchers; device values (step, cache_indir, cu_seqlens) are clamped by
 // the kernels, never read here.
 #include <algorithm>
@@ -8,7 +8,6 @@
 
 #include "decoder/cross_attention.h"
 #include "decoder/decode_linear.h"
-#include "decoder/decode_program.h"
 #include "decoder/self_attention.h"
 #include "rowwise_checks.h"
 
@@ -39,113 +38,9 @@ padfree_status launched(const char* what, cudaError_t err) {
     return padfree::check_launch(what);
 }
 
-
-// The checks of padfree_decoder_self_attention, into args (args->rows == 0: nothing to run).
-padfree_status self_attention_args(const void* qkv, const void* qkv_bias, void* k_cache, void* v_cache,
-                                   const int32_t* cache_indir, const int32_t* step, int32_t rows, int32_t num_heads,
-                                   int32_t head_dim, int32_t max_len, float softmax_scale, padfree_dtype dtype,
-                                   void* out, padfree::SelfAttentionArgs* args) {
-    using namespace padfree;
-    PADFREE_CHECK(check_dtype(dtype));
-    PADFREE_REQUIRE(rows >= 0, "decoder_self_attention: rows must be >= 0, got ", rows);
-    PADFREE_CHECK(check_heads("decoder_self_attention", num_heads, head_dim));
-    PADFREE_REQUIRE(max_len >= 1 && max_len <= kMaxPositions, "decoder_self_attention: max_len must be in [1, ",
-                    kMaxPositions, "], got ", max_len);
-    PADFREE_CHECK(check_scale("decoder_self_attention", softmax_scale));
-    *args = padfree::SelfAttentionArgs{qkv, qkv_bias, k_cache, v_cache, cache_indir, step, out,
-                                       rows, num_heads, head_dim, max_len, softmax_scale};
-    if (rows == 0) return PADFREE_OK;
-    PADFREE_CHECK(check_tensor(qkv, "qkv"));
-    PADFREE_CHECK(check_optional_tensor(qkv_bias, "qkv_bias"));
-    PADFREE_CHECK(check_tensor(k_cache, "k_cache"));
-    PADFREE_CHECK(check_tensor(v_cache, "v_cache"));
-    PADFREE_CHECK(check_tensor(out, "out"));
-    PADFREE_REQUIRE(cache_indir != nullptr && aligned4(cache_indir), "cache_indir must be a 4-byte aligned pointer");
-    PADFREE_REQUIRE(step != nullptr && aligned4(step), "step must be a 4-byte aligned device pointer");
-    return PADFREE_OK;
-}
-
-// The checks of padfree_decoder_cross_attention, into args (args->rows == 0: nothing to run).
-padfree_status cross_attention_args(const void* q, const void* q_bias, const void* kv_mem, const int32_t* cu_seqlens,
-                                    int32_t batch, int32_t num_beams, int64_t total_tokens, int32_t max_seqlen,
-                                    int32_t num_heads, int32_t head_dim, float softmax_scale, padfree_dtype dtype,
-                                    void* out, padfree::CrossAttentionArgs* args) {
-    using namespace padfree;
-    PADFREE_CHECK(check_dtype(dtype));
-    PADFREE_REQUIRE(batch >= 0, "decoder_cross_attention: batch must be >= 0, got ", batch);
-    PADFREE_REQUIRE(num_beams >= 1, "decoder_cross_attention: num_beams must be >= 1, got ", num_beams);
-    PADFREE_REQUIRE(static_cast<int64_t>(batch) * num_beams <= INT32_MAX,
-                    "decoder_cross_attention: batch * num_beams must fit int32");
-    PADFREE_REQUIRE(total_tokens >= 0, "decoder_cross_attention: total_tokens must be >= 0, got ", total_tokens);
-    PADFREE_CHECK(check_heads("decoder_cross_attention", num_heads, head_dim));
-    PADFREE_REQUIRE(max_seqlen >= 1 && max_seqlen <= kMaxPositions, "decoder_cross_attention: max_seqlen must be in [1, ",
-                    kMaxPositions, "], got ", max_seqlen);
-    PADFREE_CHECK(check_scale("decoder_cross_attention", softmax_scale));
-    *args = padfree::CrossAttentionArgs{q, q_bias, kv_mem, cu_seqlens, out, batch * num_beams, batch, num_beams,
-                                        static_cast<int32_t>(std::min<int64_t>(total_tokens, INT32_MAX)), max_seqlen,
-                                        num_heads, head_dim, softmax_scale};
-    if (batch == 0) return PADFREE_OK;
-    PADFREE_CHECK(check_tensor(q, "q"));
-    PADFREE_CHECK(check_optional_tensor(q_bias, "q_bias"));
-    PADFREE_CHECK(check_tensor(kv_mem, "kv_mem"));
-    PADFREE_CHECK(check_tensor(out, "out"));
-    PADFREE_REQUIRE(cu_seqlens != nullptr && aligned4(cu_seqlens), "cu_seqlens must be a 4-byte aligned pointer");
-    return PADFREE_OK;
-}
-
-// The checks of padfree_decode_linear, into args (args->rows == 0: nothing to run).
-padfree_status decode_linear_args(const void* x, const void* weight, const void* bias, const void* residual,
-                                  const void* ln_gamma, const void* ln_beta, float eps, int32_t activation,
-                                  int32_t rows, int32_t in_features, int32_t out_features, padfree_dtype dtype,
-                                  void* out, void* x_norm_out, padfree::DecodeLinearArgs* args) {
-    using namespace padfree;
-    PADFREE_CHECK(check_dtype(dtype));
-    PADFREE_REQUIRE(rows >= 0 && rows <= kDecodeLinearMaxRows, "decode_linear: rows must be in [0, ",
-                    kDecodeLinearMaxRows, "], got ", rows);
-    PADFREE_CHECK(check_width("decode_linear: in_features", in_features, 0));
-    PADFREE_REQUIRE(out_features >= 0, "decode_linear: out_features must be >= 0, got ", out_features);
-    PADFREE_REQUIRE(activation >= 0 && activation <= 4,
-                    "decode_linear: activation must be 0 (none), 1 (relu), 2 (gelu), 3 (gelu_tanh) or 4 (silu), got ",
-                    activation);
-    PADFREE_REQUIRE((ln_gamma == nullptr) == (ln_beta == nullptr),
-                    "decode_linear: ln_gamma and ln_beta come together (or neither)");
-    PADFREE_REQUIRE(x_norm_out == nullptr || ln_gamma != nullptr, "decode_linear: x_norm_out needs ln_gamma/ln_beta");
-    if (ln_gamma != nullptr) PADFREE_CHECK(check_eps(eps));
-    const int64_t element = dtype == PADFREE_FLOAT32 ? 4 : 2;
-    int32_t staged = 1;
-    while (staged < rows) staged *= 2;
-    PADFREE_REQUIRE(staged * in_features * element <= kDecodeLinearMaxStageBytes, "decode_linear: rows x in_features (",
-                    rows, " x ", in_features, ") exceeds the ", kDecodeLinearMaxStageBytes,
-                    " bytes staged in shared memory; use a GEMM");
-    *args = DecodeLinearArgs{x, weight, bias, residual, ln_gamma, ln_beta, out, x_norm_out, rows, in_features,
-                             out_features, eps, static_cast<DecodeActivation>(activation)};
-    if (rows == 0 || out_features == 0) {
-        args->rows = 0;
-        return PADFREE_OK;
-    }
-    PADFREE_CHECK(check_tensor(x, "decode_linear: x"));
-    PADFREE_CHECK(check_tensor(weight, "decode_linear: weight"));
-    PADFREE_CHECK(check_tensor(out, "decode_linear: out"));
-    auto element_aligned = [&](const void* p) { return reinterpret_cast<uintptr_t>(p) % element == 0; };
-    PADFREE_REQUIRE(element_aligned(bias) && element_aligned(residual) && element_aligned(ln_gamma) &&
-                        element_aligned(ln_beta) && element_aligned(x_norm_out),
-                    "decode_linear: bias, residual, ln_gamma, ln_beta and x_norm_out must be aligned to the dtype");
-    const int64_t x_bytes = static_cast<int64_t>(rows) * in_features * element;
-    const int64_t o_bytes = static_cast<int64_t>(rows) * out_features * element;
-    PADFREE_REQUIRE(disjoint(out, o_bytes, x, x_bytes), "decode_linear: out must not overlap x");
-    PADFREE_REQUIRE(residual == nullptr || residual == out || disjoint(residual, o_bytes, out, o_bytes),
-                    "decode_linear: residual must be out itself or not overlap it");
-    if (x_norm_out != nullptr) {
-        PADFREE_REQUIRE(disjoint(x_norm_out, x_bytes, x, x_bytes), "decode_linear: x_norm_out must not overlap x");
-        PADFREE_REQUIRE(disjoint(x_norm_out, x_bytes, out, o_bytes), "decode_linear: x_norm_out must not overlap out");
-    }
-    return PADFREE_OK;
-}
-
 }  // namespace
 
 extern "C" {
-
 
 padfree_status padfree_decoder_self_attention_workspace_size(int32_t rows, int32_t num_heads, int32_t head_dim,
                                                              int32_t max_len, int64_t* bytes) {
@@ -167,14 +62,26 @@ padfree_status padfree_decoder_self_attention(const void* qkv, const void* qkv_b
                                               padfree_dtype dtype, void* out, padfree_stream stream) {
     PADFREE_CAPI_GUARD_BEGIN
     using namespace padfree;
-    SelfAttentionArgs args{};
-    PADFREE_CHECK(self_attention_args(qkv, qkv_bias, k_cache, v_cache, cache_indir, step, rows, num_heads, head_dim,
-                                      max_len, softmax_scale, dtype, out, &args));
+    PADFREE_CHECK(check_dtype(dtype));
+    PADFREE_REQUIRE(rows >= 0, "decoder_self_attention: rows must be >= 0, got ", rows);
+    PADFREE_CHECK(check_heads("decoder_self_attention", num_heads, head_dim));
+    PADFREE_REQUIRE(max_len >= 1 && max_len <= kMaxPositions, "decoder_self_attention: max_len must be in [1, ",
+                    kMaxPositions, "], got ", max_len);
+    PADFREE_CHECK(check_scale("decoder_self_attention", softmax_scale));
     PADFREE_REQUIRE(workspace_bytes >= 0, "decoder_self_attention: workspace_bytes must be >= 0");
     if (rows == 0) return PADFREE_OK;
+    PADFREE_CHECK(check_tensor(qkv, "qkv"));
+    PADFREE_CHECK(check_optional_tensor(qkv_bias, "qkv_bias"));
+    PADFREE_CHECK(check_tensor(k_cache, "k_cache"));
+    PADFREE_CHECK(check_tensor(v_cache, "v_cache"));
+    PADFREE_CHECK(check_tensor(out, "out"));
     PADFREE_CHECK(check_optional_tensor(workspace, "workspace"));
+    PADFREE_REQUIRE(cache_indir != nullptr && aligned4(cache_indir), "cache_indir must be a 4-byte aligned pointer");
+    PADFREE_REQUIRE(step != nullptr && aligned4(step), "step must be a 4-byte aligned device pointer");
+    SelfAttentionArgs args{qkv, qkv_bias, k_cache, v_cache, cache_indir, step, out,
+                           rows, num_heads, head_dim, max_len, softmax_scale};
     return launched("decoder_self_attention",
-                    launch_self_attention(args, workspace, workspace_bytes, dtype, as_cuda_stream(stream)));
+                      launch_self_attention(args, workspace, workspace_bytes, dtype, as_cuda_stream(stream)));
     PADFREE_CAPI_GUARD_END
 }
 
@@ -199,14 +106,29 @@ padfree_status padfree_decoder_cross_attention(const void* q, const void* q_bias
                                                padfree_stream stream) {
     PADFREE_CAPI_GUARD_BEGIN
     using namespace padfree;
-    CrossAttentionArgs args{};
-    PADFREE_CHECK(cross_attention_args(q, q_bias, kv_mem, cu_seqlens, batch, num_beams, total_tokens, max_seqlen,
-                                       num_heads, head_dim, softmax_scale, dtype, out, &args));
+    PADFREE_CHECK(check_dtype(dtype));
+    PADFREE_REQUIRE(batch >= 0, "decoder_cross_attention: batch must be >= 0, got ", batch);
+    PADFREE_REQUIRE(num_beams >= 1, "decoder_cross_attention: num_beams must be >= 1, got ", num_beams);
+    PADFREE_REQUIRE(static_cast<int64_t>(batch) * num_beams <= INT32_MAX,
+                    "decoder_cross_attention: batch * num_beams must fit int32");
+    PADFREE_REQUIRE(total_tokens >= 0, "decoder_cross_attention: total_tokens must be >= 0, got ", total_tokens);
+    PADFREE_CHECK(check_heads("decoder_cross_attention", num_heads, head_dim));
+    PADFREE_REQUIRE(max_seqlen >= 1 && max_seqlen <= kMaxPositions, "decoder_cross_attention: max_seqlen must be in [1, ",
+                    kMaxPositions, "], got ", max_seqlen);
+    PADFREE_CHECK(check_scale("decoder_cross_attention", softmax_scale));
     PADFREE_REQUIRE(workspace_bytes >= 0, "decoder_cross_attention: workspace_bytes must be >= 0");
     if (batch == 0) return PADFREE_OK;
+    PADFREE_CHECK(check_tensor(q, "q"));
+    PADFREE_CHECK(check_optional_tensor(q_bias, "q_bias"));
+    PADFREE_CHECK(check_tensor(kv_mem, "kv_mem"));
+    PADFREE_CHECK(check_tensor(out, "out"));
     PADFREE_CHECK(check_optional_tensor(workspace, "workspace"));
+    PADFREE_REQUIRE(cu_seqlens != nullptr && aligned4(cu_seqlens), "cu_seqlens must be a 4-byte aligned pointer");
+    CrossAttentionArgs args{q, q_bias, kv_mem, cu_seqlens, out, batch * num_beams, batch, num_beams,
+                            static_cast<int32_t>(std::min<int64_t>(total_tokens, INT32_MAX)), max_seqlen,
+                            num_heads, head_dim, softmax_scale};
     return launched("decoder_cross_attention",
-                    launch_cross_attention(args, workspace, workspace_bytes, dtype, as_cuda_stream(stream)));
+                      launch_cross_attention(args, workspace, workspace_bytes, dtype, as_cuda_stream(stream)));
     PADFREE_CAPI_GUARD_END
 }
 
@@ -216,65 +138,44 @@ padfree_status padfree_decode_linear(const void* x, const void* weight, const vo
                                     void* out, void* x_norm_out, padfree_stream stream) {
     PADFREE_CAPI_GUARD_BEGIN
     using namespace padfree;
-    DecodeLinearArgs args{};
-    PADFREE_CHECK(decode_linear_args(x, weight, bias, residual, ln_gamma, ln_beta, eps, activation, rows, in_features,
-                                     out_features, dtype, out, x_norm_out, &args));
-    if (args.rows == 0) return PADFREE_OK;
-    return launched("decode_linear", launch_decode_linear(args, dtype, as_cuda_stream(stream)));
-    PADFREE_CAPI_GUARD_END
-}
-
-padfree_status padfree_decode_program(const padfree_decode_op* ops, int32_t count, int32_t rows, void* barrier,
-                                      padfree_dtype dtype, padfree_stream stream) {
-    PADFREE_CAPI_GUARD_BEGIN
-    using namespace padfree;
     PADFREE_CHECK(check_dtype(dtype));
-    PADFREE_REQUIRE(count >= 0 && count <= kDecodeProgramMaxOps, "decode_program: count must be in [0, ",
-                    kDecodeProgramMaxOps, "], got ", count);
-    PADFREE_REQUIRE(count == 0 || ops != nullptr, "decode_program: ops is NULL");
-    PADFREE_REQUIRE(rows >= 1 && rows <= kDecodeLinearMaxRows, "decode_program: rows must be in [1, ",
+    PADFREE_REQUIRE(rows >= 0 && rows <= kDecodeLinearMaxRows, "decode_linear: rows must be in [0, ",
                     kDecodeLinearMaxRows, "], got ", rows);
-    DecodeProgramOps program{};
-    program.count = count;
-    for (int32_t i = 0; i < count; ++i) {
-        const padfree_decode_op& op = ops[i];
-        DecodeProgramOp& dst = program.ops[i];
-        padfree_status status = PADFREE_OK;
-        int32_t op_rows = 0;
-        switch (op.kind) {
-            case PADFREE_DECODE_OP_LINEAR:
-                dst.kind = DecodeProgramOpKind::kLinear;
-                status = decode_linear_args(op.input, op.weight, op.bias, op.residual, op.ln_gamma, op.ln_beta, op.eps,
-                                            op.activation, rows, op.in_features, op.out_features, dtype, op.out,
-                                            op.x_norm_out, &dst.linear);
-                op_rows = dst.linear.rows;
-                break;
-            case PADFREE_DECODE_OP_SELF_ATTENTION:
-                dst.kind = DecodeProgramOpKind::kSelfAttention;
-                status = self_attention_args(op.input, op.bias, op.k_cache, op.v_cache, op.cache_indir, op.step, rows,
-                                             op.num_heads, op.head_dim, op.max_len, op.softmax_scale, dtype, op.out,
-                                             &dst.self_attention);
-                op_rows = dst.self_attention.rows;
-                break;
-            case PADFREE_DECODE_OP_CROSS_ATTENTION:
-                dst.kind = DecodeProgramOpKind::kCrossAttention;
-                status = cross_attention_args(op.input, op.bias, op.kv_mem, op.cu_seqlens, op.batch, op.num_beams,
-                                              op.total_tokens, op.max_seqlen, op.num_heads, op.head_dim,
-                                              op.softmax_scale, dtype, op.out, &dst.cross_attention);
-                op_rows = dst.cross_attention.rows;
-                break;
-            default:
-                return fail(PADFREE_ERROR_INVALID_ARGUMENT, "decode_program: op ", i,
-                            ": kind must be 0 (linear), 1 (self-attention) or 2 (cross-attention), got ", op.kind);
-        }
-        if (status != PADFREE_OK) return fail(status, "decode_program: op ", i, ": ", padfree_last_error());
-        PADFREE_REQUIRE(op_rows == rows, "decode_program: op ", i, " has ", op_rows, " rows, the program ", rows,
-                        " (batch x num_beams of a cross-attention; no empty linear layer)");
+    PADFREE_CHECK(check_width("decode_linear: in_features", in_features, 0));
+    PADFREE_REQUIRE(out_features >= 0, "decode_linear: out_features must be >= 0, got ", out_features);
+    PADFREE_REQUIRE(activation >= 0 && activation <= 4,
+                    "decode_linear: activation must be 0 (none), 1 (relu), 2 (gelu), 3 (gelu_tanh) or 4 (silu), got ",
+                    activation);
+    PADFREE_REQUIRE((ln_gamma == nullptr) == (ln_beta == nullptr),
+                    "decode_linear: ln_gamma and ln_beta come together (or neither)");
+    PADFREE_REQUIRE(x_norm_out == nullptr || ln_gamma != nullptr, "decode_linear: x_norm_out needs ln_gamma/ln_beta");
+    if (ln_gamma != nullptr) PADFREE_CHECK(check_eps(eps));
+    const int64_t element = dtype == PADFREE_FLOAT32 ? 4 : 2;
+    int32_t staged = 1;
+    while (staged < rows) staged *= 2;
+    PADFREE_REQUIRE(staged * in_features * element <= kDecodeLinearMaxStageBytes, "decode_linear: rows x in_features (",
+                    rows, " x ", in_features, ") exceeds the ", kDecodeLinearMaxStageBytes,
+                    " bytes staged in shared memory; use a GEMM");
+    if (rows == 0 || out_features == 0) return PADFREE_OK;
+    PADFREE_CHECK(check_tensor(x, "decode_linear: x"));
+    PADFREE_CHECK(check_tensor(weight, "decode_linear: weight"));
+    PADFREE_CHECK(check_tensor(out, "decode_linear: out"));
+    auto element_aligned = [&](const void* p) { return reinterpret_cast<uintptr_t>(p) % element == 0; };
+    PADFREE_REQUIRE(element_aligned(bias) && element_aligned(residual) && element_aligned(ln_gamma) &&
+                        element_aligned(ln_beta) && element_aligned(x_norm_out),
+                    "decode_linear: bias, residual, ln_gamma, ln_beta and x_norm_out must be aligned to the dtype");
+    const int64_t x_bytes = static_cast<int64_t>(rows) * in_features * element;
+    const int64_t o_bytes = static_cast<int64_t>(rows) * out_features * element;
+    PADFREE_REQUIRE(disjoint(out, o_bytes, x, x_bytes), "decode_linear: out must not overlap x");
+    PADFREE_REQUIRE(residual == nullptr || residual == out || disjoint(residual, o_bytes, out, o_bytes),
+                    "decode_linear: residual must be out itself or not overlap it");
+    if (x_norm_out != nullptr) {
+        PADFREE_REQUIRE(disjoint(x_norm_out, x_bytes, x, x_bytes), "decode_linear: x_norm_out must not overlap x");
+        PADFREE_REQUIRE(disjoint(x_norm_out, x_bytes, out, o_bytes), "decode_linear: x_norm_out must not overlap out");
     }
-    if (count == 0) return PADFREE_OK;
-    PADFREE_REQUIRE(barrier != nullptr && aligned4(barrier), "decode_program: barrier must be a 4-byte aligned pointer");
-    return launched("decode_program", launch_decode_program(program, static_cast<DecodeProgramBarrier*>(barrier), dtype,
-                                                            as_cuda_stream(stream)));
+    DecodeLinearArgs args{x, weight, bias, residual, ln_gamma, ln_beta, out, x_norm_out, rows, in_features,
+                          out_features, eps, static_cast<DecodeActivation>(activation)};
+    return launched("decode_linear", launch_decode_linear(args, dtype, as_cuda_stream(stream)));
     PADFREE_CAPI_GUARD_END
 }
 

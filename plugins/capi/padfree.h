@@ -369,54 +369,6 @@ PADFREE_API padfree_status padfree_decode_linear(const void* x, const void* weig
                                                 int32_t out_features, padfree_dtype dtype, void* out,
                                                 void* x_norm_out, padfree_stream stream);
 
-/* A decode step's decoder as one kernel (kernels/decoder/decode_program.cu): `count` operations, each
- * a decode_linear, a decoder self-attention or a cross-attention with the arguments of that call (the
- * fields below; those another kind names are ignored), run in order by one cooperative grid with a
- * grid barrier between consecutive ones, so an operation reads what the ones before it wrote. Every
- * operation has `rows` rows (<= 8: decode_linear's; a cross-attention's batch x num_beams); the
- * attention runs unsplit, without a workspace. count <= 200. Results equal the calls one by one where
- * those run the attention unsplit (as they do up to 64 positions). barrier: 8 bytes of device memory,
- * zeroed once and then left to the calls (each leaves it ready for the next); one per program that may
- * run at the same time as another. */
-typedef enum padfree_decode_op_kind {
-    PADFREE_DECODE_OP_LINEAR = 0,
-    PADFREE_DECODE_OP_SELF_ATTENTION = 1,
-    PADFREE_DECODE_OP_CROSS_ATTENTION = 2
-} padfree_decode_op_kind;
-
-typedef struct padfree_decode_op {
-    int32_t kind;                /* padfree_decode_op_kind */
-    int32_t activation;          /* linear: as padfree_decode_linear */
-    const void* input;           /* linear: x; self-attention: qkv; cross-attention: q */
-    const void* weight;          /* linear */
-    const void* bias;            /* linear: bias; self-attention: qkv_bias; cross-attention: q_bias */
-    const void* residual;        /* linear */
-    const void* ln_gamma;        /* linear */
-    const void* ln_beta;         /* linear */
-    void* out;
-    void* x_norm_out;            /* linear */
-    void* k_cache;               /* self-attention */
-    void* v_cache;               /* self-attention */
-    const int32_t* cache_indir;  /* self-attention */
-    const int32_t* step;         /* self-attention */
-    const void* kv_mem;          /* cross-attention */
-    const int32_t* cu_seqlens;   /* cross-attention */
-    int64_t total_tokens;        /* cross-attention */
-    int32_t in_features;         /* linear */
-    int32_t out_features;        /* linear */
-    float eps;                   /* linear */
-    int32_t num_heads;           /* attention */
-    int32_t head_dim;            /* attention */
-    int32_t max_len;             /* self-attention */
-    int32_t batch;               /* cross-attention */
-    int32_t num_beams;           /* cross-attention */
-    int32_t max_seqlen;          /* cross-attention */
-    float softmax_scale;         /* attention */
-} padfree_decode_op;
-
-PADFREE_API padfree_status padfree_decode_program(const padfree_decode_op* ops, int32_t count, int32_t rows,
-                                                 void* barrier, padfree_dtype dtype, padfree_stream stream);
-
 /* ---- decoding: scores to hypotheses (kernels/decoding/) -------------------------------------- */
 
 /* cache_indir, out: [rows, L] int32 (must not overlap); parents: [rows] int32; step: device int32.

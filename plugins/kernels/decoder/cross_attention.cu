@@ -13,10 +13,24 @@ int64_t cross_attention_workspace_bytes(int32_t rows, int32_t num_heads, int32_t
 
 cudaError_t launch_cross_attention(const CrossAttentionArgs& args, void* workspace, int64_t workspace_bytes,
                                    padfree_dtype dtype, cudaStream_t stream) {
-    decoder::DecoderAttentionArgs a = decoder::attention_args(args);
-    a.splits = decoder::fitting_splits(static_cast<int64_t>(args.rows) * args.num_heads, args.max_seqlen, args.head_dim,
+    const int64_t row_heads = static_cast<int64_t>(args.rows) * args.num_heads;
+    decoder::DecoderAttentionArgs a{};
+    a.splits = decoder::fitting_splits(row_heads, args.max_seqlen, args.head_dim,
                                        workspace != nullptr ? workspace_bytes : 0);
+    a.q = args.q;
+    a.q_bias = args.q_bias;
+    a.q_row_stride = static_cast<int64_t>(args.num_heads) * args.head_dim;
+    a.kv_mem = args.kv_mem;
+    a.cu_seqlens = args.cu_seqlens;
+    a.batch = args.batch;
+    a.total_tokens = args.total_tokens;
+    a.max_seqlen = args.max_seqlen;
+    a.num_beams = args.num_beams;
+    a.out = args.out;
     a.partial = static_cast<float*>(workspace);
+    a.rows = args.rows;
+    a.num_heads = args.num_heads;
+    a.scale_log2 = args.softmax_scale * kLog2e;
     return decoder::launch_decoder_attention<false>(a, args.head_dim, dtype, stream);
 }
 

@@ -18,8 +18,6 @@
 #include <type_traits>
 
 #include "common.cuh"
-#include "cross_attention.h"
-#include "self_attention.h"
 
 namespace padfree {
 namespace decoder {
@@ -57,47 +55,6 @@ struct DecoderAttentionArgs {
     float scale_log2;        // softmax_scale * log2(e): scores in base 2 (exp2)
 };
 
-// The kernel's arguments for a self-attention call, unsplit (the launcher sets splits and partial).
-__host__ __device__ inline DecoderAttentionArgs attention_args(const SelfAttentionArgs& args) {
-    DecoderAttentionArgs a{};
-    a.q = args.qkv;
-    a.q_bias = args.qkv_bias;
-    a.q_row_stride = 3 * static_cast<int64_t>(args.num_heads) * args.head_dim;
-    a.k_cache = args.k_cache;
-    a.v_cache = args.v_cache;
-    a.cache_indir = args.cache_indir;
-    a.step = args.step;
-    a.max_len = args.max_len;
-    a.out = args.out;
-    a.rows = args.rows;
-    a.num_heads = args.num_heads;
-    a.splits = 1;
-    a.warps_per_item = 1;
-    a.scale_log2 = args.softmax_scale * kLog2e;
-    return a;
-}
-
-// The kernel's arguments for a cross-attention call, unsplit (the launcher sets splits and partial).
-__host__ __device__ inline DecoderAttentionArgs attention_args(const CrossAttentionArgs& args) {
-    DecoderAttentionArgs a{};
-    a.q = args.q;
-    a.q_bias = args.q_bias;
-    a.q_row_stride = static_cast<int64_t>(args.num_heads) * args.head_dim;
-    a.kv_mem = args.kv_mem;
-    a.cu_seqlens = args.cu_seqlens;
-    a.batch = args.batch;
-    a.total_tokens = args.total_tokens;
-    a.max_seqlen = args.max_seqlen;
-    a.num_beams = args.num_beams;
-    a.out = args.out;
-    a.rows = args.rows;
-    a.num_heads = args.num_heads;
-    a.splits = 1;
-    a.warps_per_item = 1;
-    a.scale_log2 = args.softmax_scale * kLog2e;
-    return a;
-}
-
 // An item's (max, sum, unnormalized output) into the output (unsplit) or its split's partial.
 template <typename T, int D>
 __device__ __forceinline__ void store_item(const DecoderAttentionArgs& a, int64_t rh, int split, float m, float l,
@@ -120,11 +77,8 @@ __device__ __forceinline__ void store_item(const DecoderAttentionArgs& a, int64_
     }
 }
 
-// The attention's work of CTA `block` of the grid launch_decoder_attention sizes (kAttnThreads
-// threads). kPdl: a kernel of its own, waiting on its producer and letting its consumer launch; in a
-// decode program the phases' grid barrier orders them instead.
-template <typename T, int D, bool kSelf, bool kPdl>
-__device__ __forceinline__ void attend_block(const DecoderAttentionArgs& a, int64_t block) {
+template <typename T, int D, bool kSelf>
+__global__ void __launch_bounds__(kAttnThreads, kAttnMinBlocks) decoder_attention_kernel(DecoderAttentionArgs a) {
     constexpr int VEC = Vec<T>::size;
     constexpr int G = D / VEC;        // lanes per key: one 16-byte vector each
     constexpr int KPW = kWarpSize / G;  // keys per warp and load
@@ -140,14 +94,14 @@ __device__ __forceinline__ void attend_block(const DecoderAttentionArgs& a, int6
     const int wpi = a.warps_per_item;
     const int sub = warp % wpi;
     const int64_t items = static_cast<int64_t>(a.rows) * a.num_heads * a.splits;
-    const int64_t item = block * (kAttnWarps / wpi) + warp / wpi;
+    const int64_t item = static_cast<int64_t>(blockIdx.x) * (kAttnWarps / wpi) + warp / wpi;
     const bool active = item < items;  // the same for the warps of one item
     const int row = static_cast<int>(item % a.rows);
     const int head = static_cast<int>((item / a.rows) % a.num_heads);
     const int split = static_cast<int>(item / (static_cast<int64_t>(a.rows) * a.num_heads));
     const int64_t rh = static_cast<int64_t>(row) * a.num_heads + head;
     const int hidden = a.num_heads * D;
-    if constexpr (kPdl) wait_on_producer();
+    wait_on_producer();
 
     float m = -CUDART_INF_F, l = 0.f, o[VEC];
 #pragma unroll
@@ -272,7 +226,7 @@ __device__ __forceinline__ void attend_block(const DecoderAttentionArgs& a, int6
             for (int i = 0; i < VEC; ++i) o[i] += __shfl_xor_sync(0xffffffffu, o[i], offset);
         }
     }
-    if constexpr (kPdl) allow_consumers();
+    allow_consumers();
     if (wpi == 1) {
         if (active && g == 0) store_item<T, D>(a, rh, split, m, l, o, lane_vec);
         return;
@@ -298,16 +252,6 @@ __device__ __forceinline__ void attend_block(const DecoderAttentionArgs& a, int6
         for (int i = 0; i < VEC; ++i) oc[i] += part_o[w][lane_vec * VEC + i] * scale;
     }
     store_item<T, D>(a, rh, split, mc, lc, oc, lane_vec);
-}
-
-template <typename T, int D, bool kSelf>
-__global__ void __launch_bounds__(kAttnThreads, kAttnMinBlocks) decoder_attention_kernel(DecoderAttentionArgs a) {
-    attend_block<T, D, kSelf, true>(a, blockIdx.x);
-}
-
-// CTAs of kAttnThreads that a.rows x a.num_heads x a.splits items take at a.warps_per_item.
-__host__ __device__ inline int64_t attention_blocks(const DecoderAttentionArgs& a) {
-    return ceil_div<int64_t>(static_cast<int64_t>(a.rows) * a.num_heads * a.splits, kAttnWarps / a.warps_per_item);
 }
 
 // The splits of one (row, head) into its output: each split's sum of exp2(s - m_i) V, rescaled to the
@@ -352,7 +296,7 @@ inline int32_t choose_splits(int64_t row_heads, int32_t positions) {
 
 // Warps per item: as many (up to 4) as keep the grid within one wave of `wave_blocks` resident CTAs,
 // shortening each warp's chain of round trips; one where even that takes more than a wave.
-__host__ __device__ inline int32_t choose_warps_per_item(int64_t items, int64_t wave_blocks) {
+inline int32_t choose_warps_per_item(int64_t items, int64_t wave_blocks) {
     if (items <= wave_blocks) return kAttnWarps;
     return ceil_div<int64_t>(items, 2) <= wave_blocks ? 2 : 1;
 }
@@ -392,8 +336,8 @@ cudaError_t launch_decoder_attention(DecoderAttentionArgs a, int32_t head_dim, p
                            ? n : kAttnMinBlocks;
             }();
             a.warps_per_item = choose_warps_per_item(items, static_cast<int64_t>(sms > 0 ? sms : 132) * per_sm);
-            err = launch_kernel(kernel, dim3(static_cast<unsigned>(attention_blocks(a))), dim3(kAttnThreads), 0, stream,
-                                a);
+            const int64_t blocks = ceil_div<int64_t>(items, kAttnWarps / a.warps_per_item);
+            err = launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kAttnThreads), 0, stream, a);
             if (err == cudaSuccess && a.splits > 1)
                 err = launch_kernel(decoder_attention_combine_kernel<T, D>, dim3(a.rows * a.num_heads), dim3(D), 0,
                                     stream, static_cast<const float*>(a.partial), a.rows * a.num_heads, a.splits,

@@ -99,9 +99,6 @@ class Decoder:
         # up to 8 rows (1x4, 2x4, 8x1): every linear layer with its LayerNorm, bias, activation and
         # residual as one decode_linear kernel (logits_few_rows), where the kernel runs and fits
         self.few_rows = ops.decode_linear_fits(self.rows, stack, weights.spec)
-        # and those layers, the attention between them and the output projection as one kernel
-        self.program = self.few_rows and ops.decode_program_fits(stack)
-        self.program_barrier = ops.decode_program_barrier() if self.program else None
         fold = weights.spec.pre_ln and ops.skip_layernorm is not None
         self.bias_sums = folded_bias_sums(stack, dtype) if fold else None
 
@@ -131,25 +128,19 @@ class Decoder:
         positions = self.step.long().expand(self.rows)
         return embed(w.decoder, tokens, position_rows(w.spec, w.pad_token_id, positions, tokens), self.positions)
 
-    def _self_attention(self, i: int, qkv: torch.Tensor, program=None) -> torch.Tensor:
-        """Layer i's masked self-attention over its cache for this step's fused QKV (bias not yet added);
-        recorded into `program` where one is given."""
+    def _self_attention(self, i: int, qkv: torch.Tensor) -> torch.Tensor:
+        """Layer i's masked self-attention over its cache for this step's fused QKV (bias not yet added)."""
         attn = self.weights.decoder.layers[i].self_attn
-        args = (qkv, self.k_cache[i], self.v_cache[i], self.indir, self.step, self.weights.decoder.num_heads)
-        if program is not None:
-            return program.self_attention(*args, qkv_bias=attn.qkv_bias, softmax_scale=1.0)
-        return self.ops.decoder_self_attention(*args, qkv_bias=attn.qkv_bias, softmax_scale=1.0,
-                                               workspace=self.ws_self)
+        return self.ops.decoder_self_attention(qkv, self.k_cache[i], self.v_cache[i], self.indir, self.step,
+                                               self.weights.decoder.num_heads, qkv_bias=attn.qkv_bias,
+                                               softmax_scale=1.0, workspace=self.ws_self)
 
-    def _cross_attention(self, i: int, q: torch.Tensor, program=None) -> torch.Tensor:
-        """Layer i's cross-attention over the packed sources' K/V for this step's Q (bias not yet added);
-        recorded into `program` where one is given."""
+    def _cross_attention(self, i: int, q: torch.Tensor) -> torch.Tensor:
+        """Layer i's cross-attention over the packed sources' K/V for this step's Q (bias not yet added)."""
         cross = self.weights.decoder.layers[i].cross_attn
-        args = (q, self.kv_mem[i], self.cu_seqlens, self.max_seqlen, self.rows_per_source,
-                self.weights.decoder.num_heads)
-        if program is not None:
-            return program.cross_attention(*args, q_bias=cross.q_bias, softmax_scale=1.0)
-        return self.ops.cross_attention(*args, q_bias=cross.q_bias, softmax_scale=1.0, workspace=self.ws_cross)
+        return self.ops.cross_attention(q, self.kv_mem[i], self.cu_seqlens, self.max_seqlen, self.rows_per_source,
+                                        self.weights.decoder.num_heads, q_bias=cross.q_bias, softmax_scale=1.0,
+                                        workspace=self.ws_cross)
 
     def logits(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits [rows, V'] (weights' dtype, bias not added; V' = weights.step_lm_head's rows, the padded
@@ -200,13 +191,11 @@ class Decoder:
     def logits_few_rows(self, tokens: torch.Tensor) -> torch.Tensor:
         """logits() as 8 kernels per layer: each linear layer one decode_linear with the LayerNorm before
         it (the input's; post-LN: the previous sublayer's, whose output it also writes as the residual),
-        its bias, activation and residual; the two attentions between. With self.program, all of them
-        (and the output projection) run as one decode program: one kernel, the same results."""
+        its bias, activation and residual; the two attentions between."""
         w, spec = self.weights, self.weights.spec
         stack = w.decoder
+        linear = self.ops.decode_linear
         x = self._embed(tokens)
-        program = self.ops.decode_program(self.rows, x.dtype, x.device, self.program_barrier) if self.program else None
-        linear = program.linear if program is not None else self.ops.decode_linear
         pending = None      # post-LN: x is a sublayer's sum, awaiting this LayerNorm
 
         def enter(x, ln, weight, **kwargs):
@@ -222,22 +211,20 @@ class Decoder:
         for i, layer in enumerate(stack.layers):
             attn, cross, f = layer.self_attn, layer.cross_attn, layer.ffn
             qkv, res = enter(x, attn.ln, attn.qkv_weight)
-            o = self._self_attention(i, qkv, program)
+            o = self._self_attention(i, qkv)
             x = linear(o, attn.out_weight, attn.out_bias, residual=res)
             pending = attn.ln
             q, res = enter(x, cross.ln, cross.q_weight)
-            o = self._cross_attention(i, q, program)
+            o = self._cross_attention(i, q)
             x = linear(o, cross.out_weight, cross.out_bias, residual=res)
             pending = cross.ln
             h, res = enter(x, f.ln, f.fc1_weight, bias=f.fc1_bias, activation=w.activation)
             x = linear(h, f.fc2_weight, f.fc2_bias, residual=res)
             pending = f.ln
         last = stack.final_layer_norm if spec.pre_ln else pending
-        ln = None if last is None else (last.weight, last.bias, last.eps)
-        logits = linear(x, w.step_lm_head, ln=ln)
-        if program is not None:
-            program.run()
-        return logits
+        if last is None:
+            return linear(x, w.step_lm_head)
+        return linear(x, w.step_lm_head, ln=(last.weight, last.bias, last.eps))
 
     def reorder(self, parents: torch.Tensor) -> None:
         """Hypothesis r continues row parents[r] (int32 [rows]) from the next step on.

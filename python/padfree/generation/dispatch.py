@@ -10,7 +10,6 @@ DecoderOps, logged likewise. Nothing else in padfree.generation imports padfree.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Callable
 
 import torch
@@ -32,10 +31,7 @@ ENCODER_OPS = {"attention_varlen": "padfree_attention_varlen"}
 # per-step bookkeeping (beam_search.py, sampling.py) and the decoder's bias + residual + LayerNorm
 # (decoder.py); the attribute is None where the kernel does not run
 FUSED_OPS = {"beam_search_step": "padfree_beam_search_step", "greedy_step": "padfree_greedy_step",
-             "skip_layernorm": "padfree_skip_layernorm", "decode_linear": "padfree_decode_linear",
-             "decode_program": "padfree_decode_program"}
-# PADFREE_DECODE_PROGRAM=0 runs the few-row step's operations as kernels of their own (to compare)
-PROGRAM_SWITCH = "PADFREE_DECODE_PROGRAM"
+             "skip_layernorm": "padfree_skip_layernorm", "decode_linear": "padfree_decode_linear"}
 
 
 def _kernel_unavailable(name: str, symbol: str, device: torch.device) -> tuple[Callable | None, str]:
@@ -81,8 +77,6 @@ class DecoderOps:
                 self._bind(name, self._guarded(name, kernel, reference), "kernel")
         for name, symbol in FUSED_OPS.items():
             kernel, reason = (None, "requested") if force_reference else _kernel_unavailable(name, symbol, self.device)
-            if name == "decode_program" and os.environ.get(PROGRAM_SWITCH) == "0":
-                kernel, reason = None, f"{PROGRAM_SWITCH}=0"
             setattr(self, name, kernel)
             self.sources[name] = "kernel" if kernel is not None else f"reference: {reason} (torch ops)"
         # the torch computation behind log_softmax_topk, for full-vocabulary sampling (no kernel by design)
@@ -158,19 +152,6 @@ class DecoderOps:
         dtype = stack.embed_tokens.dtype
         widths = {stack.hidden} | {layer.ffn.fc2_weight.shape[1] for layer in stack.layers}
         return all(decode_linear_fits(rows, width, dtype) for width in widths)
-
-    def decode_program_fits(self, stack) -> bool:
-        """Whether the few-row step runs as one decode program (8 operations per layer and the output
-        projection within its limit); decode_linear_fits is the caller's other condition."""
-        if getattr(self, "decode_program", None) is None:
-            return False
-        from ..ops.decode_program import MAX_OPS
-        return 8 * len(stack.layers) + 1 <= MAX_OPS
-
-    def decode_program_barrier(self) -> torch.Tensor:
-        """A decode program's grid-barrier state, allocated once by the caller's state (not in a capture)."""
-        from ..ops.decode_program import new_barrier
-        return new_barrier(self.device)
 
     def beam_search_workspace(self, batch: int, beams: int, max_length: int,
                               indir_len: int) -> tuple[torch.Tensor, int]:

@@ -99,24 +99,6 @@ def decoder_self_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: to
                  allocations out of a CUDA-graph capture.
     Returns out [rows, hidden]: softmax over positions 0..step of q . k, times v.
     """
-    out, call = _checked_self_attention(qkv, k_cache, v_cache, cache_indir, step, num_heads, qkv_bias,
-                                        softmax_scale, out)
-    rows, num_heads, head_dim, max_len, scale, dtype = (call[k] for k in
-                                                         ("rows", "num_heads", "head_dim", "max_len", "scale", "dtype"))
-    if rows == 0:
-        return out
-    ws, ws_bytes = _workspace(workspace, "padfree_decoder_self_attention_workspace_size", qkv.device, rows,
-                              num_heads, head_dim, max_len)
-    call_kernel("padfree_decoder_self_attention", qkv.device, ptr(qkv), ptr(qkv_bias), ptr(k_cache), ptr(v_cache),
-                ptr(cache_indir), ptr(step), rows, num_heads, head_dim, max_len, scale,
-                ptr(ws), ws_bytes, dtype, ptr(out),
-                stream_handle(qkv.device))
-    return out
-
-
-def _checked_self_attention(qkv, k_cache, v_cache, cache_indir, step, num_heads, qkv_bias, softmax_scale,
-                            out) -> tuple[torch.Tensor, dict]:
-    """decoder_self_attention's checks: (out, the call's sizes and codes)."""
     check(qkv, "qkv", shape=(None, None))
     dtype = dtype_code(qkv, "qkv")
     check_aligned(qkv, "qkv")
@@ -141,7 +123,15 @@ def _checked_self_attention(qkv, k_cache, v_cache, cache_indir, step, num_heads,
             raise InputError(f"out: must not overlap {name}")
     if _overlaps(k_cache, v_cache):
         raise InputError("k_cache: must not overlap v_cache")
-    return out, dict(rows=rows, num_heads=num_heads, head_dim=head_dim, max_len=max_len, scale=scale, dtype=dtype)
+    if rows == 0:
+        return out
+    ws, ws_bytes = _workspace(workspace, "padfree_decoder_self_attention_workspace_size", qkv.device, rows,
+                              num_heads, head_dim, max_len)
+    call_kernel("padfree_decoder_self_attention", qkv.device, ptr(qkv), ptr(qkv_bias), ptr(k_cache), ptr(v_cache),
+                ptr(cache_indir), ptr(step), rows, num_heads, head_dim, max_len, scale,
+                ptr(ws), ws_bytes, dtype, ptr(out),
+                stream_handle(qkv.device))
+    return out
 
 
 def cross_attention(q: torch.Tensor, kv_mem: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
@@ -159,24 +149,6 @@ def cross_attention(q: torch.Tensor, kv_mem: torch.Tensor, cu_seqlens: torch.Ten
     workspace:  as for decoder_self_attention.
     Returns out [rows, hidden].
     """
-    out, call = _checked_cross_attention(q, kv_mem, cu_seqlens, max_seqlen, num_beams, num_heads, q_bias,
-                                         softmax_scale, out)
-    rows, batch, num_beams, max_seqlen, num_heads, head_dim, scale, dtype = (call[k] for k in (
-        "rows", "batch", "num_beams", "max_seqlen", "num_heads", "head_dim", "scale", "dtype"))
-    if rows == 0:
-        return out
-    ws, ws_bytes = _workspace(workspace, "padfree_decoder_cross_attention_workspace_size", q.device, rows,
-                              num_heads, head_dim, max_seqlen)
-    call_kernel("padfree_decoder_cross_attention", q.device, ptr(q), ptr(q_bias), ptr(kv_mem), ptr(cu_seqlens),
-                batch, num_beams, kv_mem.shape[0], max_seqlen, num_heads, head_dim, scale,
-                ptr(ws), ws_bytes, dtype, ptr(out),
-                stream_handle(q.device))
-    return out
-
-
-def _checked_cross_attention(q, kv_mem, cu_seqlens, max_seqlen, num_beams, num_heads, q_bias, softmax_scale,
-                             out) -> tuple[torch.Tensor, dict]:
-    """cross_attention's checks: (out, the call's sizes and codes)."""
     check(q, "q", shape=(None, None))
     dtype = dtype_code(q, "q")
     check_aligned(q, "q")
@@ -199,8 +171,15 @@ def _checked_cross_attention(q, kv_mem, cu_seqlens, max_seqlen, num_beams, num_h
     for name, other in (("q", q), ("kv_mem", kv_mem)):
         if _overlaps(out, other):
             raise InputError(f"out: must not overlap {name}")
-    return out, dict(rows=rows, batch=batch, num_beams=num_beams, max_seqlen=max_seqlen, num_heads=num_heads,
-                     head_dim=head_dim, scale=scale, dtype=dtype)
+    if rows == 0:
+        return out
+    ws, ws_bytes = _workspace(workspace, "padfree_decoder_cross_attention_workspace_size", q.device, rows,
+                              num_heads, head_dim, max_seqlen)
+    call_kernel("padfree_decoder_cross_attention", q.device, ptr(q), ptr(q_bias), ptr(kv_mem), ptr(cu_seqlens),
+                batch, num_beams, kv_mem.shape[0], max_seqlen, num_heads, head_dim, scale,
+                ptr(ws), ws_bytes, dtype, ptr(out),
+                stream_handle(q.device))
+    return out
 
 
 DECODE_LINEAR_MAX_ROWS = 8                  # kernels/decoder/decode_linear.h: kDecodeLinearMaxRows
@@ -226,16 +205,6 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     activation None / "relu" / "gelu" / "gelu_tanh" / "silu"; x_norm_out [rows, in]: also write LN(x)
     (a post-LN sublayer's residual). One dtype for all; in a multiple of 8.
     """
-    out, call = _checked_decode_linear(x, weight, bias, residual, ln, activation, out, x_norm_out)
-    gamma, beta, eps = call["ln"]
-    call_kernel("padfree_decode_linear", x.device, ptr(x), ptr(weight), ptr(bias), ptr(residual), ptr(gamma),
-                ptr(beta), eps, call["activation"], call["rows"], call["in_features"], call["out_features"],
-                call["dtype"], ptr(out), ptr(x_norm_out), stream_handle(x.device))
-    return out
-
-
-def _checked_decode_linear(x, weight, bias, residual, ln, activation, out, x_norm_out) -> tuple[torch.Tensor, dict]:
-    """decode_linear's checks: (out, the call's sizes and codes; ln as (gamma, beta, eps), None where unused)."""
     check_float(x, "x")
     if x.dim() != 2:
         raise InputError(f"x: expected [rows, in_features], got shape {list(x.shape)}")
@@ -265,5 +234,7 @@ def _checked_decode_linear(x, weight, bias, residual, ln, activation, out, x_nor
     out = output(out, (rows, out_features), x)
     if _overlaps(out, x) or (x_norm_out is not None and (_overlaps(x_norm_out, x) or _overlaps(x_norm_out, out))):
         raise InputError("out and x_norm_out must not overlap x or each other")
-    return out, dict(rows=rows, in_features=in_features, out_features=out_features, ln=(gamma, beta, float(eps)),
-                     activation=ACTIVATIONS[activation], dtype=dtype_code(x, "x"))
+    call_kernel("padfree_decode_linear", x.device, ptr(x), ptr(weight), ptr(bias), ptr(residual), ptr(gamma),
+                ptr(beta), float(eps), ACTIVATIONS[activation], rows, in_features, out_features,
+                dtype_code(x, "x"), ptr(out), ptr(x_norm_out), stream_handle(x.device))
+    return out
