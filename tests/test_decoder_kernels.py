@@ -442,6 +442,63 @@ def test_cpu_tensors_refused():
         beam_reorder_cache_indir(x.int(), x, x, x)
 
 
+# ---- the step embedding -------------------------------------------------------------------------
+
+EMBED_CASES = [  # the families' position rules (generation/layers.py: step_position_args), LayerNorm
+    ("marian", dict(position_offset=0), False),
+    ("bart", dict(position_offset=2), True),                                  # layernorm_embedding
+    ("fairseq", dict(position_offset=2, pad_token=1, pad_position=1), False),  # M2M100, pad id 1
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("family,rule,with_ln", EMBED_CASES, ids=[c[0] for c in EMBED_CASES])
+def test_decoder_step_embedding(seed, dtype, family, rule, with_ln):
+    """Against the model's own ops in its dtype (scale and add rounded as HF does): equal without a
+    LayerNorm; with one, within the dtype's tolerance of float64. Pad tokens read the padding row
+    (fairseq), ids past the table are clamped, the output is NaN-poisoned first."""
+    from padfree.ops import decoder_step_embedding
+    gen = _gen(seed)
+    rows, vocab, hidden, num_positions, step, scale = 12, 500, 256, 70, 37, 22.627416997969522
+    emb = torch.randn(vocab, hidden, device="cuda", generator=gen).to(dtype)
+    pos = torch.randn(num_positions, hidden, device="cuda", generator=gen).to(dtype)
+    tokens = torch.randint(2, vocab, (rows,), device="cuda", generator=gen)
+    tokens[3] = 1                      # a pad id (fairseq: the padding row; else an ordinary id)
+    tokens[5] = vocab + 7              # past the table: clamped to its last row
+    ln = None
+    if with_ln:
+        ln = ((1 + 0.1 * torch.randn(hidden, device="cuda", generator=gen)).to(dtype),
+              (0.1 * torch.randn(hidden, device="cuda", generator=gen)).to(dtype), 1e-5)
+    out = torch.full((rows, hidden), float("nan"), device="cuda", dtype=dtype)
+    got = decoder_step_embedding(tokens, torch.tensor([step], dtype=torch.int32, device="cuda"), emb, pos,
+                                 embed_scale=scale, ln=ln, out=out, **rule)
+    ids = tokens.clamp(max=vocab - 1)
+    row = torch.full_like(tokens, step + rule["position_offset"])
+    if "pad_token" in rule:
+        row = torch.where(tokens == rule["pad_token"], rule["pad_position"], row)
+    x = emb[ids] * scale + pos[row]    # the model's ops: each result rounded to the dtype
+    if not with_ln:
+        assert torch.equal(got, x)
+        return
+    ref = torch.nn.functional.layer_norm(x.double(), (hidden,), ln[0].double(), ln[1].double(), ln[2])
+    assert _rel_rows(got, ref).max() < TOLERANCE[dtype]
+
+
+@pytest.mark.gpu
+def test_decoder_step_embedding_refuses():
+    from padfree.ops import decoder_step_embedding
+    emb = torch.zeros(10, 64, device="cuda", dtype=torch.float16)
+    step = torch.zeros(1, dtype=torch.int32, device="cuda")
+    tokens = torch.zeros(4, dtype=torch.int64, device="cuda")
+    with pytest.raises(InputError, match="tokens"):
+        decoder_step_embedding(tokens.int(), step, emb, emb)
+    with pytest.raises(InputError, match="positions"):
+        decoder_step_embedding(tokens, step, emb, emb[:, :32].contiguous())
+    with pytest.raises(InputError, match="hidden a multiple of 8"):
+        decoder_step_embedding(tokens, step, emb[:, :60].contiguous(), emb[:, :60].contiguous())
+
+
 # ---- the C ABI refuses before touching the GPU (fake addresses, never dereferenced) ----------------
 
 A = 0x10000

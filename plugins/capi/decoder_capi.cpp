@@ -1,5 +1,5 @@
-// C ABI of the decoder family (kernels/decoder/): one decoding step's self- and cross-attention and its
-// few-row linear layers.
+// C ABI of the decoder family (kernels/decoder/): one decoding step's embedding, self- and
+// cross-attention and its few-row linear layers.
 // Argument checks, then the launchers; device values (step, cache_indir, cu_seqlens) are clamped by
 // the kernels, never read here.
 #include <algorithm>
@@ -9,6 +9,7 @@
 #include "decoder/cross_attention.h"
 #include "decoder/decode_linear.h"
 #include "decoder/self_attention.h"
+#include "decoder/step_embedding.h"
 #include "rowwise_checks.h"
 
 namespace {
@@ -176,6 +177,42 @@ padfree_status padfree_decode_linear(const void* x, const void* weight, const vo
     DecodeLinearArgs args{x, weight, bias, residual, ln_gamma, ln_beta, out, x_norm_out, rows, in_features,
                           out_features, eps, static_cast<DecodeActivation>(activation)};
     return launched("decode_linear", launch_decode_linear(args, dtype, as_cuda_stream(stream)));
+    PADFREE_CAPI_GUARD_END
+}
+
+padfree_status padfree_decoder_step_embedding(const int64_t* tokens, const int32_t* step, const void* word_emb,
+                                             int32_t vocab, float embed_scale, const void* positions,
+                                             int32_t num_positions, int32_t position_offset, int32_t pad_token,
+                                             int32_t pad_position, const void* ln_gamma, const void* ln_beta,
+                                             float eps, int32_t rows, int32_t hidden, padfree_dtype dtype, void* out,
+                                             padfree_stream stream) {
+    PADFREE_CAPI_GUARD_BEGIN
+    using namespace padfree;
+    PADFREE_CHECK(check_dtype(dtype));
+    PADFREE_REQUIRE(rows >= 0, "decoder_step_embedding: rows must be >= 0, got ", rows);
+    PADFREE_CHECK(check_width("decoder_step_embedding: hidden", hidden, 8192));
+    PADFREE_REQUIRE(vocab >= 1, "decoder_step_embedding: vocab must be >= 1, got ", vocab);
+    PADFREE_REQUIRE(num_positions >= 1, "decoder_step_embedding: num_positions must be >= 1, got ", num_positions);
+    PADFREE_REQUIRE(position_offset >= 0 && pad_position >= 0,
+                    "decoder_step_embedding: position_offset and pad_position must be >= 0");
+    PADFREE_REQUIRE(std::isfinite(embed_scale), "decoder_step_embedding: embed_scale must be finite");
+    PADFREE_REQUIRE((ln_gamma == nullptr) == (ln_beta == nullptr),
+                    "decoder_step_embedding: ln_gamma and ln_beta come together (or neither)");
+    if (ln_gamma != nullptr) {
+        PADFREE_CHECK(check_eps(eps));
+        PADFREE_CHECK(check_tensor(ln_gamma, "decoder_step_embedding: ln_gamma"));
+        PADFREE_CHECK(check_tensor(ln_beta, "decoder_step_embedding: ln_beta"));
+    }
+    if (rows == 0) return PADFREE_OK;
+    PADFREE_REQUIRE(tokens != nullptr && reinterpret_cast<uintptr_t>(tokens) % 8 == 0,
+                    "decoder_step_embedding: tokens must be an 8-byte aligned device pointer (int64)");
+    PADFREE_REQUIRE(step != nullptr && aligned4(step), "decoder_step_embedding: step must be a 4-byte aligned pointer");
+    PADFREE_CHECK(check_tensor(word_emb, "decoder_step_embedding: word_emb"));
+    PADFREE_CHECK(check_tensor(positions, "decoder_step_embedding: positions"));
+    PADFREE_CHECK(check_tensor(out, "decoder_step_embedding: out"));
+    const StepEmbeddingArgs args{tokens, step, word_emb, positions, ln_gamma, ln_beta, out, rows, hidden, vocab,
+                                 num_positions, position_offset, pad_token, pad_position, embed_scale, eps};
+    return launched("decoder_step_embedding", launch_step_embedding(args, dtype, as_cuda_stream(stream)));
     PADFREE_CAPI_GUARD_END
 }
 

@@ -369,6 +369,22 @@ PADFREE_API padfree_status padfree_decode_linear(const void* x, const void* weig
                                                 int32_t out_features, padfree_dtype dtype, void* out,
                                                 void* x_norm_out, padfree_stream stream);
 
+/* A decode step's input rows (kernels/decoder/step_embedding.cu):
+ *   out[r] = LN(round(round(word_emb[tokens[r]] * embed_scale) + positions[p(r)]))
+ * rounded to the dtype after the multiply and the add (as HF's ops in the model dtype); the LayerNorm
+ * (eps, float32 statistics) only where ln_gamma / ln_beta are given. p(r) = pad_position where
+ * tokens[r] == pad_token (pad_token >= 0; -1: none), else *step + position_offset. tokens [rows] int64,
+ * step a device int32; word_emb [vocab, hidden], positions [num_positions, hidden], out [rows,
+ * hidden]: 16-byte aligned, hidden a multiple of 8 up to 8192. Ids and rows are clamped into their
+ * tables (device values are not read here). */
+PADFREE_API padfree_status padfree_decoder_step_embedding(const int64_t* tokens, const int32_t* step,
+                                                         const void* word_emb, int32_t vocab, float embed_scale,
+                                                         const void* positions, int32_t num_positions,
+                                                         int32_t position_offset, int32_t pad_token,
+                                                         int32_t pad_position, const void* ln_gamma,
+                                                         const void* ln_beta, float eps, int32_t rows, int32_t hidden,
+                                                         padfree_dtype dtype, void* out, padfree_stream stream);
+
 /* ---- decoding: scores to hypotheses (kernels/decoding/) -------------------------------------- */
 
 /* cache_indir, out: [rows, L] int32 (must not overlap); parents: [rows] int32; step: device int32.

@@ -66,6 +66,8 @@ _SIGNATURES: dict[str, list] = {
     "padfree_logits_topk_workspace_size": [c_int32, c_int32, c_int32, ctypes.POINTER(c_int64)],
     "padfree_decode_linear": [_p, _p, _p, _p, _p, _p, c_float, c_int32, c_int32, c_int32, c_int32, c_int, _p, _p,
                               _p],
+    "padfree_decoder_step_embedding": [_p, _i32p, _p, c_int32, c_float, _p, c_int32, c_int32, c_int32, c_int32, _p,
+                                       _p, c_float, c_int32, c_int32, c_int, _p, _p],
     "padfree_beam_search_workspace_size": [c_int32, c_int32, c_int32, c_int32, ctypes.POINTER(c_int64),
                                            ctypes.POINTER(c_int64)],
     "padfree_beam_search_step": [_p, _i32p, c_int32, _i32p, c_int32, _p, _p, _p, _p, _p, _p, _p, _p, _p, _i32p,

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from .dispatch import DecoderOps
 from .encoder import PackedSources
-from .layers import embed, ensure_position_rows, ffn_up, layer_norm, position_rows
+from .layers import embed, ensure_position_rows, ffn_up, layer_norm, position_rows, step_position_args
 from .weights import Seq2SeqWeights
 
 __all__ = ["Decoder", "cache_bytes", "token_bucket", "seqlen_bucket"]
@@ -123,10 +123,17 @@ class Decoder:
         self.step.zero_()
 
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The step's input rows: the tokens' embeddings at position `step`."""
+        """The step's input rows: the tokens' embeddings at position `step` (one kernel where it runs)."""
         w = self.weights
+        stack = w.decoder
+        if self.ops.decoder_step_embedding is not None:
+            ln = stack.layernorm_embedding
+            ln_args = None if ln is None else (ln.weight, ln.bias, ln.eps)
+            return self.ops.decoder_step_embedding(tokens, self.step, stack.embed_tokens, self.positions,
+                                                   stack.embed_scale, ln=ln_args,
+                                                   **step_position_args(w.spec, w.pad_token_id))
         positions = self.step.long().expand(self.rows)
-        return embed(w.decoder, tokens, position_rows(w.spec, w.pad_token_id, positions, tokens), self.positions)
+        return embed(stack, tokens, position_rows(w.spec, w.pad_token_id, positions, tokens), self.positions)
 
     def _self_attention(self, i: int, qkv: torch.Tensor) -> torch.Tensor:
         """Layer i's masked self-attention over its cache for this step's fused QKV (bias not yet added)."""

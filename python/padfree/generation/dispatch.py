@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from .. import kernel_sizes
+from .. import env, kernel_sizes
 from . import reference_ops
 
 log = logging.getLogger(__name__)
@@ -28,10 +28,11 @@ CONTRACT_OPS = {
 }
 ENCODER_OPS = {"attention_varlen": "padfree_attention_varlen"}
 # kernels that fuse what the caller otherwise does in torch ops, which are their reference: the searches'
-# per-step bookkeeping (beam_search.py, sampling.py) and the decoder's bias + residual + LayerNorm
-# (decoder.py); the attribute is None where the kernel does not run
+# per-step bookkeeping (beam_search.py, sampling.py), the decoder's bias + residual + LayerNorm and its
+# step embedding (decoder.py); the attribute is None where the kernel does not run
 FUSED_OPS = {"beam_search_step": "padfree_beam_search_step", "greedy_step": "padfree_greedy_step",
-             "skip_layernorm": "padfree_skip_layernorm", "decode_linear": "padfree_decode_linear"}
+             "skip_layernorm": "padfree_skip_layernorm", "decode_linear": "padfree_decode_linear",
+             "decoder_step_embedding": "padfree_decoder_step_embedding"}
 
 
 def _kernel_unavailable(name: str, symbol: str, device: torch.device) -> tuple[Callable | None, str]:
@@ -61,9 +62,12 @@ class DecoderOps:
     def __init__(self, device: torch.device, encoder_head_dim: int, force_reference: bool = False):
         self.device = torch.device(device)
         self.sources: dict[str, str] = {}
+        # ops named in PADFREE_GENERATION_TORCH_OPS (comma-separated) run their torch reference: to
+        # compare a kernel's effect within one process, or to rule one out
+        torch_ops = {n.strip() for n in (env.get("PADFREE_GENERATION_TORCH_OPS") or "").split(",") if n.strip()}
         for name, symbol in {**ENCODER_OPS, **CONTRACT_OPS}.items():
             reference = getattr(reference_ops, name)
-            if force_reference:
+            if force_reference or name in torch_ops:
                 self._bind(name, reference, "reference: requested")
                 continue
             kernel, reason = _kernel_unavailable(name, symbol, self.device)
@@ -76,7 +80,8 @@ class DecoderOps:
             else:
                 self._bind(name, self._guarded(name, kernel, reference), "kernel")
         for name, symbol in FUSED_OPS.items():
-            kernel, reason = (None, "requested") if force_reference else _kernel_unavailable(name, symbol, self.device)
+            kernel, reason = ((None, "requested") if force_reference or name in torch_ops
+                              else _kernel_unavailable(name, symbol, self.device))
             setattr(self, name, kernel)
             self.sources[name] = "kernel" if kernel is not None else f"reference: {reason} (torch ops)"
         # the torch computation behind log_softmax_topk, for full-vocabulary sampling (no kernel by design)

@@ -67,6 +67,16 @@ def position_rows(spec: FamilySpec, pad: int, positions: torch.Tensor, tokens: t
     return torch.where(tokens == pad, torch.full_like(rank, pad), pad + 1 + rank)
 
 
+def step_position_args(spec: FamilySpec, pad: int) -> dict:
+    """position_rows() of a decoder step as the step embedding kernel takes it: the row is
+    step + position_offset, or pad_position for a pad_token (fairseq's padding row)."""
+    if spec.positions == "marian":
+        return dict(position_offset=0)
+    if spec.positions == "learned":
+        return dict(position_offset=2)
+    return dict(position_offset=pad + 1, pad_token=pad, pad_position=pad)
+
+
 def ensure_position_rows(stack: StackWeights, spec: FamilySpec, pad: int, rows_needed: int) -> None:
     """Grow a fairseq table to rows_needed rows (HF grows its buffer the same way); other tables are fixed
     and the caller checks lengths against StackWeights.max_positions first."""

@@ -7,7 +7,12 @@ from . import graph_edges  # noqa: F401
 from ._tensors import InputError  # noqa: F401
 from .activation import bias_gelu  # noqa: F401
 from .attention import attention_varlen  # noqa: F401
-from .decoder import cross_attention, decode_linear, decoder_self_attention  # noqa: F401
+from .decoder import (  # noqa: F401
+    cross_attention,
+    decode_linear,
+    decoder_self_attention,
+    decoder_step_embedding,
+)
 from .decoding import beam_reorder_cache_indir, log_softmax_topk  # noqa: F401
 from .embedding import embedding_layernorm  # noqa: F401
 from .graph_guard import GuardedGraph  # noqa: F401

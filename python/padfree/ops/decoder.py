@@ -238,3 +238,47 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                 ptr(beta), float(eps), ACTIVATIONS[activation], rows, in_features, out_features,
                 dtype_code(x, "x"), ptr(out), ptr(x_norm_out), stream_handle(x.device))
     return out
+
+
+def decoder_step_embedding(tokens: torch.Tensor, step: torch.Tensor, word_emb: torch.Tensor, positions: torch.Tensor,
+                           embed_scale: float = 1.0, position_offset: int = 0, pad_token: int | None = None,
+                           pad_position: int = 0, ln: tuple | None = None,
+                           out: torch.Tensor | None = None) -> torch.Tensor:
+    """A decode step's input rows (padfree.h: padfree_decoder_step_embedding):
+    LN(word_emb[tokens] * embed_scale + positions[p]), rounded to the dtype after the multiply and the
+    add as the model's ops are, p = pad_position where a token is pad_token, else step + position_offset.
+
+    tokens int64 [rows] and step int32 [1] on the device (device values: clamped by the kernel, not
+    checked here); word_emb [vocab, hidden], positions [num_positions, hidden], ln = (gamma, beta, eps)
+    or None. Returns out [rows, hidden].
+    """
+    check(tokens, "tokens", dtype=torch.int64, shape=(None,))
+    check(step, "step", dtype=torch.int32, shape=(1,), device=tokens.device)
+    check_float(word_emb, "word_emb", shape=(None, None))
+    if word_emb.device != tokens.device:
+        raise InputError(f"word_emb: expected a tensor on {tokens.device}, got {word_emb.device}")
+    vocab, hidden = word_emb.shape
+    check_float(positions, "positions", like=word_emb, shape=(None, hidden))
+    if hidden % 8 or not 8 <= hidden <= 8192 or vocab < 1 or positions.shape[0] < 1:
+        raise InputError(f"word_emb / positions: expected hidden a multiple of 8 in [8, 8192] and non-empty tables, "
+                         f"got word_emb {list(word_emb.shape)}, positions {list(positions.shape)}")
+    if isinstance(embed_scale, bool) or not isinstance(embed_scale, (int, float)) or not math.isfinite(embed_scale):
+        raise InputError(f"embed_scale: expected a finite number, got {embed_scale!r}")
+    position_offset = check_int32(position_offset, "position_offset", minimum=0)
+    pad_position = check_int32(pad_position, "pad_position", minimum=0)
+    pad = -1 if pad_token is None else check_int32(pad_token, "pad_token", minimum=0)
+    gamma = beta = None
+    eps = 0.0
+    if ln is not None:
+        gamma, beta, eps = ln
+        check_float(gamma, "ln gamma", like=word_emb, shape=(hidden,))
+        check_float(beta, "ln beta", like=word_emb, shape=(hidden,))
+        if not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+            raise InputError(f"ln eps: expected a finite number >= 0, got {eps!r}")
+    rows = tokens.shape[0]
+    out = output(out, (rows, hidden), word_emb)
+    call_kernel("padfree_decoder_step_embedding", tokens.device, ptr(tokens), ptr(step), ptr(word_emb), vocab,
+                float(embed_scale), ptr(positions), positions.shape[0], position_offset, pad, pad_position,
+                ptr(gamma), ptr(beta), float(eps), rows, hidden, dtype_code(word_emb, "word_emb"), ptr(out),
+                stream_handle(tokens.device))
+    return out
