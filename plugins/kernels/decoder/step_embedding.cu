@@ -34,7 +34,8 @@ __global__ void __launch_bounds__(kThreads) step_embedding_kernel(StepEmbeddingA
         Vec<T> x;
 #pragma unroll
         for (int i = 0; i < VEC; ++i) {
-            const T scaled = from_float<T>(to_float(w.v[i]) * a.embed_scale);  // rounded, as HF's multiply
+            // rounded after the multiply, as HF's: __fmul_rn keeps float32 from contracting it into an FMA
+            const T scaled = from_float<T>(__fmul_rn(to_float(w.v[i]), a.embed_scale));
             x.v[i] = from_float<T>(to_float(scaled) + to_float(p.v[i]));
         }
         if (!ln) {
