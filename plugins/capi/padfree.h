@@ -313,9 +313,10 @@ PADFREE_API padfree_status padfree_sequence_pool(const void* x, const int32_t* c
  * rows = batch * num_beams hypotheses, one query row each (row r belongs to source r / num_beams);
  * H = num_heads, D = head_dim (64 or 128), hidden = H * D, L = max_len (the cache's capacity).
  * A call whose grid would leave SMs idle splits the positions over CTAs (split-K flash-decoding)
- * into `workspace`, whose size the *_workspace_size call gives for the same sizes (0: none needed;
- * a smaller workspace means fewer splits, and PADFREE_ERROR_INVALID_ARGUMENT only where shared
- * memory needs more than it holds). Device values (step, cache_indir, cu_seqlens) are clamped into
+ * into `workspace`, whose size the *_workspace_size call gives for the same sizes (0: none needed).
+ * That size does not depend on the GPU (it holds the splits of any GPU up to 256 SMs), so a size
+ * queried on one machine serves another; a smaller workspace means fewer splits, never an error.
+ * Device values (step, cache_indir, cu_seqlens) are clamped into
  * range by the kernels: a bad value gives unspecified results, never an access outside a tensor. */
 
 PADFREE_API padfree_status padfree_decoder_self_attention_workspace_size(int32_t rows, int32_t num_heads,

@@ -276,19 +276,28 @@ __global__ void __launch_bounds__(D) decoder_attention_combine_kernel(const floa
     out[rh * D + d] = from_float<T>(l > 0.f ? o / l : 0.f);
 }
 
-// Warps that keep DRAM busy: a quarter of the GPU's warp slots (16 of an SM's 64), each with ~16
-// keys' K and V vectors in flight, hold more bytes in flight than DRAM's latency needs.
-inline int64_t busy_warps() {
+// The SM count the workspace queries assume: at least any GPU's, so that a workspace sized on one
+// machine (a TensorRT engine's, declared when it is built, possibly without a GPU) holds the splits
+// any GPU picks; it costs little, as only few queries split (1x4 NLLB-size over 1024 positions:
+// 270 KB).
+constexpr int kWorkspaceSms = 256;
+
+// Warps that keep DRAM busy on `sms` SMs: a quarter of the warp slots (16 of an SM's 64), each with
+// ~16 keys' K and V vectors in flight, hold more bytes in flight than DRAM's latency needs.
+inline int64_t busy_warps(int sms) { return 16 * static_cast<int64_t>(sms); }
+
+// The current device's SM count (132, an H100's, where it cannot be read).
+inline int current_sms() {
     const int sms = current_device_value<query_sm_count>();
-    return 16 * static_cast<int64_t>(sms > 0 ? sms : 132);
+    return sms > 0 ? sms : 132;
 }
 
-// Splits for `row_heads` items over up to `positions` positions: where the items' CTAs (4 warps
-// each) fall short of busy_warps, the positions are split over more CTAs, each split at least
-// kMinSplitPositions long (a split costs a combine kernel: only where the warps are that few).
-inline int32_t choose_splits(int64_t row_heads, int32_t positions) {
-    const int64_t warps = row_heads * kAttnWarps;
-    int64_t splits = warps >= busy_warps() ? 1 : ceil_div<int64_t>(busy_warps(), warps);
+// Splits for `row_heads` items over up to `positions` positions on `sms` SMs: where the items' CTAs
+// (4 warps each) fall short of busy_warps, the positions are split over more CTAs, each split at
+// least kMinSplitPositions long (a split costs a combine kernel: only where the warps are that few).
+inline int32_t choose_splits(int64_t row_heads, int32_t positions, int sms) {
+    const int64_t warps = row_heads * kAttnWarps, busy = busy_warps(sms);
+    int64_t splits = warps >= busy ? 1 : ceil_div<int64_t>(busy, warps);
     splits = std::min<int64_t>(splits, ceil_div<int64_t>(positions, kMinSplitPositions));
     splits = std::min<int64_t>(splits, kMaxSplits);
     return static_cast<int32_t>(std::max<int64_t>(splits, 1));
@@ -305,16 +314,16 @@ inline int64_t partial_bytes(int64_t row_heads, int32_t splits, int32_t head_dim
     return splits > 1 ? row_heads * splits * (head_dim + 2) * static_cast<int64_t>(sizeof(float)) : 0;
 }
 
-// Workspace for rows x num_heads queries over up to `positions` positions at the splits
-// choose_splits picks (the *_workspace_bytes queries of both attentions).
+// Workspace for rows x num_heads queries over up to `positions` positions at the most splits any GPU
+// picks (the *_workspace_bytes queries of both attentions): the same on every machine.
 inline int64_t workspace_bytes(int32_t rows, int32_t num_heads, int32_t head_dim, int32_t positions) {
     const int64_t row_heads = static_cast<int64_t>(rows) * num_heads;
-    return partial_bytes(row_heads, choose_splits(row_heads, positions), head_dim);
+    return partial_bytes(row_heads, choose_splits(row_heads, positions, kWorkspaceSms), head_dim);
 }
 
-// The most splits (up to choose_splits') that `workspace_bytes` holds: 1 needs none.
+// The most splits (up to what this GPU's choose_splits picks) that `workspace_bytes` holds: 1 needs none.
 inline int32_t fitting_splits(int64_t row_heads, int32_t positions, int32_t head_dim, int64_t workspace_bytes) {
-    int32_t splits = choose_splits(row_heads, positions);
+    int32_t splits = choose_splits(row_heads, positions, current_sms());
     while (splits > 1 && partial_bytes(row_heads, splits, head_dim) > workspace_bytes) --splits;
     return splits;
 }
@@ -323,7 +332,7 @@ inline int32_t fitting_splits(int64_t row_heads, int32_t positions, int32_t head
 template <bool kSelf>
 cudaError_t launch_decoder_attention(DecoderAttentionArgs a, int32_t head_dim, padfree_dtype dtype, cudaStream_t stream) {
     const int64_t items = static_cast<int64_t>(a.rows) * a.num_heads * a.splits;
-    const int sms = current_device_value<query_sm_count>();
+    const int sms = current_sms();
     cudaError_t err = cudaSuccess;
     dispatch_dtype(dtype, [&](auto tag) {
         using T = typename decltype(tag)::type;
@@ -335,7 +344,7 @@ cudaError_t launch_decoder_attention(DecoderAttentionArgs a, int32_t head_dim, p
                 return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kAttnThreads, 0) == cudaSuccess && n > 0
                            ? n : kAttnMinBlocks;
             }();
-            a.warps_per_item = choose_warps_per_item(items, static_cast<int64_t>(sms > 0 ? sms : 132) * per_sm);
+            a.warps_per_item = choose_warps_per_item(items, static_cast<int64_t>(sms) * per_sm);
             const int64_t blocks = ceil_div<int64_t>(items, kAttnWarps / a.warps_per_item);
             err = launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kAttnThreads), 0, stream, a);
             if (err == cudaSuccess && a.splits > 1)

@@ -54,7 +54,7 @@ def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 @functools.lru_cache(maxsize=256)
 def _workspace_bytes(name: str, device: int, rows: int, num_heads: int, head_dim: int, positions: int) -> int:
-    # device: the split count follows the device's SM count
+    # device: kept in the key, though the size no longer depends on the GPU (padfree.h)
     from .. import _lib
     del device
     value = ctypes.c_int64()
