@@ -131,7 +131,7 @@ class BeamSearch:
         cur_len = step + 1                            # tokens so far, the start token included
         tokens = self.running.index_select(2, step).reshape(-1)
         logits = decoder.logits(tokens)
-        processors = self.processors.step(self.running.view(batch * beams, max_length), cur_len)
+        processors = self.processors.step(self.running.view(batch * beams, max_length), decoder.step)
         cand_scores, cand_ids = decoder.ops.log_softmax_topk(logits, keep, bias=self.bias,
                                                              beam_scores=self.running_scores.view(-1),
                                                              workspace=self.workspace, **processors.kwargs())
@@ -188,7 +188,7 @@ class BeamSearch:
         kwargs = {}
         if self.processors.active:
             history = self.running.view(self.batch * self.beams, options.max_length)
-            kwargs = self.processors.step(history, decoder.step.long() + 1).kwargs()
+            kwargs = self.processors.step(history, decoder.step).kwargs()
         cand_scores, cand_ids = decoder.ops.log_softmax_topk(logits, self.keep, bias=self.bias,
                                                              beam_scores=self.running_scores.view(-1),
                                                              workspace=self.workspace, out_scores=self.cand_scores,

@@ -89,6 +89,22 @@ class Processors:
         bos, eos = options.forced_bos_token_id, options.forced_eos_token_id
         self.forced_bos = None if bos is None else torch.full((rows,), bos, dtype=torch.int32, device=device)
         self.forced_eos = None if eos is None else torch.full((rows,), eos, dtype=torch.int32, device=device)
+        # The lists that depend on the step alone, one row per step (step s picks token number s + 1):
+        # a step gathers its row (one kernel) instead of computing it from the step (a cast, an add, a
+        # comparison and a select per list: kernels of a few microseconds each on a step's critical path).
+        steps = torch.arange(options.max_length, device=device)
+        self.min_length_ban = None      # int32 [max_length, rows, eos ids]: eos while cur_len < min_length
+        if self.eos_i32 is not None and options.min_length > 1:     # cur_len >= 1: no ban without min_length > 1
+            ban = (steps + 1 < options.min_length)[:, None, None]
+            self.min_length_ban = torch.where(ban, self.eos_i32.unsqueeze(0), -1).contiguous()
+        self.forced_by_step = None      # int32 [max_length, rows], -1 = none
+        if self.forced_bos is not None or self.forced_eos is not None:
+            forced = torch.full((options.max_length, rows), -1, dtype=torch.int32, device=device)
+            if self.forced_bos is not None:
+                forced[0] = self.forced_bos                         # cur_len == 1
+            if self.forced_eos is not None and options.max_length >= 2:
+                forced[options.max_length - 2] = self.forced_eos    # cur_len == max_length - 1, after BOS: EOS wins
+            self.forced_by_step = forced
 
     @property
     def active(self) -> bool:
@@ -109,12 +125,13 @@ class Processors:
             cols.append(torch.where(match, last, -1))
         return torch.stack(cols, dim=1)
 
-    def step(self, history: torch.Tensor, cur_len: torch.Tensor) -> StepProcessors:
-        """The processors' id lists for the step that picks token number cur_len (0-based).
+    def step(self, history: torch.Tensor, step: torch.Tensor) -> StepProcessors:
+        """The processors' id lists for the step that picks token number step + 1 (0-based).
 
-        history: int64 [rows, L], each row's decoder sequence (start token first; columns from cur_len on
-        are ignored); cur_len: int64 [1] on the device (the step + 1)."""
+        history: int64 [rows, L], each row's decoder sequence (start token first; columns from step + 1
+        on are ignored); step: int32 or int64 [1] on the device, 0 <= step < max_length."""
         options = self.options
+        cur_len = step.long() + 1 if self._reads_history else None
         banned = []
         if options.no_repeat_ngram_size > 0:
             banned.append(no_repeat_ngram_banned(history, cur_len, options.no_repeat_ngram_size).to(torch.int32))
@@ -122,15 +139,15 @@ class Processors:
             banned.append(self.bad_single_i32)
         if self.bad_multi:
             banned.append(self._bad_words(history, cur_len).to(torch.int32))
-        if self.eos_i32 is not None and options.min_length > 1:     # cur_len >= 1: no ban without min_length > 1
-            banned.append(torch.where(cur_len < options.min_length, self.eos_i32, -1))
+        if self.min_length_ban is not None:
+            banned.append(self.min_length_ban.index_select(0, step)[0])
         banned_ids = (banned[0] if len(banned) == 1 else torch.cat(banned, dim=1)).contiguous() if banned else None
         penalty_ids = unique_ids(history, cur_len) if options.repetition_penalty != 1.0 else None
-        # HF applies ForcedEOS after ForcedBOS: EOS wins where both apply
-        forced_ids = None
-        if self.forced_bos is not None:
-            forced_ids = torch.where(cur_len == 1, self.forced_bos, -1)
-        if self.forced_eos is not None:
-            last = cur_len == options.max_length - 1
-            forced_ids = torch.where(last, self.forced_eos, -1 if forced_ids is None else forced_ids)
+        forced_ids = None if self.forced_by_step is None else self.forced_by_step.index_select(0, step)[0]
         return StepProcessors(banned_ids, penalty_ids, options.repetition_penalty, forced_ids)
+
+    @property
+    def _reads_history(self) -> bool:
+        """Whether a processor reads the history (and so needs the current length)."""
+        o = self.options
+        return o.no_repeat_ngram_size > 0 or bool(self.bad_multi) or o.repetition_penalty != 1.0

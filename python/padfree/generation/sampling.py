@@ -109,7 +109,7 @@ class SingleSearch:
         step = decoder.step.long()
         cur_len = step + 1
         logits = decoder.logits(self.sequences.index_select(1, step).view(-1))
-        processors = self.processors.step(self.sequences, cur_len)
+        processors = self.processors.step(self.sequences, decoder.step)
         if options.do_sample:
             tokens = _draw(decoder, logits, processors, options, self.bias, self.generator)
         else:
@@ -131,7 +131,7 @@ class SingleSearch:
         logits = decoder.logits(self.next_tokens)
         kwargs = {}
         if self.processors.active:
-            kwargs = self.processors.step(self.sequences, decoder.step.long() + 1).kwargs()
+            kwargs = self.processors.step(self.sequences, decoder.step).kwargs()
         ids = decoder.ops.log_softmax_topk(logits, 1, bias=self.bias, normalize=False, workspace=self.workspace,
                                            out_scores=self.cand_scores, out_ids=self.cand_ids, **kwargs)[1]
         own_step = isinstance(decoder, Decoder)     # torch's Decoder: the kernel advances its step too
