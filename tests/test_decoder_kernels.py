@@ -521,6 +521,7 @@ def _capi(name, *args):
     ({"head_dim": 96}, "head_dim 96", _lib.STATUS_UNSUPPORTED),
     ({"num_heads": 0}, "num_heads", _lib.STATUS_INVALID_ARGUMENT),
     ({"max_len": 0}, "max_len", _lib.STATUS_INVALID_ARGUMENT),
+    ({"rows": 40_000_000}, "rows x num_heads", _lib.STATUS_INVALID_ARGUMENT),   # x 8 heads: past the grid
     ({"scale": -1.0}, "softmax_scale", _lib.STATUS_INVALID_ARGUMENT),
     ({"qkv": M}, "qkv must be 16-byte aligned", _lib.STATUS_INVALID_ARGUMENT),
     ({"step": 0}, "step", _lib.STATUS_INVALID_ARGUMENT),

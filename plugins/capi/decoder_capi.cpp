@@ -14,8 +14,10 @@
 
 namespace {
 
-constexpr int32_t kMaxGridYZ = 65535;           // heads are grid dimension y
-constexpr int32_t kMaxPositions = 64 * 8192;    // splits x one CTA's positions (decoder_attention.cuh)
+constexpr int32_t kMaxGridYZ = 65535;           // the most heads taken
+// rows x heads queries (x splits, up to 64) index the attention's one-dimensional grid
+constexpr int64_t kMaxRowHeads = INT32_MAX / 64;
+constexpr int32_t kMaxPositions = 64 * 8192;    // the longest cache or source taken: far past any model's
 
 padfree_status check_heads(const char* what, int32_t num_heads, int32_t head_dim) {
     PADFREE_REQUIRE(num_heads >= 1 && num_heads <= kMaxGridYZ, what, ": num_heads must be in [1, ", kMaxGridYZ,
@@ -23,6 +25,12 @@ padfree_status check_heads(const char* what, int32_t num_heads, int32_t head_dim
     if (head_dim != 64 && head_dim != 128)
         return padfree::fail(PADFREE_ERROR_UNSUPPORTED, what, ": head_dim ", head_dim,
                              " is not built (supported: 64, 128)");
+    return PADFREE_OK;
+}
+
+padfree_status check_row_heads(const char* what, int64_t rows, int32_t num_heads) {
+    PADFREE_REQUIRE(rows * num_heads <= kMaxRowHeads, what, ": rows x num_heads must be <= ", kMaxRowHeads, ", got ",
+                    rows * num_heads);
     return PADFREE_OK;
 }
 
@@ -49,6 +57,7 @@ padfree_status padfree_decoder_self_attention_workspace_size(int32_t rows, int32
     PADFREE_REQUIRE(bytes != nullptr, "decoder_self_attention_workspace_size: bytes is NULL");
     PADFREE_REQUIRE(rows >= 0, "decoder_self_attention: rows must be >= 0, got ", rows);
     PADFREE_CHECK(check_heads("decoder_self_attention", num_heads, head_dim));
+    PADFREE_CHECK(check_row_heads("decoder_self_attention", rows, num_heads));
     PADFREE_REQUIRE(max_len >= 1 && max_len <= kMaxPositions, "decoder_self_attention: max_len must be in [1, ",
                     kMaxPositions, "], got ", max_len);
     *bytes = rows == 0 ? 0 : padfree::self_attention_workspace_bytes(rows, num_heads, head_dim, max_len);
@@ -66,6 +75,7 @@ padfree_status padfree_decoder_self_attention(const void* qkv, const void* qkv_b
     PADFREE_CHECK(check_dtype(dtype));
     PADFREE_REQUIRE(rows >= 0, "decoder_self_attention: rows must be >= 0, got ", rows);
     PADFREE_CHECK(check_heads("decoder_self_attention", num_heads, head_dim));
+    PADFREE_CHECK(check_row_heads("decoder_self_attention", rows, num_heads));
     PADFREE_REQUIRE(max_len >= 1 && max_len <= kMaxPositions, "decoder_self_attention: max_len must be in [1, ",
                     kMaxPositions, "], got ", max_len);
     PADFREE_CHECK(check_scale("decoder_self_attention", softmax_scale));
@@ -82,7 +92,7 @@ padfree_status padfree_decoder_self_attention(const void* qkv, const void* qkv_b
     SelfAttentionArgs args{qkv, qkv_bias, k_cache, v_cache, cache_indir, step, out,
                            rows, num_heads, head_dim, max_len, softmax_scale};
     return launched("decoder_self_attention",
-                      launch_self_attention(args, workspace, workspace_bytes, dtype, as_cuda_stream(stream)));
+                    launch_self_attention(args, workspace, workspace_bytes, dtype, as_cuda_stream(stream)));
     PADFREE_CAPI_GUARD_END
 }
 
@@ -92,6 +102,7 @@ padfree_status padfree_decoder_cross_attention_workspace_size(int32_t rows, int3
     PADFREE_REQUIRE(bytes != nullptr, "decoder_cross_attention_workspace_size: bytes is NULL");
     PADFREE_REQUIRE(rows >= 0, "decoder_cross_attention: rows must be >= 0, got ", rows);
     PADFREE_CHECK(check_heads("decoder_cross_attention", num_heads, head_dim));
+    PADFREE_CHECK(check_row_heads("decoder_cross_attention", rows, num_heads));
     PADFREE_REQUIRE(max_seqlen >= 1 && max_seqlen <= kMaxPositions, "decoder_cross_attention: max_seqlen must be in [1, ",
                     kMaxPositions, "], got ", max_seqlen);
     *bytes = rows == 0 ? 0 : padfree::cross_attention_workspace_bytes(rows, num_heads, head_dim, max_seqlen);
@@ -114,6 +125,7 @@ padfree_status padfree_decoder_cross_attention(const void* q, const void* q_bias
                     "decoder_cross_attention: batch * num_beams must fit int32");
     PADFREE_REQUIRE(total_tokens >= 0, "decoder_cross_attention: total_tokens must be >= 0, got ", total_tokens);
     PADFREE_CHECK(check_heads("decoder_cross_attention", num_heads, head_dim));
+    PADFREE_CHECK(check_row_heads("decoder_cross_attention", static_cast<int64_t>(batch) * num_beams, num_heads));
     PADFREE_REQUIRE(max_seqlen >= 1 && max_seqlen <= kMaxPositions, "decoder_cross_attention: max_seqlen must be in [1, ",
                     kMaxPositions, "], got ", max_seqlen);
     PADFREE_CHECK(check_scale("decoder_cross_attention", softmax_scale));
@@ -129,7 +141,7 @@ padfree_status padfree_decoder_cross_attention(const void* q, const void* q_bias
                             static_cast<int32_t>(std::min<int64_t>(total_tokens, INT32_MAX)), max_seqlen,
                             num_heads, head_dim, softmax_scale};
     return launched("decoder_cross_attention",
-                      launch_cross_attention(args, workspace, workspace_bytes, dtype, as_cuda_stream(stream)));
+                    launch_cross_attention(args, workspace, workspace_bytes, dtype, as_cuda_stream(stream)));
     PADFREE_CAPI_GUARD_END
 }
 
