@@ -15,6 +15,7 @@ block of its own calls (padfree.bench.timing.time_ms):
   run_numpy          Runtime.run(list of int64 numpy arrays)
   run_padded         Runtime.run(input_ids, attention_mask), int64 CPU tensors (a tokenizer's output)
   run_numpy_output   Runtime.run(numpy arrays, output="numpy"): host arrays out, synchronized
+  run_numpy_packed   Runtime.run(numpy arrays, packed=True): [T, H] and cu_seqlens, no view per sequence
   pipelined          per batch, --pipeline batches through submit() with one batch in flight
                      ahead (numpy in, numpy out): host work overlapping the GPU's (perf_counter)
 host_ms: the host's time in one submit() per input form and in one forward_packed call (median of
@@ -89,7 +90,8 @@ def host_ms(fn, reps: int, warmup: int, sync=None) -> float:
 def submit_calls(rt, forms: dict) -> dict:
     """form -> a call submitting the batch in that form."""
     return {"lists": lambda: rt.submit(forms["lists"]), "numpy": lambda: rt.submit(forms["numpy"]),
-            "padded": lambda: rt.submit(*forms["padded"])}
+            "padded": lambda: rt.submit(*forms["padded"]),
+            "numpy_packed": lambda: rt.submit(forms["numpy"], packed=True)}
 
 
 def pipelined_ms(rt, batch, count: int) -> float:
@@ -139,6 +141,7 @@ def bench_model(name: str, args) -> dict:
         ms["run_numpy"] = time_ms(lambda: rt.run(forms["numpy"]), args.reps, args.warmup)
         ms["run_padded"] = time_ms(lambda: rt.run(*forms["padded"]), args.reps, args.warmup)
         ms["run_numpy_output"] = time_ms(lambda: rt.run(forms["numpy"], output="numpy"), args.reps, args.warmup)
+        ms["run_numpy_packed"] = time_ms(lambda: rt.run(forms["numpy"], packed=True), args.reps, args.warmup)
         pipelined_ms(rt, forms["numpy"], args.warmup + 2)
         ms["pipelined"] = statistics.median(pipelined_ms(rt, forms["numpy"], args.pipeline) for _ in range(5))
         host = {f"submit_{form}": host_ms(call, args.reps, args.warmup, torch.cuda.synchronize)
@@ -186,7 +189,8 @@ def host_row(longest: int, args) -> dict:
            "mean_length": float(lengths.mean()), "host_ms": {}}
     for form, call in submit_calls(rt, forms).items():
         row["host_ms"][f"submit_{form}"] = host_ms(call, args.reps, args.warmup)
-        row["host_ms"][f"inputs_{form}"] = host_ms(lambda b=forms[form]: inputs(b), args.reps, args.warmup)
+        if form in forms:  # numpy_packed: the numpy form's input work
+            row["host_ms"][f"inputs_{form}"] = host_ms(lambda b=forms[form]: inputs(b), args.reps, args.warmup)
     row["host_ms"]["submit_numpy_output"] = host_ms(lambda: rt.submit(forms["numpy"], output="numpy"),
                                                     args.reps, args.warmup)
     row["host_ms"]["submit_padded_output"] = host_ms(lambda: rt.submit(*forms["padded"], padded=True),

@@ -73,6 +73,27 @@ def test_list_input_padded_output_and_hf_mapping(seed):
     check_per_sequence(rt.run(encoding), seqs, types)
 
 
+@pytest.mark.parametrize("output", ["torch", "numpy"])
+def test_packed_output(seed, output):
+    """packed=True: the per-token outputs as one [T, H] block with the batch's cu_seqlens (on the host,
+    int32) beside them; the per-sequence ones as ever. Chunked (max_batch 3), so the block is gathered
+    from several backend calls."""
+    rng = np.random.default_rng(seed)
+    seqs, types = random_sequences(rng, 8)
+    rt = Runtime(ToyBackend(max_batch=3), output=output)
+    out = rt.run(seqs, token_type_ids=types, packed=True)
+    cu = out["cu_seqlens"]
+    kind = torch.Tensor if output == "torch" else np.ndarray
+    assert isinstance(cu, kind) and cu.dtype in (torch.int32, np.int32) and not getattr(cu, "is_cuda", False)
+    np.testing.assert_array_equal(np.asarray(cu), np.concatenate([[0], np.cumsum([len(s) for s in seqs])]))
+    packed = out["last_hidden_state"]
+    assert isinstance(packed, kind) and packed.shape[0] == int(cu[-1])
+    check_per_sequence({"last_hidden_state": [packed[int(cu[i]):int(cu[i + 1])] for i in range(len(seqs))],
+                        "pooler_output": out["pooler_output"]}, seqs, types)
+    with pytest.raises(ValueError, match="choose one"):
+        rt.run(seqs, padded=True, packed=True)
+
+
 def test_padded_batch_without_mask_is_all_tokens(seed):
     rng = np.random.default_rng(seed)
     ids = rng.integers(0, VOCAB, size=(3, 9))

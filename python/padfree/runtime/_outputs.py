@@ -88,16 +88,17 @@ def padded_index(batch: HostBatch) -> np.ndarray:
 
 
 def shape_outputs(outputs: dict[str, torch.Tensor], batch: HostBatch, padded: bool,
-                  numpy: bool = False, per_sequence: frozenset[str] = frozenset()
+                  numpy: bool = False, per_sequence: frozenset[str] = frozenset(), packed: bool = False
                   ) -> dict[str, torch.Tensor | np.ndarray | list]:
-    """OutputGather's outputs as the caller gets them: per-token ones as a list of [len_i, ...] views
-    or, padded, [B, S, ...]; per-sequence ones [B, ...]. numpy: as numpy arrays (views of the host
-    tensors; bfloat16, which numpy lacks, becomes float32, which reads the data: wait for it first)."""
+    """OutputGather's outputs as the caller gets them: per-token ones as a list of [len_i, ...] views,
+    padded [B, S, ...], or packed [T, ...] with the batch's `cu_seqlens` (int32 [B + 1], on the host)
+    beside them; per-sequence ones [B, ...]. numpy: as numpy arrays (views of the host tensors;
+    bfloat16, which numpy lacks, becomes float32, which reads the data: wait for it first)."""
     shaped: dict[str, torch.Tensor | np.ndarray | list] = {}
     for name, t in outputs.items():
         if numpy:
             t = (t.float() if t.dtype == torch.bfloat16 else t).numpy()
-        if name in per_sequence:
+        if name in per_sequence or packed:
             shaped[name] = t
         elif padded:
             shaped[name] = t.reshape(len(batch.lengths), batch.padded_width, *t.shape[1:])
@@ -106,6 +107,9 @@ def shape_outputs(outputs: dict[str, torch.Tensor], batch: HostBatch, padded: bo
             shaped[name] = [t[i:j] for i, j in zip(cu, cu[1:])]
         else:
             shaped[name] = list(t.split_with_sizes(batch.lengths.tolist()))
+    if packed:
+        cu_seqlens = batch.cu_seqlens.astype(np.int32)
+        shaped["cu_seqlens"] = cu_seqlens if numpy else torch.from_numpy(cu_seqlens)
     return shaped
 
 

@@ -159,7 +159,8 @@ class Runtime:
         return encode(self, texts, batch_size, normalize, truncate, output or self.output, stream)
 
     def run(self, batch: Any, attention_mask: Any = None, token_type_ids: Any = None, *,
-            padded: bool = False, output: str | None = None, stream: Any = None) -> dict[str, Any]:
+            padded: bool = False, packed: bool = False, output: str | None = None,
+            stream: Any = None) -> dict[str, Any]:
         """Encode a batch.
 
         batch: a list of token sequences (lists, 1-D numpy arrays or torch tensors of ints), or a
@@ -167,14 +168,17 @@ class Runtime:
           None: no padding), or a mapping with those keys (an HF tokenizer's output).
         token_type_ids: like batch (a list of sequences, or [B, S]); None: all zeros.
         Returns {name: value} per backend output name: "last_hidden_state" as a list of [len_i, H]
-        (padded=True: [B, S, H], zeros in padding; S = the input's width, or the longest sequence),
+        (padded=True: [B, S, H], zeros in padding; S = the input's width, or the longest sequence;
+        packed=True: [total_tokens, H], sequence i at rows cu_seqlens[i]:cu_seqlens[i + 1], with
+        "cu_seqlens" (int32 [B + 1], on the host) in the result: no view per sequence),
         "pooler_output" as [B, H]. Raises InputError (a ValueError) for malformed input.
         """
-        return self.submit(batch, attention_mask, token_type_ids, padded=padded, output=output,
+        return self.submit(batch, attention_mask, token_type_ids, padded=padded, packed=packed, output=output,
                            stream=stream).result()
 
     def submit(self, batch: Any, attention_mask: Any = None, token_type_ids: Any = None, *,
-               padded: bool = False, output: str | None = None, stream: Any = None) -> PendingRun:
+               padded: bool = False, packed: bool = False, output: str | None = None,
+               stream: Any = None) -> PendingRun:
         """Validate, pack and enqueue a batch without waiting for the GPU; arguments as run(), which is
         submit(...).result(). Pack the next batch while this one runs (docs/RUNTIME.md):
 
@@ -192,16 +196,18 @@ class Runtime:
         output = output or self.output
         if output not in OUTPUT_FORMATS:
             raise ValueError(f"output must be one of {OUTPUT_FORMATS}, got {output!r}")
+        if padded and packed:
+            raise ValueError("padded=True and packed=True: choose one layout for the per-token outputs")
         host = to_host_batch(batch, attention_mask, token_type_ids)
         validate(host, self.limits)
         chunks = plan_chunks(host.lengths, self.limits.max_batch, self.limits.max_tokens, host.cu_seqlens)
         if self.device.type != "cuda":
-            return self._submit(host, chunks, padded, output, None)
+            return self._submit(host, chunks, padded, packed, output, None)
         stream = _as_stream(stream, self.device) or self.stream or torch.cuda.current_stream(self.device)
         with torch.cuda.device(self.device), torch.cuda.stream(stream):
-            return self._submit(host, chunks, padded, output, stream)
+            return self._submit(host, chunks, padded, packed, output, stream)
 
-    def _submit(self, host: HostBatch, chunks: list[Chunk], padded: bool, output: str,
+    def _submit(self, host: HostBatch, chunks: list[Chunk], padded: bool, packed: bool, output: str,
                 stream: torch.cuda.Stream | None) -> PendingRun:
         arrays: list[np.ndarray] = []
         for c in chunks:
@@ -230,7 +236,7 @@ class Runtime:
             ready.record(stream)
 
         def finish() -> dict[str, Any]:
-            return shape_outputs(outputs, host, padded, numpy, self.per_sequence_outputs)
+            return shape_outputs(outputs, host, padded, numpy, self.per_sequence_outputs, packed)
         if needs_data(outputs, numpy):
             return PendingRun(ready, numpy, None, finish)
         return PendingRun(ready, numpy, finish())

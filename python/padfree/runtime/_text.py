@@ -198,7 +198,7 @@ def encode(runtime: Any, texts: Any, batch_size: int, normalize: bool, truncate:
     for start in range(0, len(texts), batch_size):
         ids = tokenize(texts[start:start + batch_size], truncate, first=start)
         try:
-            out = runtime.run(ids, output="torch", stream=stream)
+            out = runtime.run(ids, output="torch", stream=stream, packed=True)   # no per-token views
         except InputError as e:
             raise InputError(f"texts {start}..{start + len(ids) - 1}: {e}") from None
         parts.append(out[SENTENCE_EMBEDDING])

@@ -25,8 +25,6 @@ import sys
 
 import triton_python_backend_utils as pb_utils
 
-PER_REQUEST = ("pooler_output", "sentence_embedding")   # one row per sequence; the rest one per token
-
 
 def _add_import_path(entries: str) -> None:
     """The writer's sys.path entries, .pth files processed (an editable install's finder), then the
@@ -119,15 +117,21 @@ class TritonPythonModel:
         types = None
         if any(t is not None for _, t in parsed):
             types = [row for ids, t in parsed for row in (self.torch.zeros_like(ids) if t is None else t)]
-        out = self.runtime.run(sequences, token_type_ids=types, output="numpy")   # one wait for the batch
+        # one wait for the batch; per-token outputs packed: a request's rows are one contiguous block
+        out = self.runtime.run(sequences, token_type_ids=types, output="numpy", packed=True)
+        cu_seqlens = out["cu_seqlens"]
         answers, first = [], 0
         for ids, _ in parsed:
             count = ids.shape[0]
             tensors = []
             for name in self.outputs:
                 value = out[name]
-                # per token: [k, len, H] (each sequence's rows), per sequence: [k, H]
-                rows = value[first:first + count] if name in PER_REQUEST else self.np.stack(value[first:first + count])
+                # per token: [k, len, H] (the request's packed rows), per sequence: [k, H]
+                if name in self.runtime.per_sequence_outputs:
+                    rows = value[first:first + count]
+                else:
+                    block = value[cu_seqlens[first]:cu_seqlens[first + count]]
+                    rows = block.reshape(count, ids.shape[1], *value.shape[1:])
                 rows = self.torch.from_numpy(self.np.ascontiguousarray(rows))
                 tensors.append(pb_utils.Tensor.from_dlpack(name, self.torch.utils.dlpack.to_dlpack(rows)))
             answers.append(pb_utils.InferenceResponse(output_tensors=tensors))
