@@ -109,3 +109,6 @@ def test_decode_linear_refuses_bad_input():
         decode_linear(x, torch.zeros(512, 512, device="cuda"), out=x)
     with pytest.raises(InputError, match="dtype"):
         decode_linear(x, w.half())
+    gamma = torch.ones(513, device="cuda")[1:]   # 4 bytes past an allocation: the kernel reads 16-byte vectors
+    with pytest.raises(InputError, match="ln gamma"):
+        decode_linear(x, w, ln=(gamma, torch.zeros(512, device="cuda"), 1e-5))

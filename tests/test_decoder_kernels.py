@@ -552,6 +552,20 @@ def test_capi_logits_topk_refuses(over, fragment):
     assert got == _lib.STATUS_INVALID_ARGUMENT and fragment in message, message
 
 
+@pytest.mark.parametrize("over,fragment", [
+    ({"gamma": M, "beta": A}, "ln_gamma must be 16-byte aligned"),    # read as 16-byte vectors
+    ({"gamma": A, "beta": M}, "ln_beta must be 16-byte aligned"),
+    ({"gamma": A, "beta": A, "x_norm": A + (1 << 22) + 4}, "x_norm_out must be 16-byte aligned"),  # written so
+    ({"bias": A + 1}, "bias and residual must be aligned to the dtype"),
+])
+def test_capi_decode_linear_refuses(over, fragment):
+    a = dict(x=A, weight=A, bias=None, residual=None, gamma=None, beta=None, eps=1e-5, act=0, rows=4, k=512,
+             n=64, dtype=1, out=A + (1 << 20), x_norm=None, stream=None)
+    a.update(over)
+    got, message = _capi("padfree_decode_linear", *a.values())
+    assert got == _lib.STATUS_INVALID_ARGUMENT and fragment in message, message
+
+
 def test_capi_workspace_sizes():
     size = ctypes.c_int64(-1)
     status, message = _capi("padfree_logits_topk_workspace_size", 4, 256206, 8, ctypes.byref(size))

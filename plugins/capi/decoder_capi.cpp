@@ -174,9 +174,12 @@ padfree_status padfree_decode_linear(const void* x, const void* weight, const vo
     PADFREE_CHECK(check_tensor(weight, "decode_linear: weight"));
     PADFREE_CHECK(check_tensor(out, "decode_linear: out"));
     auto element_aligned = [&](const void* p) { return reinterpret_cast<uintptr_t>(p) % element == 0; };
-    PADFREE_REQUIRE(element_aligned(bias) && element_aligned(residual) && element_aligned(ln_gamma) &&
-                        element_aligned(ln_beta) && element_aligned(x_norm_out),
-                    "decode_linear: bias, residual, ln_gamma, ln_beta and x_norm_out must be aligned to the dtype");
+    PADFREE_REQUIRE(element_aligned(bias) && element_aligned(residual),
+                    "decode_linear: bias and residual must be aligned to the dtype");
+    // read and written as 16-byte vectors
+    PADFREE_CHECK(check_optional_tensor(ln_gamma, "decode_linear: ln_gamma"));
+    PADFREE_CHECK(check_optional_tensor(ln_beta, "decode_linear: ln_beta"));
+    PADFREE_CHECK(check_optional_tensor(x_norm_out, "decode_linear: x_norm_out"));
     const int64_t x_bytes = static_cast<int64_t>(rows) * in_features * element;
     const int64_t o_bytes = static_cast<int64_t>(rows) * out_features * element;
     PADFREE_REQUIRE(disjoint(out, o_bytes, x, x_bytes), "decode_linear: out must not overlap x");

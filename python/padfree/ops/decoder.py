@@ -195,6 +195,20 @@ def decode_linear_fits(rows: int, in_features: int, dtype: torch.dtype) -> bool:
             and staged * in_features * element <= DECODE_LINEAR_MAX_STAGE_BYTES)
 
 
+def _checked_ln(ln: tuple | None, like: torch.Tensor, width: int) -> tuple:
+    """A LayerNorm argument (gamma, beta, eps) or None, checked: (gamma, beta, eps), or (None, None,
+    0.0) for None. gamma and beta: like's dtype and device, [width], 16-byte aligned (the kernels read
+    them as vectors)."""
+    if ln is None:
+        return None, None, 0.0
+    gamma, beta, eps = ln
+    check_float(gamma, "ln gamma", like=like, shape=(width,))
+    check_float(beta, "ln beta", like=like, shape=(width,))
+    if not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+        raise InputError(f"ln eps: expected a finite number >= 0, got {eps!r}")
+    return gamma, beta, eps
+
+
 def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                   residual: torch.Tensor | None = None, ln: tuple | None = None, activation: str | None = None,
                   out: torch.Tensor | None = None, x_norm_out: torch.Tensor | None = None) -> torch.Tensor:
@@ -219,14 +233,7 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     check(residual, "residual", dtype=x.dtype, shape=(rows, out_features), device=x.device, optional=True)
     if activation not in ACTIVATIONS:
         raise InputError(f"activation: expected one of none, relu, gelu, gelu_tanh, silu, got {activation!r}")
-    gamma = beta = None
-    eps = 0.0
-    if ln is not None:
-        gamma, beta, eps = ln
-        check(gamma, "ln gamma", dtype=x.dtype, shape=(in_features,), device=x.device)
-        check(beta, "ln beta", dtype=x.dtype, shape=(in_features,), device=x.device)
-        if not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
-            raise InputError(f"ln eps: expected a finite number >= 0, got {eps!r}")
+    gamma, beta, eps = _checked_ln(ln, x, in_features)
     if x_norm_out is not None:
         if ln is None:
             raise InputError("x_norm_out: needs ln (it is the LayerNorm's output)")
@@ -267,14 +274,7 @@ def decoder_step_embedding(tokens: torch.Tensor, step: torch.Tensor, word_emb: t
     position_offset = check_int32(position_offset, "position_offset", minimum=0)
     pad_position = check_int32(pad_position, "pad_position", minimum=0)
     pad = -1 if pad_token is None else check_int32(pad_token, "pad_token", minimum=0)
-    gamma = beta = None
-    eps = 0.0
-    if ln is not None:
-        gamma, beta, eps = ln
-        check_float(gamma, "ln gamma", like=word_emb, shape=(hidden,))
-        check_float(beta, "ln beta", like=word_emb, shape=(hidden,))
-        if not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
-            raise InputError(f"ln eps: expected a finite number >= 0, got {eps!r}")
+    gamma, beta, eps = _checked_ln(ln, word_emb, hidden)
     rows = tokens.shape[0]
     out = output(out, (rows, hidden), word_emb)
     call_kernel("padfree_decoder_step_embedding", tokens.device, ptr(tokens), ptr(step), ptr(word_emb), vocab,
