@@ -60,6 +60,23 @@ def make_model(arch: str, hidden: int = 128, heads: int = 2, layers: int = 2, po
     return model
 
 
+def randomize_parameters(model: torch.nn.Module, seed: int, bias_scale: float = 0.1) -> torch.nn.Module:
+    """Every parameter drawn from one torch.Generator seeded `seed`, in named_parameters() order:
+    LayerNorm weights 1 + 0.2 N(0, 1) and biases 0.2 N(0, 1), other vectors bias_scale N(0, 1), matrices
+    N(0, 1/fan_in) (unit-scale activations through 12 layers)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            if "LayerNorm" in name or "layer_norm" in name:
+                p.copy_((1.0 + 0.2 * noise) if name.endswith("weight") else 0.2 * noise)
+            elif p.dim() == 1:
+                p.copy_(bias_scale * noise)
+            else:
+                p.copy_(noise / p.shape[-1] ** 0.5)
+    return model
+
+
 def pad_id(model) -> int:
     return model.config.pad_token_id or 0
 

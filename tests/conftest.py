@@ -73,3 +73,18 @@ def no_tf32():
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
     yield
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_export(tmp_path_factory):
+    """The built-in tiny BERT (128 positions) exported once per test run (padfree export's folder: the
+    plain and the rewritten ONNX model, report.json), for the tests that only read it."""
+    for module in ("torch", "transformers", "onnx_graphsurgeon", "onnxruntime"):
+        pytest.importorskip(module)
+    from padfree.export.pipeline import export
+
+    out = tmp_path_factory.mktemp("tiny-bert") / "out"
+    export("tiny-bert", out)
+    files = sorted(p.relative_to(out) for p in out.rglob("*"))
+    yield out
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == files, "a test wrote into the shared export"

@@ -33,17 +33,6 @@ def one_line_error(code: int, err: str, *fragments: str) -> None:
     assert "Traceback" not in err
 
 
-@pytest.fixture(scope="module")
-def tiny_export(tmp_path_factory):
-    """The built-in tiny BERT (128 positions) exported: served on ONNX Runtime on the CPU."""
-    pytest.importorskip("onnx_graphsurgeon")
-    pytest.importorskip("onnxruntime")
-    from padfree.export.pipeline import export
-    out = tmp_path_factory.mktemp("bench") / "out"
-    export("tiny-bert", out)
-    return out
-
-
 # ---- arguments -------------------------------------------------------------------------------------
 
 def _parsed(*argv):
@@ -147,9 +136,9 @@ def test_max_graphs_is_settable_on_the_encoder():
 
 # ---- whole runs on the CPU (export folders on ONNX Runtime) ----------------------------------------
 
-def test_lengths_over_the_model_limit_are_named(tiny_export, tmp_path, capsys):
+def test_lengths_over_the_model_limit_are_named(tiny_bert_export, tmp_path, capsys):
     (tmp_path / "lengths.txt").write_text("5\n128\n129\n")
-    code, _, err = bench([str(tiny_export), "--lengths", str(tmp_path / "lengths.txt")], capsys)
+    code, _, err = bench([str(tiny_bert_export), "--lengths", str(tmp_path / "lengths.txt")], capsys)
     one_line_error(code, err, "line 3", "length 129 exceeds this model's limit of 128", "max_seqlen")
 
 
@@ -162,12 +151,12 @@ def test_pytorch_path_without_a_gpu_is_one_line(tmp_path, capsys):
     one_line_error(code, err, "no CUDA device", "export")
 
 
-def test_a_run_on_lengths_times_the_files_sequences(tiny_export, tmp_path, capsys, seed):
+def test_a_run_on_lengths_times_the_files_sequences(tiny_bert_export, tmp_path, capsys, seed):
     lengths = np.random.default_rng(seed).integers(1, 129, 21).tolist()
     lengths[0], lengths[-1] = 1, 128
     (tmp_path / "lengths.txt").write_text("".join(f"{n}\n" for n in lengths))
     out = tmp_path / "result.json"
-    code, printed, err = bench([str(tiny_export), "--lengths", str(tmp_path / "lengths.txt"), "--batch-size", "8",
+    code, printed, err = bench([str(tiny_bert_export), "--lengths", str(tmp_path / "lengths.txt"), "--batch-size", "8",
                                 "--reps", "2", "--warmup", "0", "--out", str(out)], capsys)
     assert code == 0, err
     result = json.loads(out.read_text())

@@ -22,21 +22,10 @@ def test_version_and_python_m(capsys):
     assert run.stdout.strip() == f"padfree {padfree.__version__}"
 
 
-@pytest.fixture(scope="module")
-def export_folder(tmp_path_factory):
-    pytest.importorskip("torch")
-    pytest.importorskip("onnxruntime")
-    from padfree.export.pipeline import export
-
-    out = tmp_path_factory.mktemp("export")
-    export("tiny-bert", out)
-    return out
-
-
 @pytest.mark.parametrize("flags, level", [(["-q"], logging.WARNING), (["-v"], logging.DEBUG), ([], logging.INFO)])
 @pytest.mark.parametrize("where", ["before", "after"])
-def test_quiet_and_verbose_act_on_every_subcommand(export_folder, capsys, flags, level, where):
-    model = str(export_folder / "model.padfree.onnx")
+def test_quiet_and_verbose_act_on_every_subcommand(tiny_bert_export, capsys, flags, level, where):
+    model = str(tiny_bert_export / "model.padfree.onnx")
     argv = [*flags, "inspect", model] if where == "before" else ["inspect", model, *flags]
     assert main(argv) == 0
     assert logging.getLogger("padfree").level == level
@@ -47,28 +36,28 @@ def test_quiet_and_verbose_act_on_every_subcommand(export_folder, capsys, flags,
         assert "-q, --quiet" in capsys.readouterr().out
 
 
-def test_quiet_and_verbose_exclude_each_other(export_folder, capsys):
+def test_quiet_and_verbose_exclude_each_other(tiny_bert_export, capsys):
     with pytest.raises(SystemExit) as exit_:
-        main(["-v", "inspect", str(export_folder / "model.onnx"), "-q"])
+        main(["-v", "inspect", str(tiny_bert_export / "model.onnx"), "-q"])
     assert exit_.value.code == 2 and "exclude each other" in capsys.readouterr().err
 
 
-def test_check_defaults_its_reference_to_the_model_onnx_beside(export_folder, tmp_path, capsys):
-    assert main(["check", str(export_folder / "model.padfree.onnx"), "--batch", "3", "--max-seqlen", "16"]) == 0
+def test_check_defaults_its_reference_to_the_model_onnx_beside(tiny_bert_export, tmp_path, capsys):
+    assert main(["check", str(tiny_bert_export / "model.padfree.onnx"), "--batch", "3", "--max-seqlen", "16"]) == 0
     out = capsys.readouterr().out
-    assert f"vs {export_folder / 'model.onnx'}" in out and "PASS" in out
+    assert f"vs {tiny_bert_export / 'model.onnx'}" in out and "PASS" in out
     lone = tmp_path / "model.padfree.onnx"
-    lone.write_bytes((export_folder / "model.padfree.onnx").read_bytes())
+    lone.write_bytes((tiny_bert_export / "model.padfree.onnx").read_bytes())
     assert main(["check", str(lone)]) == 2
     assert "give it with --reference" in capsys.readouterr().err
 
 
-def test_inspect_an_onnx_model(export_folder, capsys):
-    assert main(["inspect", str(export_folder / "model.padfree.onnx")]) == 0
+def test_inspect_an_onnx_model(tiny_bert_export, capsys):
+    assert main(["inspect", str(tiny_bert_export / "model.padfree.onnx")]) == 0
     text = capsys.readouterr().out
     assert "PadfreeAttention: 2" in text and "padfree.task: feature-extraction" in text
     assert "cu_seqlens: int32 ['batch_plus_1']" in text and "float_dtype: fp32" in text
-    assert main(["inspect", str(export_folder / "model.onnx"), "--json"]) == 0
+    assert main(["inspect", str(tiny_bert_export / "model.onnx"), "--json"]) == 0
     facts = json.loads(capsys.readouterr().out)
     assert facts["plugin_nodes"] == {} and [o["name"] for o in facts["outputs"]] == ["last_hidden_state",
                                                                                       "pooler_output"]

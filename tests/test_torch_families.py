@@ -10,7 +10,13 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from _encoder_models import check_padded_output, cpu_encoder, hf_reference, random_batch  # noqa: E402
+from _encoder_models import (  # noqa: E402
+    check_padded_output,
+    cpu_encoder,
+    hf_reference,
+    random_batch,
+    randomize_parameters,
+)
 
 from padfree.torch import UnsupportedModelError, from_hf  # noqa: E402
 from padfree.torch.weights import albert_schedule, extract  # noqa: E402
@@ -36,17 +42,7 @@ def family_model(name: str, seed: int, layers: int = 12, model_cls: str | None =
         attn_implementation="eager", **{**fields, **over})
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls or default_cls)(config).eval()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for pname, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
-            if "LayerNorm" in pname or "layer_norm" in pname:
-                p.copy_((1.0 + 0.2 * noise) if pname.endswith("weight") else 0.2 * noise)
-            elif p.dim() == 1:
-                p.copy_(0.1 * noise)
-            else:  # N(0, 1/fan_in): unit-scale activations through 12 layers
-                p.copy_(noise / p.shape[-1] ** 0.5)
-    return model
+    return randomize_parameters(model, seed)
 
 
 def batch_for(model, rng, batch=6, width=80):

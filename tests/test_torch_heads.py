@@ -12,7 +12,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from _encoder_models import cpu_encoder, random_batch, rel_err  # noqa: E402
+from _encoder_models import cpu_encoder, random_batch, randomize_parameters, rel_err  # noqa: E402
 
 from padfree.torch import UnsupportedModelError, from_hf  # noqa: E402
 from padfree.torch.weights import extract  # noqa: E402
@@ -42,17 +42,7 @@ def head_model(family: str, task: str, seed: int, layers: int = 12):
     config = getattr(transformers, config_cls)(**{**common, **fields})
     torch.manual_seed(seed)
     model = getattr(transformers, prefix + TASKS[task])(config).eval()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
-            if "LayerNorm" in name or "layer_norm" in name:
-                p.copy_((1.0 + 0.2 * noise) if name.endswith("weight") else 0.2 * noise)
-            elif p.dim() == 1:
-                p.copy_(0.3 * noise)  # head biases large enough that a dropped one shows
-            else:
-                p.copy_(noise / p.shape[-1] ** 0.5)
-    return model
+    return randomize_parameters(model, seed, bias_scale=0.3)  # head biases large enough that a dropped one shows
 
 
 def batch_for(model, rng, batch=6, width=64):

@@ -145,29 +145,18 @@ def test_cli(tmp_path, capsys):
 
 # ---- the Python-backend model (padfree.Runtime in model.py) ---------------------------------------
 
-@pytest.fixture(scope="module")
-def export_folder(tmp_path_factory):
-    pytest.importorskip("onnxruntime")
-    pytest.importorskip("transformers")
-    from padfree.export.pipeline import export
-
-    out = tmp_path_factory.mktemp("export") / "out"
-    export("tiny-bert", out)
-    return out
-
-
 @needs_triton
-def test_python_model_for_an_export_folder(export_folder, tmp_path):
-    target = triton.write_python_model(export_folder, tmp_path / "models", name="bert", max_batch=16, instances=2,
+def test_python_model_for_an_export_folder(tiny_bert_export, tmp_path):
+    target = triton.write_python_model(tiny_bert_export, tmp_path / "models", name="bert", max_batch=16, instances=2,
                                        python_path=["/opt/site", "/opt/padfree"])
     files = {str(p.relative_to(target)) for p in target.rglob("*") if p.is_file()}
     import json
 
-    text_files = json.loads((export_folder / "report.json").read_text())["text_files"]   # none for a built-in
+    text_files = json.loads((tiny_bert_export / "report.json").read_text())["text_files"]   # none for a built-in
     assert files == {"config.pbtxt", "1/model.py", "1/export/report.json", "1/export/model.padfree.onnx",
                      *(f"1/export/{f}" for f in text_files)}     # not the plain model.onnx
     copied = target / "1" / "export" / "model.padfree.onnx"
-    assert copied.read_bytes() == (export_folder / "model.padfree.onnx").read_bytes()
+    assert copied.read_bytes() == (tiny_bert_export / "model.padfree.onnx").read_bytes()
     c = text_format.Parse((target / "config.pbtxt").read_text(), pb.ModelConfig())
     assert c.backend == "python" and c.max_batch_size == 16 and not c.batch_input and not c.batch_output
     assert [(i.name, i.data_type, list(i.dims), i.allow_ragged_batch, i.optional) for i in c.input] == [
@@ -203,7 +192,7 @@ def test_python_model_for_an_hf_directory(tmp_path, arch, pooler, types):
     assert [g.kind for g in c.instance_group] == [pb.ModelInstanceGroup.KIND_GPU]
 
 
-def test_python_model_refusals(export_folder, tmp_path, capsys):
+def test_python_model_refusals(tiny_bert_export, tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     with pytest.raises(triton.TritonError, match="not an engine file, a `padfree export` folder"):
         triton.write_python_model(tmp_path / "empty", tmp_path / "models")
@@ -212,7 +201,8 @@ def test_python_model_refusals(export_folder, tmp_path, capsys):
     (seq2seq / "seq2seq.json").write_text("{}")
     with pytest.raises(triton.TritonError, match="encoder-decoder export"):
         triton.write_python_model(seq2seq, tmp_path / "models")
-    assert cli.main(["triton", str(export_folder), "--repository", str(tmp_path / "models"), "--dtype", "float16"]) == 2
+    assert cli.main(["triton", str(tiny_bert_export), "--repository", str(tmp_path / "models"),
+                     "--dtype", "float16"]) == 2
     assert cli.main(["triton", str(_engine(tmp_path)), "--repository", str(tmp_path / "models"),
                      "--python-path", "/x"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -220,7 +210,7 @@ def test_python_model_refusals(export_folder, tmp_path, capsys):
     assert not (tmp_path / "models").exists() or _listing(tmp_path / "models") == []
 
 
-def test_cli_writes_the_python_model(export_folder, tmp_path):
-    assert cli.main(["triton", str(export_folder), "--repository", str(tmp_path / "models"), "--name", "cpu"]) == 0
+def test_cli_writes_the_python_model(tiny_bert_export, tmp_path):
+    assert cli.main(["triton", str(tiny_bert_export), "--repository", str(tmp_path / "models"), "--name", "cpu"]) == 0
     assert (tmp_path / "models" / "cpu" / "1" / "model.py").read_bytes() == \
         (Path(triton.__file__).parent / "model.py").read_bytes()
