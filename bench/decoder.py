@@ -1,13 +1,14 @@
-"""Achieved bandwidth of the decoder kernels (one decoding step) against a device-to-device copy.
+"""Achieved bandwidth of the decoder kernels (one decoding step) against a device-to-device copy, and
+decode_linear against cuBLAS (torch's F.linear, with torch's LayerNorm where the kernel fuses one).
 
 Each kernel is captured CALLS times into a CUDA graph cycling through input sets (up to ~200 MB, so
 repeated calls do not just re-read L2), and the median replay over REPS, divided by CALLS, is the
 time per call (CUDA events). Bytes are what the kernel must read: self-attention the K and V of
 positions 0..step of every row (through the indirection), cross-attention each source's K/V rows
-once (its beams share them in L2), the top-k every logit once. The copy figure is
+once (its beams share them in L2), the top-k every logit once, a linear layer its weight. The copy figure is
 (read + write bytes) / time of `dst.copy_(src)` of 1 GiB.
 
-    python bench/decoder.py [--out results.json]
+    python bench/decoder.py [--linear] [--out results.json]
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ MODELS = {  # heads, head_dim, vocab
     "marian-base": (8, 64, 58101),
     "nllb-600m": (16, 64, 256206),
 }
+FFN = {"marian-base": 2048, "nllb-600m": 4096}
 NUM_BEAMS = 4
 MAX_LEN = 256
 SOURCE_LEN = 64
@@ -117,10 +119,49 @@ def bench_topk(vocab, rows, dtype):
     return ms, rows * vocab * elt
 
 
+def bench_linear(rows, k, n, dtype, *, ln, residual, act, torch_ops):
+    """One linear layer of a decode step: decode_linear (LayerNorm, bias, activation and residual
+    fused), or with torch_ops cuBLAS's GEMM with torch's LayerNorm / bias / activation / residual ops."""
+    elt = torch.finfo(dtype).bits // 8
+    fns = []
+    for _ in range(sets_for(n * k * elt)):
+        x = torch.randn(rows, k, device="cuda", dtype=dtype)
+        w = torch.randn(n, k, device="cuda", dtype=dtype) / k ** 0.5
+        b = torch.randn(n, device="cuda", dtype=dtype)
+        r = torch.randn(rows, n, device="cuda", dtype=dtype) if residual else None
+        norm = (torch.ones(k, device="cuda", dtype=dtype), torch.zeros(k, device="cuda", dtype=dtype), 1e-5)
+        out = torch.empty(rows, n, device="cuda", dtype=dtype)
+        if torch_ops:
+            def fn(x=x, w=w, b=b, r=r, norm=norm):
+                h = torch.nn.functional.layer_norm(x, (k,), norm[0], norm[1], norm[2]) if ln else x
+                y = torch.nn.functional.linear(h, w, b)
+                if act is not None:
+                    y = torch.nn.functional.relu(y)
+                return y + r if r is not None else y
+        else:
+            def fn(x=x, w=w, b=b, r=r, norm=norm, out=out):
+                return ops.decode_linear(x, w, b, r, ln=norm if ln else None, activation=act, out=out)
+        fns.append(fn)
+    return time_ms(fns), n * k * elt
+
+
+def linear_shapes(model, hidden, ffn, vocab):
+    """(name, in, out, LayerNorm, residual, activation) of a pre-LN decoder layer's linears and the LM head."""
+    padded = -(-vocab // 64) * 64
+    return [(f"{model} qkv", hidden, 3 * hidden, True, False, None),
+            (f"{model} out", hidden, hidden, False, True, None),
+            (f"{model} fc1", hidden, ffn, True, False, "relu"),
+            (f"{model} fc2", ffn, hidden, False, True, None),
+            (f"{model} lm_head", hidden, padded, True, False, None)]
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out")
     parser.add_argument("--dtype", default="fp16", choices=["fp16", "bf16", "fp32"])
+    parser.add_argument("--linear", action="store_true", help="decode_linear against cuBLAS instead")
+    parser.add_argument("--rows", type=lambda v: [int(r) for r in v.split(",")], default=[4, 16, 64],
+                        help="--linear's row counts, comma-separated")
     args = parser.parse_args()
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     copy = copy_bandwidth()
@@ -132,6 +173,18 @@ def main():
         print(f"{name:44s} {ms * 1e3:8.2f} us  {nbytes / 1e6:9.2f} MB  {gbps:7.0f} GB/s  {gbps / copy:6.1%} of copy")
         results["rows"].append({"kernel": name, "us": ms * 1e3, "bytes": nbytes, "GBps": gbps})
 
+    if args.linear:
+        for model, (heads, head_dim, vocab) in MODELS.items():
+            for rows in args.rows:
+                for name, k, n, ln, residual, act in linear_shapes(model, heads * head_dim, FFN[model], vocab):
+                    for torch_ops in (False, True):
+                        label = f"{name} rows {rows:2d} {'cublas+torch' if torch_ops else 'decode_linear'}"
+                        report(label, *bench_linear(rows, k, n, dtype, ln=ln, residual=residual, act=act,
+                                                    torch_ops=torch_ops))
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(results, f, indent=1)
+        return
     for model, (heads, head_dim, vocab) in MODELS.items():
         for rows in (4, 64, 256):
             for step in (32, 64):

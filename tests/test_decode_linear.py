@@ -112,3 +112,61 @@ def test_decode_linear_refuses_bad_input():
     gamma = torch.ones(513, device="cuda")[1:]   # 4 bytes past an allocation: the kernel reads 16-byte vectors
     with pytest.raises(InputError, match="ln gamma"):
         decode_linear(x, w, ln=(gamma, torch.zeros(512, device="cuda"), 1e-5))
+
+
+# 9 to 64 rows: the tensor-core kernel (decode_linear_tc.cu), float16 / bfloat16 on compute capability 9.0+
+hopper = pytest.mark.skipif(torch.cuda.get_device_capability() < (9, 0),
+                            reason="the tensor-core decode_linear needs compute capability 9.0+ (clusters)")
+HALF = [torch.float16, torch.bfloat16]
+FUSIONS = {  # bias, residual, ln, activation, x_norm_out
+    "plain": (False, False, False, None, False),
+    "bias_act": (True, False, False, "gelu", False),
+    "ln_act": (True, False, True, "relu", False),
+    "ln_residual_side": (True, True, True, "silu", True),
+}
+
+
+@hopper
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("rows", [9, 16, 17, 33, 64])
+@pytest.mark.parametrize("k,n", [(512, 1536), (1024, 1024), (1024, 4096), (4096, 1024), (256, 40), (512, 58112)])
+@pytest.mark.parametrize("fusion", list(FUSIONS))
+def test_decode_linear_tensor_cores_match_float64(seed, dtype, rows, k, n, fusion):
+    """Cluster split of in_features 1 to 8 ways (the shapes' tile counts), a partial last tile (40), a
+    vocabulary (CTAs looping over tiles), rows padded to 16 / 32 / 64."""
+    bias, residual, ln, act, side = FUSIONS[fusion]
+    run(seed, dtype, rows, k, n, bias=bias, residual=residual, ln=ln, act=act, side=side)
+
+
+@hopper
+def test_decode_linear_tensor_cores_deterministic_and_in_place(seed):
+    """The cluster's partial sums are reduced in rank order: the same bits every call; the residual may
+    be the output."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(64, 1024, generator=g, device="cuda").half()
+    w = (torch.randn(1024, 1024, generator=g, device="cuda") / 32).half()
+    norm = (torch.ones(1024, device="cuda").half(), torch.zeros(1024, device="cuda").half(), 1e-5)
+    first = decode_linear(x, w, ln=norm)
+    for _ in range(3):
+        assert torch.equal(decode_linear(x, w, ln=norm), first)
+    acc = torch.randn(64, 1024, generator=g, device="cuda").half()
+    expected = acc.double() + x.double() @ w.double().t()
+    decode_linear(x, w, residual=acc, out=acc)
+    err = ((acc.double() - expected).norm(dim=-1) / expected.norm(dim=-1)).max().item()
+    assert err < TOLERANCE[torch.float16], f"relative error {err:.2e}"
+
+
+@hopper
+def test_decode_linear_tensor_cores_refuse_what_they_do_not_take():
+    w = torch.zeros(64, 512, device="cuda").half()
+    with pytest.raises(InputError, match="rows"):
+        decode_linear(torch.zeros(65, 512, device="cuda").half(), w)
+    with pytest.raises(InputError, match="rows"):
+        decode_linear(torch.zeros(16, 512, device="cuda"), w.float())     # float32: a GEMM
+    with pytest.raises(InputError, match="multiple of 256"):
+        decode_linear(torch.zeros(16, 264, device="cuda").half(), torch.zeros(64, 264, device="cuda").half())
+    with pytest.raises(InputError, match="multiple of 8"):
+        decode_linear(torch.zeros(16, 512, device="cuda").half(), torch.zeros(36, 512, device="cuda").half())
+    bias = torch.zeros(65, device="cuda").half()[1:]     # 2 bytes past an allocation
+    with pytest.raises(InputError, match="bias"):
+        decode_linear(torch.zeros(16, 512, device="cuda").half(), w, bias)
