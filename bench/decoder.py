@@ -160,7 +160,7 @@ def main():
     parser.add_argument("--out")
     parser.add_argument("--dtype", default="fp16", choices=["fp16", "bf16", "fp32"])
     parser.add_argument("--linear", action="store_true", help="decode_linear against cuBLAS instead")
-    parser.add_argument("--rows", type=lambda v: [int(r) for r in v.split(",")], default=[4, 16, 64],
+    parser.add_argument("--rows", type=lambda v: [int(r) for r in v.split(",")], default=[1, 4, 8],
                         help="--linear's row counts, comma-separated")
     args = parser.parse_args()
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]

@@ -152,17 +152,9 @@ padfree_status padfree_decode_linear(const void* x, const void* weight, const vo
     PADFREE_CAPI_GUARD_BEGIN
     using namespace padfree;
     PADFREE_CHECK(check_dtype(dtype));
-    const bool tc = rows > kDecodeLinearMaxRows;  // the tensor-core kernel
-    const int32_t max_rows = decode_linear_tc_runs(dtype) ? kDecodeLinearTcMaxRows : kDecodeLinearMaxRows;
-    PADFREE_REQUIRE(rows >= 0 && rows <= max_rows, "decode_linear: rows must be in [0, ", max_rows,
-                    "] for this dtype and GPU (above ", kDecodeLinearMaxRows,
-                    ": float16 / bfloat16 on compute capability 9.0+), got ", rows, "; use a GEMM");
+    PADFREE_REQUIRE(rows >= 0 && rows <= kDecodeLinearMaxRows, "decode_linear: rows must be in [0, ",
+                    kDecodeLinearMaxRows, "], got ", rows);
     PADFREE_CHECK(check_width("decode_linear: in_features", in_features, 0));
-    PADFREE_REQUIRE(!tc || (in_features % 256 == 0 && in_features <= kDecodeLinearTcMaxInFeatures),
-                    "decode_linear: above ", kDecodeLinearMaxRows, " rows in_features must be a multiple of 256 up to ",
-                    kDecodeLinearTcMaxInFeatures, ", got ", in_features, "; use a GEMM");
-    PADFREE_REQUIRE(!tc || out_features % 8 == 0, "decode_linear: above ", kDecodeLinearMaxRows,
-                    " rows out_features must be a multiple of 8, got ", out_features, "; use a GEMM");
     PADFREE_REQUIRE(out_features >= 0, "decode_linear: out_features must be >= 0, got ", out_features);
     PADFREE_REQUIRE(activation >= 0 && activation <= 4,
                     "decode_linear: activation must be 0 (none), 1 (relu), 2 (gelu), 3 (gelu_tanh) or 4 (silu), got ",
@@ -174,7 +166,7 @@ padfree_status padfree_decode_linear(const void* x, const void* weight, const vo
     const int64_t element = dtype == PADFREE_FLOAT32 ? 4 : 2;
     int32_t staged = 1;
     while (staged < rows) staged *= 2;
-    PADFREE_REQUIRE(tc || staged * in_features * element <= kDecodeLinearMaxStageBytes, "decode_linear: rows x in_features (",
+    PADFREE_REQUIRE(staged * in_features * element <= kDecodeLinearMaxStageBytes, "decode_linear: rows x in_features (",
                     rows, " x ", in_features, ") exceeds the ", kDecodeLinearMaxStageBytes,
                     " bytes staged in shared memory; use a GEMM");
     if (rows == 0 || out_features == 0) return PADFREE_OK;
@@ -184,10 +176,6 @@ padfree_status padfree_decode_linear(const void* x, const void* weight, const vo
     auto element_aligned = [&](const void* p) { return reinterpret_cast<uintptr_t>(p) % element == 0; };
     PADFREE_REQUIRE(element_aligned(bias) && element_aligned(residual),
                     "decode_linear: bias and residual must be aligned to the dtype");
-    if (tc) {  // read as 16-byte vectors
-        PADFREE_CHECK(check_optional_tensor(bias, "decode_linear: bias (above 8 rows)"));
-        PADFREE_CHECK(check_optional_tensor(residual, "decode_linear: residual (above 8 rows)"));
-    }
     // read and written as 16-byte vectors
     PADFREE_CHECK(check_optional_tensor(ln_gamma, "decode_linear: ln_gamma"));
     PADFREE_CHECK(check_optional_tensor(ln_beta, "decode_linear: ln_beta"));

@@ -19,7 +19,6 @@
 
 #include "../attention/attention_ptx.cuh"
 #include "common.cuh"
-#include "decode_activation.cuh"
 
 namespace padfree {
 namespace {
@@ -76,6 +75,19 @@ __device__ __forceinline__ int owner_index(int lane) {
         }
     }
     return index;
+}
+
+__device__ __forceinline__ float activate(float y, DecodeActivation act) {
+    switch (act) {
+        case DecodeActivation::kRelu: return fmaxf(y, 0.f);
+        case DecodeActivation::kGelu: return 0.5f * y * (1.f + erff(y * 0.70710678118654752f));
+        case DecodeActivation::kGeluTanh: {
+            const float inner = 0.7978845608028654f * (y + 0.044715f * y * y * y);
+            return 0.5f * y * (1.f + tanhf(inner));
+        }
+        case DecodeActivation::kSilu: return y / (1.f + __expf(-y));
+        default: return y;
+    }
 }
 
 // A weight vector read once per step: streamed past L1 and marked evict-first in L2.
@@ -278,7 +290,6 @@ cudaError_t launch_typed(const DecodeLinearArgs& a, cudaStream_t stream) {
 
 cudaError_t launch_decode_linear(const DecodeLinearArgs& args, padfree_dtype dtype, cudaStream_t stream) {
     if (args.rows == 0 || args.out_features == 0) return cudaSuccess;
-    if (args.rows > kDecodeLinearMaxRows) return launch_decode_linear_tc(args, dtype, stream);
     cudaError_t err = cudaSuccess;
     dispatch_dtype(dtype, [&](auto tag) {
         using T = typename decltype(tag)::type;

@@ -31,22 +31,12 @@ struct DecodeLinearArgs {
     DecodeActivation activation;
 };
 
-// Rows beyond which the tensor-core kernel (decode_linear_tc.cu) is the faster one (each weight element
-// is used rows times on CUDA cores in decode_linear.cu).
+// Rows beyond which a GEMM on tensor cores is the faster kernel (each weight element is used rows times
+// on CUDA cores here).
 constexpr int32_t kDecodeLinearMaxRows = 8;
-// The tensor-core kernel: up to 64 rows, float16 / bfloat16 on compute capability 9.0+ (thread block
-// clusters), in_features a multiple of 256 up to 8192 (a cluster of up to 8 CTAs holds a row in 8
-// slices of whole 32-element chunks), out_features a multiple of 8 (16-byte output vectors).
-constexpr int32_t kDecodeLinearTcMaxRows = 64;
-constexpr int32_t kDecodeLinearTcMaxInFeatures = 8192;
 // The rows of x are staged in shared memory: rows * in_features elements at most this many bytes.
 constexpr int32_t kDecodeLinearMaxStageBytes = 96 * 1024;
 
-// Whether the tensor-core kernel runs for dtype on the current device.
-bool decode_linear_tc_runs(padfree_dtype dtype);
-
-// rows <= kDecodeLinearMaxRows: decode_linear.cu; up to kDecodeLinearTcMaxRows: decode_linear_tc.cu.
 cudaError_t launch_decode_linear(const DecodeLinearArgs& args, padfree_dtype dtype, cudaStream_t stream);
-cudaError_t launch_decode_linear_tc(const DecodeLinearArgs& args, padfree_dtype dtype, cudaStream_t stream);
 
 }  // namespace padfree

@@ -96,9 +96,8 @@ class Decoder:
         heads, head_dim = stack.num_heads, stack.head_dim
         self.ws_self = ops.workspace("decoder_self_attention", self.rows, heads, head_dim, capacity)
         self.ws_cross = ops.workspace("cross_attention", self.rows, heads, head_dim, max_seqlen)
-        # up to 8 rows (1x4, 2x4, 8x1), and up to 64 on tensor cores (4x4 to 16x4, 64x1): every linear
-        # layer with its LayerNorm, bias, activation and residual as one decode_linear kernel
-        # (logits_few_rows), where the kernel runs and fits
+        # up to 8 rows (1x4, 2x4, 8x1): every linear layer with its LayerNorm, bias, activation and
+        # residual as one decode_linear kernel (logits_few_rows), where the kernel runs and fits
         self.few_rows = ops.decode_linear_fits(self.rows, stack, weights.spec)
         fold = weights.spec.pre_ln and ops.skip_layernorm is not None
         self.bias_sums = folded_bias_sums(stack, dtype) if fold else None
@@ -199,7 +198,7 @@ class Decoder:
     def logits_few_rows(self, tokens: torch.Tensor) -> torch.Tensor:
         """logits() as 8 kernels per layer: each linear layer one decode_linear with the LayerNorm before
         it (the input's; post-LN: the previous sublayer's, whose output it also writes as the residual),
-        its bias, activation and residual; the two attentions between; then the LM head."""
+        its bias, activation and residual; the two attentions between."""
         w, spec = self.weights, self.weights.spec
         stack = w.decoder
         linear = self.ops.decode_linear
@@ -229,13 +228,10 @@ class Decoder:
             h, res = enter(x, f.ln, f.fc1_weight, bias=f.fc1_bias, activation=w.activation)
             x = linear(h, f.fc2_weight, f.fc2_bias, residual=res)
             pending = f.ln
-        # the LM head is a GEMM with its LayerNorm before it: its one large weight (60-525 MB) is what
-        # cuBLAS streams at copy bandwidth and decode_linear does not (H200, NLLB's at 4 / 64 rows: 132 /
-        # 148 us against 156 / 355, bench/decoder.py --linear)
         last = stack.final_layer_norm if spec.pre_ln else pending
-        if last is not None:
-            x = layer_norm(x, last)
-        return F.linear(x, w.step_lm_head)
+        if last is None:
+            return linear(x, w.step_lm_head)
+        return linear(x, w.step_lm_head, ln=(last.weight, last.bias, last.eps))
 
     def reorder(self, parents: torch.Tensor) -> None:
         """Hypothesis r continues row parents[r] (int32 [rows]) from the next step on.

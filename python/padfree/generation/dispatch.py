@@ -148,17 +148,15 @@ class DecoderOps:
         return kernel
 
     def decode_linear_fits(self, rows: int, stack, spec) -> bool:
-        """Whether the decoder's step for `rows` hypotheses runs its layers' linear layers as
-        decode_linear: the kernel runs and takes this many rows and every layer's shape (post-LN models
-        with a final LayerNorm after the last sublayer's are left to the GEMM path)."""
+        """Whether the decoder's step for `rows` hypotheses runs its linear layers as decode_linear: the
+        kernel runs, takes this many rows and every layer's input width (post-LN models with a final
+        LayerNorm after the last sublayer's are left to the GEMM path)."""
         if getattr(self, "decode_linear", None) is None or (not spec.pre_ln and stack.final_layer_norm is not None):
             return False
         from ..ops.decoder import decode_linear_fits
         dtype = stack.embed_tokens.dtype
-        shapes = {(w.shape[1], w.shape[0]) for layer in stack.layers
-                  for w in (layer.self_attn.qkv_weight, layer.self_attn.out_weight, layer.cross_attn.q_weight,
-                            layer.cross_attn.out_weight, layer.ffn.fc1_weight, layer.ffn.fc2_weight)}
-        return all(decode_linear_fits(rows, k, dtype, self.device, n) for k, n in shapes)
+        widths = {stack.hidden} | {layer.ffn.fc2_weight.shape[1] for layer in stack.layers}
+        return all(decode_linear_fits(rows, width, dtype) for width in widths)
 
     def beam_search_workspace(self, batch: int, beams: int, max_length: int,
                               indir_len: int) -> tuple[torch.Tensor, int]:

@@ -184,31 +184,14 @@ def cross_attention(q: torch.Tensor, kv_mem: torch.Tensor, cu_seqlens: torch.Ten
 
 DECODE_LINEAR_MAX_ROWS = 8                  # kernels/decoder/decode_linear.h: kDecodeLinearMaxRows
 DECODE_LINEAR_MAX_STAGE_BYTES = 96 * 1024   # kDecodeLinearMaxStageBytes
-DECODE_LINEAR_TC_MAX_ROWS = 64              # kDecodeLinearTcMaxRows (the tensor-core kernel)
-DECODE_LINEAR_TC_MAX_IN_FEATURES = 8192     # kDecodeLinearTcMaxInFeatures
 ACTIVATIONS = {None: 0, "none": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
 
 
-def _tensor_core_rows(dtype: torch.dtype, device) -> bool:
-    """Whether decode_linear takes 9 to 64 rows of dtype on device (decode_linear_tc.cu: float16 /
-    bfloat16, thread block clusters of compute capability 9.0+)."""
-    if dtype not in (torch.float16, torch.bfloat16) or not torch.cuda.is_available():
-        return False
-    device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
-    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
-
-
-def decode_linear_fits(rows: int, in_features: int, dtype: torch.dtype, device=None,
-                       out_features: int | None = None) -> bool:
-    """Whether decode_linear takes rows x in_features (x out_features, where given) of dtype on device
-    (default: the current CUDA device); else the caller runs a GEMM."""
-    if rows > DECODE_LINEAR_MAX_ROWS:
-        return (rows <= DECODE_LINEAR_TC_MAX_ROWS and in_features % 256 == 0
-                and in_features <= DECODE_LINEAR_TC_MAX_IN_FEATURES
-                and (out_features is None or out_features % 8 == 0) and _tensor_core_rows(dtype, device))
+def decode_linear_fits(rows: int, in_features: int, dtype: torch.dtype) -> bool:
+    """Whether decode_linear takes rows x in_features (else the caller runs a GEMM)."""
     staged = 1 << max(0, rows - 1).bit_length()
     element = 4 if dtype == torch.float32 else 2
-    return (0 < rows and in_features % 8 == 0
+    return (0 < rows <= DECODE_LINEAR_MAX_ROWS and in_features % 8 == 0
             and staged * in_features * element <= DECODE_LINEAR_MAX_STAGE_BYTES)
 
 
@@ -231,10 +214,8 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                   out: torch.Tensor | None = None, x_norm_out: torch.Tensor | None = None) -> torch.Tensor:
     """out = act(LN(x) W^T + bias) + residual for a decode step's few rows (padfree.h: padfree_decode_linear).
 
-    x [rows, in] (rows <= 8; up to 64 in float16 / bfloat16 on compute capability 9.0+ with in a
-    multiple of 256 up to 8192 and out_features a multiple of 8: decode_linear_fits), weight
-    [out_features, in] (nn.Linear's), bias [out_features], residual [rows, out_features] (may be
-    `out`), ln = (gamma, beta, eps) normalizing each x row first,
+    x [rows, in] (rows <= 8), weight [out_features, in] (nn.Linear's), bias [out_features], residual
+    [rows, out_features] (may be `out`), ln = (gamma, beta, eps) normalizing each x row first,
     activation None / "relu" / "gelu" / "gelu_tanh" / "silu"; x_norm_out [rows, in]: also write LN(x)
     (a post-LN sublayer's residual). One dtype for all; in a multiple of 8.
     """
@@ -244,17 +225,12 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     rows, in_features = x.shape
     check_float(weight, "weight", like=x, shape=(None, in_features))
     out_features = weight.shape[0]
-    if not decode_linear_fits(rows, in_features, x.dtype, x.device, out_features):
+    if not decode_linear_fits(rows, in_features, x.dtype):
         raise InputError(f"x: decode_linear takes 1 to {DECODE_LINEAR_MAX_ROWS} rows with in_features a multiple of 8 "
-                         f"and rows x in_features within {DECODE_LINEAR_MAX_STAGE_BYTES} bytes, or up to "
-                         f"{DECODE_LINEAR_TC_MAX_ROWS} rows of float16 / bfloat16 on compute capability 9.0+ with "
-                         f"in_features a multiple of 256 up to {DECODE_LINEAR_TC_MAX_IN_FEATURES} and out_features "
-                         f"a multiple of 8; got {rows} x {in_features} -> {out_features} {x.dtype}; use a GEMM")
+                         f"and rows x in_features within {DECODE_LINEAR_MAX_STAGE_BYTES} bytes, got {rows} x "
+                         f"{in_features} {x.dtype}; use a GEMM")
     check(bias, "bias", dtype=x.dtype, shape=(out_features,), device=x.device, optional=True)
     check(residual, "residual", dtype=x.dtype, shape=(rows, out_features), device=x.device, optional=True)
-    if rows > DECODE_LINEAR_MAX_ROWS:       # the tensor-core kernel reads them as 16-byte vectors
-        check_aligned(bias, "bias")
-        check_aligned(residual, "residual")
     if activation not in ACTIVATIONS:
         raise InputError(f"activation: expected one of none, relu, gelu, gelu_tanh, silu, got {activation!r}")
     gamma, beta, eps = _checked_ln(ln, x, in_features)
