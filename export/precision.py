@@ -4,10 +4,11 @@ The plain export is always float32 (it is the reference of `padfree check`). `pa
 --dtype fp16|bf16` casts the rewritten model after the rewrite: the passes match float32 graphs
 only, and a plugin node wants all its float tensors in one dtype, which a whole-model cast gives.
 TensorRT-RTX builds strongly typed networks, so the dtype chosen here is the engine's precision.
-The CPU check runs a fp16 / bf16 model cast back to float32 against the plain export with its
-weights rounded to the same dtype (round_weights): both then compute in float32 on the same weight
-values, so the check holds the rewrite to float32 tolerances whatever the dtype; the kernels' own
-fp16 / bf16 arithmetic is proven on the GPU against float32 references.
+The CPU check runs a fp16 / bf16 model cast back to float32 against the plain export with its weights
+rounded to the same dtype (round_weights; round_values for an encoder-decoder's graphs, whose constants
+are cast as well): both then compute in float32 on the same weight values, so the check holds the
+rewrite to float32 tolerances whatever the dtype; the kernels' own fp16 / bf16 arithmetic is proven on
+the GPU against float32 references.
 """
 from __future__ import annotations
 
@@ -73,7 +74,18 @@ def round_weights(model: onnx.ModelProto, dtype: str) -> onnx.ModelProto:
     return out
 
 
+def round_values(model: onnx.ModelProto, dtype: str) -> onnx.ModelProto:
+    """A copy of a float32 `model` whose every float value (initializers, scalars and Constants
+    included) is the one `cast(model, dtype)` holds, kept in float32: cast there and back. The
+    reference for a graph exported in `dtype` whose formulas' constants are in that dtype too."""
+    return cast(cast(model, dtype), "fp32")
+
+
 def _cast_tensor(t: onnx.TensorProto, dtype: str) -> onnx.TensorProto:
     # float32 first: bf16 -> fp16 and fp16 -> bf16 round once, from the exact float32 value.
-    value = numpy_helper.to_array(t).astype(np.float32).astype(_NUMPY[dtype])
-    return numpy_helper.from_array(value, t.name)
+    value = numpy_helper.to_array(t).astype(np.float32)
+    limit = float(ml_dtypes.finfo(_NUMPY[dtype]).max)
+    # a finite value past the dtype's range (an attention mask's float32 minimum) saturates to its largest
+    # finite value, as torch's masks in that dtype are, rather than becoming an infinity
+    value = np.where(np.isfinite(value), np.clip(value, -limit, limit), value)
+    return numpy_helper.from_array(value.astype(_NUMPY[dtype]), t.name)

@@ -200,3 +200,92 @@ def test_a_step_engine_of_another_width_is_refused(exported, tmp_path):
     with pytest.raises(BuildError, match="num_beams 4"):
         build_engine(BuildOptions(onnx=str(out / "decoder_step.padfree.onnx"), output=str(tmp_path / "s.engine"),
                                   num_beams=2, progress=False))
+
+
+# ---- fp16 / bf16 engine graphs ------------------------------------------------------------------------
+@pytest.fixture(scope="module", params=["fp16", "bf16"])
+def exported_dtype(request, tmp_path_factory):
+    """(model, export folder, dtype): Marian 2+2 exported with --dtype fp16 / bf16 and --num-beams 4."""
+    model = build("marian", layers=(2, 2))
+    root = tmp_path_factory.mktemp(f"swap_{request.param}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.save_pretrained(root / "hf")
+    export(root / "hf", root / "out", num_beams=4, dtype=request.param)
+    return model, root / "out", request.param
+
+
+def _float_types(model: onnx.ModelProto) -> set[int]:
+    floats = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
+    found = {t.data_type for t in model.graph.initializer if t.data_type in floats}
+    found |= {v.type.tensor_type.elem_type for v in list(model.graph.input) + list(model.graph.output)
+              if v.type.tensor_type.elem_type in floats}
+    return found
+
+
+def test_the_dtype_export_writes_engine_graphs_in_it_beside_the_float32_ones(exported_dtype):
+    import numpy as np
+    from onnx import numpy_helper
+
+    _, out, dtype = exported_dtype
+    want = {"fp16": onnx.TensorProto.FLOAT16, "bf16": onnx.TensorProto.BFLOAT16}[dtype]
+    manifest = json.loads((out / "seq2seq.json").read_text())
+    assert manifest["dtype"] == dtype
+    assert manifest["engine_graphs"] == {"encoder": f"encoder.{dtype}.onnx", "cross_kv": f"cross_kv.{dtype}.onnx",
+                                         "decoder_step": "decoder_step.padfree.onnx"}
+    for name in manifest["engine_graphs"].values():
+        proto = onnx.load(out / name)
+        onnx.checker.check_model(proto, full_check=True)
+        assert _float_types(proto) == {want}, name
+        assert {p.key: p.value for p in proto.metadata_props}["padfree.dtype"] == dtype
+        # the traced encoder's mask constant (float32's minimum) saturates to the dtype's finite minimum
+        for t in proto.graph.initializer:
+            if t.data_type == want:
+                assert np.isfinite(numpy_helper.to_array(t).astype(np.float32)).all(), (name, t.name)
+    for name in ("encoder.onnx", "cross_kv.onnx", "decoder_step.onnx"):   # the references stay float32
+        assert _float_types(onnx.load(out / name)) == {onnx.TensorProto.FLOAT}, name
+
+
+def test_the_dtype_graphs_generate_as_the_float32_graphs_rounded_to_it(exported_dtype):
+    model, out, dtype = exported_dtype
+    result = seq2seq_check.check(out, model, **CHECK)
+    print("\n".join(result.lines))
+    assert result.ok
+    rounded = [line for line in result.lines if f"rounded to {dtype}" in line]
+    assert len(rounded) == 2 and all(f"encoder.{dtype}.onnx + cross_kv.{dtype}.onnx" in line for line in rounded)
+
+
+def test_a_wrong_weight_in_a_dtype_graph_is_caught(exported_dtype, tmp_path):
+    import shutil
+
+    import numpy as np
+    from onnx import numpy_helper
+
+    model, out, dtype = exported_dtype
+    bad = tmp_path / "bad"
+    shutil.copytree(out, bad)
+    cross = onnx.load(bad / f"cross_kv.{dtype}.onnx")
+    weight = max(cross.graph.initializer, key=lambda t: int(np.prod(t.dims)))   # a layer's K | V projection
+    value = numpy_helper.to_array(weight).astype(np.float32)
+    value[0] *= 1.5
+    weight.CopyFrom(numpy_helper.from_array(value.astype(numpy_helper.to_array(weight).dtype), weight.name))
+    onnx.save(cross, bad / f"cross_kv.{dtype}.onnx")
+    result = seq2seq_check.check(bad, model, steps=("plugins",), **CHECK)
+    print("\n".join(result.lines))
+    assert not result.ok
+
+
+@pytest.mark.parametrize("graph", ["encoder", "cross_kv", "decoder_step"])
+def test_engines_of_the_dtype_graphs(exported_dtype, tmp_path, graph):
+    from padfree.engines.build import BuildOptions, build as build_engine
+
+    _, library = _engine_prerequisites()
+    _, out, dtype = exported_dtype
+    name = json.loads((out / "seq2seq.json").read_text())["engine_graphs"][graph]
+    step = graph == "decoder_step"
+    metadata = build_engine(BuildOptions(onnx=str(out / name), output=str(tmp_path / "g.engine"), max_tokens=64,
+                                         max_batch=4, max_seqlen=16, max_cache=24 if step else None,
+                                         plugin_library=str(library), backend="tensorrt_rtx", progress=False))
+    assert metadata["precision"] == dtype
+    ios = {"encoder": "padded", "cross_kv": "cross_kv", "decoder_step": "decoder_step"}
+    assert metadata["model"]["io"] == ios[graph]

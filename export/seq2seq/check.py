@@ -6,7 +6,11 @@ own searches, the step's logits from decoder_step.onnx) on one batch of sources 
 search, and the reference model generates the same batch with HF's generate and the same options.
 Both decoder steps are checked: decoder_step.onnx (the sites) and decoder_step.padfree.onnx (the
 plugin nodes, run through their ONNX Runtime references, export/reference.py): the swap is proven
-by the same comparison as the step it came from.
+by the same comparison as the step it came from. An export in fp16 / bf16 has its engine graphs
+(encoder.<dtype>.onnx, cross_kv.<dtype>.onnx, decoder_step.padfree.onnx) in that dtype: they run cast
+back to float32 and are compared, by the same rules, with the float32 graphs whose every value is
+rounded to the dtype (export/precision.py's round_values): both compute in float32 on the same values,
+so the rules and tolerances stay float32's; the fp16 / bf16 arithmetic is the GPU tests'.
 
 Greedy must give HF's tokens exactly. Beam search (num_beams hypotheses returned per source) must give
 HF's tokens and sequences_scores within `tol` for every hypothesis whose score is more than `tol`
@@ -74,14 +78,16 @@ def check(out_dir, reference, batch: int = 8, max_seqlen: int = 16, max_new_toke
     out_dir (then only it is checked). steps: which decoder steps generate, "plain" (decoder_step.onnx)
     and "plugins" (decoder_step.padfree.onnx, its plugin nodes expanded by their ONNX Runtime
     references); default both where the export has the second. HF generates once; every step is
-    compared with it and must pass."""
+    compared with it and must pass, but an fp16 / bf16 export's "plugins" graphs, which are compared
+    with its float32 graphs rounded to that dtype."""
     from padfree.runtime.backends.onnxrt_seq2seq import OnnxrtSeq2SeqGenerator
 
+    manifest = json.loads((Path(out_dir) / "seq2seq.json").read_text())
+    dtype = manifest.get("dtype", "fp32")
     if generator is not None:
         generators = [(generator.step_kind, generator)]
     else:
         if steps is None:
-            manifest = json.loads((Path(out_dir) / "seq2seq.json").read_text())
             steps = ("plain", "plugins") if "decoder_step_plugins" in manifest["files"] else ("plain",)
         generators = [(kind, OnnxrtSeq2SeqGenerator(out_dir, step=kind)) for kind in steps]
     model = reference.float().eval()
@@ -92,11 +98,21 @@ def check(out_dir, reference, batch: int = 8, max_seqlen: int = 16, max_new_toke
     greedy = dict(max_new_tokens=max_new_tokens, num_beams=1, do_sample=False)
     beam = dict(max_new_tokens=max_new_tokens, num_beams=num_beams, num_return_sequences=num_beams,
                 do_sample=False, return_dict_in_generate=True, output_scores=True)
-    ref_greedy, ref_beam = _hf(model, sources, **greedy), _hf(model, sources, **beam)
-    for _kind, gen in generators:
+    hf = (_hf(model, sources, **greedy), _hf(model, sources, **beam), "HF's")
+    rounded = None
+    for kind, gen in generators:
+        reference = hf
+        if kind == "plugins" and dtype != "fp32":
+            if rounded is None:
+                ref = OnnxrtSeq2SeqGenerator(out_dir, step="plain", rounded=True)
+                rounded = (ref.generate(sources, **greedy), ref.generate(sources, **beam),
+                           f"the float32 graphs' rounded to {dtype}")
+            reference = rounded
+        ref_greedy, ref_beam, name = reference
         label = _label(gen)
-        ok_greedy = _compare_greedy(result, label, ref_greedy, gen.generate(sources, **greedy), batch, fill)
-        ok_beam = _compare_beam(result, label, ref_beam, gen.generate(sources, **beam), batch, num_beams, fill, tol)
+        ok_greedy = _compare_greedy(result, label, ref_greedy, gen.generate(sources, **greedy), batch, fill, name)
+        ok_beam = _compare_beam(result, label, ref_beam, gen.generate(sources, **beam), batch, num_beams, fill, tol,
+                                name)
         result.ok = result.ok and ok_greedy and ok_beam
     return result
 
@@ -104,22 +120,26 @@ def check(out_dir, reference, batch: int = 8, max_seqlen: int = 16, max_new_toke
 def _label(gen) -> str:
     if gen.step_kind == "plain":
         return gen.step_file.name
-    return (f"{gen.step_file.name} (plugin nodes on their ONNX Runtime references; num_beams {gen.step_num_beams} "
-            f"as exported, other widths with that field set to theirs)")
+    label = (f"{gen.step_file.name} (plugin nodes on their ONNX Runtime references; num_beams {gen.step_num_beams} "
+             f"as exported, other widths with that field set to theirs)")
+    if gen.dtype == "fp32":
+        return label
+    return (f"{gen.graph_files['encoder'].name} + {gen.graph_files['cross_kv'].name} + {label}, {gen.dtype} cast back "
+            f"to float32")
 
 
-def _compare_greedy(result: CheckResult, label: str, ref, out, batch: int, fill: int) -> bool:
+def _compare_greedy(result: CheckResult, label: str, ref, out, batch: int, fill: int, name: str = "HF's") -> bool:
     width = max(ref.shape[1], out.shape[1])
     same = (_pad_to(ref, width, fill) == _pad_to(out, width, fill)).all(dim=1)
-    result.lines.append(f"{label}: greedy: {int(same.sum())} of {batch} sequences equal HF's token for token "
-                        f"(lengths HF {ref.shape[1]}, padfree {out.shape[1]})")
+    result.lines.append(f"{label}: greedy: {int(same.sum())} of {batch} sequences equal {name} token for token "
+                        f"(lengths reference {ref.shape[1]}, padfree {out.shape[1]})")
     for b in (~same).nonzero().flatten().tolist()[:3]:
-        result.lines.append(f"  source {b}: HF {ref[b].tolist()} vs {out[b].tolist()}")
+        result.lines.append(f"  source {b}: reference {ref[b].tolist()} vs {out[b].tolist()}")
     return bool(same.all()) and ref.shape == out.shape
 
 
 def _compare_beam(result: CheckResult, label: str, ref, out, batch: int, num_beams: int, fill: int,
-                  tol: float) -> bool:
+                  tol: float, name: str = "HF's") -> bool:
     width = max(ref.sequences.shape[1], out.sequences.shape[1])
     rs = _pad_to(ref.sequences, width, fill).view(batch, num_beams, width)
     ps = _pad_to(out.sequences, width, fill).view(batch, num_beams, width)
@@ -137,10 +157,10 @@ def _compare_beam(result: CheckResult, label: str, ref, out, batch: int, num_bea
                 wrong.append((b, i, error))
     total = batch * num_beams
     result.lines.append(f"{label}: beam search ({num_beams} beams, {num_beams} returned): {compared - len(wrong)} of "
-                        f"{compared} hypotheses equal HF's with sequences_scores within {tol:g} (max error "
+                        f"{compared} hypotheses equal {name} with sequences_scores within {tol:g} (max error "
                         f"{worst:.2e}); near-ties (not compared): {near} of {total}")
     for b, i, _error in wrong[:3]:
-        result.lines.append(f"  source {b} rank {i}: HF {rs[b, i].tolist()} ({float(rsc[b, i]):.6f}) vs "
+        result.lines.append(f"  source {b} rank {i}: reference {rs[b, i].tolist()} ({float(rsc[b, i]):.6f}) vs "
                             f"{ps[b, i].tolist()} ({float(psc[b, i]):.6f})")
     if near > total // 4:
         result.lines.append(f"  {near} near-ties: this batch cannot tell the export right from slightly wrong")

@@ -74,9 +74,9 @@ def check_options(io: str | None, dtype: str, allow_partial: bool) -> None:
     if io not in (None, "padded"):
         raise ExportError(f"--io {io}: an encoder-decoder's encoder.onnx is exported padded for now "
                           f"(input_ids / attention_mask [batch, seqlen]); omit --io or pass --io padded")
-    if dtype != "fp32":
-        raise ExportError(f"--dtype {dtype}: the seq2seq export writes float32 graphs for now (the CPU proof's "
-                          f"precision); omit --dtype")
+    from ..precision import DTYPES
+    if dtype not in DTYPES:
+        raise ExportError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if allow_partial:
         raise ExportError("--allow-partial: the seq2seq export writes its graphs whole (nothing is fused that "
                           "could be left out); omit it")

@@ -4,12 +4,18 @@
     cross_kv.onnx       packed encoder rows -> each decoder layer's cross-attention K | V (cross_kv.py)
     decoder_step.onnx   one decoder step with the caches as I/O (decoder_step.py), decoder ops as sites
     decoder_step.padfree.onnx   the same step with each site swapped for its plugin node (swap.py),
-                        num_beams fixed (--num-beams; default the model's generation_config.num_beams)
+                        num_beams fixed (--num-beams; default the model's generation_config.num_beams),
+                        in the export's dtype
+    encoder.<dtype>.onnx, cross_kv.<dtype>.onnx   with --dtype fp16 / bf16: encoder.onnx and cross_kv.onnx
+                        cast to it (export/precision.py), the graphs engines are built from
     config.json, generation_config.json   the HF configs: generate()'s option merge reads them
     tokenizer files     copied from the source directory where it has them (export/text_files.py)
     seq2seq.json        what was written, the I/O names and the limits; written last (completion marker)
 
-The graphs are float32. The previous export's files in the folder (these, and an encoder export's)
+encoder.onnx, cross_kv.onnx and decoder_step.onnx are float32 whatever the dtype: they are what `padfree
+check` proves against Hugging Face, and the dtype's graphs are checked against them with their values
+rounded to the dtype (check.py). seq2seq.json's `engine_graphs` names the three graphs an engine is
+built from. The previous export's files in the folder (these, and an encoder export's)
 are removed before anything is written, each file is written whole (padfree.outputs), and
 seq2seq.json is written last: a folder without it holds an incomplete export.
 """
@@ -24,11 +30,13 @@ from pathlib import Path
 from padfree import outputs
 
 from .. import text_files
+from ..errors import ExportError
 from ..onnx_files import data_file, save_model
+from ..precision import DTYPES, cast
 from .models import check_supported
 
 __all__ = ["export_seq2seq", "Seq2SeqExportResult", "ENCODER", "CROSS_KV", "STEP", "STEP_PLUGINS", "MANIFEST",
-           "FORMAT", "output_set"]
+           "FORMAT", "output_set", "engine_graphs"]
 
 log = logging.getLogger(__name__)
 ENCODER, CROSS_KV, STEP, MANIFEST = "encoder.onnx", "cross_kv.onnx", "decoder_step.onnx", "seq2seq.json"
@@ -54,8 +62,16 @@ class Seq2SeqExportResult:
                 f"(num_beams {self.manifest['decoder_plugins']['num_beams']})")
 
 
+def engine_graphs(dtype: str) -> dict[str, str]:
+    """The files engines are built from, per graph, for an export in `dtype`."""
+    if dtype == "fp32":
+        return {"encoder": ENCODER, "cross_kv": CROSS_KV, "decoder_step": STEP_PLUGINS}
+    return {"encoder": f"encoder.{dtype}.onnx", "cross_kv": f"cross_kv.{dtype}.onnx", "decoder_step": STEP_PLUGINS}
+
+
 def output_set(out: Path) -> list[Path]:
-    files = [out / name for name in (ENCODER, CROSS_KV, STEP, STEP_PLUGINS)]
+    typed = [name for dtype in DTYPES if dtype != "fp32" for name in engine_graphs(dtype).values()]
+    files = [out / name for name in dict.fromkeys([ENCODER, CROSS_KV, STEP, STEP_PLUGINS, *typed])]
     return [p for f in files for p in (f, data_file(f))] + [out / CONFIG, out / GENERATION_CONFIG, out / MANIFEST]
 
 
@@ -66,11 +82,28 @@ def _position_limits(model, weights) -> tuple[int, int]:
     return limit, limit if decoder is None else min(limit, int(decoder))
 
 
+def _in_dtype(model, dtype: str, what: str):
+    """`model` cast to dtype, its shapes inferred again (through the plugin ports) and fully checked."""
+    import onnx
+
+    from .. import shapes, spec as spec_mod
+    declared = {o.name: [d.dim_param or d.dim_value or None for d in o.type.tensor_type.shape.dim]
+                for o in model.graph.output}
+    try:
+        out = shapes.infer(cast(model, dtype), spec_mod.load(), declared)
+        onnx.checker.check_model(out, full_check=True)
+    except (shapes.ShapeError, onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
+        raise ExportError(f"{what} in {dtype} does not check: {e}") from e
+    return out
+
+
 def export_seq2seq(model, description: str, out: Path, opset: int,
-                   source_path: str | None = None, num_beams: int | None = None) -> Seq2SeqExportResult:
+                   source_path: str | None = None, num_beams: int | None = None,
+                   dtype: str = "fp32") -> Seq2SeqExportResult:
     """source_path: the HF directory the model was loaded from (recorded for `padfree check OUT`).
     num_beams: the beam width decoder_step.padfree.onnx's cross-attention nodes serve (default: the
-    model's generation_config.num_beams)."""
+    model's generation_config.num_beams). dtype: "fp32", "fp16" or "bf16", the engine graphs' (the
+    float32 graphs are written in every case)."""
     import torch
 
     from padfree.generation.layers import ensure_position_rows
@@ -91,16 +124,26 @@ def export_seq2seq(model, description: str, out: Path, opset: int,
     facts = {"padfree.source": description, "padfree.family": spec.name, "padfree.format": FORMAT}
     outputs.remove(output_set(out))
     t0 = time.perf_counter()
-    save_model(encoder.export_encoder(model, opset), out / ENCODER)
+    engines = engine_graphs(dtype)
+    encoder_graph = encoder.export_encoder(model, opset)
+    save_model(encoder_graph, out / ENCODER)
     log.info("wrote %s in %.1f s", out / ENCODER, time.perf_counter() - t0)
-    save_model(cross_kv.build_cross_kv(weights, opset, facts), out / CROSS_KV)
+    cross_graph = cross_kv.build_cross_kv(weights, opset, facts)
+    save_model(cross_graph, out / CROSS_KV)
+    if dtype != "fp32":
+        save_model(_in_dtype(encoder_graph, dtype, ENCODER), out / engines["encoder"])
+        save_model(_in_dtype(cross_graph, dtype, CROSS_KV), out / engines["cross_kv"])
+        log.info("wrote %s and %s", out / engines["encoder"], out / engines["cross_kv"])
+    del encoder_graph, cross_graph
     step = decoder_step.build_decoder_step(weights, opset, facts)
     save_model(step, out / STEP)
     log.info("wrote %s and %s (%d nodes)", out / CROSS_KV, out / STEP, len(step.graph.node))
     swapped = swap_sites(step, num_beams)
+    if dtype != "fp32":
+        swapped = _in_dtype(swapped, dtype, STEP_PLUGINS)
     save_model(swapped, out / STEP_PLUGINS)
     plugin_inputs, plugin_outputs = step_io(swapped)
-    log.info("wrote %s (%d nodes, num_beams %d)", out / STEP_PLUGINS, len(swapped.graph.node), num_beams)
+    log.info("wrote %s (%d nodes, num_beams %d, %s)", out / STEP_PLUGINS, len(swapped.graph.node), num_beams, dtype)
     outputs.write_text(out / CONFIG, model.config.to_json_string())
     outputs.write_text(out / GENERATION_CONFIG, model.generation_config.to_json_string())
     copied = text_files.copy(out, text_files.sources_of(source_path) if source_path else [], config=False)
@@ -111,7 +154,7 @@ def export_seq2seq(model, description: str, out: Path, opset: int,
         counts[site.op] = counts.get(site.op, 0) + 1
     manifest = {
         "format": FORMAT, "source": description, "source_path": source_path, "family": spec.name,
-        "hf_class": spec.hf_class, "opset": opset,
+        "hf_class": spec.hf_class, "opset": opset, "dtype": dtype,
         "files": {"encoder": ENCODER, "cross_kv": CROSS_KV, "decoder_step": STEP,
                   "decoder_step_plugins": STEP_PLUGINS, "config": CONFIG, "generation_config": GENERATION_CONFIG},
         "encoder": {"io": "padded", "layers": len(weights.encoder.layers), "inputs": ["input_ids", "attention_mask"],
@@ -121,11 +164,13 @@ def export_seq2seq(model, description: str, out: Path, opset: int,
                     "hidden": stack.hidden, "vocab_size": weights.target_vocab_size,
                     "max_positions": decoder_limit, "pad_token_id": weights.pad_token_id,
                     "inputs": inputs, "outputs": step_outputs},
+        "engine_graphs": engines,
         "text_files": copied,
         "sites": counts,
         "decoder_plugins": {"num_beams": num_beams, "plugins": counts, "inputs": plugin_inputs,
                             "outputs": plugin_outputs},
     }
     outputs.write_text(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
-    files = [out / n for n in (ENCODER, CROSS_KV, STEP, STEP_PLUGINS, CONFIG, GENERATION_CONFIG, MANIFEST)]
+    files = [out / n for n in dict.fromkeys([ENCODER, CROSS_KV, STEP, STEP_PLUGINS, *engines.values(), CONFIG,
+                                             GENERATION_CONFIG, MANIFEST])]
     return Seq2SeqExportResult(out, files, manifest)

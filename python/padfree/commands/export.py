@@ -35,7 +35,9 @@ def register(subparsers) -> None:
                         "(an encoder-decoder's encoder.onnx: padded only, for now)")
     p.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default="fp32",
                    help="float dtype of model.padfree.onnx, and so of a TensorRT-RTX engine built from it "
-                        "(default fp32; model.onnx, the check's reference, is always fp32)")
+                        "(default fp32; model.onnx, the check's reference, is always fp32); an "
+                        "encoder-decoder's engine graphs: encoder.<dtype>.onnx, cross_kv.<dtype>.onnx, "
+                        "decoder_step.padfree.onnx (its float32 graphs are written too)")
     p.add_argument("--opset", type=positive_int, default=None, help="ONNX opset (>= 17; default 18)")
     p.add_argument("--allow-partial", action="store_true",
                    help="keep what did not fuse on padded rows instead of refusing the model")

@@ -20,7 +20,11 @@ with each plugin node expanded by its ONNX Runtime reference (padfree.export.ref
 proof of the swapped graph. Its cross-attention nodes carry the num_beams they were exported for; a
 call of another width runs a copy with that one field set to the call's (swap.set_num_beams), as an
 engine of that width would be built from its own swap. The swapped step's extra input `max_seqlen`
-gets a vector as long as the call's longest source.
+gets a vector as long as the call's longest source. With an export in fp16 / bf16 (seq2seq.json's
+`dtype`), step="plugins" runs the engine graphs (`engine_graphs`: encoder.<dtype>.onnx,
+cross_kv.<dtype>.onnx and the step) cast back to float32, and rounded=True runs the float32 graphs
+with every value rounded to that dtype: the two compute in float32 on the same values, which is how
+padfree check proves the dtype's graphs on the CPU.
 """
 from __future__ import annotations
 
@@ -97,14 +101,20 @@ class OrtDecoder:
         self.step.add_(1)
 
 
-def _session(path: Path, threads: int | None):
+def _session(path, threads: int | None, transform=None):
+    """A CPU session of the graph at path, or of transform(the graph) where given."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     if threads:
         options.intra_op_num_threads = threads
     options.log_severity_level = 3
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    if transform is not None:
+        import onnx
+        path = transform(onnx.load(str(path))).SerializeToString()
+    else:
+        path = str(path)
+    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 
 
 class OnnxrtSeq2SeqGenerator:
@@ -115,7 +125,7 @@ class OnnxrtSeq2SeqGenerator:
 
     Also a Runtime backend: padfree.Runtime("out/").generate(batch, **options)."""
 
-    def __init__(self, folder, *, threads: int | None = None, step: str = "plain"):
+    def __init__(self, folder, *, threads: int | None = None, step: str = "plain", rounded: bool = False):
         from transformers import AutoConfig, GenerationConfig
 
         from ...generation.dispatch import DecoderOps
@@ -135,21 +145,37 @@ class OnnxrtSeq2SeqGenerator:
             raise ValueError(f"step must be 'plain' or 'plugins', got {step!r}")
         if step == "plugins" and "decoder_step_plugins" not in files:
             raise PadfreeError(f"{self.folder}: the export has no decoder step on plugin nodes; export it again")
-        self.step_kind, self.threads = step, threads
+        self.dtype = manifest.get("dtype", "fp32")
+        if rounded and (step != "plain" or self.dtype == "fp32"):
+            raise ValueError("rounded=True: the float32 graphs rounded to a float16 / bfloat16 export's dtype "
+                             "(step='plain' of such an export)")
+        self.step_kind, self.threads, self.rounded = step, threads, rounded
         self.step_file = self.folder / files["decoder_step" if step == "plain" else "decoder_step_plugins"]
         self._steps: dict[int, tuple] = {}
         self.config = AutoConfig.from_pretrained(self.folder)
         self.generation_config = GenerationConfig.from_pretrained(self.folder, files["generation_config"])
-        self.encoder = _session(self.folder / files["encoder"], threads)
-        self.cross_kv = _session(self.folder / files["cross_kv"], threads)
+        graphs = {"encoder": files["encoder"], "cross_kv": files["cross_kv"]}
+        transform = None
+        if step == "plugins" and self.dtype != "fp32":
+            from padfree.export.precision import cast
+            graphs.update({k: v for k, v in manifest["engine_graphs"].items() if k in graphs})
+            transform = lambda model: cast(model, "fp32")  # noqa: E731 - the dtype's graphs, cast back
+        elif rounded:
+            from padfree.export.precision import round_values
+            transform = lambda model: round_values(model, self.dtype)  # noqa: E731
+        self.graph_files = {k: self.folder / v for k, v in graphs.items()}
+        self.encoder = _session(self.graph_files["encoder"], threads, transform)
+        self.cross_kv = _session(self.graph_files["cross_kv"], threads, transform)
         if step == "plain":
-            self.step_session = _session(self.step_file, threads)
+            self.step_session = _session(self.step_file, threads, transform)
             self.step_num_beams = None
         else:
             import onnx
 
             from padfree.export.seq2seq.swap import num_beams_of
             self._plugin_step = onnx.load(str(self.step_file))
+            if transform is not None:
+                self._plugin_step = transform(self._plugin_step)
             self.step_num_beams = num_beams_of(self._plugin_step)
             exported = manifest.get("decoder_plugins", {}).get("num_beams")
             if self.step_num_beams != exported:
