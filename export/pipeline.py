@@ -45,11 +45,12 @@ def export(source, out_dir: str | Path, io: str | None = None, opset: int | None
 
     An encoder-decoder (config.is_encoder_decoder) goes to padfree.export.seq2seq and returns a
     Seq2SeqExportResult (encoder.onnx, cross_kv.onnx, decoder_step.onnx; docs/EXPORT.md "Seq2seq");
-    `io` and `allow_partial` have no seq2seq form yet and are refused there unless left at their
-    defaults; `dtype` is the engine graphs' (encoder.<dtype>.onnx, cross_kv.<dtype>.onnx and
-    decoder_step.padfree.onnx; the float32 graphs are written too). num_beams (seq2seq only): the beam
-    width decoder_step.padfree.onnx serves (default the model's generation_config.num_beams). An encoder
-    returns an ExportResult, as follows (io None: "packed").
+    `allow_partial` has no seq2seq form and is refused there; `dtype` is the engine graphs'
+    (encoder.<dtype>.onnx, cross_kv.<dtype>.onnx and decoder_step.padfree.onnx; the float32 graphs are
+    written too); io "packed" adds encoder.padfree.onnx, the encoder rewritten onto plugin nodes on
+    packed tokens (the default, "padded", keeps the padded encoder as the engines' encoder). num_beams
+    (seq2seq only): the beam width decoder_step.padfree.onnx serves (default the model's
+    generation_config.num_beams). An encoder returns an ExportResult, as follows (io None: "packed").
 
     Writes out_dir/model.onnx (the plain export, dynamic batch and sequence axes),
     out_dir/model.padfree.onnx (rewritten onto padfree plugin nodes, `io` form) and
@@ -157,4 +158,4 @@ def _export_seq2seq(source, out_dir, io, opset, allow_partial, attn_implementati
         model, description = source, type(source).__name__
     outputs.remove(output_set(out))     # an encoder export's files in the same folder
     text_files.remove_previous(out, text_files.sources_of(source_path) if source_path else [])
-    return export_seq2seq(model, description, out, opset, source_path, num_beams, dtype)
+    return export_seq2seq(model, description, out, opset, source_path, num_beams, dtype, io or "padded")

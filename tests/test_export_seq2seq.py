@@ -161,8 +161,8 @@ def test_refusals_name_the_model_or_option(tmp_path):
     model = build("marian", layers=(1, 1))
     with pytest.raises(ExportError, match="dtype must be one of fp32, fp16, bf16, got 'int8'"):
         export(model, tmp_path / "a", dtype="int8")
-    with pytest.raises(ExportError, match="--io packed"):
-        export(model, tmp_path / "b", io="packed")
+    with pytest.raises(ExportError, match="--io ragged"):
+        export(model, tmp_path / "b", io="ragged")
     with pytest.raises(ExportError, match="--allow-partial"):
         export(model, tmp_path / "c", allow_partial=True)
     tanh = build("marian", layers=(1, 1), activation_function="tanh")

@@ -289,3 +289,81 @@ def test_engines_of_the_dtype_graphs(exported_dtype, tmp_path, graph):
     assert metadata["precision"] == dtype
     ios = {"encoder": "padded", "cross_kv": "cross_kv", "decoder_step": "decoder_step"}
     assert metadata["model"]["io"] == ios[graph]
+
+
+# ---- --io packed: the encoder on plugin nodes over packed tokens -----------------------------------------
+@pytest.fixture(scope="module", params=["fp32", "fp16"])
+def exported_packed(request, tmp_path_factory):
+    """(model, export folder, dtype): BART 2+2 (head_dim 64, a size padfree's attention is built for)
+    exported with --io packed."""
+    model = build("bart", layers=(2, 2), d_model=128, heads=2, ffn=256)
+    root = tmp_path_factory.mktemp(f"packed_{request.param}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.save_pretrained(root / "hf")
+    export(root / "hf", root / "out", num_beams=4, dtype=request.param, io="packed")
+    return model, root / "out", request.param
+
+
+def test_the_packed_encoder_is_plugin_nodes_on_packed_tokens(exported_packed):
+    _, out, dtype = exported_packed
+    manifest = json.loads((out / "seq2seq.json").read_text())
+    assert manifest["files"]["encoder_plugins"] == manifest["engine_graphs"]["encoder"] == "encoder.padfree.onnx"
+    assert manifest["encoder_plugins"]["inputs"] == ["input_ids", "cu_seqlens", "max_seqlen"]
+    assert manifest["encoder_plugins"]["fused"] == {"PadfreeEmbLayerNorm": 1, "PadfreeAttention": 2,
+                                                    "PadfreeSkipLayerNorm": 4, "PadfreeBiasGelu": 2}
+    encoder = onnx.load(out / "encoder.padfree.onnx")
+    onnx.checker.check_model(encoder, full_check=True)
+    assert [i.name for i in encoder.graph.input] == ["input_ids", "cu_seqlens", "max_seqlen"]
+    assert len(_plugins(encoder)) == 9
+    want = {"fp32": onnx.TensorProto.FLOAT, "fp16": onnx.TensorProto.FLOAT16}[dtype]
+    assert _float_types(encoder) == {want}
+    assert not (out / f"encoder.{dtype}.onnx").exists()     # the packed encoder is the engines' encoder
+
+
+def test_generation_through_the_packed_encoder(exported_packed):
+    model, out, dtype = exported_packed
+    result = seq2seq_check.check(out, model, **CHECK)
+    print("\n".join(result.lines))
+    assert result.ok
+    packed = [line for line in result.lines if line.startswith("encoder.padfree.onnx + ")]
+    assert len(packed) == 2 and all(("rounded to fp16" in line) == (dtype == "fp16") for line in packed)
+
+
+def test_a_wrong_weight_in_the_packed_encoder_is_caught(exported_packed, tmp_path):
+    import shutil
+
+    import numpy as np
+    from onnx import numpy_helper
+
+    model, out, _ = exported_packed
+    bad = tmp_path / "bad"
+    shutil.copytree(out, bad)
+    encoder = onnx.load(bad / "encoder.padfree.onnx")
+    weight = next(t for t in encoder.graph.initializer if t.name.startswith("padfree/qkv_weight"))  # layer 0's
+    value = numpy_helper.to_array(weight)
+    scaled = value.astype(np.float32)
+    scaled[0] *= 1.5
+    weight.CopyFrom(numpy_helper.from_array(scaled.astype(value.dtype), weight.name))
+    onnx.save(encoder, bad / "encoder.padfree.onnx")
+    result = seq2seq_check.check(bad, model, steps=("plugins",), **CHECK)
+    print("\n".join(result.lines))
+    assert not result.ok
+
+
+def test_an_engine_of_the_packed_encoder(exported_packed, tmp_path):
+    from padfree.engines.build import BuildOptions, build as build_engine
+
+    _, library = _engine_prerequisites()
+    _, out, dtype = exported_packed
+    metadata = build_engine(BuildOptions(onnx=str(out / "encoder.padfree.onnx"), output=str(tmp_path / "e.engine"),
+                                         max_tokens=64, max_batch=4, max_seqlen=16, plugin_library=str(library),
+                                         backend="tensorrt_rtx", progress=False))
+    assert metadata["model"]["io"] == "packed" and metadata["precision"] == dtype
+
+
+def test_io_packed_is_refused_where_the_encoder_does_not_fuse_whole(tmp_path):
+    marian = build("marian", layers=(1, 1), d_model=128, heads=2, ffn=256)   # scaled embeddings, no LayerNorm
+    with pytest.raises(ExportError, match="(?s)--io packed: the encoder does not fuse whole.*embedding Gathers"):
+        export(marian, tmp_path / "out", io="packed")
+    assert not (tmp_path / "out" / "encoder.onnx").exists()

@@ -122,10 +122,10 @@ def _label(gen) -> str:
         return gen.step_file.name
     label = (f"{gen.step_file.name} (plugin nodes on their ONNX Runtime references; num_beams {gen.step_num_beams} "
              f"as exported, other widths with that field set to theirs)")
-    if gen.dtype == "fp32":
+    if gen.dtype == "fp32" and not gen.packed_encoder:
         return label
-    return (f"{gen.graph_files['encoder'].name} + {gen.graph_files['cross_kv'].name} + {label}, {gen.dtype} cast back "
-            f"to float32")
+    label = f"{gen.graph_files['encoder'].name} + {gen.graph_files['cross_kv'].name} + {label}"
+    return label if gen.dtype == "fp32" else f"{label}, {gen.dtype} cast back to float32"
 
 
 def _compare_greedy(result: CheckResult, label: str, ref, out, batch: int, fill: int, name: str = "HF's") -> bool:

@@ -71,9 +71,9 @@ def check_supported(model):
 
 def check_options(io: str | None, dtype: str, allow_partial: bool) -> None:
     """Export options without a seq2seq form yet, refused by name before anything is loaded."""
-    if io not in (None, "padded"):
-        raise ExportError(f"--io {io}: an encoder-decoder's encoder.onnx is exported padded for now "
-                          f"(input_ids / attention_mask [batch, seqlen]); omit --io or pass --io padded")
+    if io not in (None, "padded", "packed"):
+        raise ExportError(f"--io {io}: give packed (encoder.padfree.onnx on packed tokens beside the padded "
+                          f"encoder.onnx) or padded (the default)")
     from ..precision import DTYPES
     if dtype not in DTYPES:
         raise ExportError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")

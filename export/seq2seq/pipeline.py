@@ -8,6 +8,10 @@
                         in the export's dtype
     encoder.<dtype>.onnx, cross_kv.<dtype>.onnx   with --dtype fp16 / bf16: encoder.onnx and cross_kv.onnx
                         cast to it (export/precision.py), the graphs engines are built from
+    encoder.padfree.onnx   with --io packed: encoder.onnx rewritten onto padfree's plugin nodes on packed
+                        tokens (export/rewrite.py: input_ids [T], cu_seqlens [B+1], max_seqlen [S] ->
+                        last_hidden_state [T, H], what cross_kv.onnx takes), in the dtype; the export is
+                        refused, naming what did not fuse, unless the whole encoder fuses
     config.json, generation_config.json   the HF configs: generate()'s option merge reads them
     tokenizer files     copied from the source directory where it has them (export/text_files.py)
     seq2seq.json        what was written, the I/O names and the limits; written last (completion marker)
@@ -35,12 +39,12 @@ from ..onnx_files import data_file, save_model
 from ..precision import DTYPES, cast
 from .models import check_supported
 
-__all__ = ["export_seq2seq", "Seq2SeqExportResult", "ENCODER", "CROSS_KV", "STEP", "STEP_PLUGINS", "MANIFEST",
-           "FORMAT", "output_set", "engine_graphs"]
+__all__ = ["export_seq2seq", "Seq2SeqExportResult", "ENCODER", "CROSS_KV", "STEP", "STEP_PLUGINS", "ENCODER_PLUGINS",
+           "MANIFEST", "FORMAT", "output_set", "engine_graphs"]
 
 log = logging.getLogger(__name__)
 ENCODER, CROSS_KV, STEP, MANIFEST = "encoder.onnx", "cross_kv.onnx", "decoder_step.onnx", "seq2seq.json"
-STEP_PLUGINS = "decoder_step.padfree.onnx"
+STEP_PLUGINS, ENCODER_PLUGINS = "decoder_step.padfree.onnx", "encoder.padfree.onnx"
 CONFIG, GENERATION_CONFIG = "config.json", "generation_config.json"
 FORMAT = "padfree-seq2seq/1"
 
@@ -62,16 +66,19 @@ class Seq2SeqExportResult:
                 f"(num_beams {self.manifest['decoder_plugins']['num_beams']})")
 
 
-def engine_graphs(dtype: str) -> dict[str, str]:
-    """The files engines are built from, per graph, for an export in `dtype`."""
-    if dtype == "fp32":
-        return {"encoder": ENCODER, "cross_kv": CROSS_KV, "decoder_step": STEP_PLUGINS}
-    return {"encoder": f"encoder.{dtype}.onnx", "cross_kv": f"cross_kv.{dtype}.onnx", "decoder_step": STEP_PLUGINS}
+def engine_graphs(dtype: str, io: str = "padded") -> dict[str, str]:
+    """The files engines are built from, per graph, for an export in `dtype` with the encoder's `io`."""
+    graphs = {"encoder": ENCODER, "cross_kv": CROSS_KV, "decoder_step": STEP_PLUGINS}
+    if dtype != "fp32":
+        graphs.update(encoder=f"encoder.{dtype}.onnx", cross_kv=f"cross_kv.{dtype}.onnx")
+    if io == "packed":
+        graphs["encoder"] = ENCODER_PLUGINS
+    return graphs
 
 
 def output_set(out: Path) -> list[Path]:
     typed = [name for dtype in DTYPES if dtype != "fp32" for name in engine_graphs(dtype).values()]
-    files = [out / name for name in dict.fromkeys([ENCODER, CROSS_KV, STEP, STEP_PLUGINS, *typed])]
+    files = [out / name for name in dict.fromkeys([ENCODER, CROSS_KV, STEP, STEP_PLUGINS, ENCODER_PLUGINS, *typed])]
     return [p for f in files for p in (f, data_file(f))] + [out / CONFIG, out / GENERATION_CONFIG, out / MANIFEST]
 
 
@@ -97,13 +104,26 @@ def _in_dtype(model, dtype: str, what: str):
     return out
 
 
+def _packed_encoder(encoder_graph, dtype: str):
+    """The encoder rewritten onto plugin nodes on packed tokens, or an ExportError naming what did not fuse."""
+    from ..errors import PartialFusionError
+    from ..rewrite import rewrite
+    try:
+        return rewrite(encoder_graph, io="packed", dtype=dtype)
+    except PartialFusionError as e:
+        unmatched = "\n  - ".join(e.report.unmatched)
+        raise ExportError(f"--io packed: the encoder does not fuse whole onto padfree's plugins ({e.report.summary()});"
+                          f" not matched:\n  - {unmatched}\nExport it with --io padded (the default).") from e
+
+
 def export_seq2seq(model, description: str, out: Path, opset: int,
                    source_path: str | None = None, num_beams: int | None = None,
-                   dtype: str = "fp32") -> Seq2SeqExportResult:
+                   dtype: str = "fp32", io: str = "padded") -> Seq2SeqExportResult:
     """source_path: the HF directory the model was loaded from (recorded for `padfree check OUT`).
     num_beams: the beam width decoder_step.padfree.onnx's cross-attention nodes serve (default: the
     model's generation_config.num_beams). dtype: "fp32", "fp16" or "bf16", the engine graphs' (the
-    float32 graphs are written in every case)."""
+    float32 graphs are written in every case). io: "packed" also writes encoder.padfree.onnx (the
+    engines' encoder then), "padded" not."""
     import torch
 
     from padfree.generation.layers import ensure_position_rows
@@ -124,16 +144,23 @@ def export_seq2seq(model, description: str, out: Path, opset: int,
     facts = {"padfree.source": description, "padfree.family": spec.name, "padfree.format": FORMAT}
     outputs.remove(output_set(out))
     t0 = time.perf_counter()
-    engines = engine_graphs(dtype)
+    engines = engine_graphs(dtype, io)
     encoder_graph = encoder.export_encoder(model, opset)
+    packed, fused = (None, None) if io != "packed" else _packed_encoder(encoder_graph, dtype)  # refused first
     save_model(encoder_graph, out / ENCODER)
     log.info("wrote %s in %.1f s", out / ENCODER, time.perf_counter() - t0)
+    if packed is not None:
+        save_model(packed, out / ENCODER_PLUGINS)
+        log.info("wrote %s (%s)", out / ENCODER_PLUGINS, fused.summary())
+        packed_io = ([i.name for i in packed.graph.input], [o.name for o in packed.graph.output])
+        del packed
     cross_graph = cross_kv.build_cross_kv(weights, opset, facts)
     save_model(cross_graph, out / CROSS_KV)
     if dtype != "fp32":
-        save_model(_in_dtype(encoder_graph, dtype, ENCODER), out / engines["encoder"])
+        if io != "packed":
+            save_model(_in_dtype(encoder_graph, dtype, ENCODER), out / engines["encoder"])
         save_model(_in_dtype(cross_graph, dtype, CROSS_KV), out / engines["cross_kv"])
-        log.info("wrote %s and %s", out / engines["encoder"], out / engines["cross_kv"])
+        log.info("wrote %s in %s", ", ".join(sorted({engines["encoder"], engines["cross_kv"]})), dtype)
     del encoder_graph, cross_graph
     step = decoder_step.build_decoder_step(weights, opset, facts)
     save_model(step, out / STEP)
@@ -156,7 +183,8 @@ def export_seq2seq(model, description: str, out: Path, opset: int,
         "format": FORMAT, "source": description, "source_path": source_path, "family": spec.name,
         "hf_class": spec.hf_class, "opset": opset, "dtype": dtype,
         "files": {"encoder": ENCODER, "cross_kv": CROSS_KV, "decoder_step": STEP,
-                  "decoder_step_plugins": STEP_PLUGINS, "config": CONFIG, "generation_config": GENERATION_CONFIG},
+                  "decoder_step_plugins": STEP_PLUGINS, "config": CONFIG, "generation_config": GENERATION_CONFIG,
+                  **({"encoder_plugins": ENCODER_PLUGINS} if io == "packed" else {})},
         "encoder": {"io": "padded", "layers": len(weights.encoder.layers), "inputs": ["input_ids", "attention_mask"],
                     "outputs": ["last_hidden_state"], "max_positions": encoder_limit,
                     "vocab_size": weights.source_vocab_size},
@@ -165,6 +193,8 @@ def export_seq2seq(model, description: str, out: Path, opset: int,
                     "max_positions": decoder_limit, "pad_token_id": weights.pad_token_id,
                     "inputs": inputs, "outputs": step_outputs},
         "engine_graphs": engines,
+        **({"encoder_plugins": {"io": "packed", "inputs": packed_io[0], "outputs": packed_io[1],
+                                "fused": dict(fused.fused)}} if io == "packed" else {}),
         "text_files": copied,
         "sites": counts,
         "decoder_plugins": {"num_beams": num_beams, "plugins": counts, "inputs": plugin_inputs,

@@ -32,7 +32,8 @@ def register(subparsers) -> None:
     p.add_argument("--io", choices=("packed", "padded"), default=None,
                    help="packed: input_ids[T], cu_seqlens[B+1], max_seqlen[S] (default for encoders); "
                         "padded: input_ids[B,S] + attention_mask[B,S] with padding plugins at the edges "
-                        "(an encoder-decoder's encoder.onnx: padded only, for now)")
+                        "(an encoder-decoder: encoder.onnx is padded; packed adds encoder.padfree.onnx, its "
+                        "encoder on plugin nodes over packed tokens, where the whole encoder fuses)")
     p.add_argument("--dtype", choices=("fp32", "fp16", "bf16"), default="fp32",
                    help="float dtype of model.padfree.onnx, and so of a TensorRT-RTX engine built from it "
                         "(default fp32; model.onnx, the check's reference, is always fp32); an "

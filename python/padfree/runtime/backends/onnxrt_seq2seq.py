@@ -20,11 +20,14 @@ with each plugin node expanded by its ONNX Runtime reference (padfree.export.ref
 proof of the swapped graph. Its cross-attention nodes carry the num_beams they were exported for; a
 call of another width runs a copy with that one field set to the call's (swap.set_num_beams), as an
 engine of that width would be built from its own swap. The swapped step's extra input `max_seqlen`
-gets a vector as long as the call's longest source. With an export in fp16 / bf16 (seq2seq.json's
+gets a vector as long as the call's longest source. An export with --io packed has its encoder on
+plugin nodes too (encoder.padfree.onnx): step="plugins" runs it, on packed tokens, through the
+plugins' references. With an export in fp16 / bf16 (seq2seq.json's
 `dtype`), step="plugins" runs the engine graphs (`engine_graphs`: encoder.<dtype>.onnx,
 cross_kv.<dtype>.onnx and the step) cast back to float32, and rounded=True runs the float32 graphs
-with every value rounded to that dtype: the two compute in float32 on the same values, which is how
-padfree check proves the dtype's graphs on the CPU.
+with every value rounded to that dtype (the weights alone for an encoder whose engine graph is on
+plugin nodes, --io packed: its formulas' constants stay float32 inside them): the two compute in
+float32 on the same values, which is how padfree check proves the dtype's graphs on the CPU.
 """
 from __future__ import annotations
 
@@ -156,15 +159,27 @@ class OnnxrtSeq2SeqGenerator:
         self.generation_config = GenerationConfig.from_pretrained(self.folder, files["generation_config"])
         graphs = {"encoder": files["encoder"], "cross_kv": files["cross_kv"]}
         transform = None
-        if step == "plugins" and self.dtype != "fp32":
-            from padfree.export.precision import cast
-            graphs.update({k: v for k, v in manifest["engine_graphs"].items() if k in graphs})
-            transform = lambda model: cast(model, "fp32")  # noqa: E731 - the dtype's graphs, cast back
+        if step == "plugins":  # the engines' graphs
+            graphs.update({k: v for k, v in manifest.get("engine_graphs", {}).items() if k in graphs})
+            if self.dtype != "fp32":
+                from padfree.export.precision import cast
+                transform = lambda model: cast(model, "fp32")  # noqa: E731 - the dtype's graphs, cast back
         elif rounded:
             from padfree.export.precision import round_values
             transform = lambda model: round_values(model, self.dtype)  # noqa: E731
         self.graph_files = {k: self.folder / v for k, v in graphs.items()}
-        self.encoder = _session(self.graph_files["encoder"], threads, transform)
+        # --io packed: the encoder on plugin nodes (their references) over packed tokens
+        self.packed_encoder = step == "plugins" and graphs["encoder"] == files.get("encoder_plugins")
+        encoder_transform = transform
+        if rounded and "encoder_plugins" in files:
+            # the engines' encoder computes its formulas inside plugin nodes, at their float32 constants:
+            # only its weights are rounded (as an encoder export's check rounds them)
+            from padfree.export.precision import round_weights
+            encoder_transform = lambda model: round_weights(model, self.dtype)  # noqa: E731
+        if self.packed_encoder:
+            from padfree.export.reference import with_references
+            encoder_transform = lambda model: with_references(model if transform is None else transform(model))  # noqa: E731
+        self.encoder = _session(self.graph_files["encoder"], threads, encoder_transform)
         self.cross_kv = _session(self.graph_files["cross_kv"], threads, transform)
         if step == "plain":
             self.step_session = _session(self.step_file, threads, transform)
@@ -236,6 +251,12 @@ class OnnxrtSeq2SeqGenerator:
 
     def encode(self, sources: list[list[int]]) -> np.ndarray:
         """The encoder's hidden states of the valid tokens, packed: float32 [T, hidden]."""
+        if self.packed_encoder:  # nothing padded: the tokens in, their rows out
+            lengths = [len(s) for s in sources]
+            feeds = {"input_ids": np.concatenate([np.asarray(s, dtype=np.int32) for s in sources]),
+                     "cu_seqlens": np.concatenate(([0], np.cumsum(lengths))).astype(np.int32),
+                     "max_seqlen": np.zeros(max(lengths), dtype=np.int32)}
+            return np.ascontiguousarray(self.encoder.run(None, feeds)[0], dtype=np.float32)
         width = max(len(s) for s in sources)
         ids = np.full((len(sources), width), self.pad_token_id, dtype=np.int32)
         mask = np.zeros((len(sources), width), dtype=np.int32)
