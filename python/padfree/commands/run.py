@@ -1,10 +1,11 @@
-"""`padfree run SOURCE`: encode one batch with padfree's Runtime and print the output shapes.
+"""`padfree run SOURCE`: encode one batch with padfree's Runtime and print the output shapes, or with
+--generate generate from it with an encoder-decoder (run_generate.py) and print the token ids.
 
 SOURCE is an engine file (served by padfree.runtime.backends.engine), a `padfree export` folder (on ONNX
 Runtime, CPU: padfree.runtime.backends.onnxrt_encoder), a Hugging Face model directory or a built-in
-tiny model name (both through the PyTorch path, padfree.torch). The batch comes from texts (--text,
---text-file: tokenized with the model's tokenizer, no padding), a JSON file of token ids (--input) or
-is drawn at random (--random B,S).
+tiny model name (both through the PyTorch path, padfree.torch); with --generate, a seq2seq export folder
+or an HF encoder-decoder directory. The batch comes from texts (--text, --text-file: tokenized with the
+model's tokenizer, no padding), a JSON file of token ids (--input) or is drawn at random (--random B,S).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import numpy as np
 from ..arguments import CommandError, non_negative_int, positive_int
 from ..line_files import read_texts
 from ..tokenizer_files import has_tokenizer
+from . import run_generate
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +62,7 @@ def register(subparsers) -> None:
                    " $PADFREE_TRT_LIBRARY, else the installed one; never the path a sidecar records)")
     p.add_argument("--allow-plugin-mismatch", action="store_true",
                    help="engine: load a plugin library whose SHA-256 differs from the one it was built with")
+    run_generate.register_options(p)
     p.set_defaults(func=main)
 
 
@@ -152,9 +155,16 @@ def main(args: argparse.Namespace) -> int:
     if args.output is not None:  # before the model loads and the batch runs
         _writable_npz(args.output)
     texts = args.text if args.text is not None else read_texts(args.text_file) if args.text_file else None
-    if texts is None and (args.truncate or args.tokenizer):
-        raise CommandError("--truncate and --tokenizer apply to texts: give --text or --text-file")
-    runtime = open_runtime(args)
+    if texts is None and args.truncate:
+        raise CommandError("--truncate applies to texts: give --text or --text-file")
+    if texts is None and args.tokenizer and not args.generate:
+        raise CommandError("--tokenizer applies to texts: give --text or --text-file")
+    if args.generate:
+        run_generate.refuse_encoder_options(args)
+        runtime = run_generate.open_generator(args)
+    else:
+        run_generate.check_not_generation_options(args, args.source)
+        runtime = open_runtime(args)
     if texts is not None:
         try:
             ids = runtime.tokenize(texts, truncate=args.truncate)
@@ -169,6 +179,15 @@ def main(args: argparse.Namespace) -> int:
         s = min(s, runtime.limits.max_seqlen)
         run_args = {"batch": random_batch(b, s, runtime.limits.vocab_size, args.seed)}
     start = time.perf_counter()
+    if args.generate:
+        if run_args.get("token_type_ids") is not None:
+            raise CommandError(f"{args.input}: token_type_ids: an encoder-decoder's sources take none")
+        out = run_generate.generate(runtime, run_args["batch"], args, texts, run_args.get("attention_mask"))
+        print(f"generate: {(time.perf_counter() - start) * 1e3:.2f} ms (first call: includes warm-up)")
+        if args.output is not None:
+            save(out, args.output)
+            print(f"wrote {args.output}")
+        return 0
     try:
         out = runtime.run(**run_args, padded=args.padded, output="numpy")
     except InputError as e:
