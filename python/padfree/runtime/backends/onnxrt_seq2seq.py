@@ -22,8 +22,8 @@ call of another width runs a copy with that one field set to the call's (swap.se
 engine of that width would be built from its own swap. The swapped step's extra input `max_seqlen`
 gets a vector as long as the call's longest source. An export with --io packed has its encoder on
 plugin nodes too (encoder.padfree.onnx): step="plugins" runs it, on packed tokens, through the
-plugins' references. With an export in fp16 / bf16 (seq2seq.json's
-`dtype`), step="plugins" runs the engine graphs (`engine_graphs`: encoder.<dtype>.onnx,
+plugins' references. With an export in fp16 / bf16 (seq2seq.json's `dtype`), step="plugins" runs
+the engine graphs (`engine_graphs`: encoder.<dtype>.onnx,
 cross_kv.<dtype>.onnx and the step) cast back to float32, and rounded=True runs the float32 graphs
 with every value rounded to that dtype (the weights alone for an encoder whose engine graph is on
 plugin nodes, --io packed: its formulas' constants stay float32 inside them): the two compute in
@@ -31,6 +31,7 @@ float32 on the same values, which is how padfree check proves the dtype's graphs
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from pathlib import Path
@@ -157,16 +158,15 @@ class OnnxrtSeq2SeqGenerator:
         self._steps: dict[int, tuple] = {}
         self.config = AutoConfig.from_pretrained(self.folder)
         self.generation_config = GenerationConfig.from_pretrained(self.folder, files["generation_config"])
+        from padfree.export import precision
         graphs = {"encoder": files["encoder"], "cross_kv": files["cross_kv"]}
         transform = None
-        if step == "plugins":  # the engines' graphs
+        if step == "plugins":  # the engines' graphs, an fp16 / bf16 export's cast back
             graphs.update({k: v for k, v in manifest.get("engine_graphs", {}).items() if k in graphs})
             if self.dtype != "fp32":
-                from padfree.export.precision import cast
-                transform = lambda model: cast(model, "fp32")  # noqa: E731 - the dtype's graphs, cast back
+                transform = functools.partial(precision.cast, dtype="fp32")
         elif rounded:
-            from padfree.export.precision import round_values
-            transform = lambda model: round_values(model, self.dtype)  # noqa: E731
+            transform = functools.partial(precision.round_values, dtype=self.dtype)
         self.graph_files = {k: self.folder / v for k, v in graphs.items()}
         # --io packed: the encoder on plugin nodes (their references) over packed tokens
         self.packed_encoder = step == "plugins" and graphs["encoder"] == files.get("encoder_plugins")
@@ -174,11 +174,12 @@ class OnnxrtSeq2SeqGenerator:
         if rounded and "encoder_plugins" in files:
             # the engines' encoder computes its formulas inside plugin nodes, at their float32 constants:
             # only its weights are rounded (as an encoder export's check rounds them)
-            from padfree.export.precision import round_weights
-            encoder_transform = lambda model: round_weights(model, self.dtype)  # noqa: E731
+            encoder_transform = functools.partial(precision.round_weights, dtype=self.dtype)
         if self.packed_encoder:
             from padfree.export.reference import with_references
-            encoder_transform = lambda model: with_references(model if transform is None else transform(model))  # noqa: E731
+
+            def encoder_transform(model, transform=transform):
+                return with_references(model if transform is None else transform(model))
         self.encoder = _session(self.graph_files["encoder"], threads, encoder_transform)
         self.cross_kv = _session(self.graph_files["cross_kv"], threads, transform)
         if step == "plain":
