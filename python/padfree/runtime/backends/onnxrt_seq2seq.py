@@ -16,18 +16,18 @@ decode step is one decoder_step.onnx run. Caches are float32 [rows, heads, max_l
 numpy arrays per layer, replaced by the step's outputs.
 
 step="plugins" runs decoder_step.padfree.onnx instead (the step on plugin nodes, export/seq2seq/swap.py)
-with each plugin node expanded by its ONNX Runtime reference (padfree.export.reference): the CPU
-proof of the swapped graph. Its cross-attention nodes carry the num_beams they were exported for; a
-call of another width runs a copy with that one field set to the call's (swap.set_num_beams), as an
-engine of that width would be built from its own swap. The swapped step's extra input `max_seqlen`
-gets a vector as long as the call's longest source. An export with --io packed has its encoder on
-plugin nodes too (encoder.padfree.onnx): step="plugins" runs it, on packed tokens, through the
-plugins' references. With an export in fp16 / bf16 (seq2seq.json's `dtype`), step="plugins" runs
-the engine graphs (`engine_graphs`: encoder.<dtype>.onnx,
-cross_kv.<dtype>.onnx and the step) cast back to float32, and rounded=True runs the float32 graphs
-with every value rounded to that dtype (the weights alone for an encoder whose engine graph is on
-plugin nodes, --io packed: its formulas' constants stay float32 inside them): the two compute in
-float32 on the same values, which is how padfree check proves the dtype's graphs on the CPU.
+with each plugin node expanded by its ONNX Runtime reference (padfree.export.reference): the CPU proof
+of the swapped graph. Its cross-attention nodes carry the num_beams they were exported for; a call of
+another width runs a copy with that one field set to the call's (swap.set_num_beams), as an engine of
+that width would be built from its own swap. The swapped step's extra input `max_seqlen` gets a vector
+as long as the call's longest source. An export with --io packed has its encoder on plugin nodes too
+(encoder.padfree.onnx): step="plugins" runs it, on packed tokens, through the plugins' references. With
+an export in fp16 / bf16 (seq2seq.json's `dtype`), step="plugins" runs the engine graphs
+(`engine_graphs`: encoder.<dtype>.onnx, cross_kv.<dtype>.onnx and the step) cast back to float32, and
+rounded=True runs the float32 graphs with every value rounded to that dtype (the weights alone for an
+encoder whose engine graph is on plugin nodes, --io packed: its formulas' constants stay float32 inside
+them): the two compute in float32 on the same values, which is how padfree check proves the dtype's
+graphs on the CPU.
 """
 from __future__ import annotations
 
