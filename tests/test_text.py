@@ -244,7 +244,8 @@ def test_cli_run_texts(sentence, tmp_path, capsys):
      f"bad input: text 0 has {LIMIT + 2} tokens, more than this model's limit of {LIMIT}"),
     (["--text-file", "{file}"], "the cat\n\na dog\n", "line 2 is blank; give one text per line"),
     (["--text-file", "{file}"], "", "holds no text"),
-    (["--random", "2,8", "--truncate"], None, "--truncate and --tokenizer apply to texts"),
+    (["--random", "2,8", "--truncate"], None, "--truncate applies to texts"),
+    (["--random", "2,8", "--tokenizer", "{dir}"], None, "--tokenizer applies to texts"),
     (["--text", "a", "--tokenizer", "{dir}"], None, "no tokenizer files there"),
 ])
 def test_cli_run_text_errors_are_one_line(sentence, tmp_path, capsys, args, lines, message):
