@@ -69,6 +69,17 @@ def test_texts_are_tokenized_and_the_hypotheses_decoded(folders, capsys):
     assert [line.strip() for line in printed.splitlines() if line.startswith("  ")] == [repr(t) for t in decoded]
 
 
+def test_token_ids_in_decoded_out_with_a_tokenizer(folders, capsys):
+    hf, out, ids = folders
+    assert cli.main(["run", str(out), "--generate", "--input", str(ids), "--max-new-tokens", "4", "--tokenizer",
+                     str(hf), "-q"]) == 0
+    printed = capsys.readouterr().out
+    sequences = _printed_rows(printed)
+    decoded = Runtime(str(out), tokenizer=str(hf)).text_tokenizer.tokenizer.batch_decode(sequences,
+                                                                                          skip_special_tokens=True)
+    assert [line.strip() for line in printed.splitlines() if line.startswith("  ")] == [repr(t) for t in decoded]
+
+
 def test_an_hf_directory_on_the_cpu_generates_as_its_export(folders, capsys):
     hf, out, ids = folders
     common = ["--generate", "--input", str(ids), "--max-new-tokens", "6", "-q"]

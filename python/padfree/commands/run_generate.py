@@ -5,7 +5,7 @@ or a Hugging Face encoder-decoder directory (the PyTorch path, padfree.generatio
 their torch references with --device cpu --dtype fp32). The options are Hugging Face generate's
 (--num-beams, --max-new-tokens, --option KEY=VALUE for any other), merged with the model's
 generation_config as from_hf's generate merges them; an option padfree does not implement is refused
-by name. Each source's hypotheses are printed as token ids, and as text where the model has a tokenizer.
+by name. Each source's hypotheses are printed as token ids, and as text for texts or with --tokenizer.
 """
 from __future__ import annotations
 
@@ -119,7 +119,7 @@ def generate(runtime, batch: Any, args: argparse.Namespace, texts: list[str] | N
     scores = None if scores is None else scores.float().cpu().numpy()
     per_source = max(1, len(sequences) // max(1, len(batch)))
     decoded = None
-    if texts is not None:
+    if texts is not None or args.tokenizer:   # a tokenizer the sources came from or was given for the outputs
         decoded = runtime.text_tokenizer.tokenizer.batch_decode(sequences.tolist(), skip_special_tokens=True)
     for i, row in enumerate(sequences):
         source, rank = divmod(i, per_source)
