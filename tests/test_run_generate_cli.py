@@ -69,6 +69,19 @@ def test_texts_are_tokenized_and_the_hypotheses_decoded(folders, capsys):
     assert [line.strip() for line in printed.splitlines() if line.startswith("  ")] == [repr(t) for t in decoded]
 
 
+def test_a_padded_batch_file_generates_as_its_lists(folders, tmp_path, capsys):
+    _, out, ids = folders
+    width = max(map(len, SOURCES))
+    padded = {"input_ids": [s + [1] * (width - len(s)) for s in SOURCES],
+              "attention_mask": [[1] * len(s) + [0] * (width - len(s)) for s in SOURCES]}
+    (tmp_path / "padded.json").write_text(json.dumps(padded))
+    common = ["--generate", "--max-new-tokens", "5", "--num-beams", "2", "-q"]
+    assert cli.main(["run", str(out), "--input", str(tmp_path / "padded.json"), *common]) == 0
+    from_padded = _printed_rows(capsys.readouterr().out)
+    assert cli.main(["run", str(out), "--input", str(ids), *common]) == 0
+    assert from_padded == _printed_rows(capsys.readouterr().out)
+
+
 def test_token_ids_in_decoded_out_with_a_tokenizer(folders, capsys):
     hf, out, ids = folders
     assert cli.main(["run", str(out), "--generate", "--input", str(ids), "--max-new-tokens", "4", "--tokenizer",

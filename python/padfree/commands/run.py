@@ -182,7 +182,11 @@ def main(args: argparse.Namespace) -> int:
     if args.generate:
         if run_args.get("token_type_ids") is not None:
             raise CommandError(f"{args.input}: token_type_ids: an encoder-decoder's sources take none")
-        out = run_generate.generate(runtime, run_args["batch"], args, texts, run_args.get("attention_mask"))
+        batch, mask = run_args["batch"], run_args.get("attention_mask")
+        if mask is not None:  # a padded batch: as HF's generate takes it, [B, S] tensors
+            import torch
+            batch, mask = torch.as_tensor(batch), torch.as_tensor(mask)
+        out = run_generate.generate(runtime, batch, args, texts, mask)
         print(f"generate: {(time.perf_counter() - start) * 1e3:.2f} ms (first call: includes warm-up)")
         if args.output is not None:
             save(out, args.output)
