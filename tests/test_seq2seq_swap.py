@@ -292,37 +292,48 @@ def test_engines_of_the_dtype_graphs(exported_dtype, tmp_path, graph):
 
 
 # ---- --io packed: the encoder on plugin nodes over packed tokens -----------------------------------------
-@pytest.fixture(scope="module", params=["fp32", "fp16"])
+# BART: post-LN; mBART: pre-LN (LayerNorms kept as ONNX's on the residual stream) with a scaled word
+# embedding (its scale folded into the table)
+PACKED_FUSED = {"bart": {"PadfreeEmbLayerNorm": 1, "PadfreeAttention": 2, "PadfreeSkipLayerNorm": 4,
+                         "PadfreeBiasGelu": 2},
+                "mbart": {"PadfreeEmbLayerNorm": 1, "PadfreeAttention": 2, "PadfreeSkipLayerNorm": 1,
+                          "PadfreeBiasGelu": 2}}
+
+
+@pytest.fixture(scope="module", params=[("bart", "fp32"), ("bart", "fp16"), ("mbart", "fp32"), ("mbart", "fp16")],
+                ids=lambda p: "-".join(p))
 def exported_packed(request, tmp_path_factory):
-    """(model, export folder, dtype): BART 2+2 (head_dim 64, a size padfree's attention is built for)
-    exported with --io packed."""
-    model = build("bart", layers=(2, 2), d_model=128, heads=2, ffn=256)
-    root = tmp_path_factory.mktemp(f"packed_{request.param}")
+    """(model, export folder, dtype, family): 2+2 layers at head_dim 64 (a size padfree's attention is
+    built for) exported with --io packed."""
+    family, dtype = request.param
+    model = build(family, layers=(2, 2), d_model=128, heads=2, ffn=256)
+    root = tmp_path_factory.mktemp(f"packed_{family}_{dtype}")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model.save_pretrained(root / "hf")
-    export(root / "hf", root / "out", num_beams=4, dtype=request.param, io="packed")
-    return model, root / "out", request.param
+    export(root / "hf", root / "out", num_beams=4, dtype=dtype, io="packed")
+    return model, root / "out", dtype, family
 
 
 def test_the_packed_encoder_is_plugin_nodes_on_packed_tokens(exported_packed):
-    _, out, dtype = exported_packed
+    _, out, dtype, family = exported_packed
     manifest = json.loads((out / "seq2seq.json").read_text())
     assert manifest["files"]["encoder_plugins"] == manifest["engine_graphs"]["encoder"] == "encoder.padfree.onnx"
     assert manifest["encoder_plugins"]["inputs"] == ["input_ids", "cu_seqlens", "max_seqlen"]
-    assert manifest["encoder_plugins"]["fused"] == {"PadfreeEmbLayerNorm": 1, "PadfreeAttention": 2,
-                                                    "PadfreeSkipLayerNorm": 4, "PadfreeBiasGelu": 2}
+    assert manifest["encoder_plugins"]["fused"] == PACKED_FUSED[family]
     encoder = onnx.load(out / "encoder.padfree.onnx")
     onnx.checker.check_model(encoder, full_check=True)
     assert [i.name for i in encoder.graph.input] == ["input_ids", "cu_seqlens", "max_seqlen"]
-    assert len(_plugins(encoder)) == 9
+    assert len(_plugins(encoder)) == sum(PACKED_FUSED[family].values())
+    # around the plugins only row-wise ops on packed rows (pre-LN: the residual Adds and LayerNorms)
+    assert {n.op_type for n in encoder.graph.node if n.domain != "padfree"} <= {"MatMul", "Add", "LayerNormalization"}
     want = {"fp32": onnx.TensorProto.FLOAT, "fp16": onnx.TensorProto.FLOAT16}[dtype]
     assert _float_types(encoder) == {want}
     assert not (out / f"encoder.{dtype}.onnx").exists()     # the packed encoder is the engines' encoder
 
 
 def test_generation_through_the_packed_encoder(exported_packed):
-    model, out, dtype = exported_packed
+    model, out, dtype, _ = exported_packed
     result = seq2seq_check.check(out, model, **CHECK)
     print("\n".join(result.lines))
     assert result.ok
@@ -336,7 +347,7 @@ def test_a_wrong_weight_in_the_packed_encoder_is_caught(exported_packed, tmp_pat
     import numpy as np
     from onnx import numpy_helper
 
-    model, out, _ = exported_packed
+    model, out, _, _ = exported_packed
     bad = tmp_path / "bad"
     shutil.copytree(out, bad)
     encoder = onnx.load(bad / "encoder.padfree.onnx")
@@ -355,7 +366,7 @@ def test_an_engine_of_the_packed_encoder(exported_packed, tmp_path):
     from padfree.engines.build import BuildOptions, build as build_engine
 
     _, library = _engine_prerequisites()
-    _, out, dtype = exported_packed
+    _, out, dtype, _ = exported_packed
     metadata = build_engine(BuildOptions(onnx=str(out / "encoder.padfree.onnx"), output=str(tmp_path / "e.engine"),
                                          max_tokens=64, max_batch=4, max_seqlen=16, plugin_library=str(library),
                                          backend="tensorrt_rtx", progress=False))

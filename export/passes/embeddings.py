@@ -58,10 +58,26 @@ def _position_offset(ctx: Context, indices: gs.Tensor) -> int | str:
     return offset
 
 
+def _scaled_gather(t: gs.Tensor) -> tuple[gs.Node | None, float | None]:
+    """(the Gather, its scale) where t = Mul(Gather(...), scalar constant) read only by the sum (a scaled
+    word embedding: Marian, M2M100, mBART); (Gather or None, None) otherwise."""
+    mul = producer_op(t, "Mul")
+    if mul is None or len(t.outputs) != 1:
+        return producer_op(t, "Gather"), None
+    for x, c in (mul.inputs, mul.inputs[::-1]):
+        scale = const_value(c)
+        gather = producer_op(x, "Gather")
+        if gather is not None and scale is not None and scale.size == 1 and len(x.outputs) == 1:
+            return gather, float(scale.reshape(()))
+    return None, None
+
+
 def _fuse(ctx: Context, ln_node: gs.Node, report: PassReport) -> bool:
     """Fuse when ln_node ends an embedding sum; False when it is not one (left to other passes)."""
     leaves = _summands(ln_node.inputs[0])
-    gathers = [producer_op(t, "Gather") for t in leaves]
+    scaled = [_scaled_gather(t) for t in leaves]
+    gathers = [g for g, _ in scaled]
+    scales = {id(g): s for g, s in scaled if s is not None}
     if len(leaves) < 2 or any(g is None or g.attrs.get("axis", 0) != 0 or const_value(g.inputs[0]) is None
                               for g in gathers):
         return False
@@ -76,6 +92,9 @@ def _fuse(ctx: Context, ln_node: gs.Node, report: PassReport) -> bool:
     if INPUT_IDS not in roles or "position" not in roles:
         report.miss(f"{where}: needs word and position Gathers, found {sorted(roles)}")
         return True
+    if any(id(roles[r]) in scales for r in roles if r != INPUT_IDS):
+        report.miss(f"{where}: a scaled position or token-type embedding (only the word embedding's scale folds)")
+        return True
     ln = match_layernorm(ctx, ln_node)
     if isinstance(ln, str):
         report.miss(f"{where}: {ln}")
@@ -85,6 +104,12 @@ def _fuse(ctx: Context, ln_node: gs.Node, report: PassReport) -> bool:
         report.miss(f"{where}: {offset}")
         return True
     word = roles[INPUT_IDS].inputs[0]
+    scale = scales.get(id(roles[INPUT_IDS]))
+    if scale is not None:
+        # the word embedding's scale folded into its table: a float32 product, the same as the model's
+        # own multiply of each looked-up row
+        table = const_value(word)
+        word = ctx.const("scaled_word_embeddings", (table * table.dtype.type(scale)).astype(table.dtype))
     has_type = TOKEN_TYPE_IDS in roles
     inputs = [ctx.packed(INPUT_IDS)] + ([ctx.packed(TOKEN_TYPE_IDS)] if has_type else [])
     inputs += [ctx.packed(CU_SEQLENS), word, roles["position"].inputs[0]]

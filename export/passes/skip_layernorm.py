@@ -2,6 +2,12 @@
 
 The dense layer's bias Add is folded into the node's bias input when nothing else reads the sum;
 otherwise the node gets a zero bias and the Add stays.
+
+Pre-LN layers (M2M100, mBART) normalize a residual stream that goes on past the LayerNorm: the sum
+is read again by the next residual Add, so fusing it would save nothing (the Add stays), and the
+first layer's LayerNorm reads the embedding plugin's rows. Such a LayerNorm stays ONNX's
+LayerNormalization, which is row-wise and so as right on packed rows as on padded ones; it is
+reported as kept, not as a pattern that failed to match.
 """
 from __future__ import annotations
 
@@ -30,9 +36,16 @@ def _biased(t: gs.Tensor) -> tuple[gs.Tensor, gs.Tensor] | None:
 def run(graph: gs.Graph, ctx: Context) -> gs.Graph:
     report = PassReport(NAME)
     ctx.reports.append(report)
+    kept = 0
     for node in [n for n in graph.nodes if n.op == "LayerNormalization"]:
         where = f"LayerNormalization '{node.name}'"
         add = producer_op(node.inputs[0], "Add")
+        source = producer(node.inputs[0])
+        residual_stream = add is not None and len(node.inputs[0].outputs) > 1 and \
+            not any(const_value(x) is not None for x in add.inputs)
+        if residual_stream or (source is not None and source.domain == ctx.spec.namespace):
+            kept += 1   # pre-LN: see the module docstring
+            continue
         if add is None or len(node.inputs[0].outputs) != 1 or any(const_value(x) is not None for x in add.inputs):
             report.miss(f"{where}: input comes from {describe(producer(node.inputs[0]))}, "
                         "expected a residual Add of two activations")
@@ -57,4 +70,6 @@ def run(graph: gs.Graph, ctx: Context) -> gs.Graph:
         ctx.plugin("PadfreeSkipLayerNorm", [x, residual, bias, ln.gamma, ln.beta], [out], {"epsilon": ln.epsilon})
         report.add("PadfreeSkipLayerNorm")
         log.debug("skip_layernorm: fused %s (bias %s)", node.name, "folded" if folded else "zero")
+    if kept:
+        report.notes.append(f"{kept} pre-LN LayerNormalization(s) kept as ONNX's (row-wise: the same on packed rows)")
     return graph.cleanup()

@@ -24,10 +24,9 @@ as long as the call's longest source. An export with --io packed has its encoder
 (encoder.padfree.onnx): step="plugins" runs it, on packed tokens, through the plugins' references. With
 an export in fp16 / bf16 (seq2seq.json's `dtype`), step="plugins" runs the engine graphs
 (`engine_graphs`: encoder.<dtype>.onnx, cross_kv.<dtype>.onnx and the step) cast back to float32, and
-rounded=True runs the float32 graphs with every value rounded to that dtype (the weights alone for an
-encoder whose engine graph is on plugin nodes, --io packed: its formulas' constants stay float32 inside
-them): the two compute in float32 on the same values, which is how padfree check proves the dtype's
-graphs on the CPU.
+rounded=True runs the float32 graphs with every value rounded to that dtype (for an encoder whose engine
+graph is on plugin nodes, --io packed: encoder.onnx rewritten again in float32, then rounded): the two
+compute in float32 on the same values, which is how padfree check proves the dtype's graphs on the CPU.
 """
 from __future__ import annotations
 
@@ -172,14 +171,18 @@ class OnnxrtSeq2SeqGenerator:
         self.packed_encoder = step == "plugins" and graphs["encoder"] == files.get("encoder_plugins")
         encoder_transform = transform
         if rounded and "encoder_plugins" in files:
-            # the engines' encoder computes its formulas inside plugin nodes, at their float32 constants:
-            # only its weights are rounded (as an encoder export's check rounds them)
-            encoder_transform = functools.partial(precision.round_weights, dtype=self.dtype)
+            # the engines' encoder is encoder.onnx rewritten (constants folded: an embedding's scale into
+            # its table) and then cast: its float32 rewrite, made again here, with every value rounded
+            from padfree.export.rewrite import rewrite
+            self.packed_encoder = True
+
+            def encoder_transform(model, dtype=self.dtype):
+                return precision.round_values(rewrite(model, io="packed")[0], dtype)
         if self.packed_encoder:
             from padfree.export.reference import with_references
 
-            def encoder_transform(model, transform=transform):
-                return with_references(model if transform is None else transform(model))
+            def encoder_transform(model, before=encoder_transform):
+                return with_references(model if before is None else before(model))
         self.encoder = _session(self.graph_files["encoder"], threads, encoder_transform)
         self.cross_kv = _session(self.graph_files["cross_kv"], threads, transform)
         if step == "plain":
