@@ -1,5 +1,8 @@
 """word + position (+ token type) embedding Gathers summed, then LayerNorm -> PadfreeEmbLayerNorm.
 
+A word Gather scaled by a constant (mBART's embed_scale) has the scale folded into its table: the
+product of each row with the scale in float32 is what the model's own multiply computes.
+
 The word and token-type Gathers are recognised by the model input they index (input_ids,
 token_type_ids); the position Gather is the remaining one, and its position_offset comes from
 evaluating the exporter's own position-id subgraph on probe inputs (0 for BERT's arange, padding_idx
