@@ -63,6 +63,18 @@ def test_inspect_an_onnx_model(tiny_bert_export, capsys):
                                                                                       "pooler_output"]
 
 
+def test_inspect_an_export_folder(tiny_bert_export, tmp_path, capsys):
+    assert main(["inspect", str(tiny_bert_export)]) == 0
+    text = capsys.readouterr().out
+    assert "(encoder export)" in text and "task: feature-extraction" in text and "PadfreeAttention: 2" in text
+    assert main(["inspect", str(tiny_bert_export), "--json"]) == 0
+    facts = json.loads(capsys.readouterr().out)
+    report = json.loads((tiny_bert_export / "report.json").read_text())
+    assert facts["kind"] == "encoder export" and facts["fused"] == report["fused"] and facts["complete"] is True
+    assert main(["inspect", str(tmp_path)]) == 2
+    assert "not a `padfree export` folder" in capsys.readouterr().err
+
+
 def test_inspect_an_engine_sidecar(tmp_path, capsys):
     engine = tmp_path / "model.engine"
     engine.write_bytes(b"plan")

@@ -341,6 +341,17 @@ def test_generation_through_the_packed_encoder(exported_packed):
     assert len(packed) == 2 and all(("rounded to fp16" in line) == (dtype == "fp16") for line in packed)
 
 
+def test_inspect_shows_the_engine_graphs(exported_packed, capsys):
+    _, out, dtype, family = exported_packed
+    assert cli.main(["inspect", str(out), "--json"]) == 0
+    facts = json.loads(capsys.readouterr().out)
+    manifest = json.loads((out / "seq2seq.json").read_text())
+    assert facts["kind"] == "seq2seq export" and facts["family"] == family and facts["dtype"] == dtype
+    assert facts["engine_graphs"] == manifest["engine_graphs"]
+    assert facts["encoder_plugins"] == {"io": "packed", "fused": PACKED_FUSED[family]}
+    assert facts["decoder_plugins"]["num_beams"] == 4
+
+
 def test_a_wrong_weight_in_the_packed_encoder_is_caught(exported_packed, tmp_path):
     import shutil
 

@@ -1,9 +1,12 @@
-"""`padfree inspect FILE`: what an ONNX model or an engine's JSON sidecar holds.
+"""`padfree inspect FILE`: what an ONNX model, an engine's JSON sidecar or an export folder holds.
 
 ONNX (model.onnx, model.padfree.onnx): inputs and outputs (dtype, shape), opset, node count, padfree
 plugin nodes by type, float dtype, metadata (padfree.task, padfree.io, ...). An engine (MODEL.engine
 or its MODEL.engine.json sidecar): backend, precision, I/O form, plugins, profiles, inputs and
-outputs, as `padfree build` recorded them. Reads the files only: no model is loaded or run.
+outputs, as `padfree build` recorded them. A `padfree export` folder: what its report.json (an
+encoder's) or seq2seq.json (an encoder-decoder's) records: the files, their dtype and I/O form, what
+fused, and for an encoder-decoder the graphs engines are built from. Reads the files only: no model
+is loaded or run.
 """
 from __future__ import annotations
 
@@ -18,7 +21,8 @@ from ..arguments import CommandError
 def register(subparsers) -> None:
     p = subparsers.add_parser("inspect", help="show what an ONNX model or an engine sidecar holds",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("file", metavar="FILE", help="an .onnx model, an engine, or an engine's .json sidecar")
+    p.add_argument("file", metavar="FILE", help="an .onnx model, an engine, an engine's .json sidecar, or an "
+                   "export folder")
     p.add_argument("--json", action="store_true", help="print the facts as one JSON object")
     p.set_defaults(func=main)
 
@@ -27,7 +31,9 @@ def main(args: argparse.Namespace) -> int:
     path = Path(args.file)
     if not path.exists():
         raise CommandError(f"{path}: no such file")
-    if path.suffix == ".onnx":
+    if path.is_dir():
+        facts = export_facts(path)
+    elif path.suffix == ".onnx":
         facts = onnx_facts(path)
     else:
         sidecar = path if path.suffix == ".json" else Path(str(path) + ".json")
@@ -80,6 +86,43 @@ def engine_facts(sidecar: Path) -> dict:
     keep = ("backend", "precision", "precision_mode", "model", "plugins", "profiles", "inputs", "outputs",
             "padfree_version", "engine")
     return {"file": str(sidecar), "kind": "engine", **{k: data[k] for k in keep if k in data}}
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise CommandError(f"{path}: not readable JSON ({e})") from e
+    if not isinstance(data, dict):
+        raise CommandError(f"{path}: expected a JSON object")
+    return data
+
+
+def export_facts(folder: Path) -> dict:
+    """What a `padfree export` folder's record says: seq2seq.json (an encoder-decoder) or report.json."""
+    if (folder / "seq2seq.json").is_file():
+        data = _read_json(folder / "seq2seq.json")
+        keep = ("family", "hf_class", "source", "dtype", "files", "engine_graphs", "encoder", "decoder",
+                "encoder_plugins", "decoder_plugins", "text_files")
+        facts = {"file": str(folder), "kind": "seq2seq export"}
+        for key in keep:
+            value = data.get(key)
+            if key == "encoder_plugins" and isinstance(value, dict):
+                value = {"io": value.get("io"), "fused": value.get("fused")}
+            if key == "decoder_plugins" and isinstance(value, dict):
+                value = {"num_beams": value.get("num_beams"), "plugins": value.get("plugins")}
+            if key in ("encoder", "decoder") and isinstance(value, dict):
+                value = {k: v for k, v in value.items() if k not in ("inputs", "outputs")}
+            if value is not None:
+                facts[key] = value
+        facts.setdefault("dtype", "fp32")  # exports from before the dtype was recorded
+        return facts
+    if (folder / "report.json").is_file():
+        data = _read_json(folder / "report.json")
+        keep = ("source", "task", "io", "dtype", "model", "rewritten", "fused", "complete", "text_files")
+        return {"file": str(folder), "kind": "encoder export", **{k: data[k] for k in keep if k in data}}
+    raise CommandError(f"{folder}: a folder without report.json or seq2seq.json, so not a `padfree export` "
+                       f"folder; give an .onnx model, an engine, or an export folder")
 
 
 def _io_line(t: dict) -> str:
