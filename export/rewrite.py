@@ -58,8 +58,7 @@ def _finish(graph: gs.Graph, ctx: Context, original: onnx.ModelProto, dtype: str
     for t in graph.outputs:
         t.shape = None
     model = gs.export_onnx(graph, do_type_check=False)
-    declared = {o.name: [d.dim_param or d.dim_value or None for d in o.type.tensor_type.shape.dim]
-                for o in original.graph.output}
+    declared = shapes.output_dims(original)
     del model.graph.value_info[:]
     domains = {o.domain for o in model.opset_import}
     if ctx.spec.namespace not in domains:
@@ -71,12 +70,7 @@ def _finish(graph: gs.Graph, ctx: Context, original: onnx.ModelProto, dtype: str
     onnx.helper.set_model_props(model, meta)
     model = precision.cast(model, dtype)
     log.info("inferring shapes and checking the rewritten model (%s)", dtype)
-    try:
-        model = shapes.infer(model, ctx.spec, declared)
-        onnx.checker.check_model(model, full_check=True)
-    except (shapes.ShapeError, onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
-        raise ExportError(f"the rewritten model does not check: {e}") from e
-    return model
+    return shapes.infer_checked(model, ctx.spec, declared, "the rewritten model")
 
 
 def _version() -> str:

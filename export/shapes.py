@@ -26,6 +26,25 @@ class ShapeError(ValueError):
     """A tensor whose shape cannot be inferred, or a plugin input that contradicts the spec."""
 
 
+def output_dims(model: onnx.ModelProto) -> dict[str, list[Dim]]:
+    """The dims a model declares for its graph outputs (names, sizes, None where unknown): what a
+    rewrite of it passes to infer() as `declared`, so that its interface keeps its names."""
+    return {o.name: [d.dim_param or d.dim_value or None for d in o.type.tensor_type.shape.dim]
+            for o in model.graph.output}
+
+
+def infer_checked(model: onnx.ModelProto, spec: Spec, declared: dict[str, list[Dim]], what: str) -> onnx.ModelProto:
+    """infer(), then onnx.checker in full: how every graph padfree writes is finished. An ExportError
+    "{what} does not check: ..." where either fails."""
+    from .errors import ExportError
+    try:
+        model = infer(model, spec, declared)
+        onnx.checker.check_model(model, full_check=True)
+    except (ShapeError, onnx.checker.ValidationError, shape_inference.InferenceError) as e:
+        raise ExportError(f"{what} does not check: {e}") from e
+    return model
+
+
 def infer(model: onnx.ModelProto, spec: Spec, declared: dict[str, list[Dim]] | None = None) -> onnx.ModelProto:
     """Fill model.graph.value_info and the outputs' types; raise ShapeError naming what failed.
 

@@ -41,14 +41,13 @@ def run(graph: gs.Graph, ctx: Context) -> gs.Graph:
         where = f"LayerNormalization '{node.name}'"
         add = producer_op(node.inputs[0], "Add")
         source = producer(node.inputs[0])
-        residual_stream = add is not None and len(node.inputs[0].outputs) > 1 and \
-            not any(const_value(x) is not None for x in add.inputs)
-        if residual_stream or (source is not None and source.domain == ctx.spec.namespace):
+        residual = add is not None and not any(const_value(x) is not None for x in add.inputs)
+        readers = len(node.inputs[0].outputs)
+        if (residual and readers > 1) or (source is not None and source.domain == ctx.spec.namespace):
             kept += 1   # pre-LN: see the module docstring
             continue
-        if add is None or len(node.inputs[0].outputs) != 1 or any(const_value(x) is not None for x in add.inputs):
-            report.miss(f"{where}: input comes from {describe(producer(node.inputs[0]))}, "
-                        "expected a residual Add of two activations")
+        if not residual or readers != 1:
+            report.miss(f"{where}: input comes from {describe(source)}, expected a residual Add of two activations")
             continue
         ln = match_layernorm(ctx, node)
         if isinstance(ln, str):

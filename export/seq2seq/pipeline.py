@@ -91,17 +91,8 @@ def _position_limits(model, weights) -> tuple[int, int]:
 
 def _in_dtype(model, dtype: str, what: str):
     """`model` cast to dtype, its shapes inferred again (through the plugin ports) and fully checked."""
-    import onnx
-
     from .. import shapes, spec as spec_mod
-    declared = {o.name: [d.dim_param or d.dim_value or None for d in o.type.tensor_type.shape.dim]
-                for o in model.graph.output}
-    try:
-        out = shapes.infer(cast(model, dtype), spec_mod.load(), declared)
-        onnx.checker.check_model(out, full_check=True)
-    except (shapes.ShapeError, onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
-        raise ExportError(f"{what} in {dtype} does not check: {e}") from e
-    return out
+    return shapes.infer_checked(cast(model, dtype), spec_mod.load(), shapes.output_dims(model), f"{what} in {dtype}")
 
 
 def _packed_encoder(encoder_graph, dtype: str):

@@ -103,15 +103,8 @@ def swap_sites(model: onnx.ModelProto, num_beams: int, spec: spec_mod.Spec | Non
                  "padfree.spec_version": spec.version})
     del out.metadata_props[:]
     helper.set_model_props(out, meta)
-    declared = {o.name: [d.dim_param or d.dim_value or None for d in o.type.tensor_type.shape.dim]
-                for o in model.graph.output}
     del graph.value_info[:]
-    try:
-        out = shapes.infer(out, spec, declared)
-        onnx.checker.check_model(out, full_check=True)
-    except (shapes.ShapeError, onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
-        raise ExportError(f"the swapped decoder step does not check: {e}") from e
-    return out
+    return shapes.infer_checked(out, spec, shapes.output_dims(model), "the swapped decoder step")
 
 
 def _drop_unused_initializers(graph: onnx.GraphProto) -> None:

@@ -14,6 +14,7 @@ import argparse
 import json
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from ..arguments import CommandError
 
@@ -76,10 +77,7 @@ def onnx_facts(path: Path) -> dict:
 
 
 def engine_facts(sidecar: Path) -> dict:
-    try:
-        data = json.loads(sidecar.read_text())
-    except ValueError as e:
-        raise CommandError(f"{sidecar}: not readable JSON ({e})") from e
+    data = _read_json(sidecar)
     if not isinstance(data, dict) or data.get("format") != "padfree-engine":
         raise CommandError(f"{sidecar}: not a padfree engine sidecar (format {data.get('format')!r})"
                            if isinstance(data, dict) else f"{sidecar}: not a padfree engine sidecar")
@@ -88,11 +86,16 @@ def engine_facts(sidecar: Path) -> dict:
     return {"file": str(sidecar), "kind": "engine", **{k: data[k] for k in keep if k in data}}
 
 
-def _read_json(path: Path) -> dict:
+def _read_json(path: Path) -> Any:
     try:
-        data = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise CommandError(f"{path}: not readable JSON ({e})") from e
+
+
+def _record(path: Path) -> dict:
+    """An export folder's JSON record, which is an object."""
+    data = _read_json(path)
     if not isinstance(data, dict):
         raise CommandError(f"{path}: expected a JSON object")
     return data
@@ -101,7 +104,7 @@ def _read_json(path: Path) -> dict:
 def export_facts(folder: Path) -> dict:
     """What a `padfree export` folder's record says: seq2seq.json (an encoder-decoder) or report.json."""
     if (folder / "seq2seq.json").is_file():
-        data = _read_json(folder / "seq2seq.json")
+        data = _record(folder / "seq2seq.json")
         keep = ("family", "hf_class", "source", "dtype", "files", "engine_graphs", "encoder", "decoder",
                 "encoder_plugins", "decoder_plugins", "text_files")
         facts = {"file": str(folder), "kind": "seq2seq export"}
@@ -118,7 +121,7 @@ def export_facts(folder: Path) -> dict:
         facts.setdefault("dtype", "fp32")  # exports from before the dtype was recorded
         return facts
     if (folder / "report.json").is_file():
-        data = _read_json(folder / "report.json")
+        data = _record(folder / "report.json")
         keep = ("source", "task", "io", "dtype", "model", "rewritten", "fused", "complete", "text_files")
         return {"file": str(folder), "kind": "encoder export", **{k: data[k] for k in keep if k in data}}
     raise CommandError(f"{folder}: a folder without report.json or seq2seq.json, so not a `padfree export` "
