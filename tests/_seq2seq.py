@@ -1,8 +1,9 @@
 """Tiny random-weight encoder-decoders of the four families, built from configs (no hub), made decisive.
 
 Random weights at HF's init give flat, source-independent distributions: every token nearly ties and
-the output repeats the start. So: weights drawn with std 0.3 (attention and FFN matter, outputs
-depend on the source), the LM head scaled (clear margins between candidates), and eos given a bias
+the output repeats the start. So: weights drawn with std 0.3 at d_model 32 (attention and FFN matter,
+outputs depend on the source; init_std_for scales it with width and, for post-LayerNorm families,
+with depth), the LM head scaled (clear margins between candidates), and eos given a bias
 through one hidden feature forced to 1 (the decoder's last LayerNorm: weight 0, bias 1 at feature 0)
 that only the eos row of the LM head reads, calibrated so eos is the best first token for about a
 fifth of the sources: hypotheses end at mixed lengths, which the beam bookkeeping needs.
@@ -18,12 +19,30 @@ from padfree.generation.inputs import padded_batch
 FAMILIES = ("marian", "m2m100", "bart", "mbart")
 
 
+POST_LAYERNORM = ("marian", "bart")
+
+
+def init_std_for(family: str, layers: tuple[int, int], d_model: int) -> float:
+    """0.3 at d_model 32, scaled as 1 / sqrt(d_model) (each linear's gain independent of width); for a
+    post-LayerNorm family also by sqrt(2 / layers). Why: a post-LN block renormalizes x + branch(x),
+    so a branch whose output outweighs its input erases the token and the position from the stream;
+    over 12 such layers the decoder's output depends on neither, every step gives the same
+    distribution, and hypotheses that place one token at different steps tie exactly (15-18 of 32
+    hypotheses at 12 + 12 layers and the 2-layer std). Shrinking the branches with depth keeps them
+    (at most 2 of 32 at 12 + 12 and 24 + 24, d_model 128)."""
+    std = 0.3 * (32 / d_model) ** 0.5
+    if family in POST_LAYERNORM:
+        std *= (2 / max(2, *layers)) ** 0.5
+    return std
+
+
 def config_for(family: str, layers: tuple[int, int] = (2, 2), d_model: int = 32, heads: int = 4, ffn: int = 64,
                vocab: int = 97, max_positions: int = 64, **overrides):
     import transformers
     common = dict(vocab_size=vocab, d_model=d_model, encoder_layers=layers[0], decoder_layers=layers[1],
                   encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=ffn,
-                  decoder_ffn_dim=ffn, max_position_embeddings=max_positions, init_std=0.3, dropout=0.0,
+                  decoder_ffn_dim=ffn, max_position_embeddings=max_positions,
+                  init_std=init_std_for(family, layers, d_model), dropout=0.0,
                   attention_dropout=0.0, activation_dropout=0.0, encoder_layerdrop=0.0, decoder_layerdrop=0.0)
     if family == "marian":
         common.update(decoder_vocab_size=vocab, pad_token_id=vocab - 1, eos_token_id=0,

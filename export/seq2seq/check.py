@@ -13,7 +13,9 @@ rounded to the dtype (export/precision.py's round_values): both compute in float
 so the rules and tolerances stay float32's; the fp16 / bf16 arithmetic is the GPU tests'.
 
 Greedy must give HF's tokens exactly. Beam search (num_beams hypotheses returned per source) must give
-HF's tokens and sequences_scores within `tol` for every hypothesis whose score is more than `tol`
+HF's tokens and sequences_scores within `tol` (default: 1e-4 per 12 layers of the deeper stack, at least
+1e-4, the encoder check's rule: the two sides sum in different orders and the difference grows with
+depth) for every hypothesis whose score is more than `tol`
 from its neighbours' in HF's ranking; closer ones are near-ties (float rounding may order them either
 way), counted and reported, and at most a quarter of the hypotheses may be near-ties (more means the
 batch cannot tell a right step from a slightly wrong one). A wrong weight or a wrong op changes
@@ -31,7 +33,15 @@ import torch
 
 from padfree.generation.inputs import padded_batch
 
-__all__ = ["CheckResult", "check", "draw_sources"]
+from ..compare import FP32_RTOL_PER_12_LAYERS
+
+__all__ = ["CheckResult", "check", "draw_sources", "fp32_tolerance"]
+
+
+def fp32_tolerance(manifest: dict) -> float:
+    """The sequences_scores tolerance for an export described by its seq2seq.json."""
+    layers = max(manifest["encoder"]["layers"], manifest["decoder"]["layers"])
+    return FP32_RTOL_PER_12_LAYERS * max(1.0, layers / 12)
 
 
 @dataclass
@@ -73,7 +83,7 @@ def _fill(model) -> int:
 
 
 def check(out_dir, reference, batch: int = 8, max_seqlen: int = 16, max_new_tokens: int = 16, num_beams: int = 4,
-          seed: int = 0, tol: float = 1e-4, generator=None, steps: tuple[str, ...] | None = None) -> CheckResult:
+          seed: int = 0, tol: float | None = None, generator=None, steps: tuple[str, ...] | None = None) -> CheckResult:
     """reference: the HF model (object) the export came from. generator: an OnnxrtSeq2SeqGenerator over
     out_dir (then only it is checked). steps: which decoder steps generate, "plain" (decoder_step.onnx)
     and "plugins" (decoder_step.padfree.onnx, its plugin nodes expanded by their ONNX Runtime
@@ -84,6 +94,8 @@ def check(out_dir, reference, batch: int = 8, max_seqlen: int = 16, max_new_toke
 
     manifest = json.loads((Path(out_dir) / "seq2seq.json").read_text())
     dtype = manifest.get("dtype", "fp32")
+    if tol is None:
+        tol = fp32_tolerance(manifest)
     if generator is not None:
         generators = [(generator.step_kind, generator)]
     else:

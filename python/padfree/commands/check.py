@@ -42,7 +42,9 @@ def register(subparsers) -> None:
                         "engine's own precision sets them)")
     p.add_argument("--rtol", type=tolerance, default=None,
                    help="relative tolerance, finite, >= 0 (fp32 default: 1e-4 per 12 layers, at least 1e-4)")
-    p.add_argument("--atol", type=tolerance, default=None, help="absolute tolerance, finite, >= 0 (default rtol / 10)")
+    p.add_argument("--atol", type=tolerance, default=None,
+                   help="absolute tolerance, finite, >= 0 (default rtol / 10; a seq2seq"
+                   " check's sequences_scores tolerance: 1e-4 per 12 layers of the deeper stack, at least 1e-4)")
     p.add_argument("--plugin-library", metavar="LIB", help="with --engine: the padfree plugin library to load"
                    " (default: $PADFREE_TRT_LIBRARY, else the installed one; never the path a sidecar records)")
     p.add_argument("--allow-plugin-mismatch", action="store_true",
@@ -110,10 +112,10 @@ def _seq2seq_check(args: argparse.Namespace) -> int:
     if not reference:
         raise CommandError(f"{args.model} was exported from a model object: give its HF directory with --reference")
     model, _ = seq2seq_models.load(reference)
-    tol = 1e-4 if args.atol is None else args.atol
     max_seqlen = 16 if args.max_seqlen is None else args.max_seqlen
     result = seq2seq_check.check(args.model, model, batch=args.batch, max_seqlen=max_seqlen,
-                                 max_new_tokens=args.max_new_tokens, num_beams=args.num_beams, seed=args.seed, tol=tol)
+                                 max_new_tokens=args.max_new_tokens, num_beams=args.num_beams, seed=args.seed,
+                                 tol=args.atol)
     print(f"{args.model} vs {reference}: batch {args.batch}, source lengths {result.lengths}, seed {args.seed}, "
           f"{args.max_new_tokens} new tokens, ONNX Runtime CPU, float32")
     print("\n".join(result.lines))
