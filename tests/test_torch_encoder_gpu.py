@@ -130,6 +130,30 @@ def test_bucket_reuse_with_different_batches(seed, no_tf32):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("gemm_search", ["heuristic", "none"])
+def test_capture_after_runs_a_new_bucket_eagerly_first(seed, no_tf32, gemm_search):
+    """capture_after=2: a bucket's first two calls run eagerly (no graph), the third captures and the
+    fourth replays; every call equals HF float32 (gemm_search="none": torch's GEMM calls captured)."""
+    rng = np.random.default_rng(seed)
+    model = make_model("bert", hidden=128, heads=2, positions=128, seed=seed)
+    encoder = from_hf(model, dtype=torch.float32, capture_after=2, gemm_search=gemm_search)
+    counts = []
+    for lengths in ([100, 128, 90], [80, 60, 70, 100], [128, 128, 10], [1, 100, 128, 90]):   # one bucket
+        ids, mask, _ = random_batch(model, len(lengths), 128, rng, lengths=lengths)
+        poison_allocator()
+        out = encoder(ids.cuda(), mask.cuda())
+        ref_hidden, ref_pooled = hf_reference(model, ids, mask, None, "cuda", torch.float32)
+        check_padded_output(out, ref_hidden, ref_pooled, mask, 1e-4)
+        counts.append(len(encoder.graph_buckets))
+    assert counts == [0, 0, 1, 1]
+    assert encoder._graphs.get(encoder.graph_buckets[0]).replays == 2
+    with pytest.raises(InputError, match="capture_after"):
+        from_hf(model, dtype=torch.float32, capture_after=-1)
+    with pytest.raises(InputError, match="gemm_search"):
+        from_hf(model, dtype=torch.float32, gemm_search="fastest")
+
+
+@pytest.mark.gpu
 def test_graph_lru_evicts(seed):
     model = make_model("bert", hidden=128, heads=2, positions=128, seed=seed)
     encoder = from_hf(model, dtype=torch.float16, max_graphs=2)

@@ -189,7 +189,17 @@ def test_python_model_for_an_hf_directory(tmp_path, arch, pooler, types):
     assert [(o.name, o.data_type, list(o.dims)) for o in c.output] == want
     params = {k: v.string_value for k, v in c.parameters.items()}
     assert (params["runtime"], params["source"], params["dtype"]) == ("torch", "hf", "bfloat16")
+    assert {k: params[k] for k in triton.python_backend.TORCH_GRAPHS} == \
+        {k: str(v) for k, v in triton.python_backend.TORCH_GRAPHS.items()}
     assert [g.kind for g in c.instance_group] == [pb.ModelInstanceGroup.KIND_GPU]
+    # the graph options are the config's, changed where asked; only for an HF directory's model
+    target = triton.write_python_model(tmp_path / "hf", tmp_path / "other", graphs={"capture_after": 3})
+    params = {k: v.string_value for k, v in text_format.Parse((target / "config.pbtxt").read_text(),
+                                                              pb.ModelConfig()).parameters.items()}
+    kept = str(triton.python_backend.TORCH_GRAPHS["max_graphs"])
+    assert (params["capture_after"], params["max_graphs"]) == ("3", kept)
+    with pytest.raises(triton.TritonError, match="only an HF directory's model takes"):
+        triton.write_python_model(tmp_path / "hf", tmp_path / "other2", graphs={"warmup": 1})
 
 
 def test_python_model_refusals(tiny_bert_export, tmp_path, capsys):

@@ -110,3 +110,36 @@ def test_pytorch_path_on_the_gpu_against_hf(tmp_path, seed):
                                ("pooler_output", ref.pooler_output[0])):
                 got = torch.as_tensor(answer.outputs[name][j].astype(np.float64))
                 assert ((got - want).norm() / want.norm()).item() < 1e-2, (i, j, name)
+
+
+@pytest.mark.gpu
+def test_pytorch_path_model_on_the_gpu(tmp_path, seed):
+    """`padfree triton HF_DIR`'s KIND_GPU model (padfree.torch.from_hf, float16) under the real server:
+    concurrent ragged requests, each answer within 2e-2 of the output's scale of a direct Runtime.run on
+    the same weights (the server batches requests differently, and cuBLAS picks kernels by the token
+    count), none lost, requests batched together."""
+    import torch
+    import transformers
+    import tritonclient.grpc as grpcclient
+
+    import padfree
+    import padfree.torch as padfree_torch
+    from padfree.export.models import load as load_model
+    from padfree.triton import load, write_python_model
+    model, _ = load_model("tiny-bert")
+    model.save_pretrained(tmp_path / "hf")
+    write_python_model(tmp_path / "hf", tmp_path / "models", name="bert_gpu", max_batch=16,
+                       max_queue_delay_us=20000, dtype="float16")
+    runtime = padfree.Runtime(padfree_torch.from_hf(transformers.AutoModel.from_pretrained(tmp_path / "hf"),
+                                                    dtype=torch.float16, device=torch.device("cuda")))
+    rng = np.random.default_rng(seed)
+    requests = load.random_requests(rng, 48, LONGEST, (5, 512), sequences=(1, 3), type_vocab_size=2)
+    with triton_server.LocalServer(tmp_path / "models") as server:
+        answers, _ = load.send_all(server.grpc_url, "bert_gpu", requests, ["last_hidden_state", "pooler_output"],
+                                   CLIENTS)
+        stats = grpcclient.InferenceServerClient(server.grpc_url).get_inference_statistics("bert_gpu")
+    for i, (request, answer) in enumerate(zip(requests, answers)):
+        assert answer is not None and answer.error is None, (i, answer)
+        assert answer.outputs["last_hidden_state"].dtype == np.float16
+        assert load.relative_difference(answer, load.expected(runtime, request)) <= 2e-2, i
+    assert stats.model_stats[0].execution_count < len(requests), "Triton never batched two requests together"

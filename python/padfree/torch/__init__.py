@@ -44,7 +44,8 @@ _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 def from_hf(model: torch.nn.Module, dtype: torch.dtype = torch.float16, device: str | torch.device | None = None,
             *, use_graphs: bool = True, max_graphs: int = 8, gemm_search: str = "heuristic",
             gemm_tuning: str | os.PathLike | None = None, programmatic_edges: bool = False,
-            pooling: str | None = None, normalize: bool | None = None, allow_unused_weights: bool = False):
+            pooling: str | None = None, normalize: bool | None = None, allow_unused_weights: bool = False,
+            capture_after: int = 0):
     """A PadfreeEncoder with a copy of `model`'s weights in `dtype` on `device` (a CUDA device; None:
     the current one), or for an encoder-decoder model (config.is_encoder_decoder) a
     padfree.generation.Seq2SeqGenerator on `device` (None: CUDA where available, else the CPU, which
@@ -65,7 +66,11 @@ def from_hf(model: torch.nn.Module, dtype: torch.dtype = torch.float16, device: 
       gemm_search="exhaustive" makes that screen every cuBLASLt configuration (seconds per row
       count; faster GEMMs on large buckets) instead of the heuristic's short list; gemm_tuning
       names a JSON file that keeps those choices across processes (read where it exists, rewritten
-      after each capture; valid for the same GPU and cuBLASLt only).
+      after each capture; valid for the same GPU and cuBLASLt only); gemm_search="none" keeps torch's
+      calls untimed, so that a capture costs only its warm-up and recording (serving).
+      capture_after=N runs a bucket's first N calls eagerly at their exact size (~2 ms for a 12-layer
+      BERT, no stall) and captures its graph on call N + 1: serving traffic brings one-off buckets,
+      which then never stall a request (padfree.triton's model uses 1).
       programmatic_edges=True (experimental, off by default) lets each captured forward's GEMMs
       launch while the padfree kernel before them drains, where a capture-time check finds that the
       GEMM waits for it (padfree.torch.edges says why it is not on by default).
@@ -79,7 +84,8 @@ def from_hf(model: torch.nn.Module, dtype: torch.dtype = torch.float16, device: 
         from ..generation import Seq2SeqGenerator  # imported here: encoder users never load it
         # use_graphs and max_graphs mean the same there: CUDA-graph decode steps, states kept per bucket
         encoder_only = {"gemm_search": (gemm_search, "heuristic"), "gemm_tuning": (gemm_tuning, None),
-                        "programmatic_edges": (programmatic_edges, False), "pooling": (pooling, None)}
+                        "programmatic_edges": (programmatic_edges, False), "pooling": (pooling, None),
+                        "capture_after": (capture_after, 0)}
         for name, (value, default) in encoder_only.items():
             if value != default:
                 raise UnsupportedModelError(f"from_hf: {name}={value!r} applies to encoders; padfree.generation "
@@ -104,4 +110,4 @@ def from_hf(model: torch.nn.Module, dtype: torch.dtype = torch.float16, device: 
     base = getattr(model, "base_model", model)
     return PadfreeEncoder(weights, base.config, use_graphs=use_graphs, max_graphs=max_graphs,
                           gemm_search=gemm_search, gemm_tuning=gemm_tuning, programmatic_edges=programmatic_edges,
-                          pooling=pooling, normalize=normalize)
+                          pooling=pooling, normalize=normalize, capture_after=capture_after)

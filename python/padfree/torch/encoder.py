@@ -50,6 +50,9 @@ INPUT_TOKENS, INPUT_BATCH = 65536, 1024  # the input buffer's first capacity
 # (2624 rows) -0.02 ms per call in five comparisons (GEMMs -0.04, LayerNorms +0.02), 1x128 -0.001
 # to -0.008, 4x128 level, 32x128 +0.019 / -0.025 / -0.028; 128x128 (9344 rows) level.
 PREFETCH_MAX_ROWS = 4096
+# gemm_search's values: gemm_tuning's searches, or "none" (torch's GEMM calls, no timing at capture)
+GEMM_SEARCHES = (*SEARCHES, "none")
+SIGHTINGS = 1024  # buckets whose eager calls are counted for capture_after (least recent forgotten)
 
 
 class PadfreeEncoder(GraphCapture, Speculation):
@@ -71,11 +74,12 @@ class PadfreeEncoder(GraphCapture, Speculation):
                  max_graphs: int = 8, use_epilogue: bool | None = None, gemm_search: str = "heuristic",
                  gemm_tuning: str | os.PathLike | None = None, programmatic_edges: bool = False,
                  prefetch_weights: bool | None = None, pooling: str | None = None, normalize: bool = False,
-                 ops=None):
+                 capture_after: int = 0, ops=None):
         """weights: from padfree.torch.weights.extract. config: the HF config, kept for callers
         (padfree.runtime reads it). use_epilogue: None probes whether the cuBLASLt epilogue computes
         the model's activation to the dtype's precision. gemm_search: how a bucket's capture tunes
-        its GEMMs (gemms.EncoderGemms: "heuristic", or "exhaustive", seconds per new row count).
+        its GEMMs (gemms.EncoderGemms: "heuristic", or "exhaustive", seconds per new row count; "none":
+        torch's calls untimed, so that a capture costs only its warm-up and recording).
         gemm_tuning: a JSON file of GEMM choices (gemm_tuning.save_tuning), read here where it exists and
         rewritten after each capture, so that a search runs once per machine.
         programmatic_edges (experimental, off by default): let each captured forward's GEMMs launch
@@ -84,9 +88,14 @@ class PadfreeEncoder(GraphCapture, Speculation):
         moving the next GEMMs' weights into L2 (None: for buckets of at most PREFETCH_MAX_ROWS rows).
         pooling: None, or "cls" / "mean" / "max": the encoder is a sentence model whose one output is
         sentence_embedding [B, H], pooled per sequence (and L2-normalized where normalize); the
-        model's pooler, if any, is not run. ops: the kernel bindings (padfree.ops)."""
-        if gemm_search not in SEARCHES:
-            raise InputError(f"gemm_search: expected one of {', '.join(SEARCHES)}, got {gemm_search!r}")
+        model's pooler, if any, is not run. capture_after: how many calls of a bucket run eagerly (at
+        their exact size) before its graph is captured (see _execute). ops: the kernel bindings
+        (padfree.ops)."""
+        if gemm_search not in GEMM_SEARCHES:
+            raise InputError(f"gemm_search: expected one of {', '.join(GEMM_SEARCHES)}, got {gemm_search!r}")
+        if not isinstance(capture_after, int) or isinstance(capture_after, bool) or capture_after < 0:
+            raise InputError(f"capture_after: expected an int >= 0, got {capture_after!r}")
+        self.capture_after = capture_after
         self.gemm_search = gemm_search
         self.gemm_tuning = gemm_tuning
         self.programmatic_edges = programmatic_edges
@@ -127,6 +136,7 @@ class PadfreeEncoder(GraphCapture, Speculation):
             name for name in self.output_names
             if name in ("pooler_output", SENTENCE_EMBEDDING) or (self.head is not None and self.head.per_sequence))
         self._graphs: LRU[Bucket, _Graph] = LRU(max_graphs)
+        self._sightings: LRU[Bucket, int] = LRU(SIGHTINGS)  # eager calls per bucket without a graph
         # (padded shape, token types) of GPU inputs -> the bucket of the last such call (buckets, not
         # graphs: an evicted graph must free its memory, and a recaptured one serves as well)
         self._guesses: LRU[tuple, Bucket] = LRU(GUESSES)
@@ -140,8 +150,9 @@ class PadfreeEncoder(GraphCapture, Speculation):
 
     def _gemms(self, rows: int, tune: bool) -> EncoderGemms:
         w = self.weights
+        search = "heuristic" if self.gemm_search == "none" else self.gemm_search
         return EncoderGemms(rows, w.hidden_size, w.intermediate_size, self.dtype, self.device, self.ffn_up,
-                            tune=tune, search=self.gemm_search, layers=len(w.layers),
+                            tune=tune and self.gemm_search != "none", search=search, layers=len(w.layers),
                             weight_layers=len(w.distinct_layers), prefetched=self._prefetches(rows))
 
     def _prefetches(self, rows: int) -> bool:
@@ -304,15 +315,17 @@ class PadfreeEncoder(GraphCapture, Speculation):
         on the device."""
         tokens, size = batch.total_tokens, batch.batch
         if not self.use_graphs:
-            buf = self._input_buffer(tokens, size).view(tokens, size, batch.token_types)
-            batch.fill(buf)
-            hidden, pooled, head_rows = self._outputs(tokens, size)
-            self._run(buf.input_ids, buf.token_type_ids, buf.cu_seqlens, batch.max_seqlen, hidden, pooled,
-                      self._gemms(tokens, tune=False), head_rows)
-            return hidden, pooled, head_rows, buf.cu_seqlens
+            return self._eager(batch)
         bucket = bucket_for(tokens, size, batch.max_seqlen, self.weights.max_seqlen, batch.token_types)
         g = self._graphs.get(bucket)
         if g is None:
+            # A capture stalls its call (tuning, a warm-up, the recording: 0.2-1 s at BERT sizes, H100),
+            # worth it for a bucket that recurs; serving traffic also brings one-off buckets, which
+            # capture_after lets run eagerly (~2 ms for a 12-layer BERT) until they come again.
+            seen = self._sightings.get(bucket) or 0
+            if seen < self.capture_after:
+                self._sightings.put(bucket, seen + 1)
+                return self._eager(batch)
             buf = self._input_buffer(bucket.tokens, bucket.batch)  # may drop every graph
             inputs = buf.view(bucket.tokens, bucket.batch, bucket.token_types)
             batch.fill(inputs)
@@ -323,6 +336,16 @@ class PadfreeEncoder(GraphCapture, Speculation):
             batch.fill(g.inputs)  # rows past `tokens` are rows of no sequence: never read by a token
         g.graph.replay()
         return self._served(g, batch)
+
+    def _eager(self, batch: Batch):
+        """_execute without a graph: the forward enqueued op by op at the batch's exact size."""
+        tokens, size = batch.total_tokens, batch.batch
+        buf = self._input_buffer(tokens, size).view(tokens, size, batch.token_types)
+        batch.fill(buf)
+        hidden, pooled, head_rows = self._outputs(tokens, size)
+        self._run(buf.input_ids, buf.token_type_ids, buf.cu_seqlens, batch.max_seqlen, hidden, pooled,
+                  self._gemms(tokens, tune=False), head_rows)
+        return hidden, pooled, head_rows, buf.cu_seqlens
 
     @staticmethod
     def _served(g: _Graph, batch: Batch):

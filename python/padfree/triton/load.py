@@ -109,6 +109,13 @@ def largest_difference(answer: Answer, want: dict[str, np.ndarray]) -> float:
     return worst
 
 
+def relative_difference(answer: Answer, want: dict[str, np.ndarray]) -> float:
+    """largest_difference over the largest |value| of `want`: for answers computed in another batch
+    than the reference (fp16 GEMMs whose kernels depend on the token count)."""
+    scale = max(float(np.abs(v.astype(np.float64)).max(initial=0.0)) for v in want.values())
+    return largest_difference(answer, want) / max(scale, 1e-30)
+
+
 def latency_summary(answers: list[Answer], wall_s: float) -> dict:
     ms = np.array([a.latency_s * 1e3 for a in answers if a is not None and a.error is None])
     if not len(ms):

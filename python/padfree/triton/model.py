@@ -41,6 +41,19 @@ def _add_import_path(entries: str) -> None:
             pass
 
 
+def _int_params(params: dict, keys: tuple) -> dict:
+    """The config's parameters `keys` that are set, as ints; a one-line error naming a bad one."""
+    out = {}
+    for k in keys:
+        if params.get(k):
+            try:
+                out[k] = int(params[k])
+            except ValueError:
+                raise pb_utils.TritonModelException(f"config.pbtxt parameter {k}: expected an integer, got "
+                                                    f"{params[k]!r}") from None
+    return out
+
+
 class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
@@ -61,7 +74,7 @@ class TritonPythonModel:
 
         here = os.path.join(args["model_repository"], args["model_version"])
         source = os.path.join(here, params["source"])
-        limits = {k: int(params[k]) for k in ("max_tokens", "max_batch") if params.get(k)}
+        limits = _int_params(params, ("max_tokens", "max_batch"))
         if params["runtime"] == "torch":
             import transformers
 
@@ -69,7 +82,10 @@ class TritonPythonModel:
 
             device = torch.device("cuda", int(args["model_instance_device_id"]))
             model = transformers.AutoModel.from_pretrained(source)
-            encoder = padfree_torch.from_hf(model, dtype=getattr(torch, params["dtype"]), device=device)
+            graphs = _int_params(params, ("max_graphs", "capture_after"))
+            if params.get("gemm_search"):
+                graphs["gemm_search"] = params["gemm_search"]
+            encoder = padfree_torch.from_hf(model, dtype=getattr(torch, params["dtype"]), device=device, **graphs)
             self.runtime = padfree.Runtime(encoder, **limits)
         else:
             self.runtime = padfree.Runtime(source, **limits)

@@ -24,6 +24,12 @@ DEFAULT_MAX_BATCH = 64
 _TYPES = {"float32": "TYPE_FP32", "float16": "TYPE_FP16"}
 _DTYPES = ("float16", "bfloat16", "float32")
 PER_REQUEST = ("pooler_output", "sentence_embedding")   # as model.py and the Runtime shape them
+# The PyTorch path's CUDA graphs under serving traffic (padfree.torch.from_hf's options; config.pbtxt
+# parameters, which model.py reads): a graph per recurring bucket, kept (max_graphs: ragged batches of
+# 16 sequences up to 128 tokens fell into 10-22 buckets, and an evicted one is captured again, a stall
+# of 0.2-1 s each time); a bucket's first call runs eagerly (capture_after), since one-off buckets are
+# common and a capture would stall that request.
+TORCH_GRAPHS = {"max_graphs": 64, "capture_after": 1, "gemm_search": "heuristic"}
 
 
 def _export_io(folder: Path) -> dict:
@@ -62,7 +68,7 @@ def _hf_io(folder: Path, dtype: str) -> dict:
     # bfloat16 leaves the Runtime as float32 (numpy has no bfloat16)
     wire = "float16" if dtype == "float16" else "float32"
     return {"runtime": "torch", "kind": "KIND_GPU", "outputs": {n: (wire, int(config.hidden_size)) for n in outputs},
-            "dtype": dtype,
+            "dtype": dtype, "graphs": dict(TORCH_GRAPHS),
             "token_types": bool(getattr(config, "type_vocab_size", 0)),
             "files": sorted(str(p.relative_to(folder)) for p in folder.rglob("*")
                             if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts))}
@@ -109,6 +115,7 @@ def config_text(io: dict, name: str, max_batch: int = DEFAULT_MAX_BATCH, max_que
               "python_path": os.pathsep.join(default_python_path() if python_path is None else python_path)}
     if "dtype" in io:
         params["dtype"] = io["dtype"]
+    params.update({k: str(v) for k, v in io.get("graphs", {}).items()})
     lines += ["parameters ["]
     lines.append(",\n".join(f"  {{\n    key: {_q(k)}\n    value: {{ string_value: {_q(v)} }}\n  }}"
                             for k, v in params.items()))
@@ -119,14 +126,22 @@ def config_text(io: dict, name: str, max_batch: int = DEFAULT_MAX_BATCH, max_que
 
 def write_python_model(source: str | os.PathLike, repository: str | os.PathLike, name: str | None = None,
                        max_batch: int = DEFAULT_MAX_BATCH, max_queue_delay_us: int = 100, instances: int = 1,
-                       dtype: str = "float16", python_path: list[str] | None = None) -> Path:
+                       dtype: str = "float16", python_path: list[str] | None = None,
+                       graphs: dict | None = None) -> Path:
     """REPOSITORY/NAME/{config.pbtxt, 1/model.py, 1/export/ or 1/hf/}, all or nothing (_repository.write_model).
-    python_path: where model.py imports padfree and its packages from (default: this interpreter's sys.path)."""
+    python_path: where model.py imports padfree and its packages from (default: this interpreter's sys.path).
+    graphs: for an HF directory, TORCH_GRAPHS's options replaced where given."""
     folder = Path(source)
     if not folder.is_dir():
         raise TritonError(f"{folder}: expected an export folder or an HF model directory")
     name = check_name(name or folder.resolve().name)
     io = model_io(folder, dtype)
+    if graphs:
+        unknown = set(graphs) - set(TORCH_GRAPHS)
+        if unknown or "graphs" not in io:
+            raise TritonError(f"graphs: {sorted(unknown) if unknown else 'given'}: only an HF directory's model takes"
+                              f" {', '.join(TORCH_GRAPHS)}")
+        io["graphs"].update(graphs)
     text = config_text(io, name, max_batch, max_queue_delay_us, instances, python_path)
     check_config(text)
 
