@@ -25,11 +25,13 @@ _TYPES = {"float32": "TYPE_FP32", "float16": "TYPE_FP16"}
 _DTYPES = ("float16", "bfloat16", "float32")
 PER_REQUEST = ("pooler_output", "sentence_embedding")   # as model.py and the Runtime shape them
 # The PyTorch path's CUDA graphs under serving traffic (padfree.torch.from_hf's options; config.pbtxt
-# parameters, which model.py reads): a graph per recurring bucket, kept (max_graphs: ragged batches of
-# 16 sequences up to 128 tokens fell into 10-22 buckets, and an evicted one is captured again, a stall
-# of 0.2-1 s each time); a bucket's first call runs eagerly (capture_after), since one-off buckets are
-# common and a capture would stall that request.
-TORCH_GRAPHS = {"max_graphs": 64, "capture_after": 1, "gemm_search": "heuristic"}
+# parameters, which model.py reads). A graph per recurring bucket, kept: ragged batches of up to 16
+# sequences of up to 128 tokens fell into 10-22 buckets, and with 8 kept each eviction was captured
+# again. A bucket's first call runs eagerly (capture_after 1: one-off buckets are common), and a
+# capture times no GEMM candidates (gemm_search "none"), which cut a capture's stall from 0.15-0.8 s
+# to under 8 ms with the same replay times (H100, small-bert fp16: bench/results/serve-h100.json,
+# docs/SERVING.md).
+TORCH_GRAPHS = {"max_graphs": 64, "capture_after": 1, "gemm_search": "none"}
 
 
 def _export_io(folder: Path) -> dict:
