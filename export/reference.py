@@ -23,11 +23,11 @@ OPSET = 18
 class _Builder:
     """Emits nodes for one plugin node; names are unique per node."""
 
-    def __init__(self, node: onnx.NodeProto, index: int):
+    def __init__(self, node: onnx.NodeProto, index: int, fields: dict):
         self.prefix = f"padfree_ref/{index}/{node.op_type}"
         self.nodes: list[onnx.NodeProto] = []
         self.n = 0
-        self.attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        self.attrs = fields  # the node's fields, checked against the spec and its defaults filled in
 
     def op(self, op_type: str, *inputs: str, outputs: int = 1, out: list[str] | None = None,
            **attrs) -> str | list[str]:
@@ -71,13 +71,15 @@ def _emb_layernorm(b: _Builder, i: list[str], o: list[str]) -> None:
     ids, types = i[0], (i[1] if has_type else None)
     cu, word, pos_table = i[1 + has_type:4 + has_type]
     type_table = i[4 + has_type] if has_type else None
-    gamma, beta = i[-2], i[-1]
     _, pos, _ = b.token_coords(cu, b.rows_total(ids))
     pos = b.op("Add", pos, b.const(int(b.attrs["position_offset"])))
     x = b.op("Add", b.op("Gather", word, ids, axis=0), b.op("Gather", pos_table, pos, axis=0))
     if has_type:
         x = b.op("Add", x, b.op("Gather", type_table, types, axis=0))
-    b.layernorm(x, gamma, beta, o[0])
+    if int(b.attrs["has_layernorm"]):
+        b.layernorm(x, i[4 + 2 * has_type], i[5 + 2 * has_type], o[0])
+    else:  # the sum itself (Marian, M2M100)
+        b.op("Identity", x, out=[o[0]])
 
 
 def _attention(b: _Builder, i: list[str], o: list[str]) -> None:
@@ -276,10 +278,10 @@ def with_references(model: onnx.ModelProto, spec: spec_mod.Spec | None = None) -
             continue
         if node.op_type not in spec.plugins:
             raise ValueError(f"node '{node.name}': {node.op_type} is not in the plugin spec")
-        spec.plugins[node.op_type].check_fields(
+        fields = spec.plugins[node.op_type].check_fields(
             {a.name: helper.get_attribute_value(a) for a in node.attribute
              if a.name not in ("plugin_version", "plugin_namespace")})
-        builder = _Builder(node, index)
+        builder = _Builder(node, index, fields)
         EXPANSIONS[node.op_type](builder, list(node.input), list(node.output))
         nodes.extend(builder.nodes)
     del out.graph.node[:]

@@ -31,11 +31,14 @@ class Port:
     dtype: str  # "float" (the activation dtype), "int32", "any", "same as <input>"
     shape: tuple[str, ...]
     when: str | None = None  # "field == value": the port exists only then
+    when_default: Any = None  # the default of the field `when` names, where it has one
 
     def present(self, fields: dict[str, Any]) -> bool:
         if self.when is None:
             return True
         key, value = (s.strip() for s in self.when.split("=="))
+        if key not in fields and self.when_default is not None:
+            return int(self.when_default) == int(value)
         return int(fields[key]) == int(value)
 
 
@@ -46,6 +49,9 @@ class Plugin:
     inputs: tuple[Port, ...]
     outputs: tuple[Port, ...]
     fields: dict[str, str] = field(default_factory=dict)  # field name -> "int32" | "float32"
+    # field name -> its default: a field added after the first exports, which a node may lack (it then
+    # has the default, the behaviour from before the field; the TensorRT plugins read it the same way)
+    defaults: dict[str, Any] = field(default_factory=dict)
 
     def input_names(self, fields: dict[str, Any]) -> list[str]:
         return [p.name for p in self.inputs if p.present(fields)]
@@ -54,7 +60,9 @@ class Plugin:
         return [p.name for p in self.outputs if p.present(fields)]
 
     def check_fields(self, fields: dict[str, Any]) -> dict[str, Any]:
-        """Fields converted to their spec types; raises ValueError naming a missing or unknown one."""
+        """Fields converted to their spec types, defaults filled in; raises ValueError naming a missing
+        (without a default) or unknown one."""
+        fields = {**self.defaults, **fields}
         missing = sorted(set(self.fields) - set(fields))
         extra = sorted(set(fields) - set(self.fields))
         if missing or extra:
@@ -85,8 +93,18 @@ class Spec:
         return attrs
 
 
-def _port(d: dict) -> Port:
-    return Port(d["name"], d["dtype"], tuple(d["shape"]), d.get("when"))
+def _port(d: dict, defaults: dict[str, Any]) -> Port:
+    when = d.get("when")
+    key = when.split("==")[0].strip() if when else None
+    return Port(d["name"], d["dtype"], tuple(d["shape"]), when, defaults.get(key))
+
+
+def _plugin(name: str, p: dict) -> Plugin:
+    fields = p.get("fields", {})
+    defaults = {k: _FIELD_TYPES[v["type"]](v["default"]) for k, v in fields.items() if "default" in v}
+    return Plugin(name, p.get("doc", ""), tuple(_port(d, defaults) for d in p["inputs"]),
+                  tuple(_port(d, defaults) for d in p["outputs"]), {k: v["type"] for k, v in fields.items()},
+                  defaults)
 
 
 @lru_cache(maxsize=None)
@@ -96,9 +114,5 @@ def load(path: str | Path = SPEC_PATH) -> Spec:
         raise FileNotFoundError(f"plugin spec plugins.json not found (looked in: {looked}): reinstall padfree, whose"
                                 " wheel carries it as padfree/spec/plugins.json, or run from a source checkout")
     raw = json.loads(Path(path).read_text())
-    plugins = {
-        name: Plugin(name, p.get("doc", ""), tuple(map(_port, p["inputs"])), tuple(map(_port, p["outputs"])),
-                     {k: v["type"] for k, v in p.get("fields", {}).items()})
-        for name, p in raw["plugins"].items()
-    }
+    plugins = {name: _plugin(name, p) for name, p in raw["plugins"].items()}
     return Spec(raw["namespace"], str(raw["version"]), plugins)

@@ -143,7 +143,7 @@ def _ref_embedding(ids, cu, word, pos, gamma, beta, eps=1e-12, token_type_ids=No
     x = word[ids.long()] + pos[positions]
     if token_type_embeddings is not None:
         x = x + token_type_embeddings[0 if token_type_ids is None else token_type_ids.long()]
-    out[:len(ids)] = F.layer_norm(x, (x.shape[-1],), gamma, beta, eps)
+    out[:len(ids)] = x if gamma is None else F.layer_norm(x, (x.shape[-1],), gamma, beta, eps)
     return out
 
 

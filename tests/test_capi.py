@@ -287,6 +287,14 @@ def _embedding_args(**over):
     (dict(hidden=100), ["hidden must be a positive multiple of 8", "100"]),
     (dict(hidden=9000), ["hidden must be <= 8192"]),
     (dict(dtype=3), ["dtype must be"]),
+    # gamma and beta: both (LayerNorm) or neither (no LayerNorm), never one
+    (dict(gamma=None), ["gamma and beta must both be given (LayerNorm) or both be NULL", "gamma NULL and beta given"]),
+    (dict(beta=None), ["gamma and beta must both be given (LayerNorm) or both be NULL", "gamma given and beta NULL"]),
+    (dict(gamma=M), ["gamma must be 16-byte aligned"]),
+    (dict(gamma=None, beta=M), ["gamma and beta must both be given"]),
+    # the NULL pair passes its check: the next refusal is the one reported
+    (dict(gamma=None, beta=None, hidden=100), ["hidden must be a positive multiple of 8"]),
+    (dict(gamma=None, beta=None, eps=-1.0), ["eps must be finite and >= 0"]),
 ])
 def test_embedding_layernorm_refuses(over, fragments):
     expect_invalid("padfree_embedding_layernorm", _embedding_args(**over), *fragments)

@@ -22,9 +22,9 @@ def tables(gen, hidden, max_positions, dtype):
                 beta=t(hidden, scale=0.1))
 
 
-def reference(ids, types, lengths, tabs, position_offset, eps, with_types):
+def reference(ids, types, lengths, tabs, position_offset, eps, with_types, layernorm=True):
     """float64 on the GPU. Positions restart at position_offset in every sequence; ids are clamped
-    as the kernel does."""
+    as the kernel does. layernorm False: the sum itself (Marian, M2M100)."""
     cu = cu_of(lengths).long().cuda()
     seq = torch.repeat_interleave(torch.arange(len(lengths)), lengths).cuda()
     t = torch.arange(int(lengths.sum()), device="cuda")
@@ -33,16 +33,19 @@ def reference(ids, types, lengths, tabs, position_offset, eps, with_types):
     v = v + tabs["position"].double()[positions]
     if with_types:
         v = v + tabs["type"].double()[types.long().clamp(0, TYPE_VOCAB - 1)]
+    if not layernorm:
+        return v
     mean = v.mean(-1, keepdim=True)
     var = ((v - mean) ** 2).mean(-1, keepdim=True)
     return (v - mean) / torch.sqrt(var + eps) * tabs["gamma"].double() + tabs["beta"].double()
 
 
-def run(ids, types, cu, tabs, position_offset, eps, with_types, rows):
+def run(ids, types, cu, tabs, position_offset, eps, with_types, rows, layernorm=True):
     dtype, hidden = tabs["word"].dtype, tabs["word"].shape[1]
     buffer = torch.full((rows + GUARD_ROWS, hidden), float("nan"), dtype=dtype, device="cuda")
     out = ops.embedding_layernorm(
-        ids, cu, tabs["word"], tabs["position"], tabs["gamma"], tabs["beta"], eps=eps,
+        ids, cu, tabs["word"], tabs["position"], tabs["gamma"] if layernorm else None,
+        tabs["beta"] if layernorm else None, eps=eps,
         token_type_ids=types if with_types else None,
         token_type_embeddings=tabs["type"] if with_types else None,
         position_offset=position_offset, out=buffer[:rows])
@@ -55,8 +58,10 @@ def run(ids, types, cu, tabs, position_offset, eps, with_types, rows):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("hidden", [8, 384, 520, 768, 1024, 4096, 8192])  # 384, 520: see test_layernorm
 @pytest.mark.parametrize("batch, max_seqlen", [(1, 1), (1, 512), (9, 77), (128, 128)])
-@pytest.mark.parametrize("position_offset, with_types", [(0, True), (2, False)])
-def test_embedding_layernorm(seed, dtype, hidden, batch, max_seqlen, position_offset, with_types):
+# layernorm False: no gamma, beta (Marian: offset 0; M2M100: padding_idx + 1), the sum rounded once
+@pytest.mark.parametrize("position_offset, with_types, layernorm",
+                         [(0, True, True), (2, False, True), (0, False, False), (2, True, False)])
+def test_embedding_layernorm(seed, dtype, hidden, batch, max_seqlen, position_offset, with_types, layernorm):
     gen = torch.Generator().manual_seed(seed)
     lengths = random_lengths(gen, batch, max_seqlen)
     rows = int(lengths.sum())
@@ -64,10 +69,19 @@ def test_embedding_layernorm(seed, dtype, hidden, batch, max_seqlen, position_of
     ids = torch.randint(0, VOCAB, (rows,), generator=gen, dtype=torch.int32).cuda()
     types = torch.randint(0, TYPE_VOCAB, (rows,), generator=gen, dtype=torch.int32).cuda()
     eps = 1e-12
-    out = run(ids, types, cu_of(lengths).cuda(), tabs, position_offset, eps, with_types, rows)
+    out = run(ids, types, cu_of(lengths).cuda(), tabs, position_offset, eps, with_types, rows, layernorm)
     tol = TOLERANCE[dtype]
-    torch.testing.assert_close(out.double(), reference(ids, types, lengths, tabs, position_offset, eps, with_types),
-                               rtol=tol, atol=tol)
+    want = reference(ids, types, lengths, tabs, position_offset, eps, with_types, layernorm)
+    torch.testing.assert_close(out.double(), want, rtol=tol, atol=tol)
+    if not layernorm:
+        # The sum in fp32, rounded to the dtype once: within half a unit in the last place of the exact
+        # sum, plus the fp32 adds' error (2^-24 of the partial sums, twice) and the subnormal spacing.
+        # Rounding after each add (the dtype's own arithmetic) breaks this bound.
+        info = torch.finfo(dtype)
+        magnitude = reference(ids, types, lengths, {k: v.abs() for k, v in tabs.items()}, position_offset, eps,
+                              with_types, layernorm=False)
+        bound = 0.5 * info.eps * want.abs() + 2.0 ** -22 * magnitude + info.tiny * info.eps
+        assert ((out.double() - want).abs() <= bound).all(), "not the fp32 sum rounded once"
 
 
 @pytest.mark.gpu
@@ -161,6 +175,16 @@ def test_bad_input(case, message):
         kwargs["position_offset"] = -1
     with pytest.raises(InputError, match=message):
         ops.embedding_layernorm(ids, cu, word, pos, w, w, **kwargs)
+
+
+@pytest.mark.parametrize("given", ["gamma", "beta"])
+def test_gamma_without_beta_is_refused(given):
+    """Both (LayerNorm) or neither (the sum itself): checked before the tensors (no GPU needed)."""
+    ids, w = torch.zeros(3, dtype=torch.int32), torch.ones(8)
+    gamma, beta = (w, None) if given == "gamma" else (None, w)
+    with pytest.raises(InputError, match="gamma and beta: give both"):
+        ops.embedding_layernorm(ids, torch.tensor([0, 3], dtype=torch.int32), torch.randn(4, 8), torch.randn(4, 8),
+                                gamma, beta)
 
 
 def test_cpu_tensor_is_refused():

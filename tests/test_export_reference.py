@@ -15,9 +15,11 @@ SPEC = spec_mod.load()
 F = torch.nn.functional
 
 
-def run_plugin(name: str, inputs: dict[str, np.ndarray], fields: dict, n_out: int = 1) -> list[np.ndarray]:
-    """One plugin node (as the exporter emits it), expanded by reference.with_references, on ORT."""
-    attrs = SPEC.node_attributes(name, fields)
+def run_plugin(name: str, inputs: dict[str, np.ndarray], fields: dict, n_out: int = 1,
+               omit: tuple[str, ...] = ()) -> list[np.ndarray]:
+    """One plugin node (as the exporter emits it, less the fields in `omit`: a node exported before
+    they were added), expanded by reference.with_references, on ORT."""
+    attrs = {k: v for k, v in SPEC.node_attributes(name, fields).items() if k not in omit}
     port_names = SPEC[name].input_names(attrs)
     assert sorted(port_names) == sorted(inputs), (port_names, list(inputs))
     outs = [f"out{i}" for i in range(n_out)]
@@ -50,18 +52,22 @@ def close(got, want, tol=1e-5):
 
 
 @pytest.mark.parametrize("has_type,offset", [(1, 0), (0, 2)])
-def test_emb_layernorm(seed, has_type, offset):
+@pytest.mark.parametrize("layernorm", [1, 0, "field absent"])  # absent: its default, 1 (older exports)
+def test_emb_layernorm(seed, has_type, offset, layernorm):
     rng = np.random.default_rng(seed)
     lengths, cu = batch(rng)
     t, h, vocab, types = int(cu[-1]), 16, 30, 3
     f32 = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
     inputs = {"input_ids": rng.integers(0, vocab, t).astype(np.int32), "cu_seqlens": cu,
-              "word_embeddings": f32(vocab, h), "position_embeddings": f32(lengths.max() + offset, h),
-              "gamma": f32(h), "beta": f32(h)}
+              "word_embeddings": f32(vocab, h), "position_embeddings": f32(lengths.max() + offset, h)}
+    if layernorm != 0:
+        inputs |= {"gamma": f32(h), "beta": f32(h)}
     if has_type:
         inputs |= {"token_type_ids": rng.integers(0, types, t).astype(np.int32), "token_type_embeddings": f32(types, h)}
-    (got,) = run_plugin("PadfreeEmbLayerNorm", inputs,
-                        {"epsilon": 1e-5, "position_offset": offset, "has_token_type": has_type})
+    fields = {"epsilon": 1e-5, "position_offset": offset, "has_token_type": has_type,
+              "has_layernorm": 0 if layernorm == 0 else 1}
+    (got,) = run_plugin("PadfreeEmbLayerNorm", inputs, fields,
+                        omit=("has_layernorm",) if layernorm == "field absent" else ())
     rows = []
     for b, n in enumerate(lengths):
         ids = slice(cu[b], cu[b] + n)
@@ -70,7 +76,8 @@ def test_emb_layernorm(seed, has_type, offset):
         if has_type:
             x = x + inputs["token_type_embeddings"][inputs["token_type_ids"][ids]]
         rows.append(x)
-    close(got, ln64(np.concatenate(rows), inputs["gamma"], inputs["beta"], 1e-5))
+    want = np.concatenate(rows)
+    close(got, want if layernorm == 0 else ln64(want, inputs["gamma"], inputs["beta"], 1e-5))
 
 
 @pytest.mark.parametrize("heads,head_dim", [(2, 64), (1, 128), (3, 8)])
@@ -265,3 +272,17 @@ def test_spec_fields_are_checked():
         SPEC.node_attributes("PadfreeBiasGelu", {"approximate": 0, "bias_first": 1})
     attrs = SPEC.node_attributes("PadfreeBiasGelu", {"approximate": np.int64(1)})
     assert attrs == {"plugin_version": "1", "plugin_namespace": "padfree", "approximate": 1}
+
+
+def test_a_field_with_a_default_may_be_left_out():
+    """has_layernorm came after the first exports: a node without it is the LayerNorm-ending node it was
+    (gamma, beta among its ports), one with 0 has neither."""
+    emb = SPEC["PadfreeEmbLayerNorm"]
+    assert emb.defaults == {"has_layernorm": 1}
+    old = {"epsilon": 1e-12, "position_offset": 0, "has_token_type": 0}
+    assert emb.check_fields(old)["has_layernorm"] == 1
+    assert emb.input_names(old)[-2:] == ["gamma", "beta"]
+    assert emb.input_names(old | {"has_layernorm": 0}) == ["input_ids", "cu_seqlens", "word_embeddings",
+                                                           "position_embeddings"]
+    with pytest.raises(ValueError, match="missing"):  # fields without a default are still required
+        emb.check_fields({"epsilon": 1e-12, "has_token_type": 0})

@@ -28,6 +28,8 @@ CASES = {
     "marian-12": ("marian", 12, ()),
     "m2m100-12": ("m2m100", 12, ()),
     "bart-12-packed": ("bart", 12, ("--io", "packed")),
+    "marian-12-packed": ("marian", 12, ("--io", "packed")),     # the embedding without a LayerNorm, post-LN
+    "m2m100-12-packed": ("m2m100", 12, ("--io", "packed")),     # the same, pre-LN, positions from padding_idx + 1
     "mbart-12-fp16": ("mbart", 12, ("--dtype", "fp16")),
     "marian-24": ("marian", 24, ()),
 }

@@ -293,14 +293,24 @@ def test_engines_of_the_dtype_graphs(exported_dtype, tmp_path, graph):
 
 # ---- --io packed: the encoder on plugin nodes over packed tokens -----------------------------------------
 # BART: post-LN; mBART: pre-LN (LayerNorms kept as ONNX's on the residual stream) with a scaled word
-# embedding (its scale folded into the table)
+# embedding (its scale folded into the table); Marian (post-LN, SiLU) and M2M100 (pre-LN, ReLU, positions
+# from padding_idx + 1): a scaled word embedding plus sinusoidal positions and no LayerNorm after them
+# (the embedding plugin with has_layernorm 0)
 PACKED_FUSED = {"bart": {"PadfreeEmbLayerNorm": 1, "PadfreeAttention": 2, "PadfreeSkipLayerNorm": 4,
                          "PadfreeBiasGelu": 2},
                 "mbart": {"PadfreeEmbLayerNorm": 1, "PadfreeAttention": 2, "PadfreeSkipLayerNorm": 1,
-                          "PadfreeBiasGelu": 2}}
+                          "PadfreeBiasGelu": 2},
+                "marian": {"PadfreeEmbLayerNorm": 1, "PadfreeAttention": 2, "PadfreeSkipLayerNorm": 4},
+                "m2m100": {"PadfreeEmbLayerNorm": 1, "PadfreeAttention": 2, "PadfreeSkipLayerNorm": 1}}
+# (has_layernorm, position_offset) of each family's embedding node
+PACKED_EMBEDDING = {"bart": (1, 2), "mbart": (1, 2), "marian": (0, 0), "m2m100": (0, 2)}
+# the ONNX ops a packed encoder keeps around its plugin nodes: row-wise on packed rows (GEMMs, pre-LN
+# residual Adds and LayerNorms, the activations the bias + GELU plugin does not take: SiLU, ReLU)
+ROW_WISE = {"MatMul", "Add", "LayerNormalization", "Sigmoid", "Mul", "Relu"}
 
 
-@pytest.fixture(scope="module", params=[("bart", "fp32"), ("bart", "fp16"), ("mbart", "fp32"), ("mbart", "fp16")],
+@pytest.fixture(scope="module", params=[(family, dtype) for family in ("bart", "mbart", "marian", "m2m100")
+                                        for dtype in ("fp32", "fp16")],
                 ids=lambda p: "-".join(p))
 def exported_packed(request, tmp_path_factory):
     """(model, export folder, dtype, family): 2+2 layers at head_dim 64 (a size padfree's attention is
@@ -325,8 +335,11 @@ def test_the_packed_encoder_is_plugin_nodes_on_packed_tokens(exported_packed):
     onnx.checker.check_model(encoder, full_check=True)
     assert [i.name for i in encoder.graph.input] == ["input_ids", "cu_seqlens", "max_seqlen"]
     assert len(_plugins(encoder)) == sum(PACKED_FUSED[family].values())
-    # around the plugins only row-wise ops on packed rows (pre-LN: the residual Adds and LayerNorms)
-    assert {n.op_type for n in encoder.graph.node if n.domain != "padfree"} <= {"MatMul", "Add", "LayerNormalization"}
+    assert {n.op_type for n in encoder.graph.node if n.domain != "padfree"} <= ROW_WISE
+    (embedding,) = [n for n in encoder.graph.node if n.op_type == "PadfreeEmbLayerNorm"]
+    fields = {a.name: helper.get_attribute_value(a) for a in embedding.attribute}
+    assert (fields["has_layernorm"], fields["position_offset"]) == PACKED_EMBEDDING[family]
+    assert len(embedding.input) == 4 + 2 * fields["has_layernorm"]  # no token types; gamma, beta with the LayerNorm
     want = {"fp32": onnx.TensorProto.FLOAT, "fp16": onnx.TensorProto.FLOAT16}[dtype]
     assert _float_types(encoder) == {want}
     assert not (out / f"encoder.{dtype}.onnx").exists()     # the packed encoder is the engines' encoder
@@ -350,6 +363,22 @@ def test_inspect_shows_the_engine_graphs(exported_packed, capsys):
     assert facts["engine_graphs"] == manifest["engine_graphs"]
     assert facts["encoder_plugins"] == {"io": "packed", "fused": PACKED_FUSED[family]}
     assert facts["decoder_plugins"]["num_beams"] == 4
+
+
+def test_the_packed_encoder_refuses_m2m100s_padding_id_inside_a_source(exported_packed):
+    """M2M100 numbers positions by counting non-padding tokens, the plugin by order (offset + t): a source
+    holding the padding id would be encoded otherwise than by HF, so the packed encoder refuses it."""
+    from padfree.ops import InputError
+    from padfree.runtime.backends.onnxrt_seq2seq import OnnxrtSeq2SeqGenerator
+
+    model, out, _, family = exported_packed
+    pad = model.config.pad_token_id if family == "m2m100" else None
+    assert json.loads((out / "seq2seq.json").read_text())["encoder_plugins"]["position_pad_id"] == pad
+    if pad is None:
+        return
+    generator = OnnxrtSeq2SeqGenerator(out, step="plugins")
+    with pytest.raises(InputError, match=f"source 1 holds the padding id {pad} at position 2"):
+        generator.generate([[5, 6, 7], [8, 9, pad, 10]], max_new_tokens=2)
 
 
 def test_a_wrong_weight_in_the_packed_encoder_is_caught(exported_packed, tmp_path):
@@ -385,7 +414,7 @@ def test_an_engine_of_the_packed_encoder(exported_packed, tmp_path):
 
 
 def test_io_packed_is_refused_where_the_encoder_does_not_fuse_whole(tmp_path):
-    marian = build("marian", layers=(1, 1), d_model=128, heads=2, ffn=256)   # scaled embeddings, no LayerNorm
-    with pytest.raises(ExportError, match="(?s)--io packed: the encoder does not fuse whole.*embedding Gathers"):
+    marian = build("marian", layers=(1, 1), d_model=96, heads=4, ffn=128)   # head_dim 24: no attention kernel
+    with pytest.raises(ExportError, match="(?s)--io packed: the encoder does not fuse whole.*head_dim 24"):
         export(marian, tmp_path / "out", io="packed")
     assert not (tmp_path / "out" / "encoder.onnx").exists()

@@ -81,14 +81,17 @@ def test_creators_follow_the_spec():
         if words[0] == "io":  # io LABEL PLUGIN INPUTS OUTPUTS [FIELD=VALUE ...] (the case's int fields)
             io[words[1]] = (words[2], int(words[3]), int(words[4]),
                             {k: int(v) for k, v in (w.split("=") for w in words[5:])})
-        else:
-            creators[words[0]] = (words[1], words[2], dict(w.split(":") for w in words[3:]))
+        else:  # PLUGIN VERSION NAMESPACE [FIELD:TYPE or FIELD:TYPE=DEFAULT ...]
+            fields = dict(w.split(":") for w in words[3:])
+            creators[words[0]] = (words[1], words[2], {k: v.split("=")[0] for k, v in fields.items()},
+                                  {k: float(v.split("=")[1]) for k, v in fields.items() if "=" in v})
     assert set(creators) == set(SPEC.plugins)
     assert {name for name, *_ in io.values()} == set(SPEC.plugins)  # a harness case for every plugin
     for name, plugin in SPEC.plugins.items():
-        version, namespace, fields = creators[name]
+        version, namespace, fields, defaults = creators[name]
         assert (version, namespace) == (SPEC.version, SPEC.namespace)
         assert fields == plugin.fields, name
+        assert defaults == plugin.defaults, name  # the same fields default, to the same values
     # Input/output counts of every harness case against the spec (inputs with `when` counted per case).
     for label, (name, nb_in, nb_out, case_fields) in io.items():
         assert nb_in == len(SPEC[name].input_names(case_fields)), label

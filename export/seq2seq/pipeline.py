@@ -185,7 +185,11 @@ def export_seq2seq(model, description: str, out: Path, opset: int,
                     "inputs": inputs, "outputs": step_outputs},
         "engine_graphs": engines,
         **({"encoder_plugins": {"io": "packed", "inputs": packed_io[0], "outputs": packed_io[1],
-                                "fused": dict(fused.fused)}} if io == "packed" else {}),
+                                "fused": dict(fused.fused),
+                                # M2M100's positions count the source's non-padding tokens: its padding id
+                                # inside a source moves HF's positions, never the plugin's (offset + t)
+                                "position_pad_id": weights.pad_token_id if spec.positions == "fairseq" else None}}
+           if io == "packed" else {}),
         "text_files": copied,
         "sites": counts,
         "decoder_plugins": {"num_beams": num_beams, "plugins": counts, "inputs": plugin_inputs,

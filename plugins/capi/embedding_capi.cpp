@@ -18,8 +18,13 @@ padfree_status padfree_embedding_layernorm(
     PADFREE_CHECK(check_tensor(word_emb, "word_emb"));
     PADFREE_CHECK(check_tensor(position_emb, "position_emb"));
     PADFREE_CHECK(check_optional_tensor(type_emb, "type_emb"));
-    PADFREE_CHECK(check_tensor(gamma, "gamma"));
-    PADFREE_CHECK(check_tensor(beta, "beta"));
+    // Both NULL: no LayerNorm (Marian, M2M100). One without the other is a caller's mistake, not a
+    // request for half a LayerNorm.
+    PADFREE_REQUIRE((gamma == nullptr) == (beta == nullptr), "gamma and beta must both be given (LayerNorm) or both "
+                    "be NULL (no LayerNorm), got gamma ", gamma == nullptr ? "NULL" : "given", " and beta ",
+                    beta == nullptr ? "NULL" : "given");
+    PADFREE_CHECK(check_optional_tensor(gamma, "gamma"));
+    PADFREE_CHECK(check_optional_tensor(beta, "beta"));
     PADFREE_CHECK(check_tensor(out, "out"));
     PADFREE_REQUIRE(total_tokens >= 0, "total_tokens must be >= 0, got ", total_tokens);
     PADFREE_REQUIRE(batch >= 1 || total_tokens == 0, "batch must be >= 1 when there are tokens, got ", batch);

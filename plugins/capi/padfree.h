@@ -275,6 +275,8 @@ PADFREE_API padfree_status padfree_skip_layernorm(const void* x, const void* res
  * input_ids, token_type_ids: [total_tokens] int32 (token_type_ids may be NULL: type 0, and
  * type_emb may be NULL: no type term). word_emb: [vocab_size, hidden], position_emb:
  * [max_positions, hidden], type_emb: [type_vocab_size, hidden], gamma, beta: [hidden].
+ * gamma and beta both NULL: no LayerNorm, out[t] = the sum (in fp32, rounded once to the dtype), as
+ * Marian's and M2M100's encoders embed; eps is unused then (still checked). One of them NULL is refused.
  * Ids out of range are clamped so memory stays safe; callers validate ids and report them.
  * l2_prefetch, l2_prefetch_bytes: as for padfree_skip_layernorm (NULL and 0: none). */
 PADFREE_API padfree_status padfree_embedding_layernorm(

@@ -1,6 +1,7 @@
 // Embedding + LayerNorm on packed tokens: each token's sequence comes from a binary search over
 // cu_seqlens (no token -> sequence map in memory), its three table rows are summed in registers and
-// normalized there (layernorm_row.cuh), so the [T, H] sum never goes to memory.
+// normalized there (layernorm_row.cuh), so the [T, H] sum never goes to memory. Without gamma and
+// beta (Marian, M2M100: no LayerNorm after the embedding) the sum itself is stored.
 #include "embedding.h"
 
 #include "layernorm_row.cuh"
@@ -32,7 +33,10 @@ __device__ __forceinline__ int32_t sequence_of(const int32_t* cu_seqlens, int32_
 }
 
 // kHeld: gamma and beta in registers before the wait (RowParams), for grids of one wave, as the
-// LayerNorms hold theirs.
+// LayerNorms hold theirs (never with gamma NULL: there is nothing to hold).
+// gamma NULL: no LayerNorm, the fp32 sum rounded once to T. A branch on a value uniform over the grid
+// rather than a template flag: the lookups, the sum and the rounding are the same code either way, and
+// it adds no instantiations (each dtype x row shape x held is compiled once).
 template <typename T, int N, bool kBlockRow, bool kHeld>
 __global__ void __launch_bounds__(kRowMaxThreads<kBlockRow>, kHeld ? 1 : kRowMinBlocks<kBlockRow>)
 embedding_layernorm_kernel(const int32_t* input_ids, const int32_t* token_type_ids,
@@ -80,7 +84,15 @@ embedding_layernorm_kernel(const int32_t* input_ids, const int32_t* token_type_i
                 }
             }
         }
-        layernorm_store_row<T, N, kBlockRow>(v, lane, threads, nvec, hidden, params, eps, out + t * hidden);
+        if (gamma == nullptr) {
+#pragma unroll
+            for (int i = 0; i < N; ++i) {
+                const int c = lane + i * threads;
+                if (c < nvec) store_vec(out + t * hidden + c * V, vec_from_float<T>(v[i]));
+            }
+        } else {
+            layernorm_store_row<T, N, kBlockRow>(v, lane, threads, nvec, hidden, params, eps, out + t * hidden);
+        }
     }
 }
 
@@ -106,7 +118,7 @@ void launch_embedding_layernorm(const int32_t* input_ids, const int32_t* token_t
             constexpr bool kBlockRow = decltype(block_row)::value;
             auto kernel = embedding_layernorm_kernel<T, kN, kBlockRow, false>;
             if constexpr (!kBlockRow)  // as in layernorm.cu: a block per row has no registers to spare
-                if (one_wave) kernel = embedding_layernorm_kernel<T, kN, false, true>;
+                if (one_wave && gamma != nullptr) kernel = embedding_layernorm_kernel<T, kN, false, true>;
             launch_kernel(kernel, grid, shape.block, 0, stream, input_ids, token_type_ids, cu_seqlens, batch,
                           total_tokens, tables, static_cast<const T*>(gamma), static_cast<const T*>(beta), hidden,
                           eps, static_cast<T*>(out), prefetch);

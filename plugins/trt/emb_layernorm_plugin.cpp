@@ -9,7 +9,9 @@ const Schema& EmbLayerNormPlugin::schema() {
     static const Schema s{"PadfreeEmbLayerNorm",
                           {{"epsilon", PluginFieldType::kFLOAT32},
                            {"position_offset", PluginFieldType::kINT32},
-                           {"has_token_type", PluginFieldType::kINT32}}};
+                           {"has_token_type", PluginFieldType::kINT32},
+                           // added after the first engines: their states read as 1, a LayerNorm
+                           {"has_layernorm", PluginFieldType::kINT32, true, Scalar{1}}}};
     return s;
 }
 
@@ -19,21 +21,29 @@ bool EmbLayerNormPlugin::validate(const std::vector<Scalar>& values, std::string
         error = concat("position_offset = ", values[kPositionOffset].i, ": expected >= 0");
         return false;
     }
-    if (values[kHasTokenType].i != 0 && values[kHasTokenType].i != 1) {
-        error = concat("has_token_type = ", values[kHasTokenType].i, ": expected 0 or 1");
-        return false;
-    }
+    for (Field flag : {kHasTokenType, kHasLayerNorm})
+        if (values[flag].i != 0 && values[flag].i != 1) {
+            error = concat(schema().fields[flag].name, " = ", values[flag].i, ": expected 0 or 1");
+            return false;
+        }
     return true;
 }
 
-// plugins.json order: input_ids, [token_type_ids], cu_seqlens, word, position, [type], gamma, beta.
+// plugins.json order: input_ids, [token_type_ids], cu_seqlens, word, position, [type], [gamma, beta].
+// The optional ones are trailing within their group, so the table with both present, minus the
+// positions of absent roles before each, gives every layout.
 int32_t EmbLayerNormPlugin::input_index(Role role) const {
-    static constexpr int32_t with_type[] = {0, 1, 2, 3, 4, 5, 6, 7};
-    static constexpr int32_t without_type[] = {0, -1, 1, 2, 3, -1, 4, 5};
-    return (has_token_type() ? with_type : without_type)[role];
+    if ((role == kTokenTypeIds || role == kTypeEmb) && !has_token_type()) return -1;
+    if ((role == kGamma || role == kBeta) && !has_layernorm()) return -1;
+    static constexpr int32_t with_all[] = {0, 1, 2, 3, 4, 5, 6, 7};
+    int32_t index = with_all[role];
+    if (!has_token_type()) index -= role > kTypeEmb ? 2 : (role > kTokenTypeIds ? 1 : 0);
+    return index;
 }
 
-int32_t EmbLayerNormPlugin::expected_inputs() const { return has_token_type() ? 8 : 6; }
+int32_t EmbLayerNormPlugin::expected_inputs() const {
+    return 4 + (has_token_type() ? 2 : 0) + (has_layernorm() ? 2 : 0);
+}
 
 IoKind EmbLayerNormPlugin::io_kind(int32_t pos) const {
     const bool ids = pos == input_index(kInputIds) || pos == input_index(kCuSeqlens) ||
@@ -49,9 +59,10 @@ bool EmbLayerNormPlugin::output_shapes(const DimsExprs* inputs, DimsExprs* outpu
     const IDimensionExpr* hidden = word.d[1];
     if (!check_rank(ids, 1, "input_ids", error) || !check_rank(inputs[input_index(kCuSeqlens)], 1, "cu_seqlens", error) ||
         !check_rank(word, 2, "word_embeddings", error) || !check_rank(position, 2, "position_embeddings", error) ||
-        !check_same(position.d[1], hidden, "position_embeddings width", error) ||
-        !check_vector(inputs[input_index(kGamma)], hidden, "gamma", error) ||
-        !check_vector(inputs[input_index(kBeta)], hidden, "beta", error))
+        !check_same(position.d[1], hidden, "position_embeddings width", error))
+        return false;
+    if (has_layernorm() && (!check_vector(inputs[input_index(kGamma)], hidden, "gamma", error) ||
+                            !check_vector(inputs[input_index(kBeta)], hidden, "beta", error)))
         return false;
     if (has_token_type()) {
         const DimsExprs& types = inputs[input_index(kTypeEmb)];
@@ -78,10 +89,17 @@ padfree_status EmbLayerNormPlugin::run(const PluginTensorDesc* in, const PluginT
         !check_rank(word, 2, "word_embeddings", error) || !to_i32(word.dims.d[0], "vocab_size", vocab, error) ||
         !to_i32(word.dims.d[1], "hidden", hidden, error) || !check_rank(position, 2, "position_embeddings", error) ||
         !to_i32(position.dims.d[0], "max_positions", positions, error) ||
-        !check_same(position.dims.d[1], hidden, "position_embeddings width", error) ||
-        !check_vector(in[input_index(kGamma)], hidden, "gamma", error) ||
-        !check_vector(in[input_index(kBeta)], hidden, "beta", error))
+        !check_same(position.dims.d[1], hidden, "position_embeddings width", error))
         return PADFREE_ERROR_INVALID_ARGUMENT;
+    const void* gamma = nullptr;  // NULL and NULL: no LayerNorm (the C ABI's rule)
+    const void* beta = nullptr;
+    if (has_layernorm()) {
+        if (!check_vector(in[input_index(kGamma)], hidden, "gamma", error) ||
+            !check_vector(in[input_index(kBeta)], hidden, "beta", error))
+            return PADFREE_ERROR_INVALID_ARGUMENT;
+        gamma = inputs[input_index(kGamma)];
+        beta = inputs[input_index(kBeta)];
+    }
     const void* type_ids = nullptr;
     const void* type_emb = nullptr;
     if (has_token_type()) {
@@ -98,7 +116,7 @@ padfree_status EmbLayerNormPlugin::run(const PluginTensorDesc* in, const PluginT
         static_cast<const int32_t*>(inputs[input_index(kInputIds)]), static_cast<const int32_t*>(type_ids),
         static_cast<const int32_t*>(inputs[input_index(kCuSeqlens)]), batch, ids.dims.d[0], inputs[input_index(kWordEmb)],
         vocab, inputs[input_index(kPositionEmb)], positions, field_i32(kPositionOffset), type_emb, types,
-        inputs[input_index(kGamma)], inputs[input_index(kBeta)], hidden, field_f32(kEpsilon), nullptr, 0,
+        gamma, beta, hidden, field_f32(kEpsilon), nullptr, 0,
         to_padfree_dtype(word.type), outputs[0], stream);
 }
 

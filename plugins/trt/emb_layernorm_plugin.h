@@ -1,6 +1,7 @@
 // PadfreeEmbLayerNorm: word + position (+ token type) embeddings of packed tokens, then
 // LayerNorm (padfree_embedding_layernorm). token_type_ids and token_type_embeddings are inputs only
-// when has_token_type == 1, so input positions depend on that field.
+// when has_token_type == 1, gamma and beta only when has_layernorm == 1 (0: the sum itself, Marian's
+// and M2M100's embedding), so input positions depend on those fields.
 #pragma once
 
 #include "plugin_base.h"
@@ -10,7 +11,7 @@ namespace trt {
 
 class EmbLayerNormPlugin final : public Plugin<EmbLayerNormPlugin> {
 public:
-    enum Field { kEpsilon, kPositionOffset, kHasTokenType };
+    enum Field { kEpsilon, kPositionOffset, kHasTokenType, kHasLayerNorm };
     // Roles of the inputs; their positions come from input_index().
     enum Role { kInputIds, kTokenTypeIds, kCuSeqlens, kWordEmb, kPositionEmb, kTypeEmb, kGamma, kBeta };
 
@@ -30,7 +31,8 @@ protected:
 
 private:
     bool has_token_type() const { return field_i32(kHasTokenType) == 1; }
-    // The input position of a role; -1 for the token-type roles when has_token_type == 0.
+    bool has_layernorm() const { return field_i32(kHasLayerNorm) == 1; }
+    // The input position of a role; -1 for the roles its fields leave out.
     int32_t input_index(Role role) const;
 };
 

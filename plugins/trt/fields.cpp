@@ -99,8 +99,12 @@ bool parse_named_fields(const Schema& schema, const PluginFieldCollection* fc,
         std::memcpy(&values[index], field.data, sizeof(Scalar));
         seen[index] = true;
     }
-    for (size_t index = 0; index < schema.fields.size(); ++index)
-        if (!seen[index]) return fail(error, std::string("missing field '") + schema.fields[index].name + "'");
+    for (size_t index = 0; index < schema.fields.size(); ++index) {
+        if (seen[index]) continue;
+        if (!schema.fields[index].has_default)
+            return fail(error, std::string("missing field '") + schema.fields[index].name + "'");
+        values[index] = schema.fields[index].default_value;
+    }
     return true;
 }
 
@@ -146,11 +150,16 @@ bool decode_state(const Schema& schema, const PluginFieldCollection* fc,
     if (name != schema.plugin_name)
         return fail(error, "serialized plugin: state of '" + name + "' handed to " + schema.plugin_name);
     if (!in.u32(count, "field count")) return fail(error, "serialized plugin: " + in.error());
-    if (count != schema.fields.size())
+    // The fields from `count` on must all have defaults (a blob from before they were added).
+    size_t required = schema.fields.size();
+    while (required > 0 && schema.fields[required - 1].has_default) --required;
+    if (count > schema.fields.size() || count < required)
         return fail(error, concat("serialized plugin: ", count, " fields, ", schema.plugin_name, " has ",
-                                  schema.fields.size()));
+                                  schema.fields.size(),
+                                  required < schema.fields.size() ? concat(" (at least ", required, ")") : ""));
     values.assign(schema.fields.size(), Scalar{0});
-    for (size_t index = 0; index < schema.fields.size(); ++index) {
+    for (size_t index = count; index < schema.fields.size(); ++index) values[index] = schema.fields[index].default_value;
+    for (size_t index = 0; index < count; ++index) {
         uint32_t type = 0;
         if (!in.u32(type, "field type") || !in.bytes(&values[index], sizeof(Scalar), "field value"))
             return fail(error, "serialized plugin: " + in.error());

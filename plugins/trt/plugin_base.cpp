@@ -311,7 +311,10 @@ const PluginFieldCollection* PluginBase::getFieldsToSerialize() noexcept {
 
 // ---- CreatorBase ----------------------------------------------------------------------------
 CreatorBase::CreatorBase(const Schema& schema) : schema_(schema) {
-    for (const FieldSpec& spec : schema_.fields) fields_.emplace_back(spec.name, nullptr, spec.type, 1);
+    // A field's data points at its default where it has one (else NULL), so that what a creator takes
+    // is fully described by getFieldNames (the harness checks the defaults against plugins.json).
+    for (const FieldSpec& spec : schema_.fields)
+        fields_.emplace_back(spec.name, spec.has_default ? &spec.default_value : nullptr, spec.type, 1);
     field_names_.nbFields = static_cast<int32_t>(fields_.size());
     field_names_.fields = fields_.data();
 }

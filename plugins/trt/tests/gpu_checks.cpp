@@ -260,6 +260,21 @@ Register embedding_gpu("gpu_emb_layernorm_vs_c_abi", [] {
                                                pos.ptr, positions, 2, nullptr, 0, gamma.ptr, beta.ptr, H, 1e-5f,
                                                nullptr, 0, dt, ref.ptr, nullptr));
         same_bytes(out, ref, "PadfreeEmbLayerNorm without token types");
+        // Marian / M2M100: has_layernorm 0, no gamma and beta (NULL and NULL in the C ABI).
+        out.poison(), ref.poison();
+        enqueue(make("emb_without_layernorm").get(), {&ids, &cu, &word, &pos}, {&out});
+        expect_abi(padfree_embedding_layernorm(static_cast<const int32_t*>(ids.ptr), nullptr,
+                                               static_cast<const int32_t*>(cu.ptr), b.batch, b.total, word.ptr, vocab,
+                                               pos.ptr, positions, 2, nullptr, 0, nullptr, nullptr, H, 1e-5f,
+                                               nullptr, 0, dt, ref.ptr, nullptr));
+        same_bytes(out, ref, "PadfreeEmbLayerNorm without a LayerNorm");
+        out.poison(), ref.poison();
+        enqueue(make("emb_with_type_without_layernorm").get(), {&ids, &type_ids, &cu, &word, &pos, &type_emb}, {&out});
+        expect_abi(padfree_embedding_layernorm(static_cast<const int32_t*>(ids.ptr), static_cast<const int32_t*>(type_ids.ptr),
+                                               static_cast<const int32_t*>(cu.ptr), b.batch, b.total, word.ptr, vocab,
+                                               pos.ptr, positions, 0, type_emb.ptr, types, nullptr, nullptr, H, 1e-12f,
+                                               nullptr, 0, dt, ref.ptr, nullptr));
+        same_bytes(out, ref, "PadfreeEmbLayerNorm with token types, without a LayerNorm");
     }
 });
 

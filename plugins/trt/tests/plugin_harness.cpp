@@ -42,21 +42,43 @@ const std::vector<Case>& cases() {
     const std::vector<bool> dyn1{true}, dyn2{true, false}, const1{false}, const2{false, false};
     static const std::vector<Case> all = {
         {"emb_layernorm_with_type", "PadfreeEmbLayerNorm",
-         {float_field("epsilon", 1e-12f), int_field("position_offset", 0), int_field("has_token_type", 1)},
+         {float_field("epsilon", 1e-12f), int_field("position_offset", 0), int_field("has_token_type", 1),
+          int_field("has_layernorm", 1)},
          "iiifffff" "f", 8,
          {{37}, {37}, {4}, {100, 64}, {64, 64}, {2, 64}, {64}, {64}},
          {dyn1, dyn1, dyn1, const2, const2, const2, const1, const1},
          {{37, 64}},
          {{4, 1, 65}, {5, 1, 63}, {6, 0, 65}, {7, 0, 63}},
-         {float_field("epsilon", INFINITY), int_field("position_offset", -1), int_field("has_token_type", 2)}},
+         {float_field("epsilon", INFINITY), int_field("position_offset", -1), int_field("has_token_type", 2),
+          int_field("has_layernorm", 2)}},
         {"emb_layernorm_without_type", "PadfreeEmbLayerNorm",
-         {float_field("epsilon", 1e-5f), int_field("position_offset", 2), int_field("has_token_type", 0)},
+         {float_field("epsilon", 1e-5f), int_field("position_offset", 2), int_field("has_token_type", 0),
+          int_field("has_layernorm", 1)},
          "iiffff" "f", 6,
          {{37}, {4}, {100, 64}, {66, 64}, {64}, {64}},
          {dyn1, dyn1, const2, const2, const1, const1},
          {{37, 64}},
          {{3, 1, 32}, {4, 0, 32}},
          {float_field("epsilon", NAN)}},
+        // Marian / M2M100: the sum without a LayerNorm (no gamma, beta inputs)
+        {"emb_without_layernorm", "PadfreeEmbLayerNorm",
+         {float_field("epsilon", 1e-5f), int_field("position_offset", 2), int_field("has_token_type", 0),
+          int_field("has_layernorm", 0)},
+         "iiff" "f", 4,
+         {{37}, {4}, {100, 64}, {66, 64}},
+         {dyn1, dyn1, const2, const2},
+         {{37, 64}},
+         {{3, 1, 32}},
+         {int_field("has_layernorm", -1)}},
+        {"emb_with_type_without_layernorm", "PadfreeEmbLayerNorm",
+         {float_field("epsilon", 1e-12f), int_field("position_offset", 0), int_field("has_token_type", 1),
+          int_field("has_layernorm", 0)},
+         "iiifff" "f", 6,
+         {{37}, {37}, {4}, {100, 64}, {64, 64}, {2, 64}},
+         {dyn1, dyn1, dyn1, const2, const2, const2},
+         {{37, 64}},
+         {{4, 1, 65}, {5, 1, 63}},
+         {}},
         {"attention", "PadfreeAttention",
          {int_field("num_heads", 2), int_field("head_dim", 32), float_field("softmax_scale", 0.1767767f)},
          "ffim" "f", 4,
@@ -413,12 +435,27 @@ Register shapes_test("output_shapes", [] {
 });
 
 // ---- fields and serialization -----------------------------------------------------------------
+// The default of a case's field k (getFieldNames' data), or nullptr where it has none.
+const int32_t* default_of(const Case& c, size_t k) {
+    return static_cast<const int32_t*>(find_creator(c.plugin)->getFieldNames()->fields[k].data);
+}
+
 Register fields_test("build_fields_refused", [] {
     for_each_case([](const Case& c) {
         for (size_t k = 0; k < c.fields.size(); ++k) {
             std::vector<FieldValue> missing = c.fields;
             missing.erase(missing.begin() + k);
-            EXPECT(!Plugin(create(c, missing)), c.label, " without ", c.fields[k].name);
+            if (const int32_t* value = default_of(c, k)) {
+                // A field with a default (added after the first exports) may be left out: it takes it.
+                std::vector<FieldValue> as_default = c.fields;
+                std::memcpy(&as_default[k].i, value, sizeof(int32_t));
+                Plugin without(create(c, missing));
+                EXPECT(without, c.label, " without ", c.fields[k].name, ": ", padfree_trt_last_error());
+                EXPECT(serialize(without.get()) == serialize(Plugin(create(c, as_default)).get()), c.label,
+                       " without ", c.fields[k].name, ": not its default");
+            } else {
+                EXPECT(!Plugin(create(c, missing)), c.label, " without ", c.fields[k].name);
+            }
             std::vector<FieldValue> retyped = c.fields;
             retyped[k].type = retyped[k].type == PluginFieldType::kINT32 ? PluginFieldType::kFLOAT32
                                                                           : PluginFieldType::kINT32;
@@ -456,6 +493,35 @@ Register roundtrip_test("serialization_round_trip", [] {
         EXPECT(output_shapes(p.get(), c, b1, in1) == output_shapes(q.get(), c, b2, in2), c.label,
                " deserialized plugin shapes");
     });
+});
+
+Register older_state_test("state_without_defaulted_fields_takes_their_defaults", [] {
+    // An engine built before a field with a default was added carries a state that ends before it:
+    // it loads as the default. Fewer fields than those without a default is corruption.
+    bool any = false;
+    for_each_case([&](const Case& c) {
+        size_t required = c.fields.size();
+        while (required > 0 && default_of(c, required - 1) != nullptr) --required;
+        if (required == c.fields.size()) return;
+        std::vector<FieldValue> as_default = c.fields;
+        for (size_t k = required; k < c.fields.size(); ++k) std::memcpy(&as_default[k].i, default_of(c, k), 4);
+        const std::vector<uint8_t> blob = serialize(Plugin(create(c, as_default)).get());
+        const size_t count_at = blob.size() - 8 * c.fields.size() - 4;  // u32 count, then 8 bytes per field
+        for (size_t count = 0; count < c.fields.size(); ++count) {
+            std::vector<uint8_t> older(blob.begin(), blob.end() - 8 * (c.fields.size() - count));
+            const uint32_t n = static_cast<uint32_t>(count);
+            std::memcpy(&older[count_at], &n, 4);
+            Plugin q(create_runtime(c.plugin, older.data(), static_cast<int32_t>(older.size())));
+            if (count < required) {
+                EXPECT(!q, c.label, ": a state of ", count, " fields accepted");
+                continue;
+            }
+            EXPECT(q, c.label, " state of ", count, " fields: ", padfree_trt_last_error());
+            EXPECT(serialize(q.get()) == blob, c.label, " state of ", count, " fields: not the defaults");
+            any = true;
+        }
+    });
+    EXPECT(any, "no case has a field with a default");
 });
 
 Register corrupt_test("corrupt_state_refused", [] {
@@ -749,9 +815,16 @@ void list_creators() {
         std::cout << creator->getPluginName() << " " << creator->getPluginVersion() << " "
                   << creator->getPluginNamespace();
         const PluginFieldCollection* fields = creator->getFieldNames();
-        for (int32_t f = 0; f < fields->nbFields; ++f)
+        for (int32_t f = 0; f < fields->nbFields; ++f) {
             std::cout << " " << fields->fields[f].name << ":"
                       << (fields->fields[f].type == PluginFieldType::kINT32 ? "int32" : "float32");
+            if (fields->fields[f].data != nullptr) {  // its default (an int32 or float32)
+                if (fields->fields[f].type == PluginFieldType::kINT32)
+                    std::cout << "=" << *static_cast<const int32_t*>(fields->fields[f].data);
+                else
+                    std::cout << "=" << *static_cast<const float*>(fields->fields[f].data);
+            }
+        }
         std::cout << "\n";
     }
     for (const Case& c : cases()) {

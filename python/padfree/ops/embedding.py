@@ -1,4 +1,4 @@
-"""Word + position + token-type embeddings of packed tokens, then LayerNorm, in one kernel."""
+"""Word + position + token-type embeddings of packed tokens, then LayerNorm (or not), in one kernel."""
 from __future__ import annotations
 
 import torch
@@ -20,7 +20,7 @@ from ._tensors import (
 
 
 def embedding_layernorm(input_ids: torch.Tensor, cu_seqlens: torch.Tensor, word_embeddings: torch.Tensor,
-                        position_embeddings: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor,
+                        position_embeddings: torch.Tensor, gamma: torch.Tensor | None, beta: torch.Tensor | None,
                         eps: float = 1e-12, token_type_ids: torch.Tensor | None = None,
                         token_type_embeddings: torch.Tensor | None = None, position_offset: int = 0,
                         out: torch.Tensor | None = None, prefetch: torch.Tensor | None = None) -> torch.Tensor:
@@ -28,11 +28,16 @@ def embedding_layernorm(input_ids: torch.Tensor, cu_seqlens: torch.Tensor, word_
 
     input_ids: int32 [T]; cu_seqlens: int32 [B+1]; token_type_ids: int32 [T] or None (type 0).
     word_embeddings [V, H], position_embeddings [P, H], token_type_embeddings [TV, H] or None (no
-    type term), gamma, beta [H]: one float dtype. Returns [T, H]. position_offset: 0 for BERT,
-    padding_idx + 1 for RoBERTa. Ids and positions out of range are clamped (memory safety, no
-    sync): callers validate ids on the host. prefetch: as for skip_layernorm.
+    type term), gamma, beta [H]: one float dtype. Returns [T, H]. gamma and beta both None: no
+    LayerNorm, the sum itself (in float32, rounded once to the dtype; Marian's and M2M100's
+    embedding), eps unused. position_offset: 0 for BERT, padding_idx + 1 for RoBERTa (and M2M100).
+    Ids and positions out of range are clamped (memory safety, no sync): callers validate ids on the
+    host. prefetch: as for skip_layernorm.
     """
     position_offset = check_int32(position_offset, "position_offset")
+    if (gamma is None) != (beta is None):
+        raise InputError(f"gamma and beta: give both (LayerNorm) or neither (no LayerNorm), got gamma "
+                         f"{'None' if gamma is None else 'a tensor'} and beta {'None' if beta is None else 'a tensor'}")
     check(input_ids, "input_ids", dtype=torch.int32, shape=[None])
     device = input_ids.device
     check(cu_seqlens, "cu_seqlens", dtype=torch.int32, shape=[None], device=device)
@@ -44,8 +49,8 @@ def embedding_layernorm(input_ids: torch.Tensor, cu_seqlens: torch.Tensor, word_
     like = word_embeddings
     check_float(position_embeddings, "position_embeddings", shape=[None, hidden], like=like)
     check_float(token_type_embeddings, "token_type_embeddings", shape=[None, hidden], like=like, optional=True)
-    check_float(gamma, "gamma", shape=[hidden], like=like)
-    check_float(beta, "beta", shape=[hidden], like=like)
+    check_float(gamma, "gamma", shape=[hidden], like=like, optional=True)
+    check_float(beta, "beta", shape=[hidden], like=like, optional=True)
     check_eps(eps)
     total_tokens = input_ids.numel()
     check(token_type_ids, "token_type_ids", dtype=torch.int32, shape=[total_tokens], device=device, optional=True)

@@ -211,6 +211,9 @@ class OnnxrtSeq2SeqGenerator:
         self.encoder_positions = int(manifest["encoder"]["max_positions"])
         self.decoder_positions = int(manifest["decoder"]["max_positions"])
         self.pad_token_id = int(manifest["decoder"]["pad_token_id"])
+        # an id a source may not hold on the packed encoder (M2M100's padding id: HF skips it in positions)
+        self.position_pad_id = manifest.get("encoder_plugins", {}).get("position_pad_id") \
+            if self.packed_encoder else None
         self.device = torch.device("cpu")
         self.ops = DecoderOps(self.device, self.head_dim, force_reference=True)
         self.runner = Runner(None, self.ops, self.device, use_graphs=False,
@@ -256,6 +259,7 @@ class OnnxrtSeq2SeqGenerator:
     def encode(self, sources: list[list[int]]) -> np.ndarray:
         """The encoder's hidden states of the valid tokens, packed: float32 [T, hidden]."""
         if self.packed_encoder:  # nothing padded: the tokens in, their rows out
+            self._check_position_pad_id(sources)
             lengths = [len(s) for s in sources]
             feeds = {"input_ids": np.concatenate([np.asarray(s, dtype=np.int32) for s in sources]),
                      "cu_seqlens": np.concatenate(([0], np.cumsum(lengths))).astype(np.int32),
@@ -269,6 +273,19 @@ class OnnxrtSeq2SeqGenerator:
             mask[i, :len(s)] = 1
         hidden = self.encoder.run(None, {"input_ids": ids, "attention_mask": mask})[0]
         return np.ascontiguousarray(hidden[mask.astype(bool)], dtype=np.float32)
+
+    def _check_position_pad_id(self, sources: list[list[int]]) -> None:
+        """The packed encoder numbers a source's tokens in order (offset + t); HF's M2M100 leaves its
+        padding id out of the count, so a source holding it would be encoded otherwise than HF's."""
+        pad = self.position_pad_id
+        if pad is None:
+            return
+        for index, source in enumerate(sources):
+            if pad in source:
+                raise InputError(f"source {index} holds the padding id {pad} at position {list(source).index(pad)}: "
+                                 f"the packed encoder (encoder.padfree.onnx) numbers positions in order, where the "
+                                 f"model skips that id; leave padding out of the sources (pass each source's "
+                                 f"tokens, or an attention_mask)")
 
     def generate(self, input_ids=None, attention_mask=None, generation_config=None, **kwargs):
         """HF-compatible generate, as padfree.generation.Seq2SeqGenerator.generate (same options and outputs)."""
