@@ -222,6 +222,44 @@ def decoder_step_graph(path: Path | None = None, hidden=128, heads=2, cache_len=
     return model
 
 
+def decoder_loop_graph(path: Path, steps: int = 4):
+    """decoder_step_graph's attentions and logits MatMul as the body of an ONNX Loop, the form of a
+    whole-generation engine: the K/V caches and the step loop-carried (aliased by the self-attention
+    inside the loop), each step's logits a scan output, the other inputs loop-invariant."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    step = decoder_step_graph()
+    g = step.graph
+    carried = {"k_cache": "k_cache_out", "v_cache": "v_cache_out", "step": "step_next"}
+    given = {v.name: v for v in g.input}
+    nodes = [n for n in g.node if n.op_type not in ("PadfreeLogitsTopK", "PadfreeBeamReorder")]
+    nodes += [helper.make_node("Constant", [], ["one"], value=numpy_helper.from_array(np.ones([1], np.int32))),
+              helper.make_node("Add", ["step", "one"], ["step_next"]),
+              helper.make_node("Identity", ["cond_in"], ["cond_out"])]
+    produced = {v.name: v for v in g.output}
+    body = helper.make_graph(
+        nodes, "step",
+        [helper.make_tensor_value_info("iteration", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, [])] + [given[c] for c in carried],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, [])]
+        + [produced.get(out) or helper.make_tensor_value_info(out, TensorProto.INT32, [1]) for out in carried.values()]
+        + [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["R", 100])])
+    loop = helper.make_node("Loop", ["trip_count", "keep_going"] + list(carried),
+                            [f"{c}_final" for c in carried] + ["all_logits"], body=body)
+    outputs = [helper.make_tensor_value_info(f"{c}_final", given[c].type.tensor_type.elem_type, None) for c in carried]
+    outputs.append(helper.make_tensor_value_info("all_logits", TensorProto.FLOAT, None))
+    invariant = [v for v in g.input if v.name not in carried and v.name not in ("cache_indir", "parents",
+                                                                                  "beam_scores", "forced_ids")]
+    inits = list(g.initializer) + [numpy_helper.from_array(np.array(steps, np.int64), "trip_count"),
+                                   numpy_helper.from_array(np.array(True), "keep_going")]
+    model = helper.make_model(helper.make_graph([loop], "decoder_loop", invariant + [given[c] for c in carried]
+                                                + [given["cache_indir"]], outputs, inits),
+                              opset_imports=list(step.opset_import))
+    onnx.save(model, str(path))
+    return model
+
+
 def test_decoder_step_graph_shapes_in_one_pass():
     """export/shapes.py infers every tensor of a graph of the decoder plugins from the spec's port
     expressions (R, L, 3*num_heads*head_dim, [1], k, fp32 scores), and the wiring check passes it."""
@@ -404,6 +442,38 @@ if plan is None:
 open(engine_path, "wb").write(bytes(plan))
 print(json.dumps(api.plugin_layers(network)))
 """
+
+
+@needs_library
+def test_decoder_plugins_inside_a_loop_build(tmp_path):
+    """The whole-generation engine's form: the decoder's attention plugins (the caches aliased and
+    loop-carried) and a MatMul inside an ONNX Loop parse and build with TensorRT-RTX on the CPU
+    (docs/PLUGINS.md, "Inside a Loop")."""
+    import json
+    import os
+    import sys
+    import tempfile
+
+    api = _rtx()
+    if not hasattr(api.trt, "PreviewFeature") or not hasattr(api.trt.PreviewFeature, "ALIASED_PLUGIN_IO_10_03"):
+        pytest.skip(f"{api.name} {api.version} has no ALIASED_PLUGIN_IO_10_03 preview feature")
+    model = decoder_loop_graph(tmp_path / "loop.onnx")
+    onnx_dims = {vi.name: [d.dim_param or d.dim_value for d in vi.type.tensor_type.shape.dim]
+                 for vi in model.graph.input}
+    script = f"_ONNX_DIMS = {onnx_dims!r}\n" + _DECODER_STEP_BUILD
+    engine = tmp_path / "loop.engine"
+    environment = dict(os.environ)
+    with tempfile.TemporaryDirectory(prefix="padfree-trt-") as links:
+        versioned = api.needs_parser_link()
+        if versioned is not None:
+            (Path(links) / "libtensorrt_rtx.so").symlink_to(versioned)
+            environment["LD_LIBRARY_PATH"] = links + os.pathsep + environment.get("LD_LIBRARY_PATH", "")
+        done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "loop.onnx"), str(engine), str(LIBRARY),
+                               "1"], capture_output=True, text=True, timeout=600, env=environment)
+    assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-2000:]
+    assert engine.stat().st_size > 0
+    layers = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [layer["plugin"] for layer in layers] == ["PadfreeDecoderSelfAttention", "PadfreeDecoderCrossAttention"]
 
 
 @needs_library
