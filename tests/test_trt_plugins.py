@@ -223,9 +223,10 @@ def decoder_step_graph(path: Path | None = None, hidden=128, heads=2, cache_len=
 
 
 def decoder_loop_graph(path: Path, steps: int = 4):
-    """decoder_step_graph's attentions and logits MatMul as the body of an ONNX Loop, the form of a
-    whole-generation engine: the K/V caches and the step loop-carried (aliased by the self-attention
-    inside the loop), each step's logits a scan output, the other inputs loop-invariant."""
+    """decoder_step_graph's attentions, logits MatMul and top-k as the body of an ONNX Loop, the form of
+    a whole-generation engine: the K/V caches and the step loop-carried (aliased by the self-attention
+    inside the loop), each step's candidates a scan output, the other inputs loop-invariant. The
+    plugins that take scratch hold their own (own_workspace 1): TensorRT-RTX gives none inside a loop."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -233,7 +234,12 @@ def decoder_loop_graph(path: Path, steps: int = 4):
     g = step.graph
     carried = {"k_cache": "k_cache_out", "v_cache": "v_cache_out", "step": "step_next"}
     given = {v.name: v for v in g.input}
-    nodes = [n for n in g.node if n.op_type not in ("PadfreeLogitsTopK", "PadfreeBeamReorder")]
+    nodes = [n for n in g.node if n.op_type != "PadfreeBeamReorder"]
+    for n in nodes:
+        if n.op_type in ("PadfreeDecoderSelfAttention", "PadfreeDecoderCrossAttention", "PadfreeLogitsTopK"):
+            kept = [a for a in n.attribute if a.name != "own_workspace"]
+            del n.attribute[:]
+            n.attribute.extend(kept + [helper.make_attribute("own_workspace", 1)])
     nodes += [helper.make_node("Constant", [], ["one"], value=numpy_helper.from_array(np.ones([1], np.int32))),
               helper.make_node("Add", ["step", "one"], ["step_next"]),
               helper.make_node("Identity", ["cond_in"], ["cond_out"])]
@@ -244,13 +250,12 @@ def decoder_loop_graph(path: Path, steps: int = 4):
          helper.make_tensor_value_info("cond_in", TensorProto.BOOL, [])] + [given[c] for c in carried],
         [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, [])]
         + [produced.get(out) or helper.make_tensor_value_info(out, TensorProto.INT32, [1]) for out in carried.values()]
-        + [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["R", 100])])
+        + [helper.make_tensor_value_info("ids", TensorProto.INT32, ["R", 5])])
     loop = helper.make_node("Loop", ["trip_count", "keep_going"] + list(carried),
-                            [f"{c}_final" for c in carried] + ["all_logits"], body=body)
+                            [f"{c}_final" for c in carried] + ["all_ids"], body=body)
     outputs = [helper.make_tensor_value_info(f"{c}_final", given[c].type.tensor_type.elem_type, None) for c in carried]
-    outputs.append(helper.make_tensor_value_info("all_logits", TensorProto.FLOAT, None))
-    invariant = [v for v in g.input if v.name not in carried and v.name not in ("cache_indir", "parents",
-                                                                                  "beam_scores", "forced_ids")]
+    outputs.append(helper.make_tensor_value_info("all_ids", TensorProto.INT32, None))
+    invariant = [v for v in g.input if v.name not in carried and v.name not in ("cache_indir", "parents")]
     inits = list(g.initializer) + [numpy_helper.from_array(np.array(steps, np.int64), "trip_count"),
                                    numpy_helper.from_array(np.array(True), "keep_going")]
     model = helper.make_model(helper.make_graph([loop], "decoder_loop", invariant + [given[c] for c in carried]
@@ -447,8 +452,8 @@ print(json.dumps(api.plugin_layers(network)))
 @needs_library
 def test_decoder_plugins_inside_a_loop_build(tmp_path):
     """The whole-generation engine's form: the decoder's attention plugins (the caches aliased and
-    loop-carried) and a MatMul inside an ONNX Loop parse and build with TensorRT-RTX on the CPU
-    (docs/PLUGINS.md, "Inside a Loop")."""
+    loop-carried), a MatMul and the top-k (own_workspace 1) inside an ONNX Loop parse and build with
+    TensorRT-RTX on the CPU (docs/PLUGINS.md, "Inside a Loop")."""
     import json
     import os
     import sys
@@ -473,7 +478,8 @@ def test_decoder_plugins_inside_a_loop_build(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-2000:]
     assert engine.stat().st_size > 0
     layers = json.loads(done.stdout.strip().splitlines()[-1])
-    assert [layer["plugin"] for layer in layers] == ["PadfreeDecoderSelfAttention", "PadfreeDecoderCrossAttention"]
+    assert [layer["plugin"] for layer in layers] == ["PadfreeDecoderSelfAttention", "PadfreeDecoderCrossAttention",
+                                                     "PadfreeLogitsTopK"]
 
 
 @needs_library

@@ -10,7 +10,8 @@ const Schema& DecoderCrossAttentionPlugin::schema() {
                           {{"num_beams", PluginFieldType::kINT32},
                            {"num_heads", PluginFieldType::kINT32},
                            {"head_dim", PluginFieldType::kINT32},
-                           {"softmax_scale", PluginFieldType::kFLOAT32}}};
+                           {"softmax_scale", PluginFieldType::kFLOAT32},
+                           {"own_workspace", PluginFieldType::kINT32, true, Scalar{0}}}};
     return s;
 }
 
@@ -20,7 +21,7 @@ bool DecoderCrossAttentionPlugin::validate(const std::vector<Scalar>& values, st
         return false;
     }
     return check_heads(values[kNumHeads].i, values[kHeadDim].i, 2, error) &&
-           check_softmax_scale(values[kSoftmaxScale].f, error);
+           check_softmax_scale(values[kSoftmaxScale].f, error) && check_flag(values[kOwnWorkspace].i, "own_workspace", error);
 }
 
 IoKind DecoderCrossAttentionPlugin::io_kind(int32_t pos) const {
@@ -49,13 +50,28 @@ bool DecoderCrossAttentionPlugin::output_shapes(const DimsExprs* inputs, DimsExp
 
 size_t DecoderCrossAttentionPlugin::getWorkspaceSize(const DynamicPluginTensorDesc* in, int32_t nbInputs,
                                                      const DynamicPluginTensorDesc*, int32_t) const noexcept {
-    if (nbInputs != kNumInputs || in[kQ].max.nbDims != 2 || in[kMaxSeqlen].max.nbDims != 1) return 0;
+    if (owns_workspace() || nbInputs != kNumInputs || in[kQ].max.nbDims != 2 || in[kMaxSeqlen].max.nbDims != 1) return 0;
     const int64_t max_seqlen = in[kMaxSeqlen].max.d[0];
     if (max_seqlen < 1 || max_seqlen > INT32_MAX) return 0;
     return max_workspace_over_rows(in[kQ].min.d[0], in[kQ].max.d[0], [&](int32_t rows, int64_t* bytes) {
         return padfree_decoder_cross_attention_workspace_size(rows, field_i32(kNumHeads), field_i32(kHeadDim),
                                                               static_cast<int32_t>(max_seqlen), bytes);
     });
+}
+
+int64_t DecoderCrossAttentionPlugin::workspace_bytes_at(const PluginTensorDesc* in, std::string& error) const {
+    int32_t rows = 0, max_seqlen = 0;
+    int64_t bytes = 0;
+    if (!check_rank(in[kQ], 2, "q", error) || !check_rank(in[kMaxSeqlen], 1, "max_seqlen", error) ||
+        !to_i32(in[kQ].dims.d[0], "rows", rows, error) || !to_i32(in[kMaxSeqlen].dims.d[0], "max_seqlen", max_seqlen, error))
+        return -1;
+    if (rows == 0) return 0;
+    if (padfree_decoder_cross_attention_workspace_size(rows, field_i32(kNumHeads), field_i32(kHeadDim), max_seqlen,
+                                                       &bytes) != PADFREE_OK) {
+        error = padfree_last_error();
+        return -1;
+    }
+    return bytes;
 }
 
 padfree_status DecoderCrossAttentionPlugin::run(const PluginTensorDesc* in, const PluginTensorDesc*,

@@ -9,7 +9,7 @@ namespace trt {
 
 class DecoderCrossAttentionPlugin final : public Plugin<DecoderCrossAttentionPlugin> {
 public:
-    enum Field { kNumBeams, kNumHeads, kHeadDim, kSoftmaxScale };
+    enum Field { kNumBeams, kNumHeads, kHeadDim, kSoftmaxScale, kOwnWorkspace };
     enum Input { kQ, kQBias, kKvMem, kCuSeqlens, kMaxSeqlen, kNumInputs };
 
     explicit DecoderCrossAttentionPlugin(std::vector<Scalar> values) : Plugin(schema(), std::move(values)) {}
@@ -21,6 +21,8 @@ public:
                             const nvinfer1::DynamicPluginTensorDesc* out, int32_t nbOutputs) const noexcept override;
 
 protected:
+    bool owns_workspace() const override { return field_i32(kOwnWorkspace) == 1; }
+    int64_t workspace_bytes_at(const nvinfer1::PluginTensorDesc* in, std::string& error) const override;
     int32_t expected_inputs() const override { return kNumInputs; }
     IoKind io_kind(int32_t pos) const override;
     bool output_shapes(const nvinfer1::DimsExprs* inputs, nvinfer1::DimsExprs* outputs,

@@ -11,13 +11,14 @@ const Schema& DecoderSelfAttentionPlugin::schema() {
     static const Schema s{"PadfreeDecoderSelfAttention",
                           {{"num_heads", PluginFieldType::kINT32},
                            {"head_dim", PluginFieldType::kINT32},
-                           {"softmax_scale", PluginFieldType::kFLOAT32}}};
+                           {"softmax_scale", PluginFieldType::kFLOAT32},
+                           {"own_workspace", PluginFieldType::kINT32, true, Scalar{0}}}};
     return s;
 }
 
 bool DecoderSelfAttentionPlugin::validate(const std::vector<Scalar>& values, std::string& error) {
     return check_heads(values[kNumHeads].i, values[kHeadDim].i, 3, error) &&
-           check_softmax_scale(values[kSoftmaxScale].f, error);
+           check_softmax_scale(values[kSoftmaxScale].f, error) && check_flag(values[kOwnWorkspace].i, "own_workspace", error);
 }
 
 int32_t DecoderSelfAttentionPlugin::getAliasedInput(int32_t outputIndex) noexcept {
@@ -58,13 +59,28 @@ bool DecoderSelfAttentionPlugin::output_shapes(const DimsExprs* inputs, DimsExpr
 
 size_t DecoderSelfAttentionPlugin::getWorkspaceSize(const DynamicPluginTensorDesc* in, int32_t nbInputs,
                                                     const DynamicPluginTensorDesc*, int32_t) const noexcept {
-    if (nbInputs != kNumInputs || in[kQkv].max.nbDims != 2 || in[kKCache].max.nbDims != 4) return 0;
+    if (owns_workspace() || nbInputs != kNumInputs || in[kQkv].max.nbDims != 2 || in[kKCache].max.nbDims != 4) return 0;
     const int64_t max_len = in[kKCache].max.d[2];
     if (max_len < 1 || max_len > INT32_MAX) return 0;
     return max_workspace_over_rows(in[kQkv].min.d[0], in[kQkv].max.d[0], [&](int32_t rows, int64_t* bytes) {
         return padfree_decoder_self_attention_workspace_size(rows, field_i32(kNumHeads), field_i32(kHeadDim),
                                                              static_cast<int32_t>(max_len), bytes);
     });
+}
+
+int64_t DecoderSelfAttentionPlugin::workspace_bytes_at(const PluginTensorDesc* in, std::string& error) const {
+    int32_t rows = 0, max_len = 0;
+    int64_t bytes = 0;
+    if (!check_rank(in[kQkv], 2, "qkv", error) || !check_rank(in[kKCache], 4, "k_cache", error) ||
+        !to_i32(in[kQkv].dims.d[0], "rows", rows, error) || !to_i32(in[kKCache].dims.d[2], "k_cache length (L)", max_len, error))
+        return -1;
+    if (rows == 0) return 0;
+    if (padfree_decoder_self_attention_workspace_size(rows, field_i32(kNumHeads), field_i32(kHeadDim), max_len, &bytes) !=
+        PADFREE_OK) {
+        error = padfree_last_error();
+        return -1;
+    }
+    return bytes;
 }
 
 padfree_status DecoderSelfAttentionPlugin::run(const PluginTensorDesc* in, const PluginTensorDesc* out,

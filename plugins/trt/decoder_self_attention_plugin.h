@@ -11,7 +11,7 @@ namespace trt {
 
 class DecoderSelfAttentionPlugin final : public Plugin<DecoderSelfAttentionPlugin> {
 public:
-    enum Field { kNumHeads, kHeadDim, kSoftmaxScale };
+    enum Field { kNumHeads, kHeadDim, kSoftmaxScale, kOwnWorkspace };
     enum Input { kQkv, kQkvBias, kKCache, kVCache, kCacheIndir, kStep, kNumInputs };
     enum Output { kContext, kKCacheOut, kVCacheOut, kNumOutputs };
 
@@ -25,6 +25,8 @@ public:
                             const nvinfer1::DynamicPluginTensorDesc* out, int32_t nbOutputs) const noexcept override;
 
 protected:
+    bool owns_workspace() const override { return field_i32(kOwnWorkspace) == 1; }
+    int64_t workspace_bytes_at(const nvinfer1::PluginTensorDesc* in, std::string& error) const override;
     int32_t expected_inputs() const override { return kNumInputs; }
     IoKind io_kind(int32_t pos) const override;
     bool output_shapes(const nvinfer1::DimsExprs* inputs, nvinfer1::DimsExprs* outputs,

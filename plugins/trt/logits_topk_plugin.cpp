@@ -16,7 +16,8 @@ const Schema& LogitsTopKPlugin::schema() {
                            {"has_beam_scores", PluginFieldType::kINT32},
                            {"has_banned", PluginFieldType::kINT32},
                            {"has_penalty", PluginFieldType::kINT32},
-                           {"has_forced", PluginFieldType::kINT32}}};
+                           {"has_forced", PluginFieldType::kINT32},
+                           {"own_workspace", PluginFieldType::kINT32, true, Scalar{0}}}};
     return s;
 }
 
@@ -35,7 +36,8 @@ bool LogitsTopKPlugin::validate(const std::vector<Scalar>& values, std::string& 
            check_flag(values[kHasBeamScores].i, "has_beam_scores", error) &&
            check_flag(values[kHasBanned].i, "has_banned", error) &&
            check_flag(values[kHasPenalty].i, "has_penalty", error) &&
-           check_flag(values[kHasForced].i, "has_forced", error);
+           check_flag(values[kHasForced].i, "has_forced", error) &&
+           check_flag(values[kOwnWorkspace].i, "own_workspace", error);
 }
 
 bool LogitsTopKPlugin::present(Role role) const {
@@ -92,7 +94,7 @@ bool LogitsTopKPlugin::output_shapes(const DimsExprs* inputs, DimsExprs* outputs
 
 size_t LogitsTopKPlugin::getWorkspaceSize(const DynamicPluginTensorDesc* in, int32_t nbInputs,
                                           const DynamicPluginTensorDesc*, int32_t) const noexcept {
-    if (nbInputs != expected_inputs()) return 0;
+    if (owns_workspace() || nbInputs != expected_inputs()) return 0;
     const DynamicPluginTensorDesc& logits = in[input_index(kLogits)];
     if (logits.max.nbDims != 2) return 0;
     const int64_t rows = logits.max.d[0], vocab = logits.max.d[1];
@@ -102,6 +104,21 @@ size_t LogitsTopKPlugin::getWorkspaceSize(const DynamicPluginTensorDesc* in, int
                                            &bytes) != PADFREE_OK)
         return 0;  // enqueue reports the C ABI's refusal
     return static_cast<size_t>(bytes);
+}
+
+int64_t LogitsTopKPlugin::workspace_bytes_at(const PluginTensorDesc* in, std::string& error) const {
+    const PluginTensorDesc& logits = in[input_index(kLogits)];
+    int32_t rows = 0, vocab = 0;
+    int64_t bytes = 0;
+    if (!check_rank(logits, 2, "logits", error) || !to_i32(logits.dims.d[0], "rows", rows, error) ||
+        !to_i32(logits.dims.d[1], "vocabulary", vocab, error))
+        return -1;
+    if (rows == 0) return 0;
+    if (padfree_logits_topk_workspace_size(rows, vocab, field_i32(kK), &bytes) != PADFREE_OK) {
+        error = padfree_last_error();
+        return -1;
+    }
+    return bytes;
 }
 
 padfree_status LogitsTopKPlugin::run(const PluginTensorDesc* in, const PluginTensorDesc*, const void* const* inputs,

@@ -10,7 +10,10 @@ namespace trt {
 
 class LogitsTopKPlugin final : public Plugin<LogitsTopKPlugin> {
 public:
-    enum Field { kK, kNormalize, kRepetitionPenalty, kHasBias, kHasBeamScores, kHasBanned, kHasPenalty, kHasForced };
+    enum Field {
+        kK, kNormalize, kRepetitionPenalty, kHasBias, kHasBeamScores, kHasBanned, kHasPenalty, kHasForced,
+        kOwnWorkspace
+    };
     // Roles of the inputs in plugins.json order; their positions come from input_index().
     enum Role { kLogits, kBias, kBeamScores, kBannedIds, kPenaltyIds, kForcedIds, kNumRoles };
     enum Output { kScores, kIds };
@@ -24,6 +27,8 @@ public:
                             const nvinfer1::DynamicPluginTensorDesc* out, int32_t nbOutputs) const noexcept override;
 
 protected:
+    bool owns_workspace() const override { return field_i32(kOwnWorkspace) == 1; }
+    int64_t workspace_bytes_at(const nvinfer1::PluginTensorDesc* in, std::string& error) const override;
     int32_t expected_inputs() const override;
     IoKind io_kind(int32_t pos) const override;
     bool output_shapes(const nvinfer1::DimsExprs* inputs, nvinfer1::DimsExprs* outputs,

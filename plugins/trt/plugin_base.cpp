@@ -1,5 +1,7 @@
 #include "plugin_base.h"
 
+#include <cuda_runtime_api.h>
+
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -159,10 +161,51 @@ bool check_flag(int32_t value, const char* name, std::string& error) {
 PluginBase::PluginBase(const Schema& schema, std::vector<Scalar> values)
     : schema_(schema), values_(std::move(values)) {}
 
-// TensorRT's recorder stays with the context the original was attached to; a clone starts without.
+// TensorRT's recorder and allocator stay with the context the original was attached to, and its
+// scratch with it; a clone starts without any.
 PluginBase::PluginBase(const PluginBase& other)
     : IPluginV3(other), IPluginV3OneCore(other), IPluginV3OneBuildV2(other), IPluginV3OneRuntime(other),
       schema_(other.schema_), values_(other.values_) {}
+
+PluginBase::~PluginBase() { release_scratch(); }
+
+void PluginBase::release_scratch() noexcept {
+    if (scratch_ == nullptr) return;
+    // Stream-ordered frees would need the stream the scratch was last used on; a plugin is destroyed
+    // after its context's work, so the synchronous free is safe and simple.
+    if (allocator_ != nullptr) {
+        allocator_->deallocateAsync(scratch_, nullptr);
+    } else {
+        cudaFree(scratch_);
+    }
+    scratch_ = nullptr;
+    scratch_bytes_ = 0;
+}
+
+int32_t PluginBase::reserve_scratch(const PluginTensorDesc* in, bool quiet_query) noexcept {
+    std::string error;
+    int64_t bytes = -1;
+    try {
+        bytes = workspace_bytes_at(in, error);
+    } catch (const std::exception& e) {
+        error = e.what();
+    }
+    if (bytes < 0) return quiet_query ? 0 : fail(ErrorCode::kINVALID_ARGUMENT, concat("own workspace: ", error));
+    if (bytes <= scratch_bytes_) return 0;
+    release_scratch();
+    void* memory = nullptr;
+    if (allocator_ != nullptr) {
+        memory = allocator_->allocateAsync(static_cast<uint64_t>(bytes), 256, 0, nullptr);
+    } else if (cudaMalloc(&memory, static_cast<size_t>(bytes)) != cudaSuccess) {
+        cudaGetLastError();  // clear it: the failure is reported below
+        memory = nullptr;
+    }
+    if (memory == nullptr)
+        return fail(ErrorCode::kFAILED_ALLOCATION, concat("own workspace: ", bytes, " bytes could not be allocated"));
+    scratch_ = memory;
+    scratch_bytes_ = bytes;
+    return 0;
+}
 
 IPluginCapability* PluginBase::getCapabilityInterface(PluginCapabilityType type) noexcept {
     switch (type) {
@@ -191,9 +234,12 @@ int32_t PluginBase::configurePlugin(const DynamicPluginTensorDesc*, int32_t nbIn
     return check_io_counts(nbInputs, nbOutputs, "configurePlugin") ? 0 : 1;
 }
 
-int32_t PluginBase::onShapeChange(const PluginTensorDesc*, int32_t nbInputs, const PluginTensorDesc*,
+int32_t PluginBase::onShapeChange(const PluginTensorDesc* in, int32_t nbInputs, const PluginTensorDesc*,
                                   int32_t nbOutputs) noexcept {
-    return check_io_counts(nbInputs, nbOutputs, "onShapeChange") ? 0 : 1;
+    if (!check_io_counts(nbInputs, nbOutputs, "onShapeChange")) return 1;
+    // TensorRT calls this before enqueue whenever the shapes change, outside any stream capture: the
+    // place to allocate.
+    return owns_workspace() ? reserve_scratch(in, false) : 0;
 }
 
 int32_t PluginBase::getOutputDataTypes(DataType* outputTypes, int32_t nbOutputs, const DataType* inputTypes,
@@ -276,6 +322,12 @@ int32_t PluginBase::enqueue(const PluginTensorDesc* inputDesc, const PluginTenso
                             cudaStream_t stream) noexcept {
     std::string error;
     padfree_status status = PADFREE_ERROR_INVALID_ARGUMENT;
+    if (owns_workspace()) {
+        // onShapeChange reserved it for these shapes; a direct caller that skipped it gets it here.
+        // Shapes the query refuses are left to run(), whose checks name what is wrong.
+        if (reserve_scratch(inputDesc, true) != 0) return 1;
+        workspace = scratch_;
+    }
     try {
         status = run(inputDesc, outputDesc, inputs, outputs, workspace, stream, error);
     } catch (const std::exception& e) {
@@ -291,7 +343,10 @@ int32_t PluginBase::enqueue(const PluginTensorDesc* inputDesc, const PluginTenso
 
 IPluginV3* PluginBase::attachToContext(IPluginResourceContext* context) noexcept {
     IPluginV3* copy = clone();
-    if (copy != nullptr && context != nullptr) static_cast<PluginBase*>(copy)->recorder_ = context->getErrorRecorder();
+    if (copy != nullptr && context != nullptr) {
+        static_cast<PluginBase*>(copy)->recorder_ = context->getErrorRecorder();
+        static_cast<PluginBase*>(copy)->allocator_ = context->getGpuAllocator();
+    }
     return copy;
 }
 

@@ -62,7 +62,7 @@ public:
     PluginBase(const Schema& schema, std::vector<Scalar> values);
     PluginBase(const PluginBase& other);
     PluginBase& operator=(const PluginBase&) = delete;
-    ~PluginBase() override = default;
+    ~PluginBase() override;
 
     // IPluginV3
     nvinfer1::IPluginCapability* getCapabilityInterface(nvinfer1::PluginCapabilityType type) noexcept override;
@@ -113,6 +113,18 @@ protected:
                                const void* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream,
                                std::string& error) const = 0;
 
+    // A plugin whose own_workspace field is 1 holds its scratch instead of asking TensorRT for a
+    // workspace (TensorRT-RTX cannot give one to a plugin inside a loop: docs/PLUGINS.md). It answers
+    // getWorkspaceSize with 0 and states here the C ABI's query at the run-time shapes; the base
+    // allocates that much when the shapes change (through the context's GPU allocator, cudaMalloc
+    // without one) and hands it to run() as `workspace`.
+    virtual bool owns_workspace() const { return false; }
+    // Bytes of scratch at these shapes; -1 with `error` set where the query fails.
+    virtual int64_t workspace_bytes_at(const nvinfer1::PluginTensorDesc* in, std::string& error) const {
+        (void)in, (void)error;
+        return 0;
+    }
+
     int32_t field_i32(size_t index) const { return values_[index].i; }
     float field_f32(size_t index) const { return values_[index].f; }
     // Reports through this plugin's recorder, prefixed with the plugin's name; returns 1 (failure).
@@ -120,10 +132,17 @@ protected:
 
 private:
     bool check_io_counts(int32_t nbInputs, int32_t nbOutputs, const char* where) const;
+    // Grows the held scratch to workspace_bytes_at(in); 0 on success, else the failure reported (a
+    // failed size query too, unless quiet_query).
+    int32_t reserve_scratch(const nvinfer1::PluginTensorDesc* in, bool quiet_query) noexcept;
+    void release_scratch() noexcept;
 
     const Schema& schema_;
     std::vector<Scalar> values_;
     nvinfer1::IErrorRecorder* recorder_ = nullptr;
+    nvinfer1::IGpuAllocator* allocator_ = nullptr;  // the context's (attachToContext); null: cudaMalloc
+    void* scratch_ = nullptr;                       // own_workspace's memory, never shared with a clone
+    int64_t scratch_bytes_ = 0;
     std::vector<uint8_t> state_;  // backs serialized_ while TensorRT reads it
     nvinfer1::PluginField serialized_;
     nvinfer1::PluginFieldCollection serialized_collection_{};

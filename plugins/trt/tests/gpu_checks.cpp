@@ -439,6 +439,64 @@ Register decoder_cross_attention_gpu("gpu_decoder_cross_attention_vs_c_abi", [] 
     }
 });
 
+Register own_workspace_gpu("gpu_decoder_own_workspace_vs_c_abi", [] {
+    // own_workspace 1 (plugins inside a loop): no workspace from TensorRT, the plugin's own scratch, sized
+    // at onShapeChange; the result bit for bit the C ABI's with a workspace of the queried size. A cache
+    // of 256 positions makes the self-attention split (its workspace is then > 0); top-k always has one.
+    require_gpu();
+    const DataType t = DataType::kHALF;
+    const padfree_dtype dt = abi_dtype(t);
+    {
+        const int32_t rows = 6, heads = 2, head_dim = 64, L = 256, step = 200, width = heads * head_dim;
+        auto plugin = make("decoder_self_attention", {int_field("num_heads", heads), int_field("head_dim", head_dim),
+                                                      float_field("softmax_scale", 0.125f), int_field("own_workspace", 1)});
+        Tensor qkv({rows, 3 * width}, t), bias({3 * width}, t), indir({rows, L}, DataType::kINT32), step_t({1}, DataType::kINT32);
+        Tensor k({rows, heads, L, head_dim}, t), v({rows, heads, L, head_dim}, t);
+        Tensor k_ref({rows, heads, L, head_dim}, t), v_ref({rows, heads, L, head_dim}, t);
+        qkv.upload(random_floats(qkv.count(), t));
+        bias.upload(random_floats(bias.count(), t));
+        const std::vector<uint8_t> k_host = random_floats(k.count(), t), v_host = random_floats(v.count(), t);
+        for (Tensor* c : {&k, &k_ref}) c->upload(k_host);
+        for (Tensor* c : {&v, &v_ref}) c->upload(v_host);
+        indir.upload(int_bytes(random_int_values(int64_t{rows} * L, 0, rows - 1)));
+        step_t.upload(int_bytes({step}));
+        Tensor out({rows, width}, t), ref({rows, width}, t);
+        Workspace none(plugin.get(), {&qkv, &bias, &k, &v, &indir, &step_t, &out, &k, &v}, 6);
+        EXPECT(none.bytes == 0, "own_workspace asked TensorRT for ", none.bytes, " bytes");
+        enqueue(plugin.get(), {&qkv, &bias, &k, &v, &indir, &step_t}, {&out, &k, &v});
+        int64_t bytes = 0;
+        expect_abi(padfree_decoder_self_attention_workspace_size(rows, heads, head_dim, L, &bytes));
+        EXPECT(bytes > 0, "no split at L = ", L);
+        void* ws = nullptr;
+        CUDA_OK(cudaMalloc(&ws, static_cast<size_t>(bytes)));
+        expect_abi(padfree_decoder_self_attention(qkv.ptr, bias.ptr, k_ref.ptr, v_ref.ptr,
+                                                  static_cast<const int32_t*>(indir.ptr),
+                                                  static_cast<const int32_t*>(step_t.ptr), rows, heads, head_dim, L,
+                                                  0.125f, ws, bytes, dt, ref.ptr, nullptr));
+        cudaFree(ws);
+        same_bytes(out, ref, "PadfreeDecoderSelfAttention own_workspace context");
+        same_bytes(k, k_ref, "PadfreeDecoderSelfAttention own_workspace k_cache");
+    }
+    {
+        const int32_t rows = 6, vocab = 1000;
+        auto plugin = make("logits_topk_greedy");  // its case holds own_workspace 1
+        Tensor logits({rows, vocab}, t), scores({rows, 1}, DataType::kFLOAT), ids({rows, 1}, DataType::kINT32);
+        Tensor scores_ref({rows, 1}, DataType::kFLOAT), ids_ref({rows, 1}, DataType::kINT32);
+        logits.upload(random_floats(logits.count(), t, -4.0f, 4.0f));
+        enqueue(plugin.get(), {&logits}, {&scores, &ids});
+        int64_t bytes = 0;
+        expect_abi(padfree_logits_topk_workspace_size(rows, vocab, 1, &bytes));
+        void* ws = nullptr;
+        CUDA_OK(cudaMalloc(&ws, static_cast<size_t>(bytes)));
+        expect_abi(padfree_logits_topk(logits.ptr, nullptr, nullptr, nullptr, 0, 1.0f, nullptr, 0, nullptr, rows, vocab,
+                                       1, 0, ws, bytes, dt, static_cast<float*>(scores_ref.ptr),
+                                       static_cast<int32_t*>(ids_ref.ptr), nullptr));
+        cudaFree(ws);
+        same_bytes(scores, scores_ref, "PadfreeLogitsTopK own_workspace scores");
+        same_bytes(ids, ids_ref, "PadfreeLogitsTopK own_workspace ids");
+    }
+});
+
 Register logits_topk_gpu("gpu_logits_topk_vs_c_abi", [] {
     require_gpu();
     const int32_t rows = 6, vocab = 1000, banned = 3, penalty = 5;

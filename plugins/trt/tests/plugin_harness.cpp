@@ -136,39 +136,41 @@ const std::vector<Case>& cases() {
         // A decoding step: R = 6 hypotheses (3 sources x 2 beams), a cache of L = 16 positions; R is a
         // runtime dimension, the cache length, heads and sizes constants, as in a per-step engine.
         {"decoder_self_attention", "PadfreeDecoderSelfAttention",
-         {int_field("num_heads", 2), int_field("head_dim", 64), float_field("softmax_scale", 0.125f)},
+         {int_field("num_heads", 2), int_field("head_dim", 64), float_field("softmax_scale", 0.125f),
+          int_field("own_workspace", 0)},
          "ffffii" "fff", 6,
          {{6, 384}, {384}, {6, 2, 16, 64}, {6, 2, 16, 64}, {6, 16}, {1}},
          {dyn2, const1, {true, false, false, false}, {true, false, false, false}, dyn2, const1},
          {{6, 128}, {6, 2, 16, 64}, {6, 2, 16, 64}},
          {{0, 1, 383}, {1, 0, 192}, {2, 1, 3}, {2, 3, 32}, {3, 3, 128}, {4, 1, 15}, {5, 0, 2}},
          {int_field("num_heads", 0), int_field("head_dim", -64), float_field("softmax_scale", -1.0f),
-          float_field("softmax_scale", NAN)}},
+          float_field("softmax_scale", NAN), int_field("own_workspace", 2)}},
         {"decoder_cross_attention", "PadfreeDecoderCrossAttention",
          {int_field("num_beams", 2), int_field("num_heads", 2), int_field("head_dim", 64),
-          float_field("softmax_scale", 0.125f)},
+          float_field("softmax_scale", 0.125f), int_field("own_workspace", 0)},
          "fffim" "f", 5,
          {{6, 128}, {128}, {37, 256}, {4}, {20}},
          {dyn2, const1, dyn2, dyn1, dyn1},
          {{6, 128}},
          {{0, 1, 127}, {1, 0, 64}, {2, 1, 128}},
          {int_field("num_beams", 0), int_field("num_heads", -1), int_field("head_dim", 0),
-          float_field("softmax_scale", INFINITY)}},
+          float_field("softmax_scale", INFINITY), int_field("own_workspace", -1)}},
         {"logits_topk_all_inputs", "PadfreeLogitsTopK",
          {int_field("k", 4), int_field("normalize", 1), float_field("repetition_penalty", 1.2f),
           int_field("has_bias", 1), int_field("has_beam_scores", 1), int_field("has_banned", 1),
-          int_field("has_penalty", 1), int_field("has_forced", 1)},
+          int_field("has_penalty", 1), int_field("has_forced", 1), int_field("own_workspace", 0)},
          "ffFiii" "Fi", 6,
          {{6, 100}, {100}, {6}, {6, 3}, {6, 5}, {6}},
          {dyn2, const1, dyn1, dyn2, dyn2, dyn1},
          {{6, 4}, {6, 4}},
          {{1, 0, 99}},
          {int_field("k", 0), int_field("normalize", 2), float_field("repetition_penalty", 0.0f),
-          float_field("repetition_penalty", NAN), int_field("has_bias", 2), int_field("has_forced", -1)}},
+          float_field("repetition_penalty", NAN), int_field("has_bias", 2), int_field("has_forced", -1),
+          int_field("own_workspace", 3)}},
         {"logits_topk_greedy", "PadfreeLogitsTopK",
          {int_field("k", 1), int_field("normalize", 0), float_field("repetition_penalty", 1.0f),
           int_field("has_bias", 0), int_field("has_beam_scores", 0), int_field("has_banned", 0),
-          int_field("has_penalty", 0), int_field("has_forced", 0)},
+          int_field("has_penalty", 0), int_field("has_forced", 0), int_field("own_workspace", 1)},
          "f" "Fi", 1,
          {{6, 100}},
          {dyn2},
@@ -703,6 +705,17 @@ Register workspace_test("decoder_workspace_is_the_c_abis_at_the_profile_bounds",
         io[0].max.d[1] = io[1].max.d[0] = 32000;
     }));
     EXPECT(bytes > 0 && topk_got == static_cast<size_t>(bytes), "top-k: ", topk_got, " vs ", bytes);
+    // own_workspace 1: the plugin holds its scratch and asks TensorRT for none, at any profile.
+    for (const Case* c : {&self, &cross, &topk}) {
+        Plugin own(create(*c, with_fields(*c, {int_field("own_workspace", 1)})));
+        std::vector<DynamicPluginTensorDesc> wide = profile(*c, [&](auto& io) {
+            for (auto& d : io)
+                for (int32_t k = 0; k < d.max.nbDims; ++k) d.max.d[k] = std::max<int64_t>(d.max.d[k], 64);
+        });
+        EXPECT(build_of(own.get())->getWorkspaceSize(wide.data(), c->nb_inputs, wide.data() + c->nb_inputs,
+                                                     static_cast<int32_t>(wide.size()) - c->nb_inputs) == 0,
+               c->label, " with own_workspace asked TensorRT for a workspace");
+    }
     // A head_dim the kernels are not built for: no workspace asked (enqueue reports the C ABI's refusal).
     Plugin odd(create(self, with_fields(self, {int_field("head_dim", 32)})));
     std::vector<DynamicPluginTensorDesc> io = profile(self, [](auto&) {});
