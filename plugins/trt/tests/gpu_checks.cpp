@@ -479,7 +479,10 @@ Register own_workspace_gpu("gpu_decoder_own_workspace_vs_c_abi", [] {
     }
     {
         const int32_t rows = 6, vocab = 1000;
-        auto plugin = make("logits_topk_greedy");  // its case holds own_workspace 1
+        auto plugin = make("logits_topk_greedy",
+                           {int_field("k", 1), int_field("normalize", 0), float_field("repetition_penalty", 1.0f),
+                            int_field("has_bias", 0), int_field("has_beam_scores", 0), int_field("has_banned", 0),
+                            int_field("has_penalty", 0), int_field("has_forced", 0), int_field("own_workspace", 1)});
         Tensor logits({rows, vocab}, t), scores({rows, 1}, DataType::kFLOAT), ids({rows, 1}, DataType::kINT32);
         Tensor scores_ref({rows, 1}, DataType::kFLOAT), ids_ref({rows, 1}, DataType::kINT32);
         logits.upload(random_floats(logits.count(), t, -4.0f, 4.0f));

@@ -170,7 +170,7 @@ const std::vector<Case>& cases() {
         {"logits_topk_greedy", "PadfreeLogitsTopK",
          {int_field("k", 1), int_field("normalize", 0), float_field("repetition_penalty", 1.0f),
           int_field("has_bias", 0), int_field("has_beam_scores", 0), int_field("has_banned", 0),
-          int_field("has_penalty", 0), int_field("has_forced", 0), int_field("own_workspace", 1)},
+          int_field("has_penalty", 0), int_field("has_forced", 0), int_field("own_workspace", 0)},
          "f" "Fi", 1,
          {{6, 100}},
          {dyn2},
