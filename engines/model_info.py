@@ -60,6 +60,15 @@ def _tensor(value_info) -> Tensor:
     return Tensor(value_info.name, dtype, dims)
 
 
+def _nodes(graph):
+    """The graph's nodes and, depth first, those of its subgraphs (a Loop's body)."""
+    for n in graph.node:
+        yield n
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                yield from _nodes(a.g)
+
+
 def read(path: str | Path) -> ModelInfo:
     """Reads the graph structure only (external weights are not loaded)."""
     from padfree.export.errors import ExportError
@@ -72,21 +81,26 @@ def read(path: str | Path) -> ModelInfo:
     initializer_names = {i.name for i in graph.initializer}
     inputs = [_tensor(i) for i in graph.input if i.name not in initializer_names]
     outputs = [_tensor(o) for o in graph.output]
-    float_types = {o.type.tensor_type.elem_type for o in graph.output} & set(_FLOAT_DTYPES)
+    generation = [o.name for o in graph.output] == ["sequences", "lengths"]  # generation.padfree.onnx
+    # a generation graph's outputs are token ids: its weights' dtype is the model's
+    typed = graph.initializer if generation else [o.type.tensor_type for o in graph.output]
+    float_types = {getattr(t, "elem_type", getattr(t, "data_type", None)) for t in typed} & set(_FLOAT_DTYPES)
     if len(float_types) != 1:
-        raise BuildError(f"{path}: expected float outputs of one dtype (float32, float16 or bfloat16)")
+        raise BuildError(f"{path}: expected float {'weights' if generation else 'outputs'} of one dtype (float32,"
+                         " float16 or bfloat16)")
     plugin_nodes: dict[str, int] = {}
     attention_sizes = []
-    for n in graph.node:
+    for n in _nodes(graph):
         if n.domain == PLUGIN_NAMESPACE or n.op_type.startswith("Padfree"):
             plugin_nodes[n.op_type] = plugin_nodes.get(n.op_type, 0) + 1
         if n.op_type == "PadfreeAttention":
             fields = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
             attention_sizes.append((int(fields.get("num_heads", 0)), int(fields.get("head_dim", 0))))
     names = {t.name for t in inputs}
-    io = ("decoder_step" if "cache_indir" in names else "cross_kv" if "encoder_hidden_states" in names
-          else "packed" if "cu_seqlens" in names else "padded")
-    beams = {int(onnx.helper.get_attribute_value(a)) for n in graph.node if n.op_type == "PadfreeDecoderCrossAttention"
+    io = ("generation" if generation else "decoder_step" if "cache_indir" in names
+          else "cross_kv" if "encoder_hidden_states" in names else "packed" if "cu_seqlens" in names else "padded")
+    beams = {int(onnx.helper.get_attribute_value(a)) for n in _nodes(graph)
+             if n.op_type == "PadfreeDecoderCrossAttention"
              for a in n.attribute if a.name == "num_beams"}
     if len(beams) > 1:
         raise BuildError(f"{path}: the cross-attention nodes disagree on num_beams ({sorted(beams)})")
@@ -95,7 +109,7 @@ def read(path: str | Path) -> ModelInfo:
                      plugins=sorted(plugin_nodes), plugin_nodes=plugin_nodes, attention_sizes=attention_sizes,
                      num_beams=beams.pop() if beams else None,
                      aliased_plugin_io=any(p in plugin_nodes for p in ALIASING_PLUGINS))
-    if io in ("decoder_step", "cross_kv"):
+    if io in ("decoder_step", "cross_kv", "generation"):
         return info  # no token embedding or position table of an encoder to size
     meta = {p.key: p.value for p in model.metadata_props}
 

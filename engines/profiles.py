@@ -29,7 +29,9 @@ _PADDED_ROLES = {"input_ids": "B,S", "attention_mask": "B,S", "token_type_ids": 
 _STEP_ROLES = {"input_ids": "R", "step": "=", "cache_indir": "R,L", "cu_seqlens": "B+1", "max_seqlen": "S",
                "past_key.*": "R,=,L,=", "past_value.*": "R,=,L,=", "cross_kv.*": "T,="}
 _CROSS_KV_ROLES = {"encoder_hidden_states": "T,="}
-_TABLES = {"packed": _PACKED_ROLES, "padded": _PADDED_ROLES, "decoder_step": _STEP_ROLES, "cross_kv": _CROSS_KV_ROLES}
+# generation.padfree.onnx takes the packed encoder's inputs (its caches live inside its loop)
+_TABLES = {"packed": _PACKED_ROLES, "padded": _PADDED_ROLES, "decoder_step": _STEP_ROLES, "cross_kv": _CROSS_KV_ROLES,
+           "generation": _PACKED_ROLES}
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ FORMAT = "padfree-engine"
 FORMAT_VERSION = 1
 _REQUIRED = ("format", "format_version", "padfree_version", "backend", "model", "precision", "profiles",
              "inputs", "outputs", "engine")
-IO_FORMS = ("packed", "padded", "decoder_step", "cross_kv")  # the last two: a seq2seq export's graphs (built, not run)
+# the last three: a seq2seq export's graphs (built, not run)
+IO_FORMS = ("packed", "padded", "decoder_step", "cross_kv", "generation")
 # Input dtypes the engine backend can feed (numpy-style names, as model_info records them).
 INPUT_DTYPES = ("int32", "int64", "bool", "float32", "float16", "bfloat16")
 _PACKED_INPUTS = ("input_ids", "cu_seqlens", "max_seqlen")  # the backend feeds these by name

@@ -35,7 +35,8 @@ def output_set(out: Path) -> list[Path]:
 
 def export(source, out_dir: str | Path, io: str | None = None, opset: int | None = None,
            allow_partial: bool = False, attn_implementation: str | None = None, dtype: str = "fp32",
-           num_beams: int | None = None, task: str | None = None, allow_unused_weights: bool = False):
+           num_beams: int | None = None, task: str | None = None, allow_unused_weights: bool = False,
+           generation_tokens: int | None = None):
     """Export `source` (a built-in name, a local HF directory, or an HF model object) to out_dir.
 
     task: one of export.tasks.TASKS (feature-extraction, text-classification, token-classification,
@@ -50,7 +51,9 @@ def export(source, out_dir: str | Path, io: str | None = None, opset: int | None
     written too); io "packed" adds encoder.padfree.onnx, the encoder rewritten onto plugin nodes on
     packed tokens (the default, "padded", keeps the padded encoder as the engines' encoder). num_beams
     (seq2seq only): the beam width decoder_step.padfree.onnx serves (default the model's
-    generation_config.num_beams). An encoder returns an ExportResult, as follows (io None: "packed").
+    generation_config.num_beams). generation_tokens (seq2seq with io "packed"): also write
+    generation.padfree.onnx, a whole greedy generation of that many new tokens in one graph. An
+    encoder returns an ExportResult, as follows (io None: "packed").
 
     Writes out_dir/model.onnx (the plain export, dynamic batch and sequence axes),
     out_dir/model.padfree.onnx (rewritten onto padfree plugin nodes, `io` form) and
@@ -76,9 +79,12 @@ def export(source, out_dir: str | Path, io: str | None = None, opset: int | None
     if is_seq2seq_source(source):
         if task is not None:
             raise ExportError("--task applies to encoders; an encoder-decoder exports its generation graphs")
-        return _export_seq2seq(source, out_dir, io, opset, allow_partial, attn_implementation, dtype, num_beams)
+        return _export_seq2seq(source, out_dir, io, opset, allow_partial, attn_implementation, dtype, num_beams,
+                               generation_tokens)
     if num_beams is not None:
         raise ExportError("num_beams is an encoder-decoder export's option (the beam width of its decoder step)")
+    if generation_tokens is not None:
+        raise ExportError("generation_tokens is an encoder-decoder export's option (its whole-generation graph)")
     io = "packed" if io is None else io
     if io not in ("packed", "padded"):  # checked before the slow export, not after it
         raise ExportError(f"io must be 'packed' or 'padded', got {io!r}")
@@ -136,7 +142,8 @@ def _model_object(model, task: str | None, allow_unused_weights: bool):
                          if task == tasks.FEATURE_EXTRACTION else ""))
 
 
-def _export_seq2seq(source, out_dir, io, opset, allow_partial, attn_implementation, dtype, num_beams=None):
+def _export_seq2seq(source, out_dir, io, opset, allow_partial, attn_implementation, dtype, num_beams=None,
+                    generation_tokens=None):
     from .exporter import DEFAULT_OPSET, MIN_OPSET
     from .seq2seq import models as seq2seq_models
     from .seq2seq.pipeline import export_seq2seq
@@ -158,4 +165,5 @@ def _export_seq2seq(source, out_dir, io, opset, allow_partial, attn_implementati
         model, description = source, type(source).__name__
     outputs.remove(output_set(out))     # an encoder export's files in the same folder
     text_files.remove_previous(out, text_files.sources_of(source_path) if source_path else [])
-    return export_seq2seq(model, description, out, opset, source_path, num_beams, dtype, io or "padded")
+    return export_seq2seq(model, description, out, opset, source_path, num_beams, dtype, io or "padded",
+                          generation_tokens)

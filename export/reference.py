@@ -263,16 +263,16 @@ EXPANSIONS: dict[str, Callable[[_Builder, list[str], list[str]], None]] = {
 }
 
 
-def with_references(model: onnx.ModelProto, spec: spec_mod.Spec | None = None) -> onnx.ModelProto:
-    """A copy of `model` in which every plugin node is replaced by its standard-ONNX reference."""
-    spec = spec or spec_mod.load()
-    missing = set(spec.plugins) - set(EXPANSIONS)
-    if missing:
-        raise NotImplementedError(f"no ONNX Runtime reference for plugin(s) {sorted(missing)}")
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
+def _expand_graph(graph: onnx.GraphProto, spec: spec_mod.Spec, counter: list[int]) -> None:
+    """Replaces `graph`'s plugin nodes in place, and those of its subgraphs (a Loop's body: the
+    generation graph's step); counter numbers the expanded nodes across all of them, so that the
+    names the expansions make stay unique in every scope."""
     nodes = []
-    for index, node in enumerate(model.graph.node):
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                _expand_graph(attribute.g, spec, counter)
+                del attribute.g.value_info[:]
         if node.domain != spec.namespace:
             nodes.append(node)
             continue
@@ -281,11 +281,26 @@ def with_references(model: onnx.ModelProto, spec: spec_mod.Spec | None = None) -
         fields = spec.plugins[node.op_type].check_fields(
             {a.name: helper.get_attribute_value(a) for a in node.attribute
              if a.name not in ("plugin_version", "plugin_namespace")})
-        builder = _Builder(node, index, fields)
+        builder = _Builder(node, counter[0], fields)
+        counter[0] += 1
         EXPANSIONS[node.op_type](builder, list(node.input), list(node.output))
         nodes.extend(builder.nodes)
-    del out.graph.node[:]
-    out.graph.node.extend(nodes)
+    copies = [onnx.NodeProto() for _ in nodes]
+    for copy, node in zip(copies, nodes):
+        copy.CopyFrom(node)
+    del graph.node[:]
+    graph.node.extend(copies)
+
+
+def with_references(model: onnx.ModelProto, spec: spec_mod.Spec | None = None) -> onnx.ModelProto:
+    """A copy of `model` in which every plugin node is replaced by its standard-ONNX reference."""
+    spec = spec or spec_mod.load()
+    missing = set(spec.plugins) - set(EXPANSIONS)
+    if missing:
+        raise NotImplementedError(f"no ONNX Runtime reference for plugin(s) {sorted(missing)}")
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    _expand_graph(out.graph, spec, [0])
     del out.graph.value_info[:]
     keep = [o for o in out.opset_import if o.domain != spec.namespace]
     del out.opset_import[:]

@@ -3,7 +3,7 @@ Marian-big, mBART and NLLB-600M) and the post-LayerNorm case at 24 + 24, d_model
 as a user runs it: `padfree export` then `padfree check`, which generates on ONNX Runtime from both
 decoder steps and must equal HF's generate (greedy token for token, beam 4 within the depth's
 tolerance, at most a quarter of the hypotheses near-ties). The engine graphs' forms (fp16, a packed
-encoder) are checked at depth too: two-layer models hid an export failure from 4 layers up.
+encoder, the whole-generation graph) are checked at depth too: two-layer models hid an export failure from 4 layers up.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ WIDE = dict(d_model=128, heads=4, ffn=256)
 CASES = {
     "marian-12": ("marian", 12, ()),
     "m2m100-12": ("m2m100", 12, ()),
-    "bart-12-packed": ("bart", 12, ("--io", "packed")),
+    "bart-12-packed": ("bart", 12, ("--io", "packed", "--generation-graph", "8")),  # + the whole-generation graph
     "marian-12-packed": ("marian", 12, ("--io", "packed")),     # the embedding without a LayerNorm, post-LN
     "m2m100-12-packed": ("m2m100", 12, ("--io", "packed")),     # the same, pre-LN, positions from padding_idx + 1
     "mbart-12-fp16": ("mbart", 12, ("--dtype", "fp16")),
@@ -54,3 +54,6 @@ def test_export_and_check_at_depth(tmp_path, capsys, name):
     assert len(lines) == 2, printed      # both decoder steps were compared
     tol = f"within {1e-4 * max(1, layers / 12):g}"
     assert all(tol in line for line in lines), printed
+    if "--generation-graph" in extra:
+        generation = printed.split("generation.padfree.onnx (one graph")
+        assert len(generation) == 2 and "greedy: 8 of 8" in generation[1], printed

@@ -12,6 +12,10 @@ back to float32 and are compared, by the same rules, with the float32 graphs who
 rounded to the dtype (export/precision.py's round_values): both compute in float32 on the same values,
 so the rules and tolerances stay float32's; the fp16 / bf16 arithmetic is the GPU tests'.
 
+An export with a generation graph (generation.padfree.onnx: a whole greedy generation, encoder to
+tokens, in one graph) has it run too, on the references of its plugin nodes (the Loop body's
+included), against HF's greedy generate of its max_new_tokens.
+
 Greedy must give HF's tokens exactly. Beam search (num_beams hypotheses returned per source) must give
 HF's tokens and sequences_scores within `tol` (default: 1e-4 per 12 layers of the deeper stack, at least
 1e-4, the encoder check's rule: the two sides sum in different orders and the difference grows with
@@ -126,7 +130,44 @@ def check(out_dir, reference, batch: int = 8, max_seqlen: int = 16, max_new_toke
         ok_beam = _compare_beam(result, label, ref_beam, gen.generate(sources, **beam), batch, num_beams, fill, tol,
                                 name)
         result.ok = result.ok and ok_greedy and ok_beam
+    if "generation" in manifest:
+        if dtype == "fp32":
+            graph = _run_generation_graph(Path(out_dir), manifest, sources)
+            n = manifest["generation"]["max_new_tokens"]
+            reference = _hf(model, sources, max_new_tokens=n, num_beams=1, do_sample=False)
+            label = (f"{manifest['files']['generation']} (one graph: the encoder, cross_kv and a Loop of {n} greedy"
+                     " steps)")
+            ok = _compare_greedy(result, label, reference, torch.from_numpy(graph).long(), batch, fill,
+                                 f"HF's ({n} new tokens)")
+            # HF stops once every source has ended; the graph runs its fixed N steps, the rest pad
+            result.ok = result.ok and (ok or _equal_up_to_padding(reference, graph, fill))
+        else:
+            result.lines.append(f"{manifest['files']['generation']}: not run ({dtype}: its float32 proof is the "
+                                "step graphs' above)")
     return result
+
+
+def _run_generation_graph(out_dir: Path, manifest: dict, sources: list[list[int]]):
+    """generation.padfree.onnx on ONNX Runtime (its plugin nodes, the Loop body's too, on their
+    references): sequences [B, 1 + N]."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from padfree.export.onnx_files import load_model
+    from padfree.export.reference import with_references
+
+    model = with_references(load_model(out_dir / manifest["files"]["generation"], "the generation graph"))
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    lengths = [len(s) for s in sources]
+    feeds = {"input_ids": np.concatenate([np.asarray(s, np.int32) for s in sources]),
+             "cu_seqlens": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32),
+             "max_seqlen": np.zeros(max(lengths), np.int32)}
+    return session.run(["sequences"], feeds)[0]
+
+
+def _equal_up_to_padding(reference: torch.Tensor, graph, fill: int) -> bool:
+    width = max(reference.shape[1], graph.shape[1])
+    return bool((_pad_to(reference, width, fill) == _pad_to(torch.from_numpy(graph).long(), width, fill)).all())
 
 
 def _label(gen) -> str:

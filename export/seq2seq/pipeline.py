@@ -45,6 +45,7 @@ __all__ = ["export_seq2seq", "Seq2SeqExportResult", "ENCODER", "CROSS_KV", "STEP
 log = logging.getLogger(__name__)
 ENCODER, CROSS_KV, STEP, MANIFEST = "encoder.onnx", "cross_kv.onnx", "decoder_step.onnx", "seq2seq.json"
 STEP_PLUGINS, ENCODER_PLUGINS = "decoder_step.padfree.onnx", "encoder.padfree.onnx"
+GENERATION = "generation.padfree.onnx"  # generation.py's GENERATION
 CONFIG, GENERATION_CONFIG = "config.json", "generation_config.json"
 FORMAT = "padfree-seq2seq/1"
 
@@ -78,7 +79,8 @@ def engine_graphs(dtype: str, io: str = "padded") -> dict[str, str]:
 
 def output_set(out: Path) -> list[Path]:
     typed = [name for dtype in DTYPES if dtype != "fp32" for name in engine_graphs(dtype).values()]
-    files = [out / name for name in dict.fromkeys([ENCODER, CROSS_KV, STEP, STEP_PLUGINS, ENCODER_PLUGINS, *typed])]
+    files = [out / name for name in dict.fromkeys([ENCODER, CROSS_KV, STEP, STEP_PLUGINS, ENCODER_PLUGINS, GENERATION,
+                                                   *typed])]
     return [p for f in files for p in (f, data_file(f))] + [out / CONFIG, out / GENERATION_CONFIG, out / MANIFEST]
 
 
@@ -109,12 +111,15 @@ def _packed_encoder(encoder_graph, dtype: str):
 
 def export_seq2seq(model, description: str, out: Path, opset: int,
                    source_path: str | None = None, num_beams: int | None = None,
-                   dtype: str = "fp32", io: str = "padded") -> Seq2SeqExportResult:
+                   dtype: str = "fp32", io: str = "padded",
+                   generation_tokens: int | None = None) -> Seq2SeqExportResult:
     """source_path: the HF directory the model was loaded from (recorded for `padfree check OUT`).
     num_beams: the beam width decoder_step.padfree.onnx's cross-attention nodes serve (default: the
     model's generation_config.num_beams). dtype: "fp32", "fp16" or "bf16", the engine graphs' (the
     float32 graphs are written in every case). io: "packed" also writes encoder.padfree.onnx (the
-    engines' encoder then), "padded" not."""
+    engines' encoder then), "padded" not. generation_tokens: with io "packed", also write
+    generation.padfree.onnx, a whole greedy generation of that many new tokens in one graph
+    (generation.py)."""
     import torch
 
     from padfree.generation.layers import ensure_position_rows
@@ -125,6 +130,11 @@ def export_seq2seq(model, description: str, out: Path, opset: int,
     from .swap import step_io, swap_sites
 
     spec = check_supported(model)
+    if generation_tokens is not None:  # refused before anything is written
+        from .generation import greedy_options
+        if io != "packed":
+            raise ExportError("the generation graph starts from the packed encoder: add --io packed")
+        greedy_options(model.generation_config, model.config, model.config.vocab_size, generation_tokens)
     if num_beams is None:
         num_beams = int(getattr(model.generation_config, "num_beams", None) or 1)
     model = model.float().eval()
@@ -196,6 +206,16 @@ def export_seq2seq(model, description: str, out: Path, opset: int,
                             "outputs": plugin_outputs},
     }
     outputs.write_text(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
-    files = [out / n for n in dict.fromkeys([ENCODER, CROSS_KV, STEP, STEP_PLUGINS, *engines.values(), CONFIG,
-                                             GENERATION_CONFIG, MANIFEST])]
+    written = [ENCODER, CROSS_KV, STEP, STEP_PLUGINS, *engines.values(), CONFIG, GENERATION_CONFIG, MANIFEST]
+    if generation_tokens is not None:  # joined from the engine graphs just written
+        from .generation import build_generation_graph
+        save_model(build_generation_graph(out, generation_tokens), out / GENERATION)
+        manifest["files"]["generation"] = GENERATION
+        manifest["generation"] = {"search": "greedy", "max_new_tokens": generation_tokens,
+                                  "inputs": ["input_ids", "cu_seqlens", "max_seqlen"],
+                                  "outputs": ["sequences", "lengths"]}
+        outputs.write_text(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+        written.append(GENERATION)
+        log.info("wrote %s (greedy, %d new tokens)", out / GENERATION, generation_tokens)
+    files = [out / n for n in dict.fromkeys(written)]
     return Seq2SeqExportResult(out, files, manifest)

@@ -47,6 +47,9 @@ def register(subparsers) -> None:
     p.add_argument("--num-beams", type=positive_int, default=None,
                    help="encoder-decoder: the beam width decoder_step.padfree.onnx (and an engine built from it) "
                         "serves, rows = batch x num_beams (default: the model's generation_config.num_beams)")
+    p.add_argument("--generation-graph", type=positive_int, default=None, metavar="N",
+                   help="encoder-decoder with --io packed: also write generation.padfree.onnx, a whole greedy "
+                        "generation of N new tokens in one graph (the whole-generation engine's form)")
     p.set_defaults(func=main)
 
 
@@ -57,7 +60,8 @@ def main(args: argparse.Namespace) -> int:
     _quiet_exporter(args.verbose)
     result = export(args.source, args.output, io=args.io, opset=args.opset, allow_partial=args.allow_partial,
                     attn_implementation=args.attn_implementation, dtype=args.dtype, num_beams=args.num_beams,
-                    task=args.task, allow_unused_weights=args.allow_unused_weights)
+                    task=args.task, allow_unused_weights=args.allow_unused_weights,
+                    generation_tokens=args.generation_graph)
     if hasattr(result, "manifest"):     # an encoder-decoder
         print(result.format())
         print("wrote " + ", ".join(str(f) for f in result.files))

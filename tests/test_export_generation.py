@@ -1,0 +1,129 @@
+"""generation.padfree.onnx (`padfree export --io packed --generation-graph N`): a whole greedy generation
+in one graph (the packed encoder, cross_kv and an ONNX Loop of N decoder steps with their plugin nodes),
+proven by `padfree check` on ONNX Runtime against HF's greedy generate (token for token), refused
+where the export cannot honour the model's options, and built into one engine by TensorRT-RTX.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnx_graphsurgeon")
+
+from padfree import cli  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _seq2seq import build  # noqa: E402
+
+WIDE = dict(d_model=128, heads=2, ffn=256)   # head_dim 64: the packed encoder's attention plugin
+NEW_TOKENS = 12
+
+
+def _save(model, folder):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.save_pretrained(folder)
+
+
+@pytest.fixture(scope="module")
+def generation_export(tmp_path_factory):
+    """family -> export folder with the generation graph (2+2 layers), made once per module."""
+    done = {}
+
+    def get(family):
+        if family not in done:
+            root = tmp_path_factory.mktemp(f"gen_{family}")
+            _save(build(family, layers=(2, 2), **WIDE), root / "hf")
+            assert cli.main(["export", str(root / "hf"), "-o", str(root / "out"), "--io", "packed",
+                             "--generation-graph", str(NEW_TOKENS)]) == 0
+            done[family] = root / "out"
+        return done[family]
+    return get
+
+
+@pytest.mark.parametrize("family", ["marian", "m2m100", "bart", "mbart"])
+def test_the_generation_graph_equals_hf_greedy(generation_export, capsys, family):
+    out = generation_export(family)
+    manifest = json.loads((out / "seq2seq.json").read_text())
+    assert manifest["files"]["generation"] == "generation.padfree.onnx"
+    assert manifest["generation"] == {"search": "greedy", "max_new_tokens": NEW_TOKENS,
+                                      "inputs": ["input_ids", "cu_seqlens", "max_seqlen"],
+                                      "outputs": ["sequences", "lengths"]}
+    model = onnx.load(str(out / "generation.padfree.onnx"))
+    (loop,) = [n for n in model.graph.node if n.op_type == "Loop"]
+    body = loop.attribute[0].g
+    inside = [n for n in body.node if n.domain == "padfree"]
+    assert {n.op_type for n in inside} == {"PadfreeDecoderSelfAttention", "PadfreeDecoderCrossAttention"}
+    assert all(a.i == 1 for n in inside for a in n.attribute if a.name == "own_workspace")
+    assert not body.initializer  # the step's weights are read from the outer scope
+    capsys.readouterr()
+    assert cli.main(["check", str(out)]) == 0
+    printed = capsys.readouterr().out
+    line = next(x for x in printed.splitlines() if x.startswith("generation.padfree.onnx"))
+    assert "greedy: 8 of 8 sequences equal HF's" in line, printed
+    assert printed.rstrip().endswith("PASS")
+
+
+def test_a_wrong_weight_in_the_generation_graph_is_caught(generation_export, tmp_path, capsys):
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(generation_export("bart"), out)
+    model = onnx.load(str(out / "generation.padfree.onnx"))
+    target = next(t for t in model.graph.initializer if t.name == "step/decoder.layers.1.encoder_attn.out_proj.weight")
+    weight = numpy_helper.to_array(target)
+    target.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(1.5 * weight), target.name))
+    onnx.save(model, str(out / "generation.padfree.onnx"))
+    capsys.readouterr()
+    assert cli.main(["check", str(out)]) == 1
+    printed = capsys.readouterr().out
+    assert "generation.padfree.onnx" in printed and printed.rstrip().endswith("FAIL: generation differs from HF's")
+
+
+def test_refusals_name_the_option(tmp_path, capsys):
+    model = build("bart", layers=(1, 1), **WIDE)
+    _save(model, tmp_path / "hf")
+    assert cli.main(["export", str(tmp_path / "hf"), "-o", str(tmp_path / "a"), "--generation-graph", "8"]) == 2
+    assert "add --io packed" in capsys.readouterr().err
+    model.generation_config.no_repeat_ngram_size = 3
+    _save(model, tmp_path / "ngram")
+    assert cli.main(["export", str(tmp_path / "ngram"), "-o", str(tmp_path / "b"), "--io", "packed",
+                     "--generation-graph", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "no_repeat_ngram_size" in err and "padfree run --generate" in err
+    assert not (tmp_path / "b").exists() or not any((tmp_path / "b").iterdir())  # refused before writing
+    assert cli.main(["export", "tiny-bert", "-o", str(tmp_path / "c"), "--generation-graph", "8"]) == 2
+    assert "encoder-decoder" in capsys.readouterr().err
+
+
+def test_the_generation_graph_builds_into_one_engine(generation_export, tmp_path):
+    """TensorRT-RTX on the CPU: the encoder's plugins, cross_kv's MatMuls and the Loop with the decoder
+    plugins (aliased caches, their own scratch) in one engine, profiled as a packed encoder."""
+    from padfree.engines import plugin_library, trt_api
+    from padfree.engines.build import BuildOptions, build as build_engine
+    try:
+        trt_api.load("tensorrt_rtx")
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"no TensorRT-RTX Python bindings: {e}")
+    library = plugin_library.find(required=False)
+    if library is None:
+        pytest.skip("libpadfree_trt.so was not built (needs TensorRT headers: cmake -DTensorRT_ROOT=...)")
+    out = generation_export("marian")
+    metadata = build_engine(BuildOptions(onnx=str(out / "generation.padfree.onnx"), output=str(tmp_path / "g.engine"),
+                                         max_tokens=64, max_batch=4, max_seqlen=16, plugin_library=str(library),
+                                         backend="tensorrt_rtx", progress=False))
+    assert (tmp_path / "g.engine").stat().st_size > 0
+    assert metadata["model"]["io"] == "generation"
+    assert metadata["preview_features"] == ["ALIASED_PLUGIN_IO_10_03"]
+    assert metadata["profiles"][0]["shapes"]["cu_seqlens"] == {"min": [2], "opt": [3], "max": [5]}
+    plugins = [layer["plugin"] for layer in metadata["plugin_layers"]]
+    assert plugins.count("PadfreeDecoderSelfAttention") == 2 and plugins.count("PadfreeDecoderCrossAttention") == 2
+    assert "PadfreeEmbLayerNorm" in plugins
