@@ -65,6 +65,9 @@ def test_the_generation_graph_equals_hf_greedy(generation_export, capsys, family
     assert all(a.i == 1 for n in inside for a in n.attribute if a.name == "own_workspace")
     assert not body.initializer  # the step's weights are read from the outer scope
     capsys.readouterr()
+    assert cli.main(["inspect", str(out), "--json"]) == 0
+    facts = json.loads(capsys.readouterr().out)
+    assert facts["generation"] == {"search": "greedy", "max_new_tokens": NEW_TOKENS}
     assert cli.main(["check", str(out)]) == 0
     printed = capsys.readouterr().out
     line = next(x for x in printed.splitlines() if x.startswith("generation.padfree.onnx"))

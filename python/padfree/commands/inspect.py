@@ -106,7 +106,7 @@ def export_facts(folder: Path) -> dict:
     if (folder / "seq2seq.json").is_file():
         data = _record(folder / "seq2seq.json")
         keep = ("family", "hf_class", "source", "dtype", "files", "engine_graphs", "encoder", "decoder",
-                "encoder_plugins", "decoder_plugins", "text_files")
+                "encoder_plugins", "decoder_plugins", "generation", "text_files")
         facts = {"file": str(folder), "kind": "seq2seq export"}
         for key in keep:
             value = data.get(key)
@@ -114,7 +114,7 @@ def export_facts(folder: Path) -> dict:
                 value = {"io": value.get("io"), "fused": value.get("fused")}
             if key == "decoder_plugins" and isinstance(value, dict):
                 value = {"num_beams": value.get("num_beams"), "plugins": value.get("plugins")}
-            if key in ("encoder", "decoder") and isinstance(value, dict):
+            if key in ("encoder", "decoder", "generation") and isinstance(value, dict):
                 value = {k: v for k, v in value.items() if k not in ("inputs", "outputs")}
             if value is not None:
                 facts[key] = value
