@@ -81,7 +81,7 @@ def read(path: str | Path) -> ModelInfo:
     initializer_names = {i.name for i in graph.initializer}
     inputs = [_tensor(i) for i in graph.input if i.name not in initializer_names]
     outputs = [_tensor(o) for o in graph.output]
-    generation = [o.name for o in graph.output] == ["sequences", "lengths"]  # generation.padfree.onnx
+    generation = {"sequences", "lengths"} <= {o.name for o in graph.output}  # generation.padfree.onnx
     # a generation graph's outputs are token ids: its weights' dtype is the model's
     typed = graph.initializer if generation else [o.type.tensor_type for o in graph.output]
     float_types = {getattr(t, "elem_type", getattr(t, "data_type", None)) for t in typed} & set(_FLOAT_DTYPES)

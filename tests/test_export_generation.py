@@ -1,7 +1,9 @@
-"""generation.padfree.onnx (`padfree export --io packed --generation-graph N`): a whole greedy generation
-in one graph (the packed encoder, cross_kv and an ONNX Loop of N decoder steps with their plugin nodes),
-proven by `padfree check` on ONNX Runtime against HF's greedy generate (token for token), refused
-where the export cannot honour the model's options, and built into one engine by TensorRT-RTX.
+"""generation.padfree.onnx (`padfree export --io packed --generation-graph N`): a whole generation in one
+graph (the packed encoder, cross_kv and an ONNX Loop of N decoder steps with their plugin nodes), greedy
+or, with --num-beams K, beam search with HF's bookkeeping inside the loop; proven by `padfree check` on
+ONNX Runtime against HF's generate (greedy token for token; beam search every returned hypothesis with
+its sequences_scores), refused where the export cannot honour the model's options, and built into one
+engine by TensorRT-RTX.
 """
 from __future__ import annotations
 
@@ -35,17 +37,22 @@ def _save(model, folder):
 
 @pytest.fixture(scope="module")
 def generation_export(tmp_path_factory):
-    """family -> export folder with the generation graph (2+2 layers), made once per module."""
+    """(family, num_beams) -> export folder with the generation graph (2+2 layers), made once per module;
+    with beams, the model's generation_config returns every hypothesis (num_return_sequences = beams)."""
     done = {}
 
-    def get(family):
-        if family not in done:
-            root = tmp_path_factory.mktemp(f"gen_{family}")
-            _save(build(family, layers=(2, 2), **WIDE), root / "hf")
+    def get(family, beams=1):
+        if (family, beams) not in done:
+            root = tmp_path_factory.mktemp(f"gen_{family}_{beams}")
+            model = build(family, layers=(2, 2), **WIDE)
+            if beams > 1:
+                model.generation_config.num_beams = beams
+                model.generation_config.num_return_sequences = beams
+            _save(model, root / "hf")
             assert cli.main(["export", str(root / "hf"), "-o", str(root / "out"), "--io", "packed",
-                             "--generation-graph", str(NEW_TOKENS)]) == 0
-            done[family] = root / "out"
-        return done[family]
+                             "--num-beams", str(beams), "--generation-graph", str(NEW_TOKENS)]) == 0
+            done[family, beams] = root / "out"
+        return done[family, beams]
     return get
 
 
@@ -72,6 +79,25 @@ def test_the_generation_graph_equals_hf_greedy(generation_export, capsys, family
     printed = capsys.readouterr().out
     line = next(x for x in printed.splitlines() if x.startswith("generation.padfree.onnx"))
     assert "greedy: 8 of 8 sequences equal HF's" in line, printed
+    assert printed.rstrip().endswith("PASS")
+
+
+@pytest.mark.parametrize("family", ["marian", "m2m100", "bart", "mbart"])
+def test_the_beam_search_graph_equals_hf(generation_export, capsys, family):
+    out = generation_export(family, beams=4)
+    manifest = json.loads((out / "seq2seq.json").read_text())
+    assert manifest["generation"]["search"] == "beam" and manifest["generation"]["num_beams"] == 4
+    assert manifest["generation"]["outputs"] == ["sequences", "lengths", "scores"]
+    model = onnx.load(str(out / "generation.padfree.onnx"))
+    (loop,) = [n for n in model.graph.node if n.op_type == "Loop"]
+    inside = {n.op_type for n in loop.attribute[0].g.node if n.domain == "padfree"}
+    assert inside == {"PadfreeDecoderSelfAttention", "PadfreeDecoderCrossAttention", "PadfreeLogitsTopK",
+                      "PadfreeBeamReorder"}
+    capsys.readouterr()
+    assert cli.main(["check", str(out)]) == 0
+    printed = capsys.readouterr().out
+    line = next(x for x in printed.splitlines() if x.startswith("generation.padfree.onnx"))
+    assert "beam search (4 beams, 4 returned): 32 of 32 hypotheses equal HF's" in line, printed
     assert printed.rstrip().endswith("PASS")
 
 
@@ -107,9 +133,11 @@ def test_refusals_name_the_option(tmp_path, capsys):
     assert "encoder-decoder" in capsys.readouterr().err
 
 
-def test_the_generation_graph_builds_into_one_engine(generation_export, tmp_path):
+@pytest.mark.parametrize("beams", [1, 4])
+def test_the_generation_graph_builds_into_one_engine(generation_export, tmp_path, beams):
     """TensorRT-RTX on the CPU: the encoder's plugins, cross_kv's MatMuls and the Loop with the decoder
-    plugins (aliased caches, their own scratch) in one engine, profiled as a packed encoder."""
+    plugins (aliased caches, their own scratch; for beam search the top-k and the indirection reorder
+    too) in one engine, profiled as a packed encoder."""
     from padfree.engines import plugin_library, trt_api
     from padfree.engines.build import BuildOptions, build as build_engine
     try:
@@ -119,7 +147,7 @@ def test_the_generation_graph_builds_into_one_engine(generation_export, tmp_path
     library = plugin_library.find(required=False)
     if library is None:
         pytest.skip("libpadfree_trt.so was not built (needs TensorRT headers: cmake -DTensorRT_ROOT=...)")
-    out = generation_export("marian")
+    out = generation_export("marian", beams)
     metadata = build_engine(BuildOptions(onnx=str(out / "generation.padfree.onnx"), output=str(tmp_path / "g.engine"),
                                          max_tokens=64, max_batch=4, max_seqlen=16, plugin_library=str(library),
                                          backend="tensorrt_rtx", progress=False))
@@ -130,3 +158,5 @@ def test_the_generation_graph_builds_into_one_engine(generation_export, tmp_path
     plugins = [layer["plugin"] for layer in metadata["plugin_layers"]]
     assert plugins.count("PadfreeDecoderSelfAttention") == 2 and plugins.count("PadfreeDecoderCrossAttention") == 2
     assert "PadfreeEmbLayerNorm" in plugins
+    if beams > 1:
+        assert plugins.count("PadfreeLogitsTopK") == 1 and plugins.count("PadfreeBeamReorder") == 1

@@ -111,7 +111,7 @@ def check(out_dir, reference, batch: int = 8, max_seqlen: int = 16, max_new_toke
     sources = draw_sources(model.config, batch, max_seqlen, seed)
     result = CheckResult(True, lengths=[len(s) for s in sources])
     fill = _fill(model)
-    greedy = dict(max_new_tokens=max_new_tokens, num_beams=1, do_sample=False)
+    greedy = dict(max_new_tokens=max_new_tokens, num_beams=1, num_return_sequences=1, do_sample=False)
     beam = dict(max_new_tokens=max_new_tokens, num_beams=num_beams, num_return_sequences=num_beams,
                 do_sample=False, return_dict_in_generate=True, output_scores=True)
     hf = (_hf(model, sources, **greedy), _hf(model, sources, **beam), "HF's")
@@ -132,24 +132,42 @@ def check(out_dir, reference, batch: int = 8, max_seqlen: int = 16, max_new_toke
         result.ok = result.ok and ok_greedy and ok_beam
     if "generation" in manifest:
         if dtype == "fp32":
-            graph = _run_generation_graph(Path(out_dir), manifest, sources)
-            n = manifest["generation"]["max_new_tokens"]
-            reference = _hf(model, sources, max_new_tokens=n, num_beams=1, do_sample=False)
-            label = (f"{manifest['files']['generation']} (one graph: the encoder, cross_kv and a Loop of {n} greedy"
-                     " steps)")
-            ok = _compare_greedy(result, label, reference, torch.from_numpy(graph).long(), batch, fill,
-                                 f"HF's ({n} new tokens)")
-            # HF stops once every source has ended; the graph runs its fixed N steps, the rest pad
-            result.ok = result.ok and (ok or _equal_up_to_padding(reference, graph, fill))
+            facts = manifest["generation"]
+            graph, scores = _run_generation_graph(Path(out_dir), manifest, sources)
+            n = facts["max_new_tokens"]
+            label = (f"{manifest['files']['generation']} (one graph: the encoder, cross_kv and a Loop of {n} "
+                     f"{facts['search']} steps)")
+            if facts["search"] == "beam":
+                beams, returned = facts["num_beams"], facts["num_return_sequences"]
+                reference = _hf(model, sources, max_new_tokens=n, num_beams=beams, num_return_sequences=returned,
+                                do_sample=False, return_dict_in_generate=True, output_scores=True)
+                found = _Generated(torch.from_numpy(graph.reshape(batch * returned, -1)).long(),
+                                   torch.from_numpy(scores.reshape(-1)))
+                ok = _compare_beam(result, label, reference, found, batch, returned, fill, tol,
+                                   f"HF's ({n} new tokens)", beams=beams)
+            else:
+                reference = _hf(model, sources, max_new_tokens=n, num_beams=1, num_return_sequences=1,
+                                do_sample=False)
+                ok = _compare_greedy(result, label, reference, torch.from_numpy(graph).long(), batch, fill,
+                                     f"HF's ({n} new tokens)")
+                # HF stops once every source has ended; the graph runs its fixed N steps, the rest pad
+                ok = ok or _equal_up_to_padding(reference, graph, fill)
+            result.ok = result.ok and ok
         else:
             result.lines.append(f"{manifest['files']['generation']}: not run ({dtype}: its float32 proof is the "
                                 "step graphs' above)")
     return result
 
 
+@dataclass
+class _Generated:
+    sequences: torch.Tensor
+    sequences_scores: torch.Tensor
+
+
 def _run_generation_graph(out_dir: Path, manifest: dict, sources: list[list[int]]):
     """generation.padfree.onnx on ONNX Runtime (its plugin nodes, the Loop body's too, on their
-    references): sequences [B, 1 + N]."""
+    references): (sequences [B, 1 + N] or [B, n_ret, 1 + N], scores [B, n_ret] or None)."""
     import numpy as np
     import onnxruntime as ort
 
@@ -162,7 +180,9 @@ def _run_generation_graph(out_dir: Path, manifest: dict, sources: list[list[int]
     feeds = {"input_ids": np.concatenate([np.asarray(s, np.int32) for s in sources]),
              "cu_seqlens": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32),
              "max_seqlen": np.zeros(max(lengths), np.int32)}
-    return session.run(["sequences"], feeds)[0]
+    names = [o.name for o in session.get_outputs()]
+    found = dict(zip(names, session.run(names, feeds)))
+    return found["sequences"], found.get("scores")
 
 
 def _equal_up_to_padding(reference: torch.Tensor, graph, fill: int) -> bool:
@@ -192,7 +212,8 @@ def _compare_greedy(result: CheckResult, label: str, ref, out, batch: int, fill:
 
 
 def _compare_beam(result: CheckResult, label: str, ref, out, batch: int, num_beams: int, fill: int,
-                  tol: float, name: str = "HF's") -> bool:
+                  tol: float, name: str = "HF's", beams: int | None = None) -> bool:
+    """num_beams: the hypotheses returned per source; beams: the search's width where it is wider."""
     width = max(ref.sequences.shape[1], out.sequences.shape[1])
     rs = _pad_to(ref.sequences, width, fill).view(batch, num_beams, width)
     ps = _pad_to(out.sequences, width, fill).view(batch, num_beams, width)
@@ -209,7 +230,8 @@ def _compare_beam(result: CheckResult, label: str, ref, out, batch: int, num_bea
             if not torch.equal(rs[b, i], ps[b, i]) or error > tol:
                 wrong.append((b, i, error))
     total = batch * num_beams
-    result.lines.append(f"{label}: beam search ({num_beams} beams, {num_beams} returned): {compared - len(wrong)} of "
+    result.lines.append(f"{label}: beam search ({beams or num_beams} beams, {num_beams} returned): "
+                        f"{compared - len(wrong)} of "
                         f"{compared} hypotheses equal {name} with sequences_scores within {tol:g} (max error "
                         f"{worst:.2e}); near-ties (not compared): {near} of {total}")
     for b, i, _error in wrong[:3]:

@@ -1,31 +1,36 @@
-"""generation.padfree.onnx: a whole greedy generation in one graph, the form of a whole-generation engine.
+"""generation.padfree.onnx: a whole generation in one graph, the form of a whole-generation engine.
 
     inputs   input_ids int32 [T]       the sources' tokens, packed end to end
              cu_seqlens int32 [B+1]    where each source starts
              max_seqlen int32 [S]      a tensor as long as the longest source (a shape input, as the
                                        packed encoder's and the step's)
-    outputs  sequences int32 [B, 1+N]  the decoder start token, then N = max_new_tokens tokens per
-                                       source, pad after its end (as HF's generate pads)
-             lengths int32 [B]         tokens of each sequence up to and including its eos
+    outputs  greedy:  sequences int32 [B, 1+N], lengths int32 [B]
+             beam:    sequences int32 [B, n_ret, 1+N], lengths int32 [B, n_ret], scores float [B, n_ret]
+             (the decoder start token, then up to N = max_new_tokens tokens, pad after each end, as HF's
+             generate pads; lengths count tokens up to and including eos; scores are HF's
+             sequences_scores)
 
 It is the export's engine graphs joined: encoder.padfree.onnx (packed) -> cross_kv.onnx -> an ONNX
-`Loop` of N steps whose body is decoder_step.padfree.onnx plus HF's greedy pick, the K/V caches, the
-last tokens, the step, the finished flags and the lengths loop-carried, each step's tokens a scan
-output. What the body adds to the step's logits is padfree.generation's processors for greedy search,
-as standard ONNX: the eos ban while the sequence is shorter than min_length, forced_bos_token_id at
-the first step, forced_eos_token_id at the last, then the first maximum (ArgMax: the smaller id on a
-tie, torch's argmax) and the pad token for rows that have finished. The loop runs all N steps (a
-fixed trip count keeps the scan output's shape the same in every backend; finished rows only pad).
+`Loop` of N steps whose body is decoder_step.padfree.onnx plus the search, the K/V caches and the
+search state loop-carried. Greedy (num_beams 1): padfree.generation's greedy processors as standard
+ONNX (the eos ban while shorter than min_length, forced_bos_token_id at the first step,
+forced_eos_token_id at the last), the first maximum (ArgMax: the smaller id on a tie, torch's argmax),
+the pad token for rows that have ended. Beam search (the export's --num-beams K > 1): the candidates
+from PadfreeLogitsTopK (log_softmax, the same processors as its banned / forced inputs, + the beam
+scores), then padfree.generation.beam_search's tensorised step, which is HF's bookkeeping (the top
+candidates per source, the running beams, the pool of finished hypotheses with its length penalty,
+early_stopping, the early-stop heuristic), in standard ONNX, and the cache indirection reordered by
+PadfreeBeamReorder. The loop runs all N steps: a fixed trip count keeps the scan output's shape the
+same in every backend, and past HF's stop nothing changes (finished rows pad; no pool can change).
 
 Why the rules below:
-- max_new_tokens is fixed when the graph is written: the caches are [R, H, N, D] inside the loop and
-  TensorRT wants the loop's carried shapes fixed per profile; the options are fixed too (an engine
-  serializes them), resolved from the model's generation_config as HF's generate resolves them.
+- max_new_tokens and the options are fixed when the graph is written: the caches are [R, H, N, D]
+  inside the loop and TensorRT wants the loop's carried shapes fixed per profile; the options are
+  resolved from the model's generation_config as HF's generate resolves them (an engine serializes
+  them). Options the graph cannot honour (no_repeat_ngram_size, repetition_penalty, bad_words_ids,
+  sampling) are refused by name.
 - The decoder plugins inside the loop hold their scratch (own_workspace 1): TensorRT-RTX cannot give
   a plugin a workspace inside a loop (docs/PLUGINS.md, "Inside a Loop").
-- Greedy only: beam search needs its bookkeeping (finished hypotheses, length penalty) inside the
-  loop, which standard ONNX does not express naturally; options that need it, or sampling, are
-  refused by name.
 """
 from __future__ import annotations
 
@@ -38,32 +43,33 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ..errors import ExportError
 
-__all__ = ["GENERATION", "build_generation_graph", "greedy_options"]
+__all__ = ["GENERATION", "build_generation_graph", "search_options"]
 
 GENERATION = "generation.padfree.onnx"  # pipeline.GENERATION
 LOOP_PLUGINS = ("PadfreeDecoderSelfAttention", "PadfreeDecoderCrossAttention", "PadfreeLogitsTopK")
 NEG_INF = np.float32(-np.inf)
 
 
-def greedy_options(generation_config, config, vocab_size: int, max_new_tokens: int):
-    """The generation options for greedy search with exactly this many new tokens at most
-    (padfree.generation's resolution of HF's); refused by name where greedy search in a graph cannot
-    honour them."""
+def search_options(generation_config, config, vocab_size: int, max_new_tokens: int, num_beams: int = 1):
+    """The generation options for greedy (num_beams 1) or beam search with exactly this many new tokens
+    at most (padfree.generation's resolution of HF's); refused by name where the graph cannot honour
+    them."""
     from padfree.generation.options import resolve_options
 
     if max_new_tokens < 1:
         raise ExportError(f"the generation graph's max_new_tokens must be >= 1, got {max_new_tokens}")
-    options = resolve_options(generation_config, config, vocab_size, max_new_tokens=max_new_tokens, num_beams=1,
-                              do_sample=False)
+    options = resolve_options(generation_config, config, vocab_size, max_new_tokens=max_new_tokens,
+                              num_beams=num_beams, do_sample=False)
     unsupported = {"no_repeat_ngram_size": options.no_repeat_ngram_size != 0,
                    "repetition_penalty": options.repetition_penalty != 1.0,
                    "bad_words_ids": bool(options.bad_words_single or options.bad_words_multi),
-                   "num_return_sequences": options.num_return_sequences != 1}
+                   "num_return_sequences": num_beams == 1 and options.num_return_sequences != 1}
     refused = [name for name, on in unsupported.items() if on]
     if refused:
-        raise ExportError(f"the generation graph runs greedy search with min_length, forced_bos_token_id and "
-                          f"forced_eos_token_id; this model's generation_config also sets {', '.join(refused)}: "
-                          "generate through the step graph (padfree run --generate) instead")
+        raise ExportError(f"the generation graph runs {'greedy' if num_beams == 1 else 'beam'} search with "
+                          "min_length, forced_bos_token_id and forced_eos_token_id; this model's generation_config "
+                          f"also sets {', '.join(refused)}: generate through the step graph (padfree run --generate)"
+                          " instead")
     return options
 
 
@@ -99,6 +105,27 @@ def _scope(graph: onnx.GraphProto, prefix: str, wired: dict[str, str]):
 def _const(name: str, value, dtype) -> onnx.NodeProto:
     return helper.make_node("Constant", [], [name], name=name,
                             value=numpy_helper.from_array(np.asarray(value, dtype), name))
+
+
+class _Nodes:
+    """Appends nodes to a list; op() names each output uniquely under `prefix` and returns it."""
+
+    def __init__(self, nodes: list, prefix: str):
+        self.nodes, self.prefix, self.n = nodes, prefix, 0
+
+    def op(self, op_type: str, *inputs: str, outputs: int = 1, out: list[str] | None = None, domain: str = "",
+           **attrs):
+        names = out or [f"{self.prefix}{op_type}_{self.n}_{k}" for k in range(outputs)]
+        self.n += 1
+        self.nodes.append(helper.make_node(op_type, list(inputs), names, name=f"{self.prefix}{self.n}",
+                                           domain=domain, **attrs))
+        return names[0] if len(names) == 1 else names
+
+    def const(self, value, dtype) -> str:
+        name = f"{self.prefix}const_{self.n}"
+        self.n += 1
+        self.nodes.append(_const(name, value, dtype))
+        return name
 
 
 def _own_workspace(node: onnx.NodeProto) -> None:
@@ -161,7 +188,8 @@ def _greedy_pick(b: list, logits: str, step: str, done: str, options, vocab: int
 
 
 def build_generation_graph(folder: str | Path, max_new_tokens: int) -> onnx.ModelProto:
-    """The whole greedy generation of the export in `folder` (written with --io packed) as one graph."""
+    """The whole generation of the export in `folder` (written with --io packed) as one graph: greedy, or
+    beam search where its decoder step serves num_beams > 1 (`padfree export --num-beams K`)."""
     folder = Path(folder)
     manifest = json.loads((folder / "seq2seq.json").read_text())
     graphs = manifest.get("engine_graphs", {})
@@ -170,8 +198,9 @@ def build_generation_graph(folder: str | Path, max_new_tokens: int) -> onnx.Mode
     from transformers import AutoConfig, GenerationConfig
 
     decoder = manifest["decoder"]
-    options = greedy_options(GenerationConfig.from_pretrained(folder, manifest["files"]["generation_config"]),
-                             AutoConfig.from_pretrained(folder), decoder["vocab_size"], max_new_tokens)
+    num_beams = int(manifest.get("decoder_plugins", {}).get("num_beams", 1))
+    options = search_options(GenerationConfig.from_pretrained(folder, manifest["files"]["generation_config"]),
+                             AutoConfig.from_pretrained(folder), decoder["vocab_size"], max_new_tokens, num_beams)
     layers, heads, head_dim, vocab = decoder["layers"], decoder["num_heads"], decoder["head_dim"], decoder["vocab_size"]
     n = max_new_tokens
     encoder = onnx.load(str(folder / graphs["encoder"]))
@@ -188,6 +217,8 @@ def build_generation_graph(folder: str | Path, max_new_tokens: int) -> onnx.Mode
     ckv_nodes, ckv_inits, ckv_names = _scope(cross.graph, "ckv/", {cross.graph.input[0].name: hidden})
     main += ckv_nodes
     inits += ckv_inits
+    if num_beams > 1:
+        return _beam_graph(main, inits, encoder, step, ckv_names, options, decoder, n, cache_type)
 
     # initial loop state: R = B rows (greedy), caches of N positions, the start token
     main += [_const("gen/one64", [1], np.int64), _const("gen/axis0", [0], np.int64),
@@ -275,5 +306,212 @@ def build_generation_graph(folder: str | Path, max_new_tokens: int) -> onnx.Mode
         {"search": "greedy", "max_new_tokens": n, "min_length": options.min_length,
          "forced_bos_token_id": options.forced_bos_token_id, "forced_eos_token_id": options.forced_eos_token_id,
          "eos_token_ids": list(options.eos_token_ids), "pad_token_id": options.pad_token_id,
+         "decoder_start_token_id": options.decoder_start_token_id})})
+    return model
+
+
+def _beam_graph(main: list, inits: list, encoder, step, ckv_names: dict, options, decoder: dict, n: int,
+                cache_type: int) -> onnx.ModelProto:
+    """The whole beam search (num_beams K > 1) in one graph: padfree.generation.beam_search's tensorised
+    step (HF's bookkeeping: the top K' = candidates_per_row * K continuations per source over its beams'
+    candidates, the running beams, the pool of finished hypotheses with their length penalty, the
+    early-stop heuristic) in standard ONNX, the candidates from PadfreeLogitsTopK (log_softmax, the
+    processors, + the beam scores) and the cache indirection reordered by PadfreeBeamReorder, all inside
+    the loop. Outputs the pool's best num_return_sequences per source: sequences [B, n_ret, 1 + N],
+    lengths [B, n_ret] and scores [B, n_ret] (HF's sequences_scores)."""
+    from padfree.generation.beam_search import NEG, _fill_value
+
+    from ..spec import load as load_spec
+
+    spec = load_spec()
+    layers, heads, head_dim = decoder["layers"], decoder["num_heads"], decoder["head_dim"]
+    k = options.num_beams
+    keep = options.candidates_per_row * k
+    m = options.max_length  # 1 + N
+    lp, early = float(options.length_penalty), options.early_stopping
+    eos = list(options.eos_token_ids)
+    fill = _fill_value(options)
+    returned = options.num_return_sequences
+    g = _Nodes(main, "gen/")
+    batch = g.op("Sub", g.op("Shape", "cu_seqlens"), g.const([1], np.int64))            # [1]
+    batch_s = g.op("Squeeze", batch, g.const([0], np.int64))
+    rows = g.op("Mul", batch, g.const([k], np.int64))
+    rows_s = g.op("Squeeze", rows, g.const([0], np.int64))
+
+    def shape(*parts):
+        return g.op("Concat", *[p if isinstance(p, str) else g.const(list(p), np.int64) for p in parts], axis=0)
+    start_row = np.full([m], fill, np.int32)
+    start_row[0] = options.decoder_start_token_id
+    running0 = g.op("Expand", g.const(start_row.reshape(1, 1, m), np.int32), shape(batch, (k, m)))
+    score_row = np.full([1, k], NEG, np.float32)
+    score_row[0, 0] = 0.0                                   # only beam 0's continuations count at first
+    running_scores0 = g.op("Expand", g.const(score_row, np.float32), shape(batch, (k,)))
+    pool_scores0 = g.op("Expand", g.const(np.full([1, k], NEG, np.float32), np.float32), shape(batch, (k,)))
+    zeros_bk = g.op("Expand", g.const(np.zeros([1, k], np.int32), np.int32), shape(batch, (k,)))
+    improvable0 = g.op("Expand", g.const(np.ones([1, 1], np.int32), np.int32), shape(batch, (1,)))
+    cache0 = g.op("ConstantOfShape", shape(rows, (heads, n, head_dim)),
+                  value=helper.make_tensor("zero", cache_type, [1], [0]))
+    row_col = g.op("Unsqueeze", g.op("Range", g.const(0, np.int64), rows_s, g.const(1, np.int64)),
+                   g.const([1], np.int64))
+    indir0 = g.op("Cast", g.op("Expand", row_col, shape(rows, (n,))), to=TensorProto.INT32)
+    source_offset = g.op("Unsqueeze", g.op("Mul", g.op("Range", g.const(0, np.int64), batch_s, g.const(1, np.int64)),
+                                           g.const(k, np.int64)), g.const([1], np.int64))   # [B, 1]
+    step0 = g.const([0], np.int32)
+
+    # ---- the body --------------------------------------------------------------------------------------
+    carried = ["b/step", "b/running", "b/running_scores", "b/pool", "b/pool_scores", "b/pool_lengths",
+               "b/pool_finished", "b/improvable", "b/cache_indir"] + \
+        [f"b/past_{kind}.{i}" for i in range(layers) for kind in ("key", "value")]
+    body_nodes: list = []
+    b = _Nodes(body_nodes, "gen/b/")
+    step64 = b.op("Cast", "b/step", to=TensorProto.INT64)                 # [1]
+    step_s = b.op("Squeeze", step64, b.const([0], np.int64))
+    cur_len = b.op("Add", step64, b.const([1], np.int64))                 # tokens so far, the start included
+    tokens = b.op("Reshape", b.op("Gather", "b/running", step_s, axis=2), b.const([-1], np.int64))   # [R]
+    wired = {"input_ids": tokens, "step": "b/step", "cache_indir": "b/cache_indir", "cu_seqlens": "cu_seqlens",
+             "max_seqlen": "max_seqlen"}
+    for i in range(layers):
+        wired[f"past_key.{i}"], wired[f"past_value.{i}"] = f"b/past_key.{i}", f"b/past_value.{i}"
+        wired[f"cross_kv.{i}"] = ckv_names[f"cross_kv.{i}"]
+    step_nodes, step_inits, step_names = _scope(step.graph, "step/", wired)
+    for node in step_nodes:
+        if node.op_type in LOOP_PLUGINS:
+            _own_workspace(node)
+    body_nodes += step_nodes
+    inits += step_inits
+    logits = step_names["logits"]
+    if step.graph.output[0].type.tensor_type.elem_type != TensorProto.FLOAT:
+        logits = b.op("Cast", logits, to=TensorProto.FLOAT)
+    # the processors of padfree.generation.processors as the top-k plugin's inputs
+    topk_inputs = [logits, b.op("Reshape", "b/running_scores", b.const([-1], np.int64))]
+    has_banned = bool(eos) and options.min_length > 1
+    if has_banned:   # eos while cur_len < min_length
+        ban_now = b.op("Less", cur_len, b.const([options.min_length], np.int64))
+        row = b.op("Where", ban_now, b.const(np.asarray([eos], np.int32), np.int32),
+                   b.const(np.full([1, len(eos)], -1, np.int32), np.int32))
+        topk_inputs.append(b.op("Expand", row, b.op("Concat", rows, b.const([len(eos)], np.int64), axis=0)))
+    forced = np.full([m], -1, np.int32)
+    if options.forced_bos_token_id is not None:
+        forced[0] = options.forced_bos_token_id
+    if options.forced_eos_token_id is not None and m >= 2:
+        forced[m - 2] = options.forced_eos_token_id
+    has_forced = bool((forced >= 0).any())
+    if has_forced:
+        topk_inputs.append(b.op("Expand", b.op("Gather", b.const(forced, np.int32), step64, axis=0), rows))
+    fields = {"k": keep, "normalize": 1, "repetition_penalty": 1.0, "has_bias": 0, "has_beam_scores": 1,
+              "has_banned": int(has_banned), "has_penalty": 0, "has_forced": int(has_forced), "own_workspace": 1}
+    cand_scores, cand_ids = b.op("PadfreeLogitsTopK", *topk_inputs, outputs=2, domain=spec.namespace,
+                                 **spec.node_attributes("PadfreeLogitsTopK", fields))
+    # the top K' of each source over its beams' candidates (TopK: the lower index first on a tie,
+    # torch's stable sort's order)
+    flat = b.op("Reshape", cand_scores, b.const([-1, k * keep], np.int64))
+    top_scores, order = b.op("TopK", flat, b.const([keep], np.int64), outputs=2, axis=1, largest=1, sorted=1)
+    top_parent = b.op("Div", order, b.const(keep, np.int64))
+    top_tokens = b.op("GatherElements", b.op("Reshape", cand_ids, b.const([-1, k * keep], np.int64)), order, axis=1)
+
+    def along(x, index, width):   # x [B, W, M] gathered by index [B, width] along 1
+        return b.op("GatherElements", x, b.op("Expand", b.op("Unsqueeze", index, b.const([2], np.int64)),
+                                              b.op("Concat", batch, b.const([width, m], np.int64), axis=0)), axis=1)
+    top_sequences = along("b/running", top_parent, keep)
+    at_len = b.op("Equal", b.const(np.arange(m, dtype=np.int64).reshape(1, 1, m), np.int64), cur_len)
+    top_sequences = b.op("Where", at_len, b.op("Unsqueeze", top_tokens, b.const([2], np.int64)), top_sequences)
+    ends = b.op("Cast", b.op("GreaterOrEqual", b.op("Add", cur_len, b.const([1], np.int64)),
+                             b.const([m], np.int64)), to=TensorProto.INT32)              # [1]
+    hits = ends
+    if eos:
+        is_eos = b.op("ReduceMax", b.op("Cast", b.op("Equal", b.op("Unsqueeze", top_tokens, b.const([2], np.int64)),
+                                                     b.const(np.asarray(eos, np.int32).reshape(1, 1, -1), np.int32)),
+                                        to=TensorProto.INT32), b.const([2], np.int64), keepdims=0)
+        hits = b.op("Max", is_eos, ends)
+    else:
+        hits = b.op("Expand", ends, b.op("Shape", top_tokens))
+    neg = b.const(np.float32(NEG), np.float32)
+
+    def times_neg(flag_i32):
+        return b.op("Mul", b.op("Cast", flag_i32, to=TensorProto.FLOAT), neg)
+    running_candidates = b.op("Add", top_scores, times_neg(hits))
+    _, next_beams = b.op("TopK", running_candidates, b.const([k], np.int64), outputs=2, axis=1, largest=1, sorted=1)
+    parents = b.op("Cast", b.op("Reshape", b.op("Add", b.op("GatherElements", top_parent, next_beams, axis=1),
+                                                 source_offset), b.const([-1], np.int64)), to=TensorProto.INT32)
+    top_beams = b.const((np.arange(keep) < k).astype(np.int32).reshape(1, keep), np.int32)
+    finished_now = b.op("Mul", hits, top_beams)
+    generated = b.op("Cast", b.op("Pow", b.op("Cast", cur_len, to=TensorProto.DOUBLE), b.const([lp], np.float64)),
+                     to=TensorProto.FLOAT)   # HF: new tokens ** length_penalty in float64, then float32
+    penalised = b.op("Div", top_scores, generated)
+    if early is True:
+        pool_closed = b.op("ReduceMin", "b/pool_finished", b.const([1], np.int64), keepdims=1)
+        penalised = b.op("Add", penalised, times_neg(pool_closed))
+    one = b.const(np.int32(1), np.int32)
+    penalised = b.op("Add", penalised, times_neg(b.op("Sub", one, "b/improvable")))
+    penalised = b.op("Add", penalised, times_neg(b.op("Sub", one, finished_now)))
+    merged = b.op("Concat", "b/pool_scores", penalised, axis=1)
+    _, best = b.op("TopK", merged, b.const([k], np.int64), outputs=2, axis=1, largest=1, sorted=1)
+    pool = along(b.op("Concat", "b/pool", top_sequences, axis=1), best, k)
+    pool_scores = b.op("GatherElements", merged, best, axis=1)
+    lengths_now = b.op("Expand", b.op("Cast", cur_len, to=TensorProto.INT32),
+                       b.op("Concat", batch, b.const([keep], np.int64), axis=0))
+    pool_lengths = b.op("GatherElements", b.op("Concat", "b/pool_lengths", lengths_now, axis=1), best, axis=1)
+    pool_finished = b.op("GatherElements", b.op("Concat", "b/pool_finished", finished_now, axis=1), best, axis=1)
+    running = along(top_sequences, next_beams, k)
+    running_scores = b.op("GatherElements", running_candidates, next_beams, axis=1)
+    indir = b.op("PadfreeBeamReorder", "b/cache_indir", parents, "b/step", domain=spec.namespace,
+                 **spec.node_attributes("PadfreeBeamReorder", {}))
+    step_next = b.op("Add", "b/step", b.const([1], np.int32))
+    # HF's early-stop heuristic at the new length (its stop condition is the loop's fixed trip count:
+    # past it no pool can change, beam_search.py)
+    best_now = b.op("Slice", running_scores, b.const([0], np.int64), b.const([1], np.int64), b.const([1], np.int64))
+    if early == "never" and lp > 0.0:
+        best_running = b.op("Div", best_now, b.const(np.float32((m - 1) ** lp), np.float32))
+    else:
+        best_running = b.op("Div", best_now, b.op("Cast", b.op("Pow", b.op("Cast", cur_len, to=TensorProto.DOUBLE),
+                                                               b.const([lp], np.float64)), to=TensorProto.FLOAT))
+    worst_pool = b.op("Where", b.op("Cast", pool_finished, to=TensorProto.BOOL),
+                      b.op("ReduceMin", pool_scores, b.const([1], np.int64), keepdims=1), neg)
+    better = b.op("ReduceMax", b.op("Cast", b.op("Greater", best_running, worst_pool), to=TensorProto.INT32),
+                  b.const([1], np.int64), keepdims=1)
+    improvable = b.op("Mul", "b/improvable", better)
+    cond = b.op("Identity", "b/cond")
+
+    presents = [step_names[f"present_{kind}.{i}"] for i in range(layers) for kind in ("key", "value")]
+    dims_bk, dims_bkm = ["batch", k], ["batch", k, m]
+    cache_dims = ["rows", heads, n, head_dim]
+
+    def vi(name, elem, dims):
+        return helper.make_tensor_value_info(name, elem, dims)
+    types = [(TensorProto.INT32, [1]), (TensorProto.INT32, dims_bkm), (TensorProto.FLOAT, dims_bk),
+             (TensorProto.INT32, dims_bkm), (TensorProto.FLOAT, dims_bk), (TensorProto.INT32, dims_bk),
+             (TensorProto.INT32, dims_bk), (TensorProto.INT32, ["batch", 1]), (TensorProto.INT32, ["rows", n])] + \
+        [(cache_type, cache_dims)] * (2 * layers)
+    body_in = [vi("b/iteration", TensorProto.INT64, []), vi("b/cond", TensorProto.BOOL, [])] + \
+        [vi(name, *t) for name, t in zip(carried, types)]
+    produced = [step_next, running, running_scores, pool, pool_scores, pool_lengths, pool_finished, improvable,
+                indir] + presents
+    body_out = [vi(cond, TensorProto.BOOL, [])] + [vi(name, *t) for name, t in zip(produced, types)]
+    body = helper.make_graph(body_nodes, "beam_step", body_in, body_out)
+    initial = [step0, running0, running_scores0, running0, pool_scores0, zeros_bk, zeros_bk, improvable0, indir0] + \
+        [cache0] * (2 * layers)
+    finals = [f"gen/final_{i}" for i in range(len(initial))]
+    main.append(helper.make_node("Loop", [g.const(n, np.int64), g.const(True, bool)] + initial, finals,
+                                 name="gen/loop", body=body))
+    pool_f, pool_scores_f, pool_lengths_f = finals[3], finals[4], finals[5]
+    first, ret = g.const([0], np.int64), g.const([returned], np.int64)
+    axis1 = g.const([1], np.int64)
+    g.op("Slice", pool_f, first, ret, axis1, out=["sequences"])
+    g.op("Add", g.op("Slice", pool_lengths_f, first, ret, axis1), g.const(np.int32(1), np.int32), out=["lengths"])
+    g.op("Slice", pool_scores_f, first, ret, axis1, out=["scores"])
+    outputs = [helper.make_tensor_value_info("sequences", TensorProto.INT32, ["batch", returned, m]),
+               helper.make_tensor_value_info("lengths", TensorProto.INT32, ["batch", returned]),
+               helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", returned])]
+    graph = helper.make_graph(main, "padfree_beam_generation", list(encoder.graph.input), outputs, inits)
+    opsets = {o.domain: o.version for mdl in (encoder, step) for o in mdl.opset_import}
+    opsets[spec.namespace] = 1
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()],
+                              producer_name="padfree")
+    model.ir_version = step.ir_version
+    helper.set_model_props(model, {"padfree.generation": json.dumps(
+        {"search": "beam", "num_beams": k, "num_return_sequences": returned, "max_new_tokens": n,
+         "length_penalty": lp, "early_stopping": early, "min_length": options.min_length,
+         "forced_bos_token_id": options.forced_bos_token_id, "forced_eos_token_id": options.forced_eos_token_id,
+         "eos_token_ids": eos, "pad_token_id": options.pad_token_id,
          "decoder_start_token_id": options.decoder_start_token_id})})
     return model

@@ -131,10 +131,11 @@ def export_seq2seq(model, description: str, out: Path, opset: int,
 
     spec = check_supported(model)
     if generation_tokens is not None:  # refused before anything is written
-        from .generation import greedy_options
+        from .generation import search_options
         if io != "packed":
             raise ExportError("the generation graph starts from the packed encoder: add --io packed")
-        greedy_options(model.generation_config, model.config, model.config.vocab_size, generation_tokens)
+        beams = num_beams if num_beams is not None else int(getattr(model.generation_config, "num_beams", None) or 1)
+        search_options(model.generation_config, model.config, model.config.vocab_size, generation_tokens, beams)
     if num_beams is None:
         num_beams = int(getattr(model.generation_config, "num_beams", None) or 1)
     model = model.float().eval()
@@ -209,13 +210,18 @@ def export_seq2seq(model, description: str, out: Path, opset: int,
     written = [ENCODER, CROSS_KV, STEP, STEP_PLUGINS, *engines.values(), CONFIG, GENERATION_CONFIG, MANIFEST]
     if generation_tokens is not None:  # joined from the engine graphs just written
         from .generation import build_generation_graph
-        save_model(build_generation_graph(out, generation_tokens), out / GENERATION)
+        generation = build_generation_graph(out, generation_tokens)
+        facts = json.loads({p.key: p.value for p in generation.metadata_props}["padfree.generation"])
+        save_model(generation, out / GENERATION)
         manifest["files"]["generation"] = GENERATION
-        manifest["generation"] = {"search": "greedy", "max_new_tokens": generation_tokens,
-                                  "inputs": ["input_ids", "cu_seqlens", "max_seqlen"],
-                                  "outputs": ["sequences", "lengths"]}
+        manifest["generation"] = {"search": facts["search"], "max_new_tokens": generation_tokens,
+                                  **({"num_beams": facts["num_beams"], "num_return_sequences":
+                                      facts["num_return_sequences"]} if facts["search"] == "beam" else {}),
+                                  "inputs": [i.name for i in generation.graph.input],
+                                  "outputs": [o.name for o in generation.graph.output]}
+        del generation
         outputs.write_text(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
         written.append(GENERATION)
-        log.info("wrote %s (greedy, %d new tokens)", out / GENERATION, generation_tokens)
+        log.info("wrote %s (%s search, %d new tokens)", out / GENERATION, facts["search"], generation_tokens)
     files = [out / n for n in dict.fromkeys(written)]
     return Seq2SeqExportResult(out, files, manifest)
