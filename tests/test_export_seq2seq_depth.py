@@ -28,7 +28,8 @@ CASES = {
     "marian-12": ("marian", 12, ()),
     "m2m100-12": ("m2m100", 12, ()),
     "bart-12-packed": ("bart", 12, ("--io", "packed", "--generation-graph", "8")),  # + the whole-generation graph
-    "marian-12-packed": ("marian", 12, ("--io", "packed")),     # the embedding without a LayerNorm, post-LN
+    "marian-12-packed": ("marian", 12, ("--io", "packed", "--num-beams", "4", "--generation-graph", "8")),
+    # ^ the embedding without a LayerNorm (post-LN); beam search inside the whole-generation graph
     "m2m100-12-packed": ("m2m100", 12, ("--io", "packed")),     # the same, pre-LN, positions from padding_idx + 1
     "mbart-12-fp16": ("mbart", 12, ("--dtype", "fp16")),
     "marian-24": ("marian", 24, ()),
@@ -51,9 +52,11 @@ def test_export_and_check_at_depth(tmp_path, capsys, name):
     assert code == 0, printed
     assert printed.rstrip().endswith("PASS")
     lines = [line for line in printed.splitlines() if "beam search" in line]
-    assert len(lines) == 2, printed      # both decoder steps were compared
+    assert len(lines) == 2 + ("--num-beams" in extra), printed      # both decoder steps (and a beam graph)
     tol = f"within {1e-4 * max(1, layers / 12):g}"
     assert all(tol in line for line in lines), printed
     if "--generation-graph" in extra:
         generation = printed.split("generation.padfree.onnx (one graph")
-        assert len(generation) == 2 and "greedy: 8 of 8" in generation[1], printed
+        beams = "--num-beams" in extra
+        assert len(generation) == 2 and ("beam search (4 beams, 1 returned): 8 of 8" if beams else "greedy: 8 of 8") \
+            in generation[1], printed
