@@ -209,8 +209,14 @@ def export_seq2seq(model, description: str, out: Path, opset: int,
     outputs.write_text(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
     written = [ENCODER, CROSS_KV, STEP, STEP_PLUGINS, *engines.values(), CONFIG, GENERATION_CONFIG, MANIFEST]
     if generation_tokens is not None:  # joined from the engine graphs just written
+        import onnx
+
         from .generation import build_generation_graph
         generation = build_generation_graph(out, generation_tokens)
+        try:  # the plugin nodes are opaque to ONNX's inference; the Loop's wiring and types are not
+            onnx.checker.check_model(generation, full_check=True)
+        except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
+            raise ExportError(f"{GENERATION} does not check: {e}") from e
         facts = json.loads({p.key: p.value for p in generation.metadata_props}["padfree.generation"])
         save_model(generation, out / GENERATION)
         manifest["files"]["generation"] = GENERATION
