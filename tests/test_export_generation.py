@@ -160,3 +160,33 @@ def test_the_generation_graph_builds_into_one_engine(generation_export, tmp_path
     assert "PadfreeEmbLayerNorm" in plugins
     if beams > 1:
         assert plugins.count("PadfreeLogitsTopK") == 1 and plugins.count("PadfreeBeamReorder") == 1
+
+
+def test_an_fp16_generation_graph_builds_and_the_check_says_what_it_ran(tmp_path, capsys):
+    """--dtype fp16: the graph joins the fp16 engine graphs (the top-k reads the fp16 logits, the scores
+    and the search stay float32); TensorRT-RTX builds it; the check proves the float32 step graphs and
+    says that it did not run this one."""
+    model = build("marian", layers=(2, 2), **WIDE)
+    _save(model, tmp_path / "hf")
+    out = tmp_path / "out"
+    assert cli.main(["export", str(tmp_path / "hf"), "-o", str(out), "--io", "packed", "--dtype", "fp16",
+                     "--num-beams", "4", "--generation-graph", "8"]) == 0
+    graph = onnx.load(str(out / "generation.padfree.onnx"))
+    assert {t.data_type for t in graph.graph.initializer if t.name.startswith("step/decoder.layers.")} == \
+        {onnx.TensorProto.FLOAT16}
+    capsys.readouterr()
+    assert cli.main(["check", str(out)]) == 0
+    assert "generation.padfree.onnx: not run (fp16" in capsys.readouterr().out
+    from padfree.engines import plugin_library, trt_api
+    from padfree.engines.build import BuildOptions, build as build_engine
+    try:
+        trt_api.load("tensorrt_rtx")
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"no TensorRT-RTX Python bindings: {e}")
+    library = plugin_library.find(required=False)
+    if library is None:
+        pytest.skip("libpadfree_trt.so was not built (needs TensorRT headers: cmake -DTensorRT_ROOT=...)")
+    metadata = build_engine(BuildOptions(onnx=str(out / "generation.padfree.onnx"), output=str(tmp_path / "g.engine"),
+                                         max_tokens=64, max_batch=4, max_seqlen=16, plugin_library=str(library),
+                                         backend="tensorrt_rtx", progress=False))
+    assert metadata["precision"] == "fp16" and metadata["model"]["io"] == "generation"

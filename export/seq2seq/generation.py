@@ -379,9 +379,7 @@ def _beam_graph(main: list, inits: list, encoder, step, ckv_names: dict, options
             _own_workspace(node)
     body_nodes += step_nodes
     inits += step_inits
-    logits = step_names["logits"]
-    if step.graph.output[0].type.tensor_type.elem_type != TensorProto.FLOAT:
-        logits = b.op("Cast", logits, to=TensorProto.FLOAT)
+    logits = step_names["logits"]   # in the export's dtype: the top-k reads it as it is, scores in float32
     # the processors of padfree.generation.processors as the top-k plugin's inputs
     topk_inputs = [logits, b.op("Reshape", "b/running_scores", b.const([-1], np.int64))]
     has_banned = bool(eos) and options.min_length > 1
