@@ -39,21 +39,7 @@ def cast(model: onnx.ModelProto, dtype: str) -> onnx.ModelProto:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    target = DTYPES[dtype]
-    g = out.graph
-    for t in g.initializer:
-        if t.data_type in _FLOATS and t.data_type != target:
-            t.CopyFrom(_cast_tensor(t, dtype))
-    for node in g.node:
-        for a in node.attribute:
-            if a.type == onnx.AttributeProto.TENSOR and a.t.data_type in _FLOATS:
-                a.t.CopyFrom(_cast_tensor(a.t, dtype))
-            elif node.op_type == "Cast" and a.name == "to" and a.i in _FLOATS:
-                a.i = target
-    for vi in list(g.input) + list(g.output):
-        if vi.type.tensor_type.elem_type in _FLOATS:
-            vi.type.tensor_type.elem_type = target
-    del g.value_info[:]
+    _cast_graph(out.graph, dtype)
     props = {p.key: p.value for p in out.metadata_props}
     props[META_KEY] = dtype
     onnx.helper.set_model_props(out, props)
@@ -72,6 +58,26 @@ def round_weights(model: onnx.ModelProto, dtype: str) -> onnx.ModelProto:
             value = numpy_helper.to_array(t).astype(_NUMPY[dtype]).astype(np.float32)
             t.CopyFrom(numpy_helper.from_array(value, t.name))
     return out
+
+
+def _cast_graph(g: onnx.GraphProto, dtype: str) -> None:
+    """cast() on one graph, and on its subgraphs (a Loop's body: their carried values and Constants)."""
+    target = DTYPES[dtype]
+    for t in g.initializer:
+        if t.data_type in _FLOATS and t.data_type != target:
+            t.CopyFrom(_cast_tensor(t, dtype))
+    for node in g.node:
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.TENSOR and a.t.data_type in _FLOATS:
+                a.t.CopyFrom(_cast_tensor(a.t, dtype))
+            elif a.type == onnx.AttributeProto.GRAPH:
+                _cast_graph(a.g, dtype)
+            elif node.op_type == "Cast" and a.name == "to" and a.i in _FLOATS:
+                a.i = target
+    for vi in list(g.input) + list(g.output):
+        if vi.type.tensor_type.elem_type in _FLOATS:
+            vi.type.tensor_type.elem_type = target
+    del g.value_info[:]
 
 
 def round_values(model: onnx.ModelProto, dtype: str) -> onnx.ModelProto:

@@ -162,10 +162,10 @@ def test_the_generation_graph_builds_into_one_engine(generation_export, tmp_path
         assert plugins.count("PadfreeLogitsTopK") == 1 and plugins.count("PadfreeBeamReorder") == 1
 
 
-def test_an_fp16_generation_graph_builds_and_the_check_says_what_it_ran(tmp_path, capsys):
+def test_an_fp16_generation_graph_is_proven_rounded_and_builds(tmp_path, capsys):
     """--dtype fp16: the graph joins the fp16 engine graphs (the top-k reads the fp16 logits, the scores
-    and the search stay float32); TensorRT-RTX builds it; the check proves the float32 step graphs and
-    says that it did not run this one."""
+    and the search stay float32); the check runs it cast back to float32 against the float32 graphs
+    rounded to fp16 (the engine graphs' rule); TensorRT-RTX builds it."""
     model = build("marian", layers=(2, 2), **WIDE)
     _save(model, tmp_path / "hf")
     out = tmp_path / "out"
@@ -176,7 +176,10 @@ def test_an_fp16_generation_graph_builds_and_the_check_says_what_it_ran(tmp_path
         {onnx.TensorProto.FLOAT16}
     capsys.readouterr()
     assert cli.main(["check", str(out)]) == 0
-    assert "generation.padfree.onnx: not run (fp16" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    line = next(x for x in printed.splitlines() if x.startswith("generation.padfree.onnx"))
+    assert "fp16 cast back to float32): beam search (4 beams, 1 returned): 8 of 8 hypotheses equal the float32" \
+        " graphs' rounded to fp16" in line, printed
     from padfree.engines import plugin_library, trt_api
     from padfree.engines.build import BuildOptions, build as build_engine
     try:

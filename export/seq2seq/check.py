@@ -131,32 +131,41 @@ def check(out_dir, reference, batch: int = 8, max_seqlen: int = 16, max_new_toke
                                 name)
         result.ok = result.ok and ok_greedy and ok_beam
     if "generation" in manifest:
-        if dtype == "fp32":
-            facts = manifest["generation"]
-            graph, scores = _run_generation_graph(Path(out_dir), manifest, sources)
-            n = facts["max_new_tokens"]
-            label = (f"{manifest['files']['generation']} (one graph: the encoder, cross_kv and a Loop of {n} "
-                     f"{facts['search']} steps)")
-            if facts["search"] == "beam":
-                beams, returned = facts["num_beams"], facts["num_return_sequences"]
-                reference = _hf(model, sources, max_new_tokens=n, num_beams=beams, num_return_sequences=returned,
-                                do_sample=False, return_dict_in_generate=True, output_scores=True)
-                found = _Generated(torch.from_numpy(graph.reshape(batch * returned, -1)).long(),
-                                   torch.from_numpy(scores.reshape(-1)))
-                ok = _compare_beam(result, label, reference, found, batch, returned, fill, tol,
-                                   f"HF's ({n} new tokens)", beams=beams)
-            else:
-                reference = _hf(model, sources, max_new_tokens=n, num_beams=1, num_return_sequences=1,
-                                do_sample=False)
-                ok = _compare_greedy(result, label, reference, torch.from_numpy(graph).long(), batch, fill,
-                                     f"HF's ({n} new tokens)")
-                # HF stops once every source has ended; the graph runs its fixed N steps, the rest pad
-                ok = ok or _equal_up_to_padding(reference, graph, fill)
-            result.ok = result.ok and ok
-        else:
-            result.lines.append(f"{manifest['files']['generation']}: not run ({dtype}: its float32 proof is the "
-                                "step graphs' above)")
+        result.ok = _check_generation_graph(result, Path(out_dir), manifest, model, sources, fill, tol) and result.ok
     return result
+
+
+def _check_generation_graph(result: CheckResult, out_dir: Path, manifest: dict, model, sources, fill: int,
+                            tol: float) -> bool:
+    """generation.padfree.onnx against HF's generate of its max_new_tokens (float32), or, for an fp16 /
+    bf16 export, cast back to float32 against the float32 step graphs rounded to the dtype (the other
+    engine graphs' rule)."""
+    from padfree.runtime.backends.onnxrt_seq2seq import OnnxrtSeq2SeqGenerator
+
+    facts, dtype, batch = manifest["generation"], manifest.get("dtype", "fp32"), len(sources)
+    graph, scores = _run_generation_graph(out_dir, manifest, sources, dtype)
+    n = facts["max_new_tokens"]
+    label = (f"{manifest['files']['generation']} (one graph: the encoder, cross_kv and a Loop of {n} "
+             f"{facts['search']} steps{'' if dtype == 'fp32' else f', {dtype} cast back to float32'})")
+    beam = facts["search"] == "beam"
+    options = dict(max_new_tokens=n, num_beams=facts.get("num_beams", 1),
+                   num_return_sequences=facts.get("num_return_sequences", 1), do_sample=False,
+                   **({"return_dict_in_generate": True, "output_scores": True} if beam else {}))
+    if dtype == "fp32":
+        reference, name = _hf(model, sources, **options), f"HF's ({n} new tokens)"
+    else:
+        rounded = OnnxrtSeq2SeqGenerator(out_dir, step="plain", rounded=True)
+        reference = rounded.generate(sources, **options)
+        name = f"the float32 graphs' rounded to {dtype} ({n} new tokens)"
+    if beam:
+        returned = options["num_return_sequences"]
+        found = _Generated(torch.from_numpy(graph.reshape(batch * returned, -1)).long(),
+                           torch.from_numpy(scores.reshape(-1)))
+        return _compare_beam(result, label, reference, found, batch, returned, fill, tol, name,
+                             beams=options["num_beams"])
+    ok = _compare_greedy(result, label, reference, torch.from_numpy(graph).long(), batch, fill, name)
+    # HF stops once every source has ended; the graph runs its fixed N steps, the rest pad
+    return ok or _equal_up_to_padding(reference, graph, fill)
 
 
 @dataclass
@@ -165,16 +174,19 @@ class _Generated:
     sequences_scores: torch.Tensor
 
 
-def _run_generation_graph(out_dir: Path, manifest: dict, sources: list[list[int]]):
+def _run_generation_graph(out_dir: Path, manifest: dict, sources: list[list[int]], dtype: str = "fp32"):
     """generation.padfree.onnx on ONNX Runtime (its plugin nodes, the Loop body's too, on their
-    references): (sequences [B, 1 + N] or [B, n_ret, 1 + N], scores [B, n_ret] or None)."""
+    references; an fp16 / bf16 graph cast back to float32): (sequences [B, 1 + N] or [B, n_ret, 1 + N],
+    scores [B, n_ret] or None)."""
     import numpy as np
     import onnxruntime as ort
 
     from padfree.export.onnx_files import load_model
+    from padfree.export.precision import cast
     from padfree.export.reference import with_references
 
-    model = with_references(load_model(out_dir / manifest["files"]["generation"], "the generation graph"))
+    model = load_model(out_dir / manifest["files"]["generation"], "the generation graph")
+    model = with_references(model if dtype == "fp32" else cast(model, "fp32"))
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     lengths = [len(s) for s in sources]
     feeds = {"input_ids": np.concatenate([np.asarray(s, np.int32) for s in sources]),
