@@ -178,7 +178,10 @@ def _run_generation_graph(out_dir: Path, manifest: dict, sources: list[list[int]
     """generation.padfree.onnx on ONNX Runtime (its plugin nodes, the Loop body's too, on their
     references; an fp16 / bf16 graph cast back to float32): (sequences [B, 1 + N] or [B, n_ret, 1 + N],
     scores [B, n_ret] or None)."""
+    import tempfile
+
     import numpy as np
+    import onnx
     import onnxruntime as ort
 
     from padfree.export.onnx_files import load_model
@@ -187,7 +190,11 @@ def _run_generation_graph(out_dir: Path, manifest: dict, sources: list[list[int]
 
     model = load_model(out_dir / manifest["files"]["generation"], "the generation graph")
     model = with_references(model if dtype == "fp32" else cast(model, "fp32"))
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    with tempfile.TemporaryDirectory(prefix="padfree-check-") as tmp:
+        # through a file with external data: the joined graph may pass protobuf's 2 GB (NLLB-600M)
+        onnx.save_model(model, f"{tmp}/generation.onnx", save_as_external_data=True, location="weights.bin")
+        del model
+        session = ort.InferenceSession(f"{tmp}/generation.onnx", providers=["CPUExecutionProvider"])
     lengths = [len(s) for s in sources]
     feeds = {"input_ids": np.concatenate([np.asarray(s, np.int32) for s in sources]),
              "cu_seqlens": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32),
