@@ -129,6 +129,10 @@ def test_refusals_name_the_option(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "no_repeat_ngram_size" in err and "padfree run --generate" in err
     assert not (tmp_path / "b").exists() or not any((tmp_path / "b").iterdir())  # refused before writing
+    assert cli.main(["export", str(tmp_path / "hf"), "-o", str(tmp_path / "d"), "--io", "packed",
+                     "--generation-graph", "65"]) == 2     # max_position_embeddings 64: 64 new tokens at most
+    assert "position table serves 64" in capsys.readouterr().err
+    assert not (tmp_path / "d").exists() or not any((tmp_path / "d").iterdir())
     assert cli.main(["export", "tiny-bert", "-o", str(tmp_path / "c"), "--generation-graph", "8"]) == 2
     assert "encoder-decoder" in capsys.readouterr().err
 

@@ -141,6 +141,9 @@ def export_seq2seq(model, description: str, out: Path, opset: int,
     model = model.float().eval()
     weights = extract(model, spec, torch.float32, torch.device("cpu"))
     encoder_limit, decoder_limit = _position_limits(model, weights)
+    if generation_tokens is not None and generation_tokens > decoder_limit:
+        raise ExportError(f"the generation graph's {generation_tokens} new tokens: the decoder's position table serves "
+                          f"{decoder_limit}; choose at most that many")
     # M2M100's table grows on demand in HF; the step's table is grown once to every row it may read
     ensure_position_rows(weights.decoder, spec, weights.pad_token_id, weights.pad_token_id + 2 + decoder_limit)
     facts = {"padfree.source": description, "padfree.family": spec.name, "padfree.format": FORMAT}
