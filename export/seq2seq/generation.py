@@ -73,9 +73,11 @@ def search_options(generation_config, config, vocab_size: int, max_new_tokens: i
     return options
 
 
-def _scope(graph: onnx.GraphProto, prefix: str, wired: dict[str, str]):
-    """(nodes, initializers, names) of `graph` with every name it defines prefixed; its inputs renamed
-    by `wired` (input -> the name that feeds it). names maps the graph's own names to the new ones."""
+def _scope(graph: onnx.GraphProto, prefix: str, wired: dict[str, str], into: onnx.GraphProto):
+    """(nodes, names) of `graph` with every name it defines prefixed and its inputs renamed by `wired`
+    (input -> the name that feeds it); names maps the graph's own names to the new ones. Its
+    initializers move into `into` (renamed; `graph` keeps none): one sub-graph's weights are copied at
+    a time, so a joined NLLB-600M holds its weights about twice at most, not four times."""
     names = dict(wired)
     for init in graph.initializer:
         names[init.name] = prefix + init.name
@@ -93,13 +95,11 @@ def _scope(graph: onnx.GraphProto, prefix: str, wired: dict[str, str]):
         del copy.output[:]
         copy.output.extend(names[o] if o else "" for o in node.output)
         nodes.append(copy)
-    inits = []
     for init in graph.initializer:
-        copy = onnx.TensorProto()
-        copy.CopyFrom(init)
-        copy.name = names[init.name]
-        inits.append(copy)
-    return nodes, inits, names
+        init.name = names[init.name]
+    into.initializer.extend(graph.initializer)
+    del graph.initializer[:]
+    return nodes, names
 
 
 def _const(name: str, value, dtype) -> onnx.NodeProto:
@@ -209,16 +209,15 @@ def build_generation_graph(folder: str | Path, max_new_tokens: int) -> onnx.Mode
     cache_type = next(i.type.tensor_type.elem_type for i in step.graph.input if i.name == "past_key.0")
 
     main: list[onnx.NodeProto] = []
-    inits: list[onnx.TensorProto] = []
-    enc_nodes, enc_inits, enc_names = _scope(encoder.graph, "enc/", {i.name: i.name for i in encoder.graph.input})
+    model = onnx.ModelProto()  # filled in place: its graph takes each sub-graph's weights as they come
+    enc_nodes, enc_names = _scope(encoder.graph, "enc/", {i.name: i.name for i in encoder.graph.input}, model.graph)
     main += enc_nodes
-    inits += enc_inits
     hidden = enc_names[encoder.graph.output[0].name]
-    ckv_nodes, ckv_inits, ckv_names = _scope(cross.graph, "ckv/", {cross.graph.input[0].name: hidden})
+    ckv_nodes, ckv_names = _scope(cross.graph, "ckv/", {cross.graph.input[0].name: hidden}, model.graph)
     main += ckv_nodes
-    inits += ckv_inits
+    del cross
     if num_beams > 1:
-        return _beam_graph(main, inits, encoder, step, ckv_names, options, decoder, n, cache_type)
+        return _beam_graph(main, model, encoder, step, ckv_names, options, decoder, n, cache_type)
 
     # initial loop state: R = B rows (greedy), caches of N positions, the start token
     main += [_const("gen/one64", [1], np.int64), _const("gen/axis0", [0], np.int64),
@@ -253,11 +252,11 @@ def build_generation_graph(folder: str | Path, max_new_tokens: int) -> onnx.Mode
     for i in range(layers):
         wired[f"past_key.{i}"], wired[f"past_value.{i}"] = f"b/past_key.{i}", f"b/past_value.{i}"
         wired[f"cross_kv.{i}"] = ckv_names[f"cross_kv.{i}"]
-    body_nodes, step_inits, step_names = _scope(step.graph, "step/", wired)
+    # the step's weights go to the outer graph: the body reads them from the outer scope
+    body_nodes, step_names = _scope(step.graph, "step/", wired, model.graph)
     for node in body_nodes:
         if node.op_type in LOOP_PLUGINS:
             _own_workspace(node)
-    inits += step_inits  # read from the outer scope: the body holds no copy of the weights
     logits = step_names["logits"]
     if step.graph.output[0].type.tensor_type.elem_type != TensorProto.FLOAT:
         body_nodes.append(helper.make_node("Cast", [logits], ["gen/logits32"], to=TensorProto.FLOAT))
@@ -297,11 +296,8 @@ def build_generation_graph(folder: str | Path, max_new_tokens: int) -> onnx.Mode
              helper.make_node("Add", ["gen/len_f", "gen/one_i32"], ["lengths"])]
     inputs = [i for i in encoder.graph.input]
     outputs = [vi("sequences", TensorProto.INT32, ["batch", 1 + n]), vi("lengths", TensorProto.INT32, ["batch"])]
-    graph = helper.make_graph(main, "padfree_greedy_generation", inputs, outputs, inits)
-    opsets = {o.domain: o.version for m in (encoder, cross, step) for o in m.opset_import}
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()],
-                              producer_name="padfree")
-    model.ir_version = step.ir_version
+    opsets = {o.domain: o.version for m in (encoder, step) for o in m.opset_import}
+    _finish(model, "padfree_greedy_generation", main, inputs, outputs, opsets, step.ir_version)
     helper.set_model_props(model, {"padfree.generation": json.dumps(
         {"search": "greedy", "max_new_tokens": n, "min_length": options.min_length,
          "forced_bos_token_id": options.forced_bos_token_id, "forced_eos_token_id": options.forced_eos_token_id,
@@ -310,7 +306,19 @@ def build_generation_graph(folder: str | Path, max_new_tokens: int) -> onnx.Mode
     return model
 
 
-def _beam_graph(main: list, inits: list, encoder, step, ckv_names: dict, options, decoder: dict, n: int,
+def _finish(model: onnx.ModelProto, name: str, nodes: list, inputs, outputs, opsets: dict, ir_version: int) -> None:
+    """The joined graph's nodes, I/O and opsets, set on `model` in place (helper.make_model would copy
+    every weight once more)."""
+    model.graph.name = name
+    model.graph.node.extend(nodes)
+    model.graph.input.extend(inputs)
+    model.graph.output.extend(outputs)
+    model.opset_import.extend(helper.make_opsetid(d, v) for d, v in opsets.items())
+    model.ir_version = ir_version
+    model.producer_name = "padfree"
+
+
+def _beam_graph(main: list, model: onnx.ModelProto, encoder, step, ckv_names: dict, options, decoder: dict, n: int,
                 cache_type: int) -> onnx.ModelProto:
     """The whole beam search (num_beams K > 1) in one graph: padfree.generation.beam_search's tensorised
     step (HF's bookkeeping: the top K' = candidates_per_row * K continuations per source over its beams'
@@ -373,12 +381,11 @@ def _beam_graph(main: list, inits: list, encoder, step, ckv_names: dict, options
     for i in range(layers):
         wired[f"past_key.{i}"], wired[f"past_value.{i}"] = f"b/past_key.{i}", f"b/past_value.{i}"
         wired[f"cross_kv.{i}"] = ckv_names[f"cross_kv.{i}"]
-    step_nodes, step_inits, step_names = _scope(step.graph, "step/", wired)
+    step_nodes, step_names = _scope(step.graph, "step/", wired, model.graph)   # weights: outer scope
     for node in step_nodes:
         if node.op_type in LOOP_PLUGINS:
             _own_workspace(node)
     body_nodes += step_nodes
-    inits += step_inits
     logits = step_names["logits"]   # in the export's dtype: the top-k reads it as it is, scores in float32
     # the processors of padfree.generation.processors as the top-k plugin's inputs
     topk_inputs = [logits, b.op("Reshape", "b/running_scores", b.const([-1], np.int64))]
@@ -500,12 +507,9 @@ def _beam_graph(main: list, inits: list, encoder, step, ckv_names: dict, options
     outputs = [helper.make_tensor_value_info("sequences", TensorProto.INT32, ["batch", returned, m]),
                helper.make_tensor_value_info("lengths", TensorProto.INT32, ["batch", returned]),
                helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", returned])]
-    graph = helper.make_graph(main, "padfree_beam_generation", list(encoder.graph.input), outputs, inits)
     opsets = {o.domain: o.version for mdl in (encoder, step) for o in mdl.opset_import}
     opsets[spec.namespace] = 1
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()],
-                              producer_name="padfree")
-    model.ir_version = step.ir_version
+    _finish(model, "padfree_beam_generation", main, list(encoder.graph.input), outputs, opsets, step.ir_version)
     helper.set_model_props(model, {"padfree.generation": json.dumps(
         {"search": "beam", "num_beams": k, "num_return_sequences": returned, "max_new_tokens": n,
          "length_penalty": lp, "early_stopping": early, "min_length": options.min_length,

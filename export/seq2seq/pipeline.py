@@ -212,6 +212,7 @@ def export_seq2seq(model, description: str, out: Path, opset: int,
     outputs.write_text(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
     written = [ENCODER, CROSS_KV, STEP, STEP_PLUGINS, *engines.values(), CONFIG, GENERATION_CONFIG, MANIFEST]
     if generation_tokens is not None:  # joined from the engine graphs just written
+        del step, swapped, stack, weights  # the join holds every weight again: free what this export held
         import onnx
 
         from .generation import build_generation_graph
