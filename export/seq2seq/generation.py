@@ -134,6 +134,59 @@ def _own_workspace(node: onnx.NodeProto) -> None:
     node.attribute.extend(kept + [helper.make_attribute("own_workspace", 1)])
 
 
+def _vi(name: str, elem: int, dims) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, elem, dims)
+
+
+def _forced_by_step(options) -> np.ndarray:
+    """The forced token of each step ([max_length] int32, -1 where none), padfree.generation.processors'
+    rule: forced_bos_token_id at step 0, forced_eos_token_id at the last step (it wins over a bos there)."""
+    forced = np.full([options.max_length], -1, np.int32)
+    if options.forced_bos_token_id is not None:
+        forced[0] = options.forced_bos_token_id
+    if options.forced_eos_token_id is not None and options.max_length >= 2:
+        forced[options.max_length - 2] = options.forced_eos_token_id
+    return forced
+
+
+def _initial_cache(g: "_Nodes", rows: str, rows_scalar: str, heads: int, n: int, head_dim: int,
+                   cache_type: int) -> tuple[str, str]:
+    """(zero K/V cache [R, heads, N, head_dim], cache indirection [R, N] with every row reading its own
+    history) for R = rows ([1] int64; rows_scalar its scalar)."""
+    cache_shape = g.op("Concat", rows, g.const([heads, n, head_dim], np.int64), axis=0)
+    cache = g.op("ConstantOfShape", cache_shape, value=helper.make_tensor("zero", cache_type, [1], [0]))
+    row_col = g.op("Unsqueeze", g.op("Range", g.const(0, np.int64), rows_scalar, g.const(1, np.int64)),
+                   g.const([1], np.int64))
+    indir = g.op("Cast", g.op("Expand", row_col, g.op("Concat", rows, g.const([n], np.int64), axis=0)),
+                 to=TensorProto.INT32)
+    return cache, indir
+
+
+def _step_body(step: onnx.ModelProto, model: onnx.ModelProto, ids: str, cache_indir: str, ckv_names: dict,
+               layers: int) -> tuple[list, dict]:
+    """The decoder step's nodes for the loop body (its weights moved to the outer graph, read from the
+    outer scope; its plugins on their own scratch) and their names: input_ids from `ids`, the caches from
+    the carried b/past_*, the cross-attention memory from cross_kv's outputs."""
+    wired = {"input_ids": ids, "step": "b/step", "cache_indir": cache_indir, "cu_seqlens": "cu_seqlens",
+             "max_seqlen": "max_seqlen"}
+    for i in range(layers):
+        wired[f"past_key.{i}"], wired[f"past_value.{i}"] = f"b/past_key.{i}", f"b/past_value.{i}"
+        wired[f"cross_kv.{i}"] = ckv_names[f"cross_kv.{i}"]
+    nodes, names = _scope(step.graph, "step/", wired, model.graph)
+    for node in nodes:
+        if node.op_type in LOOP_PLUGINS:
+            _own_workspace(node)
+    return nodes, names
+
+
+def _facts(options, n: int, **search) -> dict:
+    """The options the graph fixed (its `padfree.generation` metadata)."""
+    return {**search, "max_new_tokens": n, "min_length": options.min_length,
+            "forced_bos_token_id": options.forced_bos_token_id, "forced_eos_token_id": options.forced_eos_token_id,
+            "eos_token_ids": list(options.eos_token_ids), "pad_token_id": options.pad_token_id,
+            "decoder_start_token_id": options.decoder_start_token_id}
+
+
 def _greedy_pick(b: list, logits: str, step: str, done: str, options, vocab: int) -> tuple[str, str]:
     """Nodes appended to `b`: the processors and the pick; returns (next ids int32 [R], done [R])."""
     n = len(b)
@@ -154,13 +207,9 @@ def _greedy_pick(b: list, logits: str, step: str, done: str, options, vocab: int
         b.append(_const(name("neg_inf"), NEG_INF, np.float32))
         b.append(helper.make_node("Where", [name("ban"), name("neg_inf"), x], [name("min_len_logits")]))
         x = name("min_len_logits")
-    # forced tokens by step (HF's order: a forced eos at the last step wins over a forced bos there)
-    forced = {}
-    if options.forced_bos_token_id is not None:
-        forced[0] = options.forced_bos_token_id
-    if options.forced_eos_token_id is not None and options.max_length >= 2:
-        forced[options.max_length - 2] = options.forced_eos_token_id
-    for at, token in sorted(forced.items()):
+    forced = _forced_by_step(options)
+    for at in np.flatnonzero(forced >= 0).tolist():
+        token = int(forced[at])
         row = np.full([1, vocab], NEG_INF, np.float32)
         row[0, token] = 0.0
         b.append(_const(name(f"forced_row_{at}"), row, np.float32))
@@ -224,10 +273,6 @@ def build_generation_graph(folder: str | Path, max_new_tokens: int) -> onnx.Mode
              helper.make_node("Shape", ["cu_seqlens"], ["gen/cu_len"]),
              helper.make_node("Sub", ["gen/cu_len", "gen/one64"], ["gen/rows"]),
              helper.make_node("Squeeze", ["gen/rows", "gen/axis0"], ["gen/rows_scalar"]),
-             _const("gen/cache_tail", [heads, n, head_dim], np.int64),
-             helper.make_node("Concat", ["gen/rows", "gen/cache_tail"], ["gen/cache_shape"], axis=0),
-             helper.make_node("ConstantOfShape", ["gen/cache_shape"], ["gen/cache0"],
-                              value=helper.make_tensor("zero", cache_type, [1], [0])),
              _const("gen/start", [options.decoder_start_token_id], np.int32),
              helper.make_node("Expand", ["gen/start", "gen/rows"], ["gen/ids0"]),
              _const("gen/step0", [0], np.int32),
@@ -235,28 +280,15 @@ def build_generation_graph(folder: str | Path, max_new_tokens: int) -> onnx.Mode
                               value=helper.make_tensor("false", TensorProto.BOOL, [1], [False])),
              helper.make_node("ConstantOfShape", ["gen/rows"], ["gen/len0"],
                               value=helper.make_tensor("zero_i", TensorProto.INT32, [1], [0])),
-             # cache_indir [R, N]: every row reads its own history (greedy: no reorder)
-             _const("gen/zero_s", 0, np.int64), _const("gen/one_s", 1, np.int64), _const("gen/n", [n], np.int64),
-             helper.make_node("Range", ["gen/zero_s", "gen/rows_scalar", "gen/one_s"], ["gen/row_ids"]),
-             helper.make_node("Unsqueeze", ["gen/row_ids", "gen/one64"], ["gen/row_col"]),
-             helper.make_node("Concat", ["gen/rows", "gen/n"], ["gen/indir_shape"], axis=0),
-             helper.make_node("Expand", ["gen/row_col", "gen/indir_shape"], ["gen/indir64"]),
-             helper.make_node("Cast", ["gen/indir64"], ["gen/cache_indir"], to=TensorProto.INT32),
              _const("gen/trips", n, np.int64), _const("gen/keep_going", True, bool)]
+    # every row reads its own history (greedy: no reorder)
+    cache0, cache_indir = _initial_cache(_Nodes(main, "gen/"), "gen/rows", "gen/rows_scalar", heads, n, head_dim,
+                                         cache_type)
 
     # the loop body: the step, the pick, the carried values
     carried = ["b/step", "b/ids"] + [f"b/past_{kind}.{i}" for i in range(layers) for kind in ("key", "value")] \
         + ["b/done", "b/len"]
-    wired = {"input_ids": "b/ids", "step": "b/step", "cache_indir": "gen/cache_indir", "cu_seqlens": "cu_seqlens",
-             "max_seqlen": "max_seqlen"}
-    for i in range(layers):
-        wired[f"past_key.{i}"], wired[f"past_value.{i}"] = f"b/past_key.{i}", f"b/past_value.{i}"
-        wired[f"cross_kv.{i}"] = ckv_names[f"cross_kv.{i}"]
-    # the step's weights go to the outer graph: the body reads them from the outer scope
-    body_nodes, step_names = _scope(step.graph, "step/", wired, model.graph)
-    for node in body_nodes:
-        if node.op_type in LOOP_PLUGINS:
-            _own_workspace(node)
+    body_nodes, step_names = _step_body(step, model, "b/ids", cache_indir, ckv_names, layers)
     logits = step_names["logits"]
     if step.graph.output[0].type.tensor_type.elem_type != TensorProto.FLOAT:
         body_nodes.append(helper.make_node("Cast", [logits], ["gen/logits32"], to=TensorProto.FLOAT))
@@ -271,20 +303,17 @@ def build_generation_graph(folder: str | Path, max_new_tokens: int) -> onnx.Mode
                    helper.make_node("Identity", ["b/cond"], ["gen/b/cond_next"])]
     presents = [step_names[f"present_{kind}.{i}"] for i in range(layers) for kind in ("key", "value")]
     rows_dim, cache_dims = "rows", ["rows", heads, n, head_dim]
-
-    def vi(name, elem, shape):
-        return helper.make_tensor_value_info(name, elem, shape)
-    body_in = [vi("b/iteration", TensorProto.INT64, []), vi("b/cond", TensorProto.BOOL, []),
-               vi("b/step", TensorProto.INT32, [1]), vi("b/ids", TensorProto.INT32, [rows_dim])]
-    body_in += [vi(c, cache_type, cache_dims) for c in carried[2:-2]]
-    body_in += [vi("b/done", TensorProto.BOOL, [rows_dim]), vi("b/len", TensorProto.INT32, [rows_dim])]
-    body_out = [vi("gen/b/cond_next", TensorProto.BOOL, []), vi("gen/b/step_next", TensorProto.INT32, [1]),
-                vi(next_ids, TensorProto.INT32, [rows_dim])]
-    body_out += [vi(p, cache_type, cache_dims) for p in presents]
-    body_out += [vi(done_next, TensorProto.BOOL, [rows_dim]), vi("gen/b/len_next", TensorProto.INT32, [rows_dim]),
-                 vi("gen/b/scan_ids", TensorProto.INT32, [rows_dim])]
+    body_in = [_vi("b/iteration", TensorProto.INT64, []), _vi("b/cond", TensorProto.BOOL, []),
+               _vi("b/step", TensorProto.INT32, [1]), _vi("b/ids", TensorProto.INT32, [rows_dim])]
+    body_in += [_vi(c, cache_type, cache_dims) for c in carried[2:-2]]
+    body_in += [_vi("b/done", TensorProto.BOOL, [rows_dim]), _vi("b/len", TensorProto.INT32, [rows_dim])]
+    body_out = [_vi("gen/b/cond_next", TensorProto.BOOL, []), _vi("gen/b/step_next", TensorProto.INT32, [1]),
+                _vi(next_ids, TensorProto.INT32, [rows_dim])]
+    body_out += [_vi(p, cache_type, cache_dims) for p in presents]
+    body_out += [_vi(done_next, TensorProto.BOOL, [rows_dim]), _vi("gen/b/len_next", TensorProto.INT32, [rows_dim]),
+                 _vi("gen/b/scan_ids", TensorProto.INT32, [rows_dim])]
     body = helper.make_graph(body_nodes, "greedy_step", body_in, body_out)
-    initial = ["gen/step0", "gen/ids0"] + ["gen/cache0"] * (2 * layers) + ["gen/done0", "gen/len0"]
+    initial = ["gen/step0", "gen/ids0"] + [cache0] * (2 * layers) + ["gen/done0", "gen/len0"]
     finals = ["gen/step_f", "gen/ids_f"] + [f"gen/cache_f.{k}" for k in range(2 * layers)] + ["gen/done_f", "gen/len_f"]
     main.append(helper.make_node("Loop", ["gen/trips", "gen/keep_going"] + initial, finals + ["gen/scan_ids"],
                                  name="gen/loop", body=body))
@@ -295,14 +324,10 @@ def build_generation_graph(folder: str | Path, max_new_tokens: int) -> onnx.Mode
              _const("gen/one_i32", [1], np.int32),
              helper.make_node("Add", ["gen/len_f", "gen/one_i32"], ["lengths"])]
     inputs = [i for i in encoder.graph.input]
-    outputs = [vi("sequences", TensorProto.INT32, ["batch", 1 + n]), vi("lengths", TensorProto.INT32, ["batch"])]
+    outputs = [_vi("sequences", TensorProto.INT32, ["batch", 1 + n]), _vi("lengths", TensorProto.INT32, ["batch"])]
     opsets = {o.domain: o.version for m in (encoder, step) for o in m.opset_import}
     _finish(model, "padfree_greedy_generation", main, inputs, outputs, opsets, step.ir_version)
-    helper.set_model_props(model, {"padfree.generation": json.dumps(
-        {"search": "greedy", "max_new_tokens": n, "min_length": options.min_length,
-         "forced_bos_token_id": options.forced_bos_token_id, "forced_eos_token_id": options.forced_eos_token_id,
-         "eos_token_ids": list(options.eos_token_ids), "pad_token_id": options.pad_token_id,
-         "decoder_start_token_id": options.decoder_start_token_id})})
+    helper.set_model_props(model, {"padfree.generation": json.dumps(_facts(options, n, search="greedy"))})
     return model
 
 
@@ -357,11 +382,7 @@ def _beam_graph(main: list, model: onnx.ModelProto, encoder, step, ckv_names: di
     pool_scores0 = g.op("Expand", g.const(np.full([1, k], NEG, np.float32), np.float32), shape(batch, (k,)))
     zeros_bk = g.op("Expand", g.const(np.zeros([1, k], np.int32), np.int32), shape(batch, (k,)))
     improvable0 = g.op("Expand", g.const(np.ones([1, 1], np.int32), np.int32), shape(batch, (1,)))
-    cache0 = g.op("ConstantOfShape", shape(rows, (heads, n, head_dim)),
-                  value=helper.make_tensor("zero", cache_type, [1], [0]))
-    row_col = g.op("Unsqueeze", g.op("Range", g.const(0, np.int64), rows_s, g.const(1, np.int64)),
-                   g.const([1], np.int64))
-    indir0 = g.op("Cast", g.op("Expand", row_col, shape(rows, (n,))), to=TensorProto.INT32)
+    cache0, indir0 = _initial_cache(g, rows, rows_s, heads, n, head_dim, cache_type)
     source_offset = g.op("Unsqueeze", g.op("Mul", g.op("Range", g.const(0, np.int64), batch_s, g.const(1, np.int64)),
                                            g.const(k, np.int64)), g.const([1], np.int64))   # [B, 1]
     step0 = g.const([0], np.int32)
@@ -376,15 +397,7 @@ def _beam_graph(main: list, model: onnx.ModelProto, encoder, step, ckv_names: di
     step_s = b.op("Squeeze", step64, b.const([0], np.int64))
     cur_len = b.op("Add", step64, b.const([1], np.int64))                 # tokens so far, the start included
     tokens = b.op("Reshape", b.op("Gather", "b/running", step_s, axis=2), b.const([-1], np.int64))   # [R]
-    wired = {"input_ids": tokens, "step": "b/step", "cache_indir": "b/cache_indir", "cu_seqlens": "cu_seqlens",
-             "max_seqlen": "max_seqlen"}
-    for i in range(layers):
-        wired[f"past_key.{i}"], wired[f"past_value.{i}"] = f"b/past_key.{i}", f"b/past_value.{i}"
-        wired[f"cross_kv.{i}"] = ckv_names[f"cross_kv.{i}"]
-    step_nodes, step_names = _scope(step.graph, "step/", wired, model.graph)   # weights: outer scope
-    for node in step_nodes:
-        if node.op_type in LOOP_PLUGINS:
-            _own_workspace(node)
+    step_nodes, step_names = _step_body(step, model, tokens, "b/cache_indir", ckv_names, layers)
     body_nodes += step_nodes
     logits = step_names["logits"]   # in the export's dtype: the top-k reads it as it is, scores in float32
     # the processors of padfree.generation.processors as the top-k plugin's inputs
@@ -395,11 +408,7 @@ def _beam_graph(main: list, model: onnx.ModelProto, encoder, step, ckv_names: di
         row = b.op("Where", ban_now, b.const(np.asarray([eos], np.int32), np.int32),
                    b.const(np.full([1, len(eos)], -1, np.int32), np.int32))
         topk_inputs.append(b.op("Expand", row, b.op("Concat", rows, b.const([len(eos)], np.int64), axis=0)))
-    forced = np.full([m], -1, np.int32)
-    if options.forced_bos_token_id is not None:
-        forced[0] = options.forced_bos_token_id
-    if options.forced_eos_token_id is not None and m >= 2:
-        forced[m - 2] = options.forced_eos_token_id
+    forced = _forced_by_step(options)
     has_forced = bool((forced >= 0).any())
     if has_forced:
         topk_inputs.append(b.op("Expand", b.op("Gather", b.const(forced, np.int32), step64, axis=0), rows))
@@ -422,7 +431,6 @@ def _beam_graph(main: list, model: onnx.ModelProto, encoder, step, ckv_names: di
     top_sequences = b.op("Where", at_len, b.op("Unsqueeze", top_tokens, b.const([2], np.int64)), top_sequences)
     ends = b.op("Cast", b.op("GreaterOrEqual", b.op("Add", cur_len, b.const([1], np.int64)),
                              b.const([m], np.int64)), to=TensorProto.INT32)              # [1]
-    hits = ends
     if eos:
         is_eos = b.op("ReduceMax", b.op("Cast", b.op("Equal", b.op("Unsqueeze", top_tokens, b.const([2], np.int64)),
                                                      b.const(np.asarray(eos, np.int32).reshape(1, 1, -1), np.int32)),
@@ -480,18 +488,15 @@ def _beam_graph(main: list, model: onnx.ModelProto, encoder, step, ckv_names: di
     presents = [step_names[f"present_{kind}.{i}"] for i in range(layers) for kind in ("key", "value")]
     dims_bk, dims_bkm = ["batch", k], ["batch", k, m]
     cache_dims = ["rows", heads, n, head_dim]
-
-    def vi(name, elem, dims):
-        return helper.make_tensor_value_info(name, elem, dims)
     types = [(TensorProto.INT32, [1]), (TensorProto.INT32, dims_bkm), (TensorProto.FLOAT, dims_bk),
              (TensorProto.INT32, dims_bkm), (TensorProto.FLOAT, dims_bk), (TensorProto.INT32, dims_bk),
              (TensorProto.INT32, dims_bk), (TensorProto.INT32, ["batch", 1]), (TensorProto.INT32, ["rows", n])] + \
         [(cache_type, cache_dims)] * (2 * layers)
-    body_in = [vi("b/iteration", TensorProto.INT64, []), vi("b/cond", TensorProto.BOOL, [])] + \
-        [vi(name, *t) for name, t in zip(carried, types)]
+    body_in = [_vi("b/iteration", TensorProto.INT64, []), _vi("b/cond", TensorProto.BOOL, [])] + \
+        [_vi(name, *t) for name, t in zip(carried, types)]
     produced = [step_next, running, running_scores, pool, pool_scores, pool_lengths, pool_finished, improvable,
                 indir] + presents
-    body_out = [vi(cond, TensorProto.BOOL, [])] + [vi(name, *t) for name, t in zip(produced, types)]
+    body_out = [_vi(cond, TensorProto.BOOL, [])] + [_vi(name, *t) for name, t in zip(produced, types)]
     body = helper.make_graph(body_nodes, "beam_step", body_in, body_out)
     initial = [step0, running0, running_scores0, running0, pool_scores0, zeros_bk, zeros_bk, improvable0, indir0] + \
         [cache0] * (2 * layers)
@@ -504,16 +509,13 @@ def _beam_graph(main: list, model: onnx.ModelProto, encoder, step, ckv_names: di
     g.op("Slice", pool_f, first, ret, axis1, out=["sequences"])
     g.op("Add", g.op("Slice", pool_lengths_f, first, ret, axis1), g.const(np.int32(1), np.int32), out=["lengths"])
     g.op("Slice", pool_scores_f, first, ret, axis1, out=["scores"])
-    outputs = [helper.make_tensor_value_info("sequences", TensorProto.INT32, ["batch", returned, m]),
-               helper.make_tensor_value_info("lengths", TensorProto.INT32, ["batch", returned]),
-               helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", returned])]
+    outputs = [_vi("sequences", TensorProto.INT32, ["batch", returned, m]),
+               _vi("lengths", TensorProto.INT32, ["batch", returned]),
+               _vi("scores", TensorProto.FLOAT, ["batch", returned])]
     opsets = {o.domain: o.version for mdl in (encoder, step) for o in mdl.opset_import}
     opsets[spec.namespace] = 1
     _finish(model, "padfree_beam_generation", main, list(encoder.graph.input), outputs, opsets, step.ir_version)
-    helper.set_model_props(model, {"padfree.generation": json.dumps(
-        {"search": "beam", "num_beams": k, "num_return_sequences": returned, "max_new_tokens": n,
-         "length_penalty": lp, "early_stopping": early, "min_length": options.min_length,
-         "forced_bos_token_id": options.forced_bos_token_id, "forced_eos_token_id": options.forced_eos_token_id,
-         "eos_token_ids": eos, "pad_token_id": options.pad_token_id,
-         "decoder_start_token_id": options.decoder_start_token_id})})
+    helper.set_model_props(model, {"padfree.generation": json.dumps(_facts(
+        options, n, search="beam", num_beams=k, num_return_sequences=returned, length_penalty=lp,
+        early_stopping=early))})
     return model
