@@ -126,3 +126,19 @@ def hf_generate(model, sources: list[list[int]], **options):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return model.generate(ids, attention_mask=mask, **options)
+
+
+def engine_prerequisites():
+    """(TensorRT-RTX's Api, libpadfree_trt.so) for the engine builds of the seq2seq graphs on the CPU;
+    skips the test where either is missing."""
+    import pytest
+
+    from padfree.engines import plugin_library, trt_api
+    try:
+        api = trt_api.load("tensorrt_rtx")
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"no TensorRT-RTX Python bindings: {e}")
+    library = plugin_library.find(required=False)
+    if library is None:
+        pytest.skip("libpadfree_trt.so was not built (needs TensorRT headers: cmake -DTensorRT_ROOT=...)")
+    return api, library

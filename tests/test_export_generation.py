@@ -23,7 +23,7 @@ pytest.importorskip("onnx_graphsurgeon")
 from padfree import cli  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _seq2seq import build  # noqa: E402
+from _seq2seq import build, engine_prerequisites  # noqa: E402
 
 WIDE = dict(d_model=128, heads=2, ffn=256)   # head_dim 64: the packed encoder's attention plugin
 NEW_TOKENS = 12
@@ -137,24 +137,23 @@ def test_refusals_name_the_option(tmp_path, capsys):
     assert "encoder-decoder" in capsys.readouterr().err
 
 
+def _build_engine(out, tmp_path) -> dict:
+    """The export's generation graph built with TensorRT-RTX on the CPU (skipped where it cannot be):
+    its sidecar metadata."""
+    from padfree.engines.build import BuildOptions, build as build_engine
+
+    _, library = engine_prerequisites()
+    return build_engine(BuildOptions(onnx=str(out / "generation.padfree.onnx"), output=str(tmp_path / "g.engine"),
+                                     max_tokens=64, max_batch=4, max_seqlen=16, plugin_library=str(library),
+                                     backend="tensorrt_rtx", progress=False))
+
+
 @pytest.mark.parametrize("beams", [1, 4])
 def test_the_generation_graph_builds_into_one_engine(generation_export, tmp_path, beams):
     """TensorRT-RTX on the CPU: the encoder's plugins, cross_kv's MatMuls and the Loop with the decoder
     plugins (aliased caches, their own scratch; for beam search the top-k and the indirection reorder
     too) in one engine, profiled as a packed encoder."""
-    from padfree.engines import plugin_library, trt_api
-    from padfree.engines.build import BuildOptions, build as build_engine
-    try:
-        trt_api.load("tensorrt_rtx")
-    except Exception as e:  # noqa: BLE001
-        pytest.skip(f"no TensorRT-RTX Python bindings: {e}")
-    library = plugin_library.find(required=False)
-    if library is None:
-        pytest.skip("libpadfree_trt.so was not built (needs TensorRT headers: cmake -DTensorRT_ROOT=...)")
-    out = generation_export("marian", beams)
-    metadata = build_engine(BuildOptions(onnx=str(out / "generation.padfree.onnx"), output=str(tmp_path / "g.engine"),
-                                         max_tokens=64, max_batch=4, max_seqlen=16, plugin_library=str(library),
-                                         backend="tensorrt_rtx", progress=False))
+    metadata = _build_engine(generation_export("marian", beams), tmp_path)
     assert (tmp_path / "g.engine").stat().st_size > 0
     assert metadata["model"]["io"] == "generation"
     assert metadata["preview_features"] == ["ALIASED_PLUGIN_IO_10_03"]
@@ -184,16 +183,5 @@ def test_an_fp16_generation_graph_is_proven_rounded_and_builds(tmp_path, capsys)
     line = next(x for x in printed.splitlines() if x.startswith("generation.padfree.onnx"))
     assert "fp16 cast back to float32): beam search (4 beams, 1 returned): 8 of 8 hypotheses equal the float32" \
         " graphs' rounded to fp16" in line, printed
-    from padfree.engines import plugin_library, trt_api
-    from padfree.engines.build import BuildOptions, build as build_engine
-    try:
-        trt_api.load("tensorrt_rtx")
-    except Exception as e:  # noqa: BLE001
-        pytest.skip(f"no TensorRT-RTX Python bindings: {e}")
-    library = plugin_library.find(required=False)
-    if library is None:
-        pytest.skip("libpadfree_trt.so was not built (needs TensorRT headers: cmake -DTensorRT_ROOT=...)")
-    metadata = build_engine(BuildOptions(onnx=str(out / "generation.padfree.onnx"), output=str(tmp_path / "g.engine"),
-                                         max_tokens=64, max_batch=4, max_seqlen=16, plugin_library=str(library),
-                                         backend="tensorrt_rtx", progress=False))
+    metadata = _build_engine(out, tmp_path)
     assert metadata["precision"] == "fp16" and metadata["model"]["io"] == "generation"

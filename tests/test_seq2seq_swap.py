@@ -27,7 +27,7 @@ from padfree.export.seq2seq.ops import CROSS_ATTENTION, SELF_ATTENTION, sites_of
 from padfree.export.seq2seq.swap import num_beams_of, set_num_beams, swap_sites
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _seq2seq import build  # noqa: E402
+from _seq2seq import build, engine_prerequisites  # noqa: E402
 
 CHECK = dict(batch=8, max_seqlen=12, max_new_tokens=12, num_beams=4, seed=3)
 
@@ -148,24 +148,12 @@ def test_cli_export_num_beams_and_its_refusal_for_encoders(tmp_path, capsys):
 
 
 # ---- engines (TensorRT-RTX on the CPU) ---------------------------------------------------------------
-def _engine_prerequisites():
-    from padfree.engines import plugin_library, trt_api
-    try:
-        api = trt_api.load("tensorrt_rtx")
-    except Exception as e:  # noqa: BLE001
-        pytest.skip(f"no TensorRT-RTX Python bindings: {e}")
-    library = plugin_library.find(required=False)
-    if library is None:
-        pytest.skip("libpadfree_trt.so was not built (needs TensorRT headers: cmake -DTensorRT_ROOT=...)")
-    return api, library
-
-
 @pytest.mark.parametrize("graph", ["encoder.onnx", "cross_kv.onnx", "decoder_step.padfree.onnx"])
 def test_engines_of_the_three_graphs(exported, tmp_path, graph):
     from padfree.engines import sidecar
     from padfree.engines.build import BuildOptions, build as build_engine
 
-    _, library = _engine_prerequisites()
+    _, library = engine_prerequisites()
     _, out = exported
     step = graph.startswith("decoder_step")
     options = BuildOptions(onnx=str(out / graph), output=str(tmp_path / "g.engine"), max_tokens=64, max_batch=4,
@@ -279,7 +267,7 @@ def test_a_wrong_weight_in_a_dtype_graph_is_caught(exported_dtype, tmp_path):
 def test_engines_of_the_dtype_graphs(exported_dtype, tmp_path, graph):
     from padfree.engines.build import BuildOptions, build as build_engine
 
-    _, library = _engine_prerequisites()
+    _, library = engine_prerequisites()
     _, out, dtype = exported_dtype
     name = json.loads((out / "seq2seq.json").read_text())["engine_graphs"][graph]
     step = graph == "decoder_step"
@@ -405,7 +393,7 @@ def test_a_wrong_weight_in_the_packed_encoder_is_caught(exported_packed, tmp_pat
 def test_an_engine_of_the_packed_encoder(exported_packed, tmp_path):
     from padfree.engines.build import BuildOptions, build as build_engine
 
-    _, library = _engine_prerequisites()
+    _, library = engine_prerequisites()
     _, out, dtype, _ = exported_packed
     metadata = build_engine(BuildOptions(onnx=str(out / "encoder.padfree.onnx"), output=str(tmp_path / "e.engine"),
                                          max_tokens=64, max_batch=4, max_seqlen=16, plugin_library=str(library),

@@ -449,12 +449,10 @@ print(json.dumps(api.plugin_layers(network)))
 """
 
 
-@needs_library
-def test_decoder_plugins_inside_a_loop_build(tmp_path):
-    """The whole-generation engine's form: the decoder's attention plugins (the caches aliased and
-    loop-carried), a MatMul and the top-k (own_workspace 1) inside an ONNX Loop parse and build with
-    TensorRT-RTX on the CPU (docs/PLUGINS.md, "Inside a Loop")."""
-    import json
+def _build_decoder_graph(model, path: Path, engine: Path, aliasing: bool) -> subprocess.CompletedProcess:
+    """_DECODER_STEP_BUILD on the graph saved at `path`, in a child process whose LD_LIBRARY_PATH holds
+    the unversioned link the RTX parser dlopens (docs/PLUGINS.md); skips where the bindings lack the
+    aliasing preview feature."""
     import os
     import sys
     import tempfile
@@ -462,19 +460,28 @@ def test_decoder_plugins_inside_a_loop_build(tmp_path):
     api = _rtx()
     if not hasattr(api.trt, "PreviewFeature") or not hasattr(api.trt.PreviewFeature, "ALIASED_PLUGIN_IO_10_03"):
         pytest.skip(f"{api.name} {api.version} has no ALIASED_PLUGIN_IO_10_03 preview feature")
-    model = decoder_loop_graph(tmp_path / "loop.onnx")
     onnx_dims = {vi.name: [d.dim_param or d.dim_value for d in vi.type.tensor_type.shape.dim]
                  for vi in model.graph.input}
     script = f"_ONNX_DIMS = {onnx_dims!r}\n" + _DECODER_STEP_BUILD
-    engine = tmp_path / "loop.engine"
     environment = dict(os.environ)
     with tempfile.TemporaryDirectory(prefix="padfree-trt-") as links:
         versioned = api.needs_parser_link()
         if versioned is not None:
             (Path(links) / "libtensorrt_rtx.so").symlink_to(versioned)
             environment["LD_LIBRARY_PATH"] = links + os.pathsep + environment.get("LD_LIBRARY_PATH", "")
-        done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "loop.onnx"), str(engine), str(LIBRARY),
-                               "1"], capture_output=True, text=True, timeout=600, env=environment)
+        return subprocess.run([sys.executable, "-c", script, str(path), str(engine), str(LIBRARY),
+                               "1" if aliasing else "0"], capture_output=True, text=True, timeout=600, env=environment)
+
+
+@needs_library
+def test_decoder_plugins_inside_a_loop_build(tmp_path):
+    """The whole-generation engine's form: the decoder's attention plugins (the caches aliased and
+    loop-carried), a MatMul and the top-k (own_workspace 1) inside an ONNX Loop parse and build with
+    TensorRT-RTX on the CPU (docs/PLUGINS.md, "Inside a Loop")."""
+    import json
+
+    engine = tmp_path / "loop.engine"
+    done = _build_decoder_graph(decoder_loop_graph(tmp_path / "loop.onnx"), tmp_path / "loop.onnx", engine, True)
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-2000:]
     assert engine.stat().st_size > 0
     layers = json.loads(done.stdout.strip().splitlines()[-1])
@@ -491,26 +498,9 @@ def test_engine_from_decoder_step_graph(tmp_path, aliasing):
     ("Aliased I/O used by plugin ... but PreviewFeature::kALIASED_PLUGIN_IO_10_03 not enabled"): a
     decoder engine must be built with it (docs/PLUGINS.md)."""
     import json
-    import os
-    import sys
-    import tempfile
 
-    api = _rtx()
-    if not hasattr(api.trt, "PreviewFeature") or not hasattr(api.trt.PreviewFeature, "ALIASED_PLUGIN_IO_10_03"):
-        pytest.skip(f"{api.name} {api.version} has no ALIASED_PLUGIN_IO_10_03 preview feature")
-    model = decoder_step_graph(tmp_path / "step.onnx")
-    onnx_dims = {vi.name: [d.dim_param or d.dim_value for d in vi.type.tensor_type.shape.dim]
-                 for vi in model.graph.input}
-    script = f"_ONNX_DIMS = {onnx_dims!r}\n" + _DECODER_STEP_BUILD
     engine = tmp_path / "step.engine"
-    environment = dict(os.environ)
-    with tempfile.TemporaryDirectory(prefix="padfree-trt-") as links:
-        versioned = api.needs_parser_link()  # the RTX parser dlopens the unversioned name (docs/PLUGINS.md)
-        if versioned is not None:
-            (Path(links) / "libtensorrt_rtx.so").symlink_to(versioned)
-            environment["LD_LIBRARY_PATH"] = links + os.pathsep + environment.get("LD_LIBRARY_PATH", "")
-        done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "step.onnx"), str(engine), str(LIBRARY),
-                               "1" if aliasing else "0"], capture_output=True, text=True, timeout=600, env=environment)
+    done = _build_decoder_graph(decoder_step_graph(tmp_path / "step.onnx"), tmp_path / "step.onnx", engine, aliasing)
     if not aliasing:
         assert done.returncode != 0 and "ALIASED_PLUGIN_IO_10_03 not enabled" in done.stdout + done.stderr, \
             done.stderr[-3000:] + done.stdout[-2000:]
