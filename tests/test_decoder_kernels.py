@@ -314,9 +314,9 @@ def run_topk(seed, dtype, rows, vocab, k, *, bias=True, beams=True, penalty=0, b
     check_topk(scores, ids, ref, k, exact_ids=ties)
 
 
-TOPK_SHAPES = [  # rows, vocab, k
+TOPK_SHAPES = [  # rows, vocab, k; a vocab that is a multiple of 8 takes the aligned stage 1 (rows in registers)
     (1, 256206, 1), (4, 256206, 8), (64, 256206, 32), (4, 58101, 64), (16, 50265, 10), (3, 100, 5),
-    (2, 64, 64), (5, 4097, 16),
+    (2, 64, 64), (5, 4097, 16), (64, 256256, 8), (3, 58112, 32), (2, 4104, 16), (7, 8192, 4),
 ]
 
 
@@ -328,7 +328,7 @@ def test_log_softmax_topk(seed, dtype, rows, vocab, k):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows,vocab,k", [(2, 256206, 32), (16, 58101, 64), (3, 4097, 8)])
+@pytest.mark.parametrize("rows,vocab,k", [(2, 256206, 32), (16, 58101, 64), (3, 4097, 8), (16, 58112, 64)])
 def test_log_softmax_topk_ties_to_smaller_id(seed, rows, vocab, k):
     run_topk(seed, torch.float16, rows, vocab, k, ties=True)
     run_topk(seed, torch.float32, rows, vocab, k, ties=True, beams=False, normalize=False)
@@ -337,7 +337,8 @@ def test_log_softmax_topk_ties_to_smaller_id(seed, rows, vocab, k):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("normalize", [True, False], ids=["log_softmax", "raw"])
-@pytest.mark.parametrize("rows,vocab,k", [(4, 256206, 8), (32, 58101, 32), (2, 300, 4)])
+@pytest.mark.parametrize("rows,vocab,k", [(4, 256206, 8), (32, 58101, 32), (2, 300, 4), (4, 256256, 8),
+                                           (3, 4104, 16)])
 def test_log_softmax_topk_processors(seed, dtype, normalize, rows, vocab, k):
     run_topk(seed, dtype, rows, vocab, k, penalty=24, banned=9, forced=True, normalize=normalize, p=1.7)
 

@@ -138,7 +138,24 @@ __device__ void block_select(const unsigned long long* keys, int n, int k, Selec
 
 // ---- stage 1: one CTA per (chunk of kChunk logits, row) --------------------------------------------
 
-template <typename T>
+// Ids the processors change are no candidates in stage 1 (stage 2 adds them processed): a bit per
+// logit of the chunk [e0, e1) (bits zeroed and a barrier passed before).
+__device__ __forceinline__ void mark_specials(const LogitsTopkArgs& a, int r, int e0, int e1, uint32_t* bits) {
+    const int specials = a.num_penalty + a.num_banned;
+    for (int i = threadIdx.x; i < specials; i += kThreads) {
+        const int id = i < a.num_penalty ? a.penalty_ids[static_cast<int64_t>(r) * a.num_penalty + i]
+                                         : a.banned_ids[static_cast<int64_t>(r) * a.num_banned + i - a.num_penalty];
+        if (id >= e0 && id < e1) atomicOr(&bits[(id - e0) / 32], 1u << ((id - e0) % 32));
+    }
+}
+
+// kAligned (vocab a multiple of the 16-byte vector, so every row starts aligned: the decode step's
+// padded vocabularies): each thread loads its vectors of logits and bias straight into registers.
+// Otherwise the chunk is realigned through shared memory. The aligned path exists for instruction
+// count: stage 1 is issue-bound (NLLB's 256 x 256k fp16 logits, H200: 83 instructions per logit,
+// 85 % of issue slots busy, 11 % of DRAM bandwidth), and the staging's stores, reloads and 64-bit
+// index arithmetic were most of them.
+template <typename T, bool kAligned>
 __global__ void __launch_bounds__(kThreads) topk_chunks_kernel(LogitsTopkArgs a, float2* stats, float* cand_value,
                                                                int32_t* cand_id) {
     constexpr int VEC = Vec<T>::size;
@@ -169,81 +186,116 @@ __global__ void __launch_bounds__(kThreads) topk_chunks_kernel(LogitsTopkArgs a,
     const int e1 = static_cast<int>(min(static_cast<int64_t>(e0) + kChunk, vocab));
     const T* logits = static_cast<const T*>(a.logits);
     const T* bias = static_cast<const T*>(a.bias);
-
-    // Rows start anywhere when vocab % VEC != 0 (NLLB's 256206): the chunk is read as the aligned
-    // 16-byte vectors around it and realigned through shared memory.
-    const int64_t g0 = r * vocab + e0, g1 = r * vocab + e1;
-    const int64_t va = g0 / VEC, vb = ceil_div<int64_t>(g1, VEC);
-    const int64_t total = static_cast<int64_t>(a.rows) * vocab, full_vecs = total / VEC;
-    const int shift = static_cast<int>(g0 - va * VEC);
-    if (tid < kChunk / 32) special_bits[tid] = 0;
-    {
-        Vec<T> raw[kStageVecs / kThreads + 1];
+    const int specials = a.num_penalty + a.num_banned;
+    // Per thread: its logits x, which of them are candidates (a bit each), their max, and the max of
+    // the candidates (cand_max, NaN ignored: a lower bound of the candidates' largest key, which is
+    // all the warp bound below needs). Keys are formed only for the few logits past that bound.
+    float x[kElems];
+    uint32_t cand = 0;
+    float thread_max = -CUDART_INF_F, cand_max = -CUDART_INF_F;
+    if constexpr (kAligned) {
+        constexpr int kVecs = kElems / VEC;
+        const int n = e1 - e0;  // a multiple of VEC
+        const T* row = logits + static_cast<int64_t>(r) * vocab + e0;
+        Vec<T> lv[kVecs], bv[kVecs];
 #pragma unroll
-        for (int j = 0; j < kStageVecs / kThreads + 1; ++j) {
-            const int64_t vi = va + tid + j * kThreads;
-            if (vi < vb && vi < full_vecs) raw[j] = load_vec_ro(logits + vi * VEC);
+        for (int j = 0; j < kVecs; ++j) {
+            const int at = (j * kThreads + tid) * VEC;  // consecutive threads, consecutive vectors
+            if (at < n) {
+                lv[j] = load_vec_ro(row + at);
+                if (bias != nullptr) bv[j] = load_vec_ro(bias + e0 + at);
+            }
+        }
+        if (specials > 0) {  // the same for the whole block
+            if (tid < kChunk / 32) special_bits[tid] = 0;
+            __syncthreads();
+            mark_specials(a, r, e0, e1, special_bits);
+            __syncthreads();
         }
 #pragma unroll
-        for (int j = 0; j < kStageVecs / kThreads + 1; ++j) {
-            const int64_t vi = va + tid + j * kThreads;
-            if (vi >= vb) continue;
+        for (int j = 0; j < kVecs; ++j) {
+            const int at = (j * kThreads + tid) * VEC;
+            const bool valid = at < n;
+            // VEC divides 32: a vector's flags are VEC bits of one word
+            const uint32_t flags = specials > 0 && valid ? special_bits[at / 32] >> (at % 32) : 0u;
             float f[VEC];
-            if (vi < full_vecs) {
-                vec_to_float(raw[j], f);
-            } else {  // the tensor's last, partial vector
+            vec_to_float(lv[j], f);
+            if (bias != nullptr) add_vec<T>(f, bv[j]);
 #pragma unroll
-                for (int i = 0; i < VEC; ++i) f[i] = vi * VEC + i < total ? to_float(logits[vi * VEC + i]) : 0.f;
+            for (int i = 0; i < VEC; ++i) {
+                const int e = j * VEC + i;
+                x[e] = valid ? f[i] : -CUDART_INF_F;
+                thread_max = fmaxf(thread_max, x[e]);
+                const bool candidate = valid && !((flags >> i) & 1u);
+                cand |= static_cast<uint32_t>(candidate) << e;
+                cand_max = fmaxf(cand_max, candidate ? x[e] : -CUDART_INF_F);
+            }
+        }
+    } else {
+        // Rows start anywhere when vocab % VEC != 0 (NLLB's 256206): the chunk is read as the aligned
+        // 16-byte vectors around it and realigned through shared memory.
+        const int64_t g0 = r * vocab + e0, g1 = r * vocab + e1;
+        const int64_t va = g0 / VEC, vb = ceil_div<int64_t>(g1, VEC);
+        const int64_t total = static_cast<int64_t>(a.rows) * vocab, full_vecs = total / VEC;
+        const int shift = static_cast<int>(g0 - va * VEC);
+        if (tid < kChunk / 32) special_bits[tid] = 0;
+        {
+            Vec<T> raw[kStageVecs / kThreads + 1];
+#pragma unroll
+            for (int j = 0; j < kStageVecs / kThreads + 1; ++j) {
+                const int64_t vi = va + tid + j * kThreads;
+                if (vi < vb && vi < full_vecs) raw[j] = load_vec_ro(logits + vi * VEC);
             }
 #pragma unroll
-            for (int i = 0; i < VEC; ++i) sm.stage.x[(vi - va) * VEC + i] = f[i];
-        }
-        if (bias != nullptr) {  // bias + e0 is aligned: e0 is a multiple of kChunk
-            for (int p = tid * VEC; p < e1 - e0; p += kThreads * VEC) {
+            for (int j = 0; j < kStageVecs / kThreads + 1; ++j) {
+                const int64_t vi = va + tid + j * kThreads;
+                if (vi >= vb) continue;
                 float f[VEC];
-                if (e0 + p + VEC <= vocab) {
-                    vec_to_float(load_vec_ro(bias + e0 + p), f);
-                } else {
+                if (vi < full_vecs) {
+                    vec_to_float(raw[j], f);
+                } else {  // the tensor's last, partial vector
 #pragma unroll
-                    for (int i = 0; i < VEC; ++i) f[i] = e0 + p + i < vocab ? to_float(bias[e0 + p + i]) : 0.f;
+                    for (int i = 0; i < VEC; ++i) f[i] = vi * VEC + i < total ? to_float(logits[vi * VEC + i]) : 0.f;
                 }
 #pragma unroll
-                for (int i = 0; i < VEC; ++i) sm.stage.bias[p + i] = f[i];
+                for (int i = 0; i < VEC; ++i) sm.stage.x[(vi - va) * VEC + i] = f[i];
+            }
+            if (bias != nullptr) {  // bias + e0 is aligned: e0 is a multiple of kChunk
+                for (int p = tid * VEC; p < e1 - e0; p += kThreads * VEC) {
+                    float f[VEC];
+                    if (e0 + p + VEC <= vocab) {
+                        vec_to_float(load_vec_ro(bias + e0 + p), f);
+                    } else {
+#pragma unroll
+                        for (int i = 0; i < VEC; ++i) f[i] = e0 + p + i < vocab ? to_float(bias[e0 + p + i]) : 0.f;
+                    }
+#pragma unroll
+                    for (int i = 0; i < VEC; ++i) sm.stage.bias[p + i] = f[i];
+                }
             }
         }
-    }
-    __syncthreads();
-    // Ids the processors change are no candidates here (stage 2 adds them processed).
-    const int specials = a.num_penalty + a.num_banned;
-    if (specials > 0) {  // the same for the whole block
-        for (int i = tid; i < specials; i += kThreads) {
-            const int id = i < a.num_penalty ? a.penalty_ids[static_cast<int64_t>(r) * a.num_penalty + i]
-                                             : a.banned_ids[static_cast<int64_t>(r) * a.num_banned + i - a.num_penalty];
-            if (id >= e0 && id < e1) atomicOr(&special_bits[(id - e0) / 32], 1u << ((id - e0) % 32));
-        }
         __syncthreads();
-    }
-
-    float x[kElems];
-    uint32_t key[kElems];
-    float thread_max = -CUDART_INF_F;
-    uint32_t thread_key = 0;  // 0: no candidate
+        if (specials > 0) {  // the same for the whole block
+            mark_specials(a, r, e0, e1, special_bits);
+            __syncthreads();
+        }
 #pragma unroll
-    for (int j = 0; j < kElems; ++j) {
-        const int p = j * kThreads + tid;  // consecutive threads, consecutive words: no bank conflicts
-        const bool valid = p < e1 - e0;
-        x[j] = valid ? sm.stage.x[shift + p] + (bias != nullptr ? sm.stage.bias[p] : 0.f) : -CUDART_INF_F;
-        if (valid) thread_max = fmaxf(thread_max, x[j]);
-        const bool candidate = valid && !((special_bits[p / 32] >> (p % 32)) & 1u);
-        key[j] = candidate ? max(order_key(x[j]), 1u) : 0u;  // 1: a NaN's key, still above "none"
-        thread_key = max(thread_key, key[j]);
+        for (int j = 0; j < kElems; ++j) {
+            const int p = j * kThreads + tid;  // consecutive threads, consecutive words: no bank conflicts
+            const bool valid = p < e1 - e0;
+            x[j] = valid ? sm.stage.x[shift + p] + (bias != nullptr ? sm.stage.bias[p] : 0.f) : -CUDART_INF_F;
+            if (valid) thread_max = fmaxf(thread_max, x[j]);
+            const bool candidate = valid && !((special_bits[p / 32] >> (p % 32)) & 1u);
+            cand |= static_cast<uint32_t>(candidate) << j;
+            cand_max = fmaxf(cand_max, candidate ? x[j] : -CUDART_INF_F);
+        }
     }
 
     if (a.normalize) {  // the chunk's max and sum of exp (online softmax's pairs), combined in stage 2
         float sum = 0.f;
         if (thread_max != -CUDART_INF_F) {
 #pragma unroll
-            for (int j = 0; j < kElems; ++j) sum += __expf(x[j] - thread_max);
+            for (int j = 0; j < kElems; ++j) sum += exp2f(fmaf(x[j], CUDART_L2E_F, -thread_max * CUDART_L2E_F));
         }
         const float2 ms = block_max_sum(make_float2(thread_max, sum), pair_scratch);
         if (tid == 0) stats[static_cast<int64_t>(r) * nchunks + chunk] = ms;
@@ -254,7 +306,7 @@ __global__ void __launch_bounds__(kThreads) topk_chunks_kernel(LogitsTopkArgs a,
     {
         const int lane = tid % kWarpSize, warp = tid / kWarpSize;
         const int q = ceil_div(a.k, kWarps);
-        uint32_t work = thread_key, bound = 0;
+        uint32_t work = cand != 0 ? max(order_key(cand_max), 1u) : 0u, bound = 0;  // 0: no candidate
         for (int i = 0; i < q; ++i) {
             bound = __reduce_max_sync(0xffffffffu, work);
             if (bound == 0) break;
@@ -269,9 +321,15 @@ __global__ void __launch_bounds__(kThreads) topk_chunks_kernel(LogitsTopkArgs a,
 #pragma unroll
     for (int w = 1; w < kWarps; ++w) bound = min(bound, warp_bound[w]);
     bound = max(bound, 1u);
+    // key >= bound as a float comparison: every such logit passes (NaNs too; key 1's value is a NaN,
+    // which lets all pass); the few extra (-0 beside a +0 bound) only cost block_select a key
+    const float bound_value = key_value(bound);
 #pragma unroll
     for (int j = 0; j < kElems; ++j) {
-        if (key[j] >= bound) sm.keys[atomicAdd(&candidates, 1)] = full_key(key[j], e0 + j * kThreads + tid);
+        const int p = kAligned ? ((j / VEC) * kThreads + tid) * VEC + j % VEC : j * kThreads + tid;
+        // key 1: a NaN's, still above "none"
+        if (((cand >> j) & 1u) && !(x[j] < bound_value))
+            sm.keys[atomicAdd(&candidates, 1)] = full_key(max(order_key(x[j]), 1u), e0 + p);
     }
     __syncthreads();
     const int n = candidates;
@@ -423,8 +481,9 @@ cudaError_t launch_logits_topk(const LogitsTopkArgs& args, void* workspace, padf
                                        static_cast<int>(smem));
             if (err != cudaSuccess) return;
         }
-        launch_kernel(topk_chunks_kernel<T>, dim3(nchunks, args.rows), dim3(kThreads), 0, stream, args, stats,
-                      cand_value, cand_id);
+        auto chunks_kernel = args.vocab % vec_size<T>() == 0 ? topk_chunks_kernel<T, true> : topk_chunks_kernel<T, false>;
+        launch_kernel(chunks_kernel, dim3(nchunks, args.rows), dim3(kThreads), 0, stream, args, stats, cand_value,
+                      cand_id);
         launch_kernel(topk_merge_kernel<T>, dim3(args.rows), dim3(kMergeThreads), smem, stream, args, nchunks,
                       table_size_of(args.num_penalty + args.num_banned), stats, cand_value, cand_id);
     });
