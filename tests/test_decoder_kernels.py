@@ -344,8 +344,9 @@ def test_log_softmax_topk_processors(seed, dtype, normalize, rows, vocab, k):
 
 
 @pytest.mark.gpu
-def test_log_softmax_topk_many_processed_ids(seed):
-    run_topk(seed, torch.float16, 4, 58101, 16, penalty=1500, banned=548)
+@pytest.mark.parametrize("vocab", [58101, 58112])  # the realigning and the aligned stage 1
+def test_log_softmax_topk_many_processed_ids(seed, vocab):
+    run_topk(seed, torch.float16, 4, vocab, 16, penalty=1500, banned=548)
 
 
 @pytest.mark.gpu
