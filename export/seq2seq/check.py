@@ -178,42 +178,11 @@ class _Generated:
 def _run_generation_graph(out_dir: Path, manifest: dict, sources: list[list[int]], dtype: str = "fp32"):
     """generation.padfree.onnx on ONNX Runtime (its plugin nodes, the Loop body's too, on their
     references; an fp16 / bf16 graph cast back to float32): (sequences [B, 1 + N] or [B, n_ret, 1 + N],
-    scores [B, n_ret] or None)."""
-    import tempfile
+    scores [B, n_ret] or None), as the graph returns them (all N steps, no trimming)."""
+    from padfree.runtime.backends.onnxrt_generation import generation_session, run_generation_graph
 
-    import numpy as np
-    import onnx
-    import onnxruntime as ort
-
-    from padfree.export.onnx_files import data_file, load_model
-    from padfree.export.precision import cast
-    from padfree.export.reference import with_references
-
-    path = out_dir / manifest["files"]["generation"]
-    if dtype == "fp32" and data_file(path).is_file():
-        # past protobuf's 2 GB (NLLB-600M) the weights stay in the export's data file: the graph alone,
-        # its plugin nodes expanded, is written beside it for the session, which reads them from there
-        model = with_references(load_model(path, "the generation graph", load_external_data=False))
-        staged = path.with_name(f".{path.stem}.check.onnx")
-        try:
-            onnx.save_model(model, str(staged))
-            del model
-            session = ort.InferenceSession(str(staged), providers=["CPUExecutionProvider"])
-        finally:
-            staged.unlink(missing_ok=True)
-    else:
-        model = load_model(path, "the generation graph")
-        model = with_references(model if dtype == "fp32" else cast(model, "fp32"))
-        with tempfile.TemporaryDirectory(prefix="padfree-check-") as tmp:
-            onnx.save_model(model, f"{tmp}/generation.onnx", save_as_external_data=True, location="weights.bin")
-            del model
-            session = ort.InferenceSession(f"{tmp}/generation.onnx", providers=["CPUExecutionProvider"])
-    lengths = [len(s) for s in sources]
-    feeds = {"input_ids": np.concatenate([np.asarray(s, np.int32) for s in sources]),
-             "cu_seqlens": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32),
-             "max_seqlen": np.zeros(max(lengths), np.int32)}
-    names = [o.name for o in session.get_outputs()]
-    found = dict(zip(names, session.run(names, feeds)))
+    session = generation_session(out_dir / manifest["files"]["generation"], dtype)
+    found = run_generation_graph(session, sources)
     return found["sequences"], found.get("scores")
 
 

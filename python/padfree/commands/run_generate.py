@@ -1,7 +1,9 @@
 """`padfree run SOURCE --generate`: generate with an encoder-decoder through padfree's Runtime.
 
-SOURCE is a seq2seq `padfree export` folder (ONNX Runtime, CPU: padfree.runtime.backends.onnxrt_seq2seq)
-or a Hugging Face encoder-decoder directory (the PyTorch path, padfree.generation: CUDA kernels, or
+SOURCE is a seq2seq `padfree export` folder (ONNX Runtime, CPU: padfree.runtime.backends.onnxrt_seq2seq),
+its generation graph (generation.padfree.onnx: the whole generation in one ONNX Runtime run, with the
+options it was exported with; padfree.runtime.backends.onnxrt_generation) or a Hugging Face
+encoder-decoder directory (the PyTorch path, padfree.generation: CUDA kernels, or
 their torch references with --device cpu --dtype fp32). The options are Hugging Face generate's
 (--num-beams, --max-new-tokens, --option KEY=VALUE for any other), merged with the model's
 generation_config as from_hf's generate merges them; an option padfree does not implement is refused
@@ -57,8 +59,9 @@ def options_of(args: argparse.Namespace) -> dict[str, Any]:
 def is_seq2seq(source: str) -> bool:
     """Whether SOURCE names an encoder-decoder: a seq2seq export folder or an HF encoder-decoder directory."""
     from padfree.export.seq2seq.models import is_seq2seq_source
+    from padfree.runtime.backends.onnxrt_generation import is_generation_graph
     from padfree.runtime.backends.onnxrt_seq2seq import is_seq2seq_export
-    return is_seq2seq_export(source) or is_seq2seq_source(source)
+    return is_seq2seq_export(source) or is_generation_graph(source) or is_seq2seq_source(source)
 
 
 def open_generator(args: argparse.Namespace):
@@ -66,11 +69,15 @@ def open_generator(args: argparse.Namespace):
     import torch
 
     from padfree.runtime import Runtime
+    from padfree.runtime.backends.onnxrt_generation import is_generation_graph
     from padfree.runtime.backends.onnxrt_seq2seq import is_seq2seq_export
 
     tokenizer = args.tokenizer
     if is_seq2seq_export(args.source):
         log.info("generating from export folder %s on ONNX Runtime (CPU)", args.source)
+        return Runtime(args.source, tokenizer=tokenizer)
+    if is_generation_graph(args.source):
+        log.info("generating with the generation graph %s on ONNX Runtime (CPU)", args.source)
         return Runtime(args.source, tokenizer=tokenizer)
     from padfree.export.errors import ExportError
     from padfree.export.seq2seq.models import is_seq2seq_source, load
@@ -135,8 +142,12 @@ def generate(runtime, batch: Any, args: argparse.Namespace, texts: list[str] | N
 
 
 def _default_beams(runtime) -> int:
-    """The beam width the model's generation_config gives (1 where it says nothing)."""
+    """The beam width a generation graph was written with, or the one the model's generation_config gives
+    (1 where it says nothing)."""
     backend = runtime.backend
+    facts = getattr(backend, "facts", None)
+    if facts is not None:
+        return int(facts.get("num_beams", 1))
     config = getattr(backend, "generation_config", None) or getattr(getattr(backend, "generator", None),
                                                                     "generation_config", None)
     return int(getattr(config, "num_beams", None) or 1)

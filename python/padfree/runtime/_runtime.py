@@ -21,8 +21,9 @@ OUTPUT_FORMATS = ("torch", "numpy")
 
 def open_backend(source: Any, max_tokens: int | None = None, max_batch: int | None = None,
                  **engine_options: Any) -> Any:
-    """The backend for an engine path, an export folder (an encoder's or a seq2seq's, on ONNX Runtime),
-    a PadfreeEncoder, a padfree.generation Seq2SeqGenerator, or an object that already is a backend."""
+    """The backend for an engine path, an export folder (an encoder's or a seq2seq's, on ONNX Runtime), a
+    seq2seq export's generation graph (generation.padfree.onnx, on ONNX Runtime), a PadfreeEncoder, a
+    padfree.generation Seq2SeqGenerator, or an object that already is a backend."""
     if isinstance(source, (str, os.PathLike)) and os.path.isdir(source):
         from .backends.onnxrt_encoder import OnnxrtEncoderBackend, is_encoder_export
         from .backends.onnxrt_seq2seq import OnnxrtSeq2SeqGenerator, is_seq2seq_export
@@ -33,6 +34,9 @@ def open_backend(source: Any, max_tokens: int | None = None, max_batch: int | No
         raise PadfreeError(f"{os.fspath(source)} is a folder but not a padfree export (no report.json or"
                            f" seq2seq.json): export it with `padfree export`, or serve an HF model through"
                            f" padfree.torch.from_hf")
+    if isinstance(source, (str, os.PathLike)) and os.fspath(source).endswith(".onnx"):
+        from .backends.onnxrt_generation import OnnxrtGenerationGraph
+        return OnnxrtGenerationGraph(source)    # refuses any other ONNX file by name
     if isinstance(source, (str, os.PathLike)):
         try:
             from .backends import engine as engine_backend
