@@ -481,7 +481,8 @@ cudaError_t launch_logits_topk(const LogitsTopkArgs& args, void* workspace, padf
                                        static_cast<int>(smem));
             if (err != cudaSuccess) return;
         }
-        auto chunks_kernel = args.vocab % vec_size<T>() == 0 ? topk_chunks_kernel<T, true> : topk_chunks_kernel<T, false>;
+        auto chunks_kernel =
+            args.vocab % vec_size<T>() == 0 ? topk_chunks_kernel<T, true> : topk_chunks_kernel<T, false>;
         launch_kernel(chunks_kernel, dim3(nchunks, args.rows), dim3(kThreads), 0, stream, args, stats, cand_value,
                       cand_id);
         launch_kernel(topk_merge_kernel<T>, dim3(args.rows), dim3(kMergeThreads), smem, stream, args, nchunks,
