@@ -25,8 +25,8 @@ import numpy as np
 import torch
 
 from ..._lib import PadfreeError
-from ...ops._tensors import INT32_MAX, InputError
-from .onnxrt_seq2seq import MANIFEST, is_seq2seq_export
+from ...ops._tensors import INT32_MAX
+from .onnxrt_seq2seq import MANIFEST, check_position_pad_id, is_seq2seq_export
 
 __all__ = ["OnnxrtGenerationGraph", "is_generation_graph", "generation_session", "run_generation_graph"]
 
@@ -186,7 +186,7 @@ class OnnxrtGenerationGraph:
         sources = inputs.source_lists(input_ids, attention_mask)
         inputs.check_source_lengths(sources, self.source_vocab_size, self.encoder_positions, self.decoder_positions,
                                     options.max_length)
-        self._check_position_pad_id(sources)
+        check_position_pad_id(sources, self.position_pad_id, "the generation graph's packed encoder")
         found = run_generation_graph(self.session, sources)
         lengths = found["lengths"].reshape(-1)
         width = int(lengths.max())       # HF's width: the longest returned hypothesis, start token included
@@ -201,14 +201,3 @@ class OnnxrtGenerationGraph:
             return GenerateBeamEncoderDecoderOutput(sequences=sequences,
                                                     sequences_scores=scores if options.output_scores else None)
         return GenerateEncoderDecoderOutput(sequences=sequences)
-
-    def _check_position_pad_id(self, sources: list[list[int]]) -> None:
-        """The packed encoder numbers a source's tokens in order; HF's M2M100 leaves its padding id out of
-        the count, so a source holding it would be encoded otherwise than HF's."""
-        pad = self.position_pad_id
-        for index, source in enumerate(sources):
-            if pad is not None and pad in source:
-                raise InputError(f"source {index} holds the padding id {pad} at position {list(source).index(pad)}: "
-                                 f"the generation graph's packed encoder numbers positions in order, where the "
-                                 f"model skips that id; leave padding out of the sources (pass each source's "
-                                 f"tokens, or an attention_mask)")

@@ -41,7 +41,7 @@ import torch
 from ..._lib import PadfreeError
 from ...ops._tensors import INT32_MAX, InputError
 
-__all__ = ["OnnxrtSeq2SeqGenerator", "OrtDecoder", "is_seq2seq_export"]
+__all__ = ["OnnxrtSeq2SeqGenerator", "OrtDecoder", "check_position_pad_id", "is_seq2seq_export"]
 
 log = logging.getLogger(__name__)
 MANIFEST = "seq2seq.json"
@@ -50,6 +50,18 @@ FORMAT = "padfree-seq2seq/1"
 
 def is_seq2seq_export(path) -> bool:
     return Path(path).is_dir() and (Path(path) / MANIFEST).is_file()
+
+
+def check_position_pad_id(sources: list[list[int]], pad: int | None, encoder: str) -> None:
+    """A packed encoder numbers a source's tokens in order (offset + t); HF's M2M100 leaves its padding
+    id out of the count, so a source holding it would be encoded otherwise than HF's: refused."""
+    if pad is None:
+        return
+    for index, source in enumerate(sources):
+        if pad in source:
+            raise InputError(f"source {index} holds the padding id {pad} at position {list(source).index(pad)}: "
+                             f"{encoder} numbers positions in order, where the model skips that id; leave "
+                             f"padding out of the sources (pass each source's tokens, or an attention_mask)")
 
 
 class OrtDecoder:
@@ -275,17 +287,7 @@ class OnnxrtSeq2SeqGenerator:
         return np.ascontiguousarray(hidden[mask.astype(bool)], dtype=np.float32)
 
     def _check_position_pad_id(self, sources: list[list[int]]) -> None:
-        """The packed encoder numbers a source's tokens in order (offset + t); HF's M2M100 leaves its
-        padding id out of the count, so a source holding it would be encoded otherwise than HF's."""
-        pad = self.position_pad_id
-        if pad is None:
-            return
-        for index, source in enumerate(sources):
-            if pad in source:
-                raise InputError(f"source {index} holds the padding id {pad} at position {list(source).index(pad)}: "
-                                 f"the packed encoder (encoder.padfree.onnx) numbers positions in order, where the "
-                                 f"model skips that id; leave padding out of the sources (pass each source's "
-                                 f"tokens, or an attention_mask)")
+        check_position_pad_id(sources, self.position_pad_id, "the packed encoder (encoder.padfree.onnx)")
 
     def generate(self, input_ids=None, attention_mask=None, generation_config=None, **kwargs):
         """HF-compatible generate, as padfree.generation.Seq2SeqGenerator.generate (same options and outputs)."""
