@@ -5,6 +5,7 @@ exporter's metadata_props "padfree.*", which anyone can edit, only fill in what 
 tell."""
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -48,6 +49,9 @@ class ModelInfo:
     attention_sizes: list = field(default_factory=list)  # (num_heads, head_dim) of each PadfreeAttention node
     num_beams: int | None = None  # the cross-attention nodes' field: rows = batch x num_beams (decoder step)
     aliased_plugin_io: bool = False  # a plugin aliases outputs to inputs (ALIASING_PLUGINS)
+    # io "generation": the search the graph runs, as it records it (its padfree.generation metadata:
+    # search, max_new_tokens, num_beams, ...), so the engine states what it generates
+    generation: dict | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -67,6 +71,19 @@ def _nodes(graph):
         for a in n.attribute:
             if a.type == onnx.AttributeProto.GRAPH:
                 yield from _nodes(a.g)
+
+
+def _generation_facts(text: str | None, path) -> dict:
+    """A generation graph's padfree.generation metadata: an object naming its search and its length."""
+    try:
+        facts = json.loads(text) if text is not None else None
+    except ValueError:
+        facts = None
+    if not isinstance(facts, dict) or facts.get("search") not in ("greedy", "beam") or \
+            not isinstance(facts.get("max_new_tokens"), int) or facts["max_new_tokens"] < 1:
+        raise BuildError(f"{path}: a generation graph without its padfree.generation metadata (the search it runs "
+                         f"and its max_new_tokens): export it again with `padfree export --generation-graph N`")
+    return facts
 
 
 def read(path: str | Path) -> ModelInfo:
@@ -109,9 +126,11 @@ def read(path: str | Path) -> ModelInfo:
                      plugins=sorted(plugin_nodes), plugin_nodes=plugin_nodes, attention_sizes=attention_sizes,
                      num_beams=beams.pop() if beams else None,
                      aliased_plugin_io=any(p in plugin_nodes for p in ALIASING_PLUGINS))
+    meta = {p.key: p.value for p in model.metadata_props}
+    if io == "generation":
+        info.generation = _generation_facts(meta.get("padfree.generation"), path)
     if io in ("decoder_step", "cross_kv", "generation"):
         return info  # no token embedding or position table of an encoder to size
-    meta = {p.key: p.value for p in model.metadata_props}
 
     def meta_int(key: str) -> int | None:
         try:

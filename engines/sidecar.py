@@ -122,6 +122,13 @@ def _check_structure(data: dict[str, Any], path: Path) -> None:
     _value(path, model, "io", "model", lambda v: v in IO_FORMS, f"one of {', '.join(IO_FORMS)}")
     for key, minimum in (("vocab_size", 1), ("type_vocab_size", 0), ("max_positions", 1), ("position_pad_id", 0)):
         _value(path, model, key, "model", _optional(_is_int(minimum)), f"null or an int >= {minimum}", required=False)
+    if model["io"] == "generation" and "generation" in model:   # what the engine generates (model_info)
+        facts = _object(path, model, "generation", "model")
+        _value(path, facts, "search", "model.generation", lambda v: v in ("greedy", "beam"), "greedy or beam")
+        _value(path, facts, "max_new_tokens", "model.generation", _is_int(1), "a positive int")
+        if facts["search"] == "beam":
+            _value(path, facts, "num_beams", "model.generation", _is_int(2), "an int >= 2")
+            _value(path, facts, "num_return_sequences", "model.generation", _is_int(1), "a positive int")
     _value(path, data, "precision", "", lambda v: v in PRECISIONS, f"one of {', '.join(PRECISIONS)}")
     for i, profile in enumerate(_objects(path, data, "profiles")):
         for key in ("max_tokens", "max_batch", "max_seqlen"):

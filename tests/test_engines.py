@@ -185,6 +185,33 @@ def test_model_info_reads_roberta_numbering_from_the_node(tmp_path):
     assert (info.max_positions, info.position_pad_id) == (14, 1)
 
 
+@pytest.mark.parametrize("metadata", [None, "not json", '{"search": "greedy"}',
+                                      '{"search": "sample", "max_new_tokens": 4}'])
+def test_model_info_refuses_a_generation_graph_without_its_search(tmp_path, metadata):
+    """A generation graph's engine records the search the graph runs (its padfree.generation metadata):
+    a graph without a readable one is refused before anything is built."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from padfree.engines import model_info
+    node = helper.make_node("Identity", ["input_ids"], ["sequences"])
+    node2 = helper.make_node("Identity", ["cu_seqlens"], ["lengths"])
+    graph = helper.make_graph([node, node2], "gen", [helper.make_tensor_value_info(n, TensorProto.INT32, ["T"])
+                                                     for n in ("input_ids", "cu_seqlens")],
+                              [helper.make_tensor_value_info(n, TensorProto.INT32, ["T"])
+                               for n in ("sequences", "lengths")],
+                              [numpy_helper.from_array(np.ones(4, np.float32), "w")])
+    model = helper.make_model(graph)
+    if metadata is not None:
+        helper.set_model_props(model, {"padfree.generation": metadata})
+    onnx.save(model, str(tmp_path / "g.onnx"))
+    with pytest.raises(BuildError, match="without its padfree.generation metadata"):
+        model_info.read(tmp_path / "g.onnx")
+    helper.set_model_props(model, {"padfree.generation": '{"search": "beam", "max_new_tokens": 4, "num_beams": 2}'})
+    onnx.save(model, str(tmp_path / "g.onnx"))
+    assert model_info.read(tmp_path / "g.onnx").generation["num_beams"] == 2
+
+
 def test_engine_check_never_draws_the_padding_id_inside_a_sequence():
     from padfree.engines.check import random_feeds
     feeds = random_feeds(["input_ids", "attention_mask"], np.int32, 3, 6, 40, vocab_size=5, type_vocab_size=0,
@@ -360,6 +387,13 @@ _CORRUPTIONS = [
     (lambda d: d.update(plugins="PadfreeAttention"), "plugins is"),
     (lambda d: d["plugin_library"].update(path=3), r"plugin_library\.path is 3"),
     (lambda d: d["model"].update(position_pad_id=-1), r"model\.position_pad_id is -1"),
+    (lambda d: d["model"].update(io="generation", generation={"search": "sampling", "max_new_tokens": 8}),
+     r"model\.generation\.search is 'sampling'"),
+    (lambda d: d["model"].update(io="generation", generation={"search": "beam", "max_new_tokens": 8, "num_beams": 1,
+                                                              "num_return_sequences": 1}),
+     r"model\.generation\.num_beams is 1"),
+    (lambda d: d["model"].update(io="generation", generation={"search": "greedy", "max_new_tokens": 0}),
+     r"model\.generation\.max_new_tokens is 0"),
 ]
 
 

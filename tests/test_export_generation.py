@@ -156,6 +156,9 @@ def test_the_generation_graph_builds_into_one_engine(generation_export, tmp_path
     metadata = _build_engine(generation_export("marian", beams), tmp_path)
     assert (tmp_path / "g.engine").stat().st_size > 0
     assert metadata["model"]["io"] == "generation"
+    facts = metadata["model"]["generation"]   # what the engine generates, from the graph's metadata
+    assert (facts["search"], facts["max_new_tokens"]) == ("beam" if beams > 1 else "greedy", NEW_TOKENS)
+    assert facts.get("num_beams", 1) == beams
     assert metadata["preview_features"] == ["ALIASED_PLUGIN_IO_10_03"]
     assert metadata["profiles"][0]["shapes"]["cu_seqlens"] == {"min": [2], "opt": [3], "max": [5]}
     plugins = [layer["plugin"] for layer in metadata["plugin_layers"]]
