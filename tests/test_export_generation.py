@@ -15,6 +15,7 @@ import warnings
 import numpy as np
 import onnx
 import pytest
+import torch
 from onnx import numpy_helper
 
 pytest.importorskip("onnxruntime")
@@ -23,7 +24,7 @@ pytest.importorskip("onnx_graphsurgeon")
 from padfree import cli  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _seq2seq import build, engine_prerequisites  # noqa: E402
+from _seq2seq import build, engine_prerequisites, random_sources  # noqa: E402
 
 WIDE = dict(d_model=128, heads=2, ffn=256)   # head_dim 64: the packed encoder's attention plugin
 NEW_TOKENS = 12
@@ -186,5 +187,15 @@ def test_an_fp16_generation_graph_is_proven_rounded_and_builds(tmp_path, capsys)
     line = next(x for x in printed.splitlines() if x.startswith("generation.padfree.onnx"))
     assert "fp16 cast back to float32): beam search (4 beams, 1 returned): 8 of 8 hypotheses equal the float32" \
         " graphs' rounded to fp16" in line, printed
+    # Runtime over the fp16 graph runs it the same way: equal to the rounded float32 step graphs' generate
+    from padfree import Runtime
+    from padfree.runtime.backends.onnxrt_seq2seq import OnnxrtSeq2SeqGenerator
+    sources = random_sources(model.config, 4, seed=2)
+    found = Runtime(str(out / "generation.padfree.onnx")).generate(sources, return_dict_in_generate=True,
+                                                                   output_scores=True)
+    want = OnnxrtSeq2SeqGenerator(out, step="plain", rounded=True).generate(
+        sources, num_beams=4, max_new_tokens=8, return_dict_in_generate=True, output_scores=True)
+    assert torch.equal(found.sequences, want.sequences)
+    torch.testing.assert_close(found.sequences_scores, want.sequences_scores.float(), rtol=0, atol=1e-4)
     metadata = _build_engine(out, tmp_path)
     assert metadata["precision"] == "fp16" and metadata["model"]["io"] == "generation"
