@@ -9,6 +9,7 @@ import json
 import os
 import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -158,3 +159,37 @@ def test_padfree_run_generates_with_the_graph(exported, tmp_path, capsys):
     assert cli.main(["run", str(out / GRAPH), "--generate", "--input", str(tmp_path / "ids.json"),
                      "--num-beams", "5"]) != 0
     assert "num_beams=5" in capsys.readouterr().err
+
+
+def test_a_graph_with_its_weights_in_a_data_file_runs_from_a_read_only_folder(tmp_path, monkeypatch):
+    """Past protobuf's 2 GB (NLLB-600M in float32) the export keeps the graph's weights in
+    generation.padfree.onnx.data: the session reads them from there, writing nothing into the export's
+    folder (here made read-only). The limit is lowered for the generation graph's save, so that a tiny
+    model's graph takes that layout."""
+    import padfree.export.onnx_files as onnx_files
+    import padfree.export.seq2seq.pipeline as pipeline
+
+    def save_model(model, path):
+        if Path(path).name != GRAPH:
+            return onnx_files.save_model(model, path)
+        with monkeypatch.context() as patch:
+            patch.setattr(onnx_files, "_PROTO_LIMIT", 10_000)
+            return onnx_files.save_model(model, path)
+    monkeypatch.setattr(pipeline, "save_model", save_model)
+    model = build("marian", layers=(2, 2), **WIDE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.save_pretrained(tmp_path / "hf")
+    out = tmp_path / "out"
+    assert cli.main(["export", str(tmp_path / "hf"), "-o", str(out), "--io", "packed", "--generation-graph",
+                     str(NEW_TOKENS)]) == 0
+    assert (out / f"{GRAPH}.data").is_file()
+    before = sorted(p.name for p in out.iterdir())
+    out.chmod(0o555)
+    try:
+        sources = random_sources(model.config, 4, seed=7)
+        found = Runtime(str(out / GRAPH)).generate(sources)
+    finally:
+        out.chmod(0o755)
+    assert sorted(p.name for p in out.iterdir()) == before
+    assert torch.equal(found, hf_generate(model, sources, max_new_tokens=NEW_TOKENS, num_beams=1, do_sample=False))

@@ -60,16 +60,13 @@ def generation_session(path: Path, dtype: str = "fp32", threads: int | None = No
         options.intra_op_num_threads = threads
     options.log_severity_level = 3
     if dtype == "fp32" and data_file(path).is_file():
-        # past protobuf's 2 GB (NLLB-600M) the weights stay in the export's data file: the graph alone,
-        # its plugin nodes expanded, is written beside it for the session, which reads them from there
+        # past protobuf's 2 GB (NLLB-600M) the weights stay in the export's data file: the session gets the
+        # graph alone, its plugin nodes expanded, as bytes, and reads the weights from the export's folder
+        # (nothing is written there: it may be read-only)
         model = with_references(load_model(path, "the generation graph", load_external_data=False))
-        staged = path.with_name(f".{path.stem}.{os.getpid()}.session.onnx")
-        try:
-            onnx.save_model(model, str(staged))
-            del model
-            return ort.InferenceSession(str(staged), options, providers=["CPUExecutionProvider"])
-        finally:
-            staged.unlink(missing_ok=True)
+        options.add_session_config_entry("session.model_external_initializers_file_folder_path",
+                                         str(path.parent.resolve()))
+        return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     model = load_model(path, "the generation graph")
     model = with_references(model if dtype == "fp32" else cast(model, "fp32"))
     with tempfile.TemporaryDirectory(prefix="padfree-generation-") as tmp:
