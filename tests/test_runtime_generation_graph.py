@@ -185,6 +185,9 @@ def test_a_graph_with_its_weights_in_a_data_file_runs_from_a_read_only_folder(tm
                      str(NEW_TOKENS)]) == 0
     assert (out / f"{GRAPH}.data").is_file()
     before = sorted(p.name for p in out.iterdir())
+    import onnx
+    saved, save = [], onnx.save_model    # what is written, where (a root user ignores the folder's mode)
+    monkeypatch.setattr(onnx, "save_model", lambda m, f, *a, **k: (saved.append(str(f)), save(m, f, *a, **k))[1])
     out.chmod(0o555)
     try:
         sources = random_sources(model.config, 4, seed=7)
@@ -192,4 +195,5 @@ def test_a_graph_with_its_weights_in_a_data_file_runs_from_a_read_only_folder(tm
     finally:
         out.chmod(0o755)
     assert sorted(p.name for p in out.iterdir()) == before
+    assert not [f for f in saved if Path(f).resolve().is_relative_to(out.resolve())], saved
     assert torch.equal(found, hf_generate(model, sources, max_new_tokens=NEW_TOKENS, num_beams=1, do_sample=False))
