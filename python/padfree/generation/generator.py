@@ -16,7 +16,7 @@ from .runner import Runner
 from .sampling import make_generator
 from .weights import Seq2SeqWeights, extract, pad_output_projection
 
-__all__ = ["Seq2SeqGenerator", "decode"]
+__all__ = ["Seq2SeqGenerator", "decode", "hf_output"]
 
 log = logging.getLogger(__name__)
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -123,6 +123,12 @@ def decode(runner: Runner, packed: PackedSources, encoder_out, options: Generati
         sequences, scores = result.sequences, result.scores
     else:
         sequences, scores = state.search.result(), None
+    return hf_output(sequences, scores, options)
+
+
+def hf_output(sequences: torch.Tensor, scores: torch.Tensor | None, options: GenerationOptions):
+    """What HF's generate returns for these sequences (and beam search's sequences_scores): the tensor,
+    or with return_dict_in_generate HF's output class."""
     if not options.return_dict_in_generate:
         return sequences
     from transformers.generation.utils import GenerateBeamEncoderDecoderOutput, GenerateEncoderDecoderOutput

@@ -175,6 +175,7 @@ class OnnxrtGenerationGraph:
     def generate(self, input_ids=None, attention_mask=None, generation_config=None, **kwargs):
         """HF-compatible generate with the graph's options (as padfree.generation's generate returns)."""
         from ...generation import inputs
+        from ...generation.generator import hf_output
 
         if input_ids is None:
             input_ids = kwargs.pop("inputs", None)
@@ -191,10 +192,4 @@ class OnnxrtGenerationGraph:
         scores = None
         if "scores" in found:
             scores = torch.from_numpy(found["scores"].reshape(-1).astype(np.float32))
-        if not options.return_dict_in_generate:
-            return sequences
-        from transformers.generation.utils import GenerateBeamEncoderDecoderOutput, GenerateEncoderDecoderOutput
-        if options.num_beams > 1:
-            return GenerateBeamEncoderDecoderOutput(sequences=sequences,
-                                                    sequences_scores=scores if options.output_scores else None)
-        return GenerateEncoderDecoderOutput(sequences=sequences)
+        return hf_output(sequences, scores, options)
