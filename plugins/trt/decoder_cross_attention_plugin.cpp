@@ -66,12 +66,9 @@ int64_t DecoderCrossAttentionPlugin::workspace_bytes_at(const PluginTensorDesc* 
         !to_i32(in[kQ].dims.d[0], "rows", rows, error) || !to_i32(in[kMaxSeqlen].dims.d[0], "max_seqlen", max_seqlen, error))
         return -1;
     if (rows == 0) return 0;
-    if (padfree_decoder_cross_attention_workspace_size(rows, field_i32(kNumHeads), field_i32(kHeadDim), max_seqlen,
-                                                       &bytes) != PADFREE_OK) {
-        error = padfree_last_error();
-        return -1;
-    }
-    return bytes;
+    const padfree_status status = padfree_decoder_cross_attention_workspace_size(
+        rows, field_i32(kNumHeads), field_i32(kHeadDim), max_seqlen, &bytes);
+    return queried_bytes(status, bytes, error);
 }
 
 padfree_status DecoderCrossAttentionPlugin::run(const PluginTensorDesc* in, const PluginTensorDesc*,

@@ -75,12 +75,9 @@ int64_t DecoderSelfAttentionPlugin::workspace_bytes_at(const PluginTensorDesc* i
         !to_i32(in[kQkv].dims.d[0], "rows", rows, error) || !to_i32(in[kKCache].dims.d[2], "k_cache length (L)", max_len, error))
         return -1;
     if (rows == 0) return 0;
-    if (padfree_decoder_self_attention_workspace_size(rows, field_i32(kNumHeads), field_i32(kHeadDim), max_len, &bytes) !=
-        PADFREE_OK) {
-        error = padfree_last_error();
-        return -1;
-    }
-    return bytes;
+    const padfree_status status = padfree_decoder_self_attention_workspace_size(
+        rows, field_i32(kNumHeads), field_i32(kHeadDim), max_len, &bytes);
+    return queried_bytes(status, bytes, error);
 }
 
 padfree_status DecoderSelfAttentionPlugin::run(const PluginTensorDesc* in, const PluginTensorDesc* out,

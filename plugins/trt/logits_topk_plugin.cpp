@@ -114,11 +114,9 @@ int64_t LogitsTopKPlugin::workspace_bytes_at(const PluginTensorDesc* in, std::st
         !to_i32(logits.dims.d[1], "vocabulary", vocab, error))
         return -1;
     if (rows == 0) return 0;
-    if (padfree_logits_topk_workspace_size(rows, vocab, field_i32(kK), &bytes) != PADFREE_OK) {
-        error = padfree_last_error();
-        return -1;
-    }
-    return bytes;
+    // the query first: the order in which a call's arguments are evaluated is unspecified
+    const padfree_status status = padfree_logits_topk_workspace_size(rows, vocab, field_i32(kK), &bytes);
+    return queried_bytes(status, bytes, error);
 }
 
 padfree_status LogitsTopKPlugin::run(const PluginTensorDesc* in, const PluginTensorDesc*, const void* const* inputs,

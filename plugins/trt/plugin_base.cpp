@@ -157,6 +157,12 @@ bool check_flag(int32_t value, const char* name, std::string& error) {
     return false;
 }
 
+int64_t queried_bytes(padfree_status status, int64_t bytes, std::string& error) {
+    if (status == PADFREE_OK) return bytes;
+    error = padfree_last_error();
+    return -1;
+}
+
 // ---- PluginBase -----------------------------------------------------------------------------
 PluginBase::PluginBase(const Schema& schema, std::vector<Scalar> values)
     : schema_(schema), values_(std::move(values)) {}

@@ -190,6 +190,8 @@ bool check_heads(int64_t num_heads, int64_t head_dim, int64_t width_factor, std:
 bool check_softmax_scale(float scale, std::string& error);
 // A field that is a 0/1 flag (has_bias, normalize).
 bool check_flag(int32_t value, const char* name, std::string& error);
+// The bytes a C ABI workspace query answered, or -1 with the C ABI's message in error.
+int64_t queried_bytes(padfree_status status, int64_t bytes, std::string& error);
 // A workspace query of the C ABI for every row count of a profile's range [min_rows, max_rows]: the
 // largest answer (the kernels' split counts are not monotonic in the rows), 0 where the query fails
 // (enqueue then reports the C ABI's refusal).
