@@ -20,7 +20,8 @@ Dim = int | str | None  # a size, a symbolic name, or unknown
 TypeShape = tuple[int, list[Dim]]
 GRAPH_SYMBOLS = ("T", "B", "B+1", "S")  # one dimension each for the whole graph (wiring binds them once)
 FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)
-FIXED_TYPES = {"int32": TensorProto.INT32, "float32": TensorProto.FLOAT}  # one dtype whatever the node's
+# one dtype whatever the node's
+FIXED_TYPES = {"int32": TensorProto.INT32, "int64": TensorProto.INT64, "float32": TensorProto.FLOAT}
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -68,12 +69,12 @@ class NodePorts:
 
 
 def product(expression: str, fields: dict) -> int | None:
-    """A fixed extent ("1": the decoder's step) or `3*num_heads*head_dim` with the node's int fields;
-    None for anything else."""
+    """A fixed extent ("1": the decoder's step), one int field ("num_beams") or `3*num_heads*head_dim`
+    with the node's int fields; None for anything else."""
     if expression.isdigit():
         return int(expression)
     if "*" not in expression:
-        return None
+        return fields[expression] if isinstance(fields.get(expression), int) else None
     value = 1
     for factor in expression.split("*"):
         if factor.isdigit():

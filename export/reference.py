@@ -248,6 +248,102 @@ def _beam_reorder(b: _Builder, i: list[str], o: list[str]) -> None:
     b.op("Where", at_step, b.op("Unsqueeze", parents, b.const([1])), gathered, out=[o[0]])
 
 
+NEG = -1.0e9  # HF's "very large negative", added to scores that must lose
+
+
+def _beam_search_step(b: _Builder, i: list[str], o: list[str]) -> None:
+    """HF's beam-search step (transformers 5 _beam_search; padfree.generation.beam_search's tensorised
+    step) for every source: the source's NK best of its beams' candidates (TopK: ties to the lower
+    index, torch's order), the running beams, the pool with its length penalty, the early-stop
+    heuristic. A score is divided by cur_len ** length_penalty as HF does on the CPU; the kernel
+    multiplies by the float32 reciprocal, as HF's CUDA division by a Python number does (the two may
+    differ in the last bit)."""
+    k, lp, early = int(b.attrs["num_beams"]), float(b.attrs["length_penalty"]), int(b.attrs["early_stopping"])
+    (cand_scores, cand_ids, step, running, running_scores, pool, pool_scores, pool_lengths, pool_finished,
+     improvable) = i[:10]
+    eos = i[10] if int(b.attrs["has_eos"]) else None
+    out_running, out_running_scores, out_pool, out_pool_scores, out_pool_lengths, out_pool_finished, \
+        out_improvable, out_next_tokens, out_parents = o
+
+    def dim(x: str, index: int) -> str:   # [1] int64
+        return b.op("Slice", b.op("Shape", x), b.const([index]), b.const([index + 1]))
+
+    def squeeze(x: str) -> str:
+        return b.op("Squeeze", x, b.const([0]))
+
+    def times_neg(flag_i32: str) -> str:
+        return b.op("Mul", b.op("Cast", flag_i32, to=TensorProto.FLOAT), b.const(np.float32(NEG), np.float32))
+
+    def length_divisor(n: str) -> str:   # float32(n ** lp), the power in float64 as Python's
+        return b.op("Cast", b.op("Pow", b.op("Cast", n, to=TensorProto.DOUBLE), b.const([lp], np.float64)),
+                    to=TensorProto.FLOAT)
+
+    batch, keep, m = dim(running, 0), dim(cand_scores, 1), dim(running, 2)
+    # the kernel's clamp: step in [0, M - 2]
+    step64 = b.op("Min", b.op("Max", b.op("Cast", step, to=TensorProto.INT64), b.const([0])),
+                  b.op("Sub", m, b.const([2])))
+    cur_len = b.op("Add", step64, b.const([1]))   # tokens so far, the start token included
+
+    def along(x: str, index: str, width: str) -> str:   # x [B, W, M] gathered by index [B, width] along 1
+        shape = b.op("Concat", batch, width, m, axis=0)
+        return b.op("GatherElements", x, b.op("Expand", b.op("Unsqueeze", index, b.const([2])), shape), axis=1)
+
+    flat_shape = b.op("Concat", b.const([-1]), b.op("Mul", keep, b.const([k])), axis=0)
+    top_scores, order = b.op("TopK", b.op("Reshape", cand_scores, flat_shape), keep, outputs=2, axis=1, largest=1,
+                             sorted=1)
+    top_parent = b.op("Div", order, keep)
+    top_tokens = b.op("Cast", b.op("GatherElements", b.op("Reshape", cand_ids, flat_shape), order, axis=1),
+                      to=TensorProto.INT64)   # [B, NK]
+    positions = b.op("Range", b.const(0), squeeze(m), b.const(1))
+    at_len = b.op("Equal", b.op("Unsqueeze", positions, b.const([0, 1])), cur_len)   # [1, 1, M]
+    top_sequences = b.op("Where", at_len, b.op("Unsqueeze", top_tokens, b.const([2])), along(running, top_parent, keep))
+    ends = b.op("Cast", b.op("GreaterOrEqual", b.op("Add", cur_len, b.const([1])), m), to=TensorProto.INT32)   # [1]
+    if eos is not None:
+        is_eos = b.op("Equal", b.op("Unsqueeze", top_tokens, b.const([2])),
+                      b.op("Unsqueeze", b.op("Cast", eos, to=TensorProto.INT64), b.const([0, 1])))
+        any_eos = b.op("ReduceMax", b.op("Cast", is_eos, to=TensorProto.INT32), b.const([2]), keepdims=0)
+        hits = b.op("Max", any_eos, ends)
+    else:
+        hits = b.op("Expand", ends, b.op("Shape", top_tokens))
+    running_candidates = b.op("Add", top_scores, times_neg(hits))
+    _, next_beams = b.op("TopK", running_candidates, b.const([k]), outputs=2, axis=1, largest=1, sorted=1)
+    source_offset = b.op("Unsqueeze", b.op("Mul", b.op("Range", b.const(0), squeeze(batch), b.const(1)), b.const(k)),
+                         b.const([1]))   # [B, 1]
+    b.op("Cast", b.op("Reshape", b.op("Add", b.op("GatherElements", top_parent, next_beams, axis=1), source_offset),
+                      b.const([-1])), to=TensorProto.INT32, out=[out_parents])
+    top_beams = b.op("Cast", b.op("Less", b.op("Range", b.const(0), squeeze(keep), b.const(1)), b.const(k)),
+                     to=TensorProto.INT32)   # [NK]: only the top num_beams may enter the pool
+    finished_now = b.op("Mul", hits, top_beams)
+    penalised = b.op("Div", top_scores, length_divisor(cur_len))
+    one = b.const(np.int32(1), np.int32)
+    if early == 1:   # early_stopping=True: a full pool takes no more
+        penalised = b.op("Add", penalised, times_neg(b.op("ReduceMin", pool_finished, b.const([1]), keepdims=1)))
+    penalised = b.op("Add", penalised, times_neg(b.op("Sub", one, b.op("Unsqueeze", improvable, b.const([1])))))
+    penalised = b.op("Add", penalised, times_neg(b.op("Sub", one, finished_now)))
+    merged = b.op("Concat", pool_scores, penalised, axis=1)
+    _, best = b.op("TopK", merged, b.const([k]), outputs=2, axis=1, largest=1, sorted=1)
+    beams = b.const([k])
+    b.op("Identity", along(b.op("Concat", pool, top_sequences, axis=1), best, beams), out=[out_pool])
+    new_pool_scores = b.op("GatherElements", merged, best, axis=1, out=[out_pool_scores])
+    lengths_now = b.op("Expand", cur_len, b.op("Concat", batch, keep, axis=0))
+    b.op("GatherElements", b.op("Concat", pool_lengths, lengths_now, axis=1), best, axis=1, out=[out_pool_lengths])
+    new_finished = b.op("GatherElements", b.op("Concat", pool_finished, finished_now, axis=1), best, axis=1,
+                        out=[out_pool_finished])
+    b.op("Identity", along(top_sequences, next_beams, beams), out=[out_running])
+    new_running_scores = b.op("GatherElements", running_candidates, next_beams, axis=1, out=[out_running_scores])
+    b.op("Reshape", b.op("GatherElements", top_tokens, next_beams, axis=1), b.const([-1]), out=[out_next_tokens])
+    # HF's early-stop heuristic at the new length: can the best running beam still beat the pool's worst?
+    best_now = b.op("Slice", new_running_scores, b.const([0]), b.const([1]), b.const([1]))   # [B, 1]
+    at_length = b.op("Sub", m, b.const([1])) if early == 2 and lp > 0.0 else cur_len
+    best_running = b.op("Div", best_now, length_divisor(at_length))
+    worst_pool = b.op("Where", b.op("Cast", new_finished, to=TensorProto.BOOL),
+                      b.op("ReduceMin", new_pool_scores, b.const([1]), keepdims=1),
+                      b.const(np.float32(NEG), np.float32))
+    better = b.op("ReduceMax", b.op("Cast", b.op("Greater", best_running, worst_pool), to=TensorProto.INT32),
+                  b.const([1]), keepdims=0)   # [B]
+    b.op("Mul", improvable, better, out=[out_improvable])
+
+
 EXPANSIONS: dict[str, Callable[[_Builder, list[str], list[str]], None]] = {
     "PadfreeEmbLayerNorm": _emb_layernorm,
     "PadfreeAttention": _attention,
@@ -260,6 +356,7 @@ EXPANSIONS: dict[str, Callable[[_Builder, list[str], list[str]], None]] = {
     "PadfreeDecoderCrossAttention": _decoder_cross_attention,
     "PadfreeLogitsTopK": _logits_topk,
     "PadfreeBeamReorder": _beam_reorder,
+    "PadfreeBeamSearchStep": _beam_search_step,
 }
 
 

@@ -93,7 +93,15 @@ def test_the_beam_search_graph_equals_hf(generation_export, capsys, family):
     (loop,) = [n for n in model.graph.node if n.op_type == "Loop"]
     inside = {n.op_type for n in loop.attribute[0].g.node if n.domain == "padfree"}
     assert inside == {"PadfreeDecoderSelfAttention", "PadfreeDecoderCrossAttention", "PadfreeLogitsTopK",
-                      "PadfreeBeamReorder"}
+                      "PadfreeBeamSearchStep", "PadfreeBeamReorder"}
+    # the search's options are the bookkeeping node's fields, as the graph's metadata states them
+    (search,) = [n for n in loop.attribute[0].g.node if n.op_type == "PadfreeBeamSearchStep"]
+    fields = {a.name: onnx.helper.get_attribute_value(a) for a in search.attribute}
+    facts = json.loads({p.key: p.value for p in model.metadata_props}["padfree.generation"])
+    assert fields["num_beams"] == facts["num_beams"] == 4
+    assert fields["length_penalty"] == pytest.approx(facts["length_penalty"])
+    assert fields["early_stopping"] == {False: 0, True: 1, "never": 2}[facts["early_stopping"]]
+    assert fields["has_eos"] == 1 and fields["own_workspace"] == 1
     capsys.readouterr()
     assert cli.main(["check", str(out)]) == 0
     printed = capsys.readouterr().out
@@ -167,6 +175,10 @@ def test_the_generation_graph_builds_into_one_engine(generation_export, tmp_path
     assert "PadfreeEmbLayerNorm" in plugins
     if beams > 1:
         assert plugins.count("PadfreeLogitsTopK") == 1 and plugins.count("PadfreeBeamReorder") == 1
+        (search,) = [layer for layer in metadata["plugin_layers"] if layer["plugin"] == "PadfreeBeamSearchStep"]
+        # the search's state as TensorRT types it: int64 sequences and lengths, int32 flags
+        assert [o["dtype"] for o in search["outputs"]] == ["INT64", "FLOAT", "INT64", "FLOAT", "INT64", "INT32",
+                                                            "INT32", "INT64", "INT32"]
 
 
 def test_an_fp16_generation_graph_is_proven_rounded_and_builds(tmp_path, capsys):

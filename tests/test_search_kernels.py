@@ -219,3 +219,86 @@ def test_beam_search_step_refuses_bad_arguments():
     with pytest.raises(InputError, match="cache_indir"):
         beam_search_step(**good, **t, length_penalty=1.0, early_stopping=False, workspace=ws,
                          cache_indir=torch.zeros(rows, L - 2, dtype=torch.int32, device=DEVICE))
+
+
+# ---- PadfreeBeamSearchStep's ONNX Runtime reference against the kernel -------------------------------
+def _reference_session(fields: dict):
+    """One PadfreeBeamSearchStep node expanded by padfree.export.reference, on ONNX Runtime (CPU)."""
+    ort = pytest.importorskip("onnxruntime")
+    from onnx import TensorProto, helper
+
+    from padfree.export import reference, spec as spec_mod
+    spec = spec_mod.load()
+    attrs = spec.node_attributes("PadfreeBeamSearchStep", fields)
+    names = spec["PadfreeBeamSearchStep"].input_names(attrs)
+    outs = spec["PadfreeBeamSearchStep"].output_names(attrs)
+    types = {"cand_scores": TensorProto.FLOAT, "running_scores": TensorProto.FLOAT,
+             "pool_scores": TensorProto.FLOAT, "running": TensorProto.INT64, "pool": TensorProto.INT64,
+             "pool_lengths": TensorProto.INT64}
+    node = helper.make_node("PadfreeBeamSearchStep", names, outs, domain=spec.namespace, **attrs)
+    inputs = [helper.make_tensor_value_info(n, types.get(n, TensorProto.INT32), None) for n in names]
+    graph = helper.make_graph([node], "g", inputs, [helper.make_empty_tensor_value_info(o) for o in outs])
+    model = helper.make_model(graph, ir_version=10,   # an IR every ONNX Runtime of the opset reads
+                              opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(spec.namespace, 1)])
+    session = ort.InferenceSession(reference.with_references(model).SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    return session, names, outs
+
+
+@pytest.mark.parametrize("case", BEAM_CASES, ids=lambda c: f"b{c[0]}x{c[1]}_eos{len(c[2])}_{c[3]}_lp{c[4]}_L{c[5]}")
+def test_beam_search_step_reference_matches_the_kernel(seed, case):
+    """The ONNX Runtime reference that `padfree check` runs for PadfreeBeamSearchStep, against the kernel
+    the plugin calls, with the plugin's int32 flags, over a whole search: fresh descending candidates each
+    step (ids in a small vocabulary with the eos ids, so hypotheses finish at every stage), every output
+    after every step; scores to float32 rounding (division there, the reciprocal's multiply here)."""
+    from padfree.ops import beam_search_step
+    from padfree.ops.search import EARLY_STOPPING, new_beam_search_workspace
+    batch, beams, eos, early, lp, max_length = case
+    keep, rows = 2 * beams, batch * beams
+    fields = {"num_beams": beams, "length_penalty": lp, "early_stopping": EARLY_STOPPING[early],
+              "has_eos": int(bool(eos)), "own_workspace": 0}
+    session, names, outs = _reference_session(fields)
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    running = torch.full((batch, beams, max_length), 1, dtype=torch.int64)
+    running[:, :, 0] = 2
+    state = {"running": running, "running_scores": torch.full((batch, beams), -1e9), "pool": running.clone(),
+             "pool_scores": torch.full((batch, beams), -1e9),
+             "pool_lengths": torch.zeros(batch, beams, dtype=torch.int64),
+             "pool_finished": torch.zeros(batch, beams, dtype=torch.int32),
+             "improvable": torch.ones(batch, dtype=torch.int32)}
+    state["running_scores"][:, 0] = 0.0
+    gpu = {k: v.to(DEVICE).contiguous() for k, v in state.items()}
+    eos_ids = torch.tensor(eos, dtype=torch.int32)
+    workspace = new_beam_search_workspace(batch, beams, max_length, 0, DEVICE)
+    done = torch.zeros(1, dtype=torch.bool, device=DEVICE)
+    for step in range(max_length - 1):
+        logprobs = torch.sort(torch.rand(rows, keep, generator=g).log() * 3.0, dim=1, descending=True).values
+        cand_scores = (logprobs + state["running_scores"].reshape(rows, 1)).contiguous()
+        cand_ids = torch.randint(0, 12, (rows, keep), generator=g, dtype=torch.int32)
+        feed = {"cand_scores": cand_scores, "cand_ids": cand_ids, "step": torch.tensor([step], dtype=torch.int32),
+                **state}
+        if eos:
+            feed["eos_ids"] = eos_ids
+        want = dict(zip(outs, session.run(outs, {n: feed[n].numpy() for n in names})))
+        next_tokens = torch.empty(rows, dtype=torch.int64, device=DEVICE).fill_(-7)
+        parents = torch.empty(rows, dtype=torch.int32, device=DEVICE).fill_(-7)
+        beam_search_step(cand_scores.to(DEVICE), cand_ids.to(DEVICE), eos_ids.to(DEVICE) if eos else None,
+                         gpu["running"], gpu["running_scores"], gpu["pool"], gpu["pool_scores"], gpu["pool_lengths"],
+                         gpu["pool_finished"], gpu["improvable"], done, next_tokens, parents,
+                         torch.tensor([step], dtype=torch.int32, device=DEVICE), length_penalty=lp,
+                         early_stopping=early, workspace=workspace)
+        got = {f"{k}_out": v.cpu() for k, v in gpu.items()}
+        got.update(next_tokens=next_tokens.cpu(), parents=parents.cpu())
+        last = step == max_length - 2   # every candidate finishes: the running beams tie at -1e9 (see RUNNING)
+        for name in outs:
+            if last and name in ("running_out", "running_scores_out", "next_tokens", "parents"):
+                continue
+            ref = torch.from_numpy(want[name])
+            if ref.dtype == torch.float32:
+                torch.testing.assert_close(got[name], ref, rtol=2e-7, atol=0,
+                                           msg=lambda m, n=name, s=step: f"step {s}, {n}: {m}")
+            else:
+                assert torch.equal(got[name], ref), \
+                    f"step {step}, {name}: kernel {got[name].tolist()} != reference {ref.tolist()}"
+        state = {k: got[f"{k}_out"].clone() for k in state}
+    assert (state["pool_lengths"] > 0).any(), "no hypothesis finished"

@@ -17,9 +17,9 @@ ONNX (the eos ban while shorter than min_length, forced_bos_token_id at the firs
 forced_eos_token_id at the last), the first maximum (ArgMax: the smaller id on a tie, torch's argmax),
 the pad token for rows that have ended. Beam search (the export's --num-beams K > 1): the candidates
 from PadfreeLogitsTopK (log_softmax, the same processors as its banned / forced inputs, + the beam
-scores), then padfree.generation.beam_search's tensorised step, which is HF's bookkeeping (the top
-candidates per source, the running beams, the pool of finished hypotheses with its length penalty,
-early_stopping, the early-stop heuristic), in standard ONNX, and the cache indirection reordered by
+scores), then PadfreeBeamSearchStep, HF's bookkeeping (the top candidates per source, the running
+beams, the pool of finished hypotheses with its length penalty, early_stopping, the early-stop
+heuristic) with the search's options as its fields, and the cache indirection reordered by
 PadfreeBeamReorder. The loop runs all N steps: a fixed trip count keeps the scan output's shape the
 same in every backend, and past HF's stop nothing changes (finished rows pad; no pool can change).
 
@@ -345,14 +345,15 @@ def _finish(model: onnx.ModelProto, name: str, nodes: list, inputs, outputs, ops
 
 def _beam_graph(main: list, model: onnx.ModelProto, encoder, step, ckv_names: dict, options, decoder: dict, n: int,
                 cache_type: int) -> onnx.ModelProto:
-    """The whole beam search (num_beams K > 1) in one graph: padfree.generation.beam_search's tensorised
-    step (HF's bookkeeping: the top K' = candidates_per_row * K continuations per source over its beams'
-    candidates, the running beams, the pool of finished hypotheses with their length penalty, the
-    early-stop heuristic) in standard ONNX, the candidates from PadfreeLogitsTopK (log_softmax, the
-    processors, + the beam scores) and the cache indirection reordered by PadfreeBeamReorder, all inside
-    the loop. Outputs the pool's best num_return_sequences per source: sequences [B, n_ret, 1 + N],
-    lengths [B, n_ret] and scores [B, n_ret] (HF's sequences_scores)."""
+    """The whole beam search (num_beams K > 1) in one graph, all inside the loop: the candidates from
+    PadfreeLogitsTopK (log_softmax, the processors, + the beam scores), HF's bookkeeping in one
+    PadfreeBeamSearchStep node (its options as the node's fields; its ONNX Runtime reference is
+    padfree.generation.beam_search's tensorised step in standard ONNX, export/reference.py), and the
+    cache indirection reordered by PadfreeBeamReorder. Outputs the pool's best num_return_sequences per
+    source: sequences [B, n_ret, 1 + N], lengths [B, n_ret] and scores [B, n_ret] (HF's
+    sequences_scores)."""
     from padfree.generation.beam_search import NEG, _fill_value
+    from padfree.ops.search import EARLY_STOPPING
 
     from ..spec import load as load_spec
 
@@ -367,24 +368,22 @@ def _beam_graph(main: list, model: onnx.ModelProto, encoder, step, ckv_names: di
     returned = options.num_return_sequences
     g = _Nodes(main, "gen/")
     batch = g.op("Sub", g.op("Shape", "cu_seqlens"), g.const([1], np.int64))            # [1]
-    batch_s = g.op("Squeeze", batch, g.const([0], np.int64))
     rows = g.op("Mul", batch, g.const([k], np.int64))
     rows_s = g.op("Squeeze", rows, g.const([0], np.int64))
 
     def shape(*parts):
         return g.op("Concat", *[p if isinstance(p, str) else g.const(list(p), np.int64) for p in parts], axis=0)
-    start_row = np.full([m], fill, np.int32)
+    start_row = np.full([m], fill, np.int64)
     start_row[0] = options.decoder_start_token_id
-    running0 = g.op("Expand", g.const(start_row.reshape(1, 1, m), np.int32), shape(batch, (k, m)))
+    running0 = g.op("Expand", g.const(start_row.reshape(1, 1, m), np.int64), shape(batch, (k, m)))
     score_row = np.full([1, k], NEG, np.float32)
     score_row[0, 0] = 0.0                                   # only beam 0's continuations count at first
     running_scores0 = g.op("Expand", g.const(score_row, np.float32), shape(batch, (k,)))
     pool_scores0 = g.op("Expand", g.const(np.full([1, k], NEG, np.float32), np.float32), shape(batch, (k,)))
-    zeros_bk = g.op("Expand", g.const(np.zeros([1, k], np.int32), np.int32), shape(batch, (k,)))
-    improvable0 = g.op("Expand", g.const(np.ones([1, 1], np.int32), np.int32), shape(batch, (1,)))
+    lengths0 = g.op("Expand", g.const(np.zeros([1, k], np.int64), np.int64), shape(batch, (k,)))
+    finished0 = g.op("Expand", g.const(np.zeros([1, k], np.int32), np.int32), shape(batch, (k,)))
+    improvable0 = g.op("Expand", g.const(np.ones([1], np.int32), np.int32), batch)
     cache0, indir0 = _initial_cache(g, rows, rows_s, heads, n, head_dim, cache_type)
-    source_offset = g.op("Unsqueeze", g.op("Mul", g.op("Range", g.const(0, np.int64), batch_s, g.const(1, np.int64)),
-                                           g.const(k, np.int64)), g.const([1], np.int64))   # [B, 1]
     step0 = g.const([0], np.int32)
 
     # ---- the body --------------------------------------------------------------------------------------
@@ -396,7 +395,8 @@ def _beam_graph(main: list, model: onnx.ModelProto, encoder, step, ckv_names: di
     step64 = b.op("Cast", "b/step", to=TensorProto.INT64)                 # [1]
     step_s = b.op("Squeeze", step64, b.const([0], np.int64))
     cur_len = b.op("Add", step64, b.const([1], np.int64))                 # tokens so far, the start included
-    tokens = b.op("Reshape", b.op("Gather", "b/running", step_s, axis=2), b.const([-1], np.int64))   # [R]
+    tokens = b.op("Cast", b.op("Reshape", b.op("Gather", "b/running", step_s, axis=2), b.const([-1], np.int64)),
+                  to=TensorProto.INT32)   # [R]
     step_nodes, step_names = _step_body(step, model, tokens, "b/cache_indir", ckv_names, layers)
     body_nodes += step_nodes
     logits = step_names["logits"]   # in the export's dtype: the top-k reads it as it is, scores in float32
@@ -416,81 +416,26 @@ def _beam_graph(main: list, model: onnx.ModelProto, encoder, step, ckv_names: di
               "has_banned": int(has_banned), "has_penalty": 0, "has_forced": int(has_forced), "own_workspace": 1}
     cand_scores, cand_ids = b.op("PadfreeLogitsTopK", *topk_inputs, outputs=2, domain=spec.namespace,
                                  **spec.node_attributes("PadfreeLogitsTopK", fields))
-    # the top K' of each source over its beams' candidates (TopK: the lower index first on a tie,
-    # torch's stable sort's order)
-    flat = b.op("Reshape", cand_scores, b.const([-1, k * keep], np.int64))
-    top_scores, order = b.op("TopK", flat, b.const([keep], np.int64), outputs=2, axis=1, largest=1, sorted=1)
-    top_parent = b.op("Div", order, b.const(keep, np.int64))
-    top_tokens = b.op("GatherElements", b.op("Reshape", cand_ids, b.const([-1, k * keep], np.int64)), order, axis=1)
-
-    def along(x, index, width):   # x [B, W, M] gathered by index [B, width] along 1
-        return b.op("GatherElements", x, b.op("Expand", b.op("Unsqueeze", index, b.const([2], np.int64)),
-                                              b.op("Concat", batch, b.const([width, m], np.int64), axis=0)), axis=1)
-    top_sequences = along("b/running", top_parent, keep)
-    at_len = b.op("Equal", b.const(np.arange(m, dtype=np.int64).reshape(1, 1, m), np.int64), cur_len)
-    top_sequences = b.op("Where", at_len, b.op("Unsqueeze", top_tokens, b.const([2], np.int64)), top_sequences)
-    ends = b.op("Cast", b.op("GreaterOrEqual", b.op("Add", cur_len, b.const([1], np.int64)),
-                             b.const([m], np.int64)), to=TensorProto.INT32)              # [1]
+    search_inputs = [cand_scores, cand_ids, "b/step", "b/running", "b/running_scores", "b/pool", "b/pool_scores",
+                     "b/pool_lengths", "b/pool_finished", "b/improvable"]
     if eos:
-        is_eos = b.op("ReduceMax", b.op("Cast", b.op("Equal", b.op("Unsqueeze", top_tokens, b.const([2], np.int64)),
-                                                     b.const(np.asarray(eos, np.int32).reshape(1, 1, -1), np.int32)),
-                                        to=TensorProto.INT32), b.const([2], np.int64), keepdims=0)
-        hits = b.op("Max", is_eos, ends)
-    else:
-        hits = b.op("Expand", ends, b.op("Shape", top_tokens))
-    neg = b.const(np.float32(NEG), np.float32)
-
-    def times_neg(flag_i32):
-        return b.op("Mul", b.op("Cast", flag_i32, to=TensorProto.FLOAT), neg)
-    running_candidates = b.op("Add", top_scores, times_neg(hits))
-    _, next_beams = b.op("TopK", running_candidates, b.const([k], np.int64), outputs=2, axis=1, largest=1, sorted=1)
-    parents = b.op("Cast", b.op("Reshape", b.op("Add", b.op("GatherElements", top_parent, next_beams, axis=1),
-                                                 source_offset), b.const([-1], np.int64)), to=TensorProto.INT32)
-    top_beams = b.const((np.arange(keep) < k).astype(np.int32).reshape(1, keep), np.int32)
-    finished_now = b.op("Mul", hits, top_beams)
-    generated = b.op("Cast", b.op("Pow", b.op("Cast", cur_len, to=TensorProto.DOUBLE), b.const([lp], np.float64)),
-                     to=TensorProto.FLOAT)   # HF: new tokens ** length_penalty in float64, then float32
-    penalised = b.op("Div", top_scores, generated)
-    if early is True:
-        pool_closed = b.op("ReduceMin", "b/pool_finished", b.const([1], np.int64), keepdims=1)
-        penalised = b.op("Add", penalised, times_neg(pool_closed))
-    one = b.const(np.int32(1), np.int32)
-    penalised = b.op("Add", penalised, times_neg(b.op("Sub", one, "b/improvable")))
-    penalised = b.op("Add", penalised, times_neg(b.op("Sub", one, finished_now)))
-    merged = b.op("Concat", "b/pool_scores", penalised, axis=1)
-    _, best = b.op("TopK", merged, b.const([k], np.int64), outputs=2, axis=1, largest=1, sorted=1)
-    pool = along(b.op("Concat", "b/pool", top_sequences, axis=1), best, k)
-    pool_scores = b.op("GatherElements", merged, best, axis=1)
-    lengths_now = b.op("Expand", b.op("Cast", cur_len, to=TensorProto.INT32),
-                       b.op("Concat", batch, b.const([keep], np.int64), axis=0))
-    pool_lengths = b.op("GatherElements", b.op("Concat", "b/pool_lengths", lengths_now, axis=1), best, axis=1)
-    pool_finished = b.op("GatherElements", b.op("Concat", "b/pool_finished", finished_now, axis=1), best, axis=1)
-    running = along(top_sequences, next_beams, k)
-    running_scores = b.op("GatherElements", running_candidates, next_beams, axis=1)
+        search_inputs.append(b.const(np.asarray(eos, np.int32), np.int32))
+    search_fields = {"num_beams": k, "length_penalty": lp, "early_stopping": EARLY_STOPPING[early],
+                     "has_eos": int(bool(eos)), "own_workspace": 1}
+    (running, running_scores, pool, pool_scores, pool_lengths, pool_finished, improvable, _next_tokens,
+     parents) = b.op("PadfreeBeamSearchStep", *search_inputs, outputs=9, domain=spec.namespace,
+                     **spec.node_attributes("PadfreeBeamSearchStep", search_fields))
     indir = b.op("PadfreeBeamReorder", "b/cache_indir", parents, "b/step", domain=spec.namespace,
                  **spec.node_attributes("PadfreeBeamReorder", {}))
     step_next = b.op("Add", "b/step", b.const([1], np.int32))
-    # HF's early-stop heuristic at the new length (its stop condition is the loop's fixed trip count:
-    # past it no pool can change, beam_search.py)
-    best_now = b.op("Slice", running_scores, b.const([0], np.int64), b.const([1], np.int64), b.const([1], np.int64))
-    if early == "never" and lp > 0.0:
-        best_running = b.op("Div", best_now, b.const(np.float32((m - 1) ** lp), np.float32))
-    else:
-        best_running = b.op("Div", best_now, b.op("Cast", b.op("Pow", b.op("Cast", cur_len, to=TensorProto.DOUBLE),
-                                                               b.const([lp], np.float64)), to=TensorProto.FLOAT))
-    worst_pool = b.op("Where", b.op("Cast", pool_finished, to=TensorProto.BOOL),
-                      b.op("ReduceMin", pool_scores, b.const([1], np.int64), keepdims=1), neg)
-    better = b.op("ReduceMax", b.op("Cast", b.op("Greater", best_running, worst_pool), to=TensorProto.INT32),
-                  b.const([1], np.int64), keepdims=1)
-    improvable = b.op("Mul", "b/improvable", better)
     cond = b.op("Identity", "b/cond")
 
     presents = [step_names[f"present_{kind}.{i}"] for i in range(layers) for kind in ("key", "value")]
     dims_bk, dims_bkm = ["batch", k], ["batch", k, m]
     cache_dims = ["rows", heads, n, head_dim]
-    types = [(TensorProto.INT32, [1]), (TensorProto.INT32, dims_bkm), (TensorProto.FLOAT, dims_bk),
-             (TensorProto.INT32, dims_bkm), (TensorProto.FLOAT, dims_bk), (TensorProto.INT32, dims_bk),
-             (TensorProto.INT32, dims_bk), (TensorProto.INT32, ["batch", 1]), (TensorProto.INT32, ["rows", n])] + \
+    types = [(TensorProto.INT32, [1]), (TensorProto.INT64, dims_bkm), (TensorProto.FLOAT, dims_bk),
+             (TensorProto.INT64, dims_bkm), (TensorProto.FLOAT, dims_bk), (TensorProto.INT64, dims_bk),
+             (TensorProto.INT32, dims_bk), (TensorProto.INT32, ["batch"]), (TensorProto.INT32, ["rows", n])] + \
         [(cache_type, cache_dims)] * (2 * layers)
     body_in = [_vi("b/iteration", TensorProto.INT64, []), _vi("b/cond", TensorProto.BOOL, [])] + \
         [_vi(name, *t) for name, t in zip(carried, types)]
@@ -498,7 +443,7 @@ def _beam_graph(main: list, model: onnx.ModelProto, encoder, step, ckv_names: di
                 indir] + presents
     body_out = [_vi(cond, TensorProto.BOOL, [])] + [_vi(name, *t) for name, t in zip(produced, types)]
     body = helper.make_graph(body_nodes, "beam_step", body_in, body_out)
-    initial = [step0, running0, running_scores0, running0, pool_scores0, zeros_bk, zeros_bk, improvable0, indir0] + \
+    initial = [step0, running0, running_scores0, running0, pool_scores0, lengths0, finished0, improvable0, indir0] + \
         [cache0] * (2 * layers)
     finals = [f"gen/final_{i}" for i in range(len(initial))]
     main.append(helper.make_node("Loop", [g.const(n, np.int64), g.const(True, bool)] + initial, finals,
@@ -506,8 +451,9 @@ def _beam_graph(main: list, model: onnx.ModelProto, encoder, step, ckv_names: di
     pool_f, pool_scores_f, pool_lengths_f = finals[3], finals[4], finals[5]
     first, ret = g.const([0], np.int64), g.const([returned], np.int64)
     axis1 = g.const([1], np.int64)
-    g.op("Slice", pool_f, first, ret, axis1, out=["sequences"])
-    g.op("Add", g.op("Slice", pool_lengths_f, first, ret, axis1), g.const(np.int32(1), np.int32), out=["lengths"])
+    g.op("Cast", g.op("Slice", pool_f, first, ret, axis1), to=TensorProto.INT32, out=["sequences"])
+    g.op("Cast", g.op("Add", g.op("Slice", pool_lengths_f, first, ret, axis1), g.const(np.int64(1), np.int64)),
+         to=TensorProto.INT32, out=["lengths"])
     g.op("Slice", pool_scores_f, first, ret, axis1, out=["scores"])
     outputs = [_vi("sequences", TensorProto.INT32, ["batch", returned, m]),
                _vi("lengths", TensorProto.INT32, ["batch", returned]),

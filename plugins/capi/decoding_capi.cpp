@@ -109,8 +109,9 @@ padfree_status padfree_beam_search_workspace_size(int32_t batch, int32_t num_bea
 padfree_status padfree_beam_search_step(const float* cand_scores, const int32_t* cand_ids, int32_t keep,
                                         const int32_t* eos_ids, int32_t num_eos, int64_t* running,
                                         float* running_scores, int64_t* pool, float* pool_scores,
-                                        int64_t* pool_lengths, uint8_t* pool_finished, uint8_t* improvable,
-                                        uint8_t* done, int64_t* next_tokens, int32_t* parents, int32_t* cache_indir,
+                                        int64_t* pool_lengths, void* pool_finished, void* improvable,
+                                        int32_t flag_bytes, uint8_t* done, int64_t* next_tokens, int32_t* parents,
+                                        int32_t* cache_indir,
                                         int32_t indir_len, int32_t* step, int32_t batch, int32_t num_beams,
                                         int32_t max_length, float length_penalty, int32_t early_stopping,
                                         int32_t advance_step, void* workspace, int64_t workspace_bytes,
@@ -131,6 +132,8 @@ padfree_status padfree_beam_search_step(const float* cand_scores, const int32_t*
     PADFREE_REQUIRE(early_stopping >= 0 && early_stopping <= 2,
                     "beam_search_step: early_stopping must be 0 (False), 1 (True) or 2 (never), got ", early_stopping);
     PADFREE_REQUIRE(advance_step == 0 || advance_step == 1, "beam_search_step: advance_step must be 0 or 1");
+    PADFREE_REQUIRE(flag_bytes == 1 || flag_bytes == 4,
+                    "beam_search_step: flag_bytes must be 1 (uint8 flags) or 4 (int32 flags), got ", flag_bytes);
     if (batch == 0) return PADFREE_OK;
     PADFREE_REQUIRE(cand_scores && cand_ids && running && running_scores && pool && pool_scores && pool_lengths &&
                         pool_finished && improvable && done && next_tokens && parents && step && workspace,
@@ -142,7 +145,7 @@ padfree_status padfree_beam_search_step(const float* cand_scores, const int32_t*
     BeamSearchStepArgs args{cand_scores, cand_ids, eos_ids, running, running_scores, pool, pool_scores, pool_lengths,
                             pool_finished, improvable, done, next_tokens, parents, cache_indir, step, workspace,
                             batch, num_beams, keep, num_eos, max_length, indir, length_penalty, early_stopping,
-                            advance_step != 0};
+                            flag_bytes, advance_step != 0};
     launch_beam_search_step(args, as_cuda_stream(stream));
     return check_launch("beam_search_step");
     PADFREE_CAPI_GUARD_END

@@ -34,9 +34,10 @@ extern "C" {
  * 2: remove_padding, rebuild_padding and attention_varlen take total_tokens. 4: guarded graphs.
  * 5: input plans. 6: programmatic edges into other libraries' kernels. 7: their probe.
  * 8: removal of memsets made redundant. 9: L2 prefetch ranges for the LayerNorms before a GEMM.
- * 11: sentence pooling (padfree_sequence_pool).
+ * 11: sentence pooling (padfree_sequence_pool). 12: beam_search_step's flag_bytes (int32 flags for
+ * TensorRT's PadfreeBeamSearchStep).
  * (New functions, such as the decoder's, add to a version without bumping it.) */
-#define PADFREE_ABI_VERSION 11
+#define PADFREE_ABI_VERSION 12
 
 typedef enum padfree_status {
     PADFREE_OK = 0,
@@ -424,8 +425,9 @@ PADFREE_API padfree_status padfree_logits_topk(const void* logits, const void* b
  * padfree_logits_topk (keep = HF's beams_to_keep, each row descending, the running score added).
  * State (updated in place): running, pool [batch, num_beams, max_length] int64 (positions past the
  * current length hold the fill value), running_scores, pool_scores [batch, num_beams] fp32,
- * pool_lengths [batch, num_beams] int64, pool_finished [batch, num_beams] and improvable [batch] bytes
- * (0/1), done [1] (sticky 0/1). Outputs: next_tokens [batch * num_beams] int64 (the token each
+ * pool_lengths [batch, num_beams] int64, pool_finished [batch, num_beams] and improvable [batch] flags
+ * (0/1) of flag_bytes each (1: uint8, as torch.bool; 4: int32, as a TensorRT plugin carries them),
+ * done [1] byte (sticky 0/1). Outputs: next_tokens [batch * num_beams] int64 (the token each
  * hypothesis feeds the next step), parents [batch * num_beams] int32 (the row it continues);
  * cache_indir [batch * num_beams, indir_len] int32 (indir_len >= max_length - 1) reordered in place
  * as padfree_beam_reorder_cache_indir would, or NULL. step: device int32 (the tokens so far minus
@@ -439,8 +441,8 @@ PADFREE_API padfree_status padfree_beam_search_workspace_size(int32_t batch, int
 PADFREE_API padfree_status padfree_beam_search_step(const float* cand_scores, const int32_t* cand_ids, int32_t keep,
                                                     const int32_t* eos_ids, int32_t num_eos, int64_t* running,
                                                     float* running_scores, int64_t* pool, float* pool_scores,
-                                                    int64_t* pool_lengths, uint8_t* pool_finished,
-                                                    uint8_t* improvable, uint8_t* done, int64_t* next_tokens,
+                                                    int64_t* pool_lengths, void* pool_finished, void* improvable,
+                                                    int32_t flag_bytes, uint8_t* done, int64_t* next_tokens,
                                                     int32_t* parents, int32_t* cache_indir, int32_t indir_len,
                                                     int32_t* step, int32_t batch, int32_t num_beams,
                                                     int32_t max_length, float length_penalty,

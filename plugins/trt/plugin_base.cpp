@@ -261,6 +261,8 @@ int32_t PluginBase::getOutputDataTypes(DataType* outputTypes, int32_t nbOutputs,
             return fail(ErrorCode::kINVALID_ARGUMENT, concat("input ", k, " must be int32, got ", type_name(type)));
         if (kind == IoKind::kFloat32 && type != DataType::kFLOAT)
             return fail(ErrorCode::kINVALID_ARGUMENT, concat("input ", k, " must be float32, got ", type_name(type)));
+        if (kind == IoKind::kInt64 && type != DataType::kINT64)
+            return fail(ErrorCode::kINVALID_ARGUMENT, concat("input ", k, " must be int64, got ", type_name(type)));
         if (kind == IoKind::kActivation) {
             if (!is_activation_type(type))
                 return fail(ErrorCode::kINVALID_ARGUMENT,
@@ -280,6 +282,7 @@ int32_t PluginBase::getOutputDataTypes(DataType* outputTypes, int32_t nbOutputs,
         switch (io_kind(nbInputs + k)) {
             case IoKind::kInt32: outputTypes[k] = DataType::kINT32; break;
             case IoKind::kFloat32: outputTypes[k] = DataType::kFLOAT; break;
+            case IoKind::kInt64: outputTypes[k] = DataType::kINT64; break;
             case IoKind::kSameAsInput0: outputTypes[k] = inputTypes[0]; break;
             case IoKind::kActivation:
                 if (activation_input < 0) return fail(ErrorCode::kINTERNAL_ERROR, "no float input to type the output");
@@ -299,6 +302,7 @@ bool PluginBase::supportsFormatCombination(int32_t pos, const DynamicPluginTenso
     switch (io_kind(pos)) {
         case IoKind::kInt32: return desc.type == DataType::kINT32;
         case IoKind::kFloat32: return desc.type == DataType::kFLOAT;
+        case IoKind::kInt64: return desc.type == DataType::kINT64;
         case IoKind::kAny: return element_size(desc.type) != 0;
         case IoKind::kSameAsInput0: return pos == 0 ? element_size(desc.type) != 0 : desc.type == inOut[0].desc.type;
         case IoKind::kActivation:

@@ -48,6 +48,7 @@ enum class IoKind {
     kAny,           // any type of whole bytes (only its shape or raw bytes are used)
     kSameAsInput0,  // the type of input 0 (padding plugins: rows keep their type)
     kFloat32,       // fp32 whatever the activation dtype (beam scores, top-k scores)
+    kInt64,         // int64 (the beam search's sequences and tokens, HF's dtype)
 };
 
 // ---- the plugin base ------------------------------------------------------------------------

@@ -29,6 +29,7 @@
 
 #include "attention_plugin.h"
 #include "beam_reorder_plugin.h"
+#include "beam_search_step_plugin.h"
 #include "bias_gelu_plugin.h"
 #include "decoder_cross_attention_plugin.h"
 #include "decoder_self_attention_plugin.h"
@@ -58,10 +59,12 @@ IPluginCreatorInterface* const* all_creators(int32_t& count) {
     static Creator<DecoderCrossAttentionPlugin> decoder_cross_attention;
     static Creator<LogitsTopKPlugin> logits_topk;
     static Creator<BeamReorderPlugin> beam_reorder;
+    static Creator<BeamSearchStepPlugin> beam_search_step;
     static IPluginCreatorInterface* const creators[] = {
         &emb_layernorm,  &attention,       &skip_layernorm,         &layernorm,
         &bias_gelu,      &remove_padding,  &rebuild_padding,        &decoder_self_attention,
-        &decoder_cross_attention,          &logits_topk,            &beam_reorder};
+        &decoder_cross_attention,          &logits_topk,            &beam_reorder,
+        &beam_search_step};
     count = static_cast<int32_t>(sizeof(creators) / sizeof(creators[0]));
     return creators;
 }

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from . import env
 
-ABI_VERSION = 11  # must match PADFREE_ABI_VERSION in plugins/capi/padfree.h
+ABI_VERSION = 12  # must match PADFREE_ABI_VERSION in plugins/capi/padfree.h
 
 _p = c_void_p
 _i32p = c_void_p  # device int32 pointers travel as plain addresses
@@ -70,9 +70,9 @@ _SIGNATURES: dict[str, list] = {
                                        _p, c_float, c_int32, c_int32, c_int, _p, _p],
     "padfree_beam_search_workspace_size": [c_int32, c_int32, c_int32, c_int32, ctypes.POINTER(c_int64),
                                            ctypes.POINTER(c_int64)],
-    "padfree_beam_search_step": [_p, _i32p, c_int32, _i32p, c_int32, _p, _p, _p, _p, _p, _p, _p, _p, _p, _i32p,
-                                 _i32p, c_int32, _i32p, c_int32, c_int32, c_int32, c_float, c_int32, c_int32, _p,
-                                 c_int64, _p],
+    "padfree_beam_search_step": [_p, _i32p, c_int32, _i32p, c_int32, _p, _p, _p, _p, _p, _p, _p, c_int32, _p, _p,
+                                 _i32p, _i32p, c_int32, _i32p, c_int32, c_int32, c_int32, c_float, c_int32, c_int32,
+                                 _p, c_int64, _p],
     "padfree_greedy_step": [_i32p, _i32p, c_int32, _p, _p, _p, _p, _p, _i32p, c_int32, c_int32, c_int64, c_int32,
                             _p],
     "padfree_logits_topk": [_p, _p, _p, _i32p, c_int32, c_float, _i32p, c_int32, _i32p, c_int32, c_int32, c_int32,

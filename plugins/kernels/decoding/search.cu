@@ -48,8 +48,13 @@ __device__ __forceinline__ float reciprocal_length(double n, float lp) {
     return 1.0f / static_cast<float>(pow(n, static_cast<double>(lp)));
 }
 
+// Flag: the element type of pool_finished and improvable (uint8_t: torch.bool; int32_t: TensorRT plugins,
+// which cannot carry bool or uint8 tensors).
+template <typename Flag>
 __global__ void __launch_bounds__(kThreads) beam_search_step_kernel(BeamSearchStepArgs a, int64_t* seq_scratch,
                                                                     int32_t* indir_scratch, int32_t* counters) {
+    Flag* const pool_finished_flags = static_cast<Flag*>(a.pool_finished);
+    Flag* const improvable_flags = static_cast<Flag*>(a.improvable);
     __shared__ float cand[kBeamSearchMaxBeams * kBeamSearchMaxKeep];
     __shared__ float top_score[kBeamSearchMaxKeep];
     __shared__ int top_parent[kBeamSearchMaxKeep];
@@ -103,9 +108,9 @@ __global__ void __launch_bounds__(kThreads) beam_search_step_kernel(BeamSearchSt
     // 2. finished candidates (eos, or the last position) and the running beams' candidates
     const float inv_len = reciprocal_length(static_cast<double>(cur_len), a.length_penalty);
     bool pool_full = true;
-    for (int b = 0; b < beams; ++b) pool_full &= a.pool_finished[src * beams + b] != 0;
+    for (int b = 0; b < beams; ++b) pool_full &= pool_finished_flags[src * beams + b] != 0;
     const bool pool_closed = pool_full && a.early_stopping == 1;
-    const bool improvable = a.improvable[src] != 0;
+    const bool improvable = improvable_flags[src] != 0;
     if (tid < keep) {
         const int token = top_token[tid];
         bool h = cur_len + 1 >= L;
@@ -126,7 +131,7 @@ __global__ void __launch_bounds__(kThreads) beam_search_step_kernel(BeamSearchSt
         best[tid] = 0;
         merged[tid] = a.pool_scores[at];
         old_pool_lengths[tid] = a.pool_lengths[at];
-        old_pool_finished[tid] = a.pool_finished[at] != 0;
+        old_pool_finished[tid] = pool_finished_flags[at] != 0;
     }
     __syncthreads();
 
@@ -187,7 +192,7 @@ __global__ void __launch_bounds__(kThreads) beam_search_step_kernel(BeamSearchSt
         a.pool_scores[row] = merged[m];
         a.pool_lengths[row] = m < beams ? old_pool_lengths[m] : cur_len;
         const bool finished = m < beams ? old_pool_finished[m] : (hit[m - beams] && m - beams < beams);
-        a.pool_finished[row] = finished;
+        pool_finished_flags[row] = finished;
         pool_finished_new[tid] = finished;
     }
     if (a.cache_indir != nullptr && step < a.indir_len) {
@@ -215,7 +220,7 @@ __global__ void __launch_bounds__(kThreads) beam_search_step_kernel(BeamSearchSt
             pool_open |= !pool_finished_new[b];
         }
         const bool now_improvable = improvable && can_improve;
-        a.improvable[src] = now_improvable;
+        improvable_flags[src] = now_improvable;
         if (now_improvable) atomicOr(&counters[1], 1);
         if (pool_open) atomicOr(&counters[2], 1);
         if (any_not_hit) atomicOr(&counters[3], 1);
@@ -296,8 +301,12 @@ void launch_beam_search_step(const BeamSearchStepArgs& args, cudaStream_t stream
     auto* seq_scratch = reinterpret_cast<int64_t*>(ws);
     auto* indir_scratch = reinterpret_cast<int32_t*>(ws + layout.indir);
     auto* counters = reinterpret_cast<int32_t*>(ws + layout.counters);
-    launch_kernel(beam_search_step_kernel, dim3(args.batch), dim3(kThreads), 0, stream, args, seq_scratch,
-                  indir_scratch, counters);
+    if (args.flag_bytes == 4)
+        launch_kernel(beam_search_step_kernel<int32_t>, dim3(args.batch), dim3(kThreads), 0, stream, args, seq_scratch,
+                      indir_scratch, counters);
+    else
+        launch_kernel(beam_search_step_kernel<uint8_t>, dim3(args.batch), dim3(kThreads), 0, stream, args, seq_scratch,
+                      indir_scratch, counters);
 }
 
 void launch_greedy_step(const GreedyStepArgs& args, cudaStream_t stream) {

@@ -23,8 +23,8 @@ struct BeamSearchStepArgs {
     int64_t* pool;             // [batch, beams, max_length]
     float* pool_scores;        // [batch, beams]
     int64_t* pool_lengths;     // [batch, beams]
-    uint8_t* pool_finished;    // [batch, beams] (torch.bool)
-    uint8_t* improvable;       // [batch]
+    void* pool_finished;       // [batch, beams] flags of flag_bytes each (0/1)
+    void* improvable;          // [batch] flags of flag_bytes each
     uint8_t* done;             // [1], sticky
     int64_t* next_tokens;      // [batch * beams]: the token each hypothesis feeds the next step
     int32_t* parents;          // [batch * beams]: the row each hypothesis continues
@@ -39,6 +39,7 @@ struct BeamSearchStepArgs {
     int32_t indir_len;
     float length_penalty;
     int32_t early_stopping;  // 0: False, 1: True, 2: "never"
+    int32_t flag_bytes;      // 1: uint8 flags (torch.bool), 4: int32 flags (TensorRT)
     bool advance_step;
 };
 

@@ -41,6 +41,8 @@ namespace {
 int64_t bytes_of(DataType type) {
     switch (type) {
         case DataType::kHALF: case DataType::kBF16: return 2;
+        case DataType::kINT64: return 8;
+        case DataType::kUINT8: case DataType::kINT8: case DataType::kBOOL: return 1;
         default: return 4;
     }
 }
@@ -562,6 +564,134 @@ Register beam_reorder_gpu("gpu_beam_reorder_vs_c_abi", [] {
                                                     static_cast<const int32_t*>(step_t.ptr), rows, L,
                                                     static_cast<int32_t*>(ref.ptr), nullptr));
         same_bytes(out, ref, str("PadfreeBeamReorder L=", L));
+    }
+});
+
+template <typename T>
+std::vector<uint8_t> as_bytes(const std::vector<T>& values) {
+    std::vector<uint8_t> out(values.size() * sizeof(T));
+    std::memcpy(out.data(), values.data(), out.size());
+    return out;
+}
+
+template <typename T>
+std::vector<T> values_of(const Tensor& t) {
+    const std::vector<uint8_t> bytes = t.download();
+    std::vector<T> out(bytes.size() / sizeof(T));
+    std::memcpy(out.data(), bytes.data(), bytes.size());
+    return out;
+}
+
+Register beam_search_step_gpu("gpu_beam_search_step_vs_c_abi", [] {
+    // A whole search (every step to max_length) through the plugin, int32 flags, its state aliased (one
+    // buffer in and out) or copied, its own workspace or TensorRT's, against the C ABI with uint8 flags
+    // (torch.bool's) on its own copy of the state: every state output, next tokens and parents bit for
+    // bit, the flags as values. Candidate ids in [0, 10) with eos ids 5 and 7, so hypotheses finish.
+    require_gpu();
+    const int32_t batch = 3, beams = 2, keep = 4, L = 8, rows = batch * beams;
+    const Case& c = case_named("beam_search_step");
+    for (int32_t early : {0, 1, 2}) {
+        for (bool aliased : {true, false}) {
+            for (int32_t own : {0, 1}) {
+                const float lp = early == 2 ? 0.5f : 1.0f;
+                auto plugin = make("beam_search_step", with_fields(c, {int_field("early_stopping", early),
+                                                                       int_field("own_workspace", own),
+                                                                       float_field("length_penalty", lp)}));
+                std::vector<int64_t> seq(int64_t{batch} * beams * L, 1);  // fill 1, the start token 0
+                for (int32_t r = 0; r < rows; ++r) seq[int64_t{r} * L] = 0;
+                std::vector<float> running_scores(rows, -1e9f), empty_scores(rows, -1e9f);
+                for (int32_t b = 0; b < batch; ++b) running_scores[b * beams] = 0.0f;
+                Tensor running({batch, beams, L}, DataType::kINT64), pool({batch, beams, L}, DataType::kINT64);
+                Tensor rs({batch, beams}, DataType::kFLOAT), ps({batch, beams}, DataType::kFLOAT);
+                Tensor pl({batch, beams}, DataType::kINT64), pf({batch, beams}, DataType::kINT32),
+                    imp({batch}, DataType::kINT32);
+                Tensor running_ref({batch, beams, L}, DataType::kINT64), pool_ref({batch, beams, L}, DataType::kINT64);
+                Tensor rs_ref({batch, beams}, DataType::kFLOAT), ps_ref({batch, beams}, DataType::kFLOAT);
+                Tensor pl_ref({batch, beams}, DataType::kINT64), pf_ref({batch, beams}, DataType::kUINT8),
+                    imp_ref({batch}, DataType::kUINT8), done_ref({1}, DataType::kUINT8);
+                for (Tensor* t : {&running, &pool, &running_ref, &pool_ref}) t->upload(as_bytes(seq));
+                rs.upload(as_bytes(running_scores)), rs_ref.upload(as_bytes(running_scores));
+                ps.upload(as_bytes(empty_scores)), ps_ref.upload(as_bytes(empty_scores));
+                pl.upload(as_bytes(std::vector<int64_t>(rows, 0))), pl_ref.upload(as_bytes(std::vector<int64_t>(rows, 0)));
+                pf.upload(int_bytes(std::vector<int32_t>(rows, 0))), pf_ref.upload(std::vector<uint8_t>(rows, 0));
+                imp.upload(int_bytes(std::vector<int32_t>(batch, 1))), imp_ref.upload(std::vector<uint8_t>(batch, 1));
+                done_ref.upload({0});
+                Tensor eos({2}, DataType::kINT32), step_t({1}, DataType::kINT32);
+                eos.upload(int_bytes({5, 7}));
+                Tensor running_o({batch, beams, L}, DataType::kINT64), pool_o({batch, beams, L}, DataType::kINT64);
+                Tensor rs_o({batch, beams}, DataType::kFLOAT), ps_o({batch, beams}, DataType::kFLOAT);
+                Tensor pl_o({batch, beams}, DataType::kINT64), pf_o({batch, beams}, DataType::kINT32),
+                    imp_o({batch}, DataType::kINT32);
+                Tensor next({rows}, DataType::kINT64), parents({rows}, DataType::kINT32);
+                Tensor next_ref({rows}, DataType::kINT64), parents_ref({rows}, DataType::kINT32);
+                int64_t ws_bytes = 0, counters = 0;
+                expect_abi(padfree_beam_search_workspace_size(batch, beams, L, 0, &ws_bytes, &counters));
+                void* ws_ref = nullptr;
+                CUDA_OK(cudaMalloc(&ws_ref, static_cast<size_t>(ws_bytes)));
+                CUDA_OK(cudaMemset(ws_ref, 0, static_cast<size_t>(ws_bytes)));
+                const std::vector<Tensor*> state{&running, &rs, &pool, &ps, &pl, &pf, &imp};
+                const std::vector<Tensor*> state_out{&running_o, &rs_o, &pool_o, &ps_o, &pl_o, &pf_o, &imp_o};
+                for (int32_t step = 0; step <= L - 2; ++step) {
+                    std::vector<float> scores(int64_t{rows} * keep);
+                    std::uniform_real_distribution<float> dist(-10.0f, 0.0f);
+                    for (int32_t r = 0; r < rows; ++r) {
+                        for (int32_t j = 0; j < keep; ++j) scores[r * keep + j] = dist(rng());
+                        std::sort(scores.begin() + r * keep, scores.begin() + (r + 1) * keep, std::greater<float>());
+                    }
+                    Tensor cand({rows, keep}, DataType::kFLOAT), ids({rows, keep}, DataType::kINT32);
+                    cand.upload(as_bytes(scores));
+                    ids.upload(int_bytes(random_int_values(int64_t{rows} * keep, 0, 9)));
+                    step_t.upload(int_bytes({step}));
+                    for (Tensor* t : {&next, &parents}) t->poison();
+                    std::vector<const Tensor*> outs;
+                    for (size_t k = 0; k < state.size(); ++k) {
+                        if (!aliased) state_out[k]->poison();
+                        outs.push_back(aliased ? state[k] : state_out[k]);
+                    }
+                    outs.push_back(&next), outs.push_back(&parents);
+                    std::vector<const Tensor*> ins{&cand, &ids, &step_t};
+                    ins.insert(ins.end(), state.begin(), state.end());
+                    ins.push_back(&eos);
+                    std::vector<const Tensor*> io = ins;
+                    io.insert(io.end(), outs.begin(), outs.end());
+                    Workspace ws(plugin.get(), io, static_cast<int32_t>(ins.size()));
+                    EXPECT(own == 0 ? ws.bytes > 0 : ws.bytes == 0, "workspace ", ws.bytes, " with own_workspace ", own);
+                    if (ws.ptr != nullptr) CUDA_OK(cudaMemset(ws.ptr, 0xFF, ws.bytes));  // a shared, dirty workspace
+                    enqueue(plugin.get(), ins, outs, ws.ptr);
+                    expect_abi(padfree_beam_search_step(
+                        static_cast<const float*>(cand.ptr), static_cast<const int32_t*>(ids.ptr), keep,
+                        static_cast<const int32_t*>(eos.ptr), 2, static_cast<int64_t*>(running_ref.ptr),
+                        static_cast<float*>(rs_ref.ptr), static_cast<int64_t*>(pool_ref.ptr),
+                        static_cast<float*>(ps_ref.ptr), static_cast<int64_t*>(pl_ref.ptr), pf_ref.ptr, imp_ref.ptr, 1,
+                        static_cast<uint8_t*>(done_ref.ptr), static_cast<int64_t*>(next_ref.ptr),
+                        static_cast<int32_t*>(parents_ref.ptr), nullptr, 0, static_cast<int32_t*>(step_t.ptr), batch,
+                        beams, L, lp, early, 0, ws_ref, ws_bytes, nullptr));
+                    const std::string at = str(" at step ", step, ", early_stopping ", early, aliased ? ", aliased" : "",
+                                               own ? ", own workspace" : "");
+                    const std::vector<Tensor*> got = aliased ? state : state_out;
+                    same_bytes(*got[0], running_ref, "running" + at);
+                    same_bytes(*got[1], rs_ref, "running_scores" + at);
+                    same_bytes(*got[2], pool_ref, "pool" + at);
+                    same_bytes(*got[3], ps_ref, "pool_scores" + at);
+                    same_bytes(*got[4], pl_ref, "pool_lengths" + at);
+                    const std::vector<int32_t> finished = values_of<int32_t>(*got[5]), improvable = values_of<int32_t>(*got[6]);
+                    const std::vector<uint8_t> finished_ref = pf_ref.download(), improvable_ref = imp_ref.download();
+                    for (int32_t r = 0; r < rows; ++r)
+                        EXPECT(finished[r] == finished_ref[r], "pool_finished[", r, "]", at);
+                    for (int32_t b = 0; b < batch; ++b)
+                        EXPECT(improvable[b] == improvable_ref[b], "improvable[", b, "]", at);
+                    same_bytes(next, next_ref, "next_tokens" + at);
+                    same_bytes(parents, parents_ref, "parents" + at);
+                    if (!aliased)  // the next step reads this one's state
+                        for (size_t k = 0; k < state.size(); ++k)
+                            CUDA_OK(cudaMemcpy(state[k]->ptr, state_out[k]->ptr, state[k]->bytes(), cudaMemcpyDeviceToDevice));
+                }
+                // The search ran to its end: some hypotheses finished into the pool.
+                const std::vector<int64_t> lengths = values_of<int64_t>(pl_ref);
+                EXPECT(std::any_of(lengths.begin(), lengths.end(), [](int64_t n) { return n > 0; }), "no finished hypothesis");
+                cudaFree(ws_ref);
+            }
+        }
     }
 });
 

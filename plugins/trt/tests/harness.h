@@ -58,9 +58,9 @@ struct FieldValue {
 FieldValue int_field(const std::string& name, int32_t value);
 FieldValue float_field(const std::string& name, float value);
 
-// I/O kinds, one letter per position (inputs, then outputs): 'i' int32, 'f' the activation dtype,
-// 'a' any type (a float dtype is used in samples), 'm' any type carrying only a shape (int32 in
-// samples), 's' same as input 0.
+// I/O kinds, one letter per position (inputs, then outputs): 'i' int32, 'L' int64, 'F' float32, 'f' the
+// activation dtype, 'a' any type (a float dtype is used in samples), 'm' any type carrying only a shape
+// (int32 in samples), 's' same as input 0.
 struct Case {
     std::string label;
     std::string plugin;

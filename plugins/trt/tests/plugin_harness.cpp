@@ -177,6 +177,17 @@ const std::vector<Case>& cases() {
          {{6, 1}, {6, 1}},
          {},
          {int_field("k", -1)}},
+        // Beam search: B = 3 sources x 2 beams (R = 6), NK = 4 candidates per row, M = 8 positions.
+        {"beam_search_step", "PadfreeBeamSearchStep",
+         {int_field("num_beams", 2), float_field("length_penalty", 1.0f), int_field("early_stopping", 0),
+          int_field("has_eos", 1), int_field("own_workspace", 0)},
+         "FiiLFLFLiii" "LFLFLiiLi", 11,
+         {{6, 4}, {6, 4}, {1}, {3, 2, 8}, {3, 2}, {3, 2, 8}, {3, 2}, {3, 2}, {3, 2}, {3}, {2}},
+         {dyn2, dyn2, const1, {true, false, false}, dyn2, {true, false, false}, dyn2, dyn2, dyn2, dyn1, const1},
+         {{3, 2, 8}, {3, 2}, {3, 2, 8}, {3, 2}, {3, 2}, {3, 2}, {3}, {6}, {6}},
+         {{1, 1, 3}, {2, 0, 2}, {3, 1, 3}, {5, 2, 9}, {6, 1, 3}, {8, 1, 1}},
+         {int_field("num_beams", 0), int_field("num_beams", 17), float_field("length_penalty", NAN),
+          int_field("early_stopping", 3), int_field("has_eos", 2), int_field("own_workspace", -1)}},
         {"beam_reorder", "PadfreeBeamReorder", {},
          "iii" "i", 3,
          {{6, 16}, {6}, {1}},
@@ -247,6 +258,7 @@ std::vector<DataType> io_types(const Case& c, DataType activation) {
         switch (kind) {
             case 'i': case 'm': types.push_back(DataType::kINT32); break;
             case 'F': types.push_back(DataType::kFLOAT); break;
+            case 'L': types.push_back(DataType::kINT64); break;
             case 's': types.push_back(types.at(0)); break;
             default: types.push_back(activation); break;
         }
@@ -310,7 +322,7 @@ std::vector<std::string> g_registered_namespaces;
 Register creators_test("creators_match_cases", [] {
     int32_t count = 0;
     IPluginCreatorInterface* const* creators = getCreators(count);
-    EXPECT(count == 11, "11 creators, got ", count);
+    EXPECT(count == 12, "12 creators, got ", count);
     for_each_case([](const Case& c) {
         IPluginCreatorV3One* creator = find_creator(c.plugin);
         EXPECT(std::string(creator->getPluginVersion()) == "1", c.plugin);
@@ -327,7 +339,7 @@ Register creators_test("creators_match_cases", [] {
 Register static_registration_test("static_registration_then_getCreators", [] {
     // main() recorded what the load-time registrar did before anything called getCreators().
     EXPECT(g_registered_at_load, "the registrar found the exported getPluginRegistry()");
-    EXPECT(g_registered_count == 11, "11 creators registered at load, got ", g_registered_count);
+    EXPECT(g_registered_count == 12, "12 creators registered at load, got ", g_registered_count);
     for (const std::string& ns : g_registered_namespaces) EXPECT(ns == "padfree", "namespace ", ns);
     // getCreators() (what loadLibrary calls) withdraws them so that loadLibrary can register them.
     EXPECT(Registry::instance().creators.empty(), "static registrations withdrawn by getCreators()");
@@ -639,8 +651,9 @@ Register recorder_test("enqueue_errors_reach_the_error_recorder", [] {
 
 // ---- the decoder plugins ---------------------------------------------------------------------------
 Register aliasing_test("decoder_caches_alias_their_inputs", [] {
-    // Every plugin's build capability is IPluginV3OneBuildV2; only the self-attention's cache outputs
-    // alias inputs (k_cache_out -> k_cache, v_cache_out -> v_cache), with the inputs' types and shapes.
+    // Every plugin's build capability is IPluginV3OneBuildV2; only read-modify-write state aliases its
+    // input, with the input's type and shape: the self-attention's caches (k_cache_out -> k_cache,
+    // v_cache_out -> v_cache) and the beam search's state (outputs 0-6 -> inputs 3-9).
     for_each_case([](const Case& c) {
         Plugin p(create(c, c.fields));
         auto* build = static_cast<IPluginV3OneBuildV2*>(p->getCapabilityInterface(PluginCapabilityType::kBUILD));
@@ -648,7 +661,9 @@ Register aliasing_test("decoder_caches_alias_their_inputs", [] {
         EXPECT(std::string(info.kind) == "PLUGIN_V3ONE_BUILD" && info.major == 2, c.label, ": ", info.kind, " ",
                info.major);
         for (int32_t o = 0; o < build->getNbOutputs(); ++o) {
-            const int32_t want = c.plugin == "PadfreeDecoderSelfAttention" && o > 0 ? o + 1 : -1;
+            const int32_t want = c.plugin == "PadfreeDecoderSelfAttention" && o > 0 ? o + 1
+                                 : c.plugin == "PadfreeBeamSearchStep" && o < 7  ? o + 3
+                                                                                 : -1;
             EXPECT(build->getAliasedInput(o) == want, c.label, " output ", o, " aliases ", build->getAliasedInput(o));
             if (want < 0) continue;
             EXPECT(c.output_dims[o] == c.input_dims[want] && c.kinds[c.nb_inputs + o] == c.kinds[want], c.label,
@@ -705,8 +720,17 @@ Register workspace_test("decoder_workspace_is_the_c_abis_at_the_profile_bounds",
         io[0].max.d[1] = io[1].max.d[0] = 32000;
     }));
     EXPECT(bytes > 0 && topk_got == static_cast<size_t>(bytes), "top-k: ", topk_got, " vs ", bytes);
+    // Beam search: the C ABI's at the largest batch and max_length (it grows with both), and its stop flag.
+    int64_t counters = 0;
+    EXPECT(padfree_beam_search_workspace_size(max_rows, 2, 64, 0, &bytes, &counters) == PADFREE_OK, padfree_last_error());
+    const Case& beam = case_named("beam_search_step");
+    const size_t beam_got = workspace_of(beam, profile(beam, [&](auto& io) {
+        for (int k : {3, 4, 5, 6, 7, 8, 9}) io[k].max.d[0] = max_rows;
+        io[3].max.d[2] = io[5].max.d[2] = 64;
+    }));
+    EXPECT(beam_got == static_cast<size_t>(bytes) + 16, "beam search: ", beam_got, " vs ", bytes, " + 16");
     // own_workspace 1: the plugin holds its scratch and asks TensorRT for none, at any profile.
-    for (const Case* c : {&self, &cross, &topk}) {
+    for (const Case* c : {&self, &cross, &topk, &beam}) {
         Plugin own(create(*c, with_fields(*c, {int_field("own_workspace", 1)})));
         std::vector<DynamicPluginTensorDesc> wide = profile(*c, [&](auto& io) {
             for (auto& d : io)
@@ -723,7 +747,9 @@ Register workspace_test("decoder_workspace_is_the_c_abis_at_the_profile_bounds",
            "head_dim 32");
     // The other plugins take none.
     for_each_case([](const Case& c) {
-        if (c.plugin.find("Decoder") != std::string::npos || c.plugin == "PadfreeLogitsTopK") return;
+        if (c.plugin.find("Decoder") != std::string::npos || c.plugin == "PadfreeLogitsTopK" ||
+            c.plugin == "PadfreeBeamSearchStep")
+            return;
         EXPECT(workspace_of(c, profile(c, [](auto&) {})) == 0, c.label);
     });
 });
@@ -757,6 +783,12 @@ Register decoder_runtime_test("decoder_runtime_dims_checked_in_enqueue", [] {
     EXPECT(parents.find("parents: got 5,") != std::string::npos, parents);
     const std::string scores = enqueue_refusal(case_named("logits_topk_all_inputs"), [](auto& io) { io[2].dims.d[0] = 5; });
     EXPECT(scores.find("beam_scores: got 5,") != std::string::npos, scores);
+    const std::string beam = enqueue_refusal(case_named("beam_search_step"), [](auto& io) {
+        io[0].dims.d[0] = io[1].dims.d[0] = 5;  // 5 rows for 3 sources x 2 beams
+    });
+    EXPECT(beam.find("batch * num_beams") != std::string::npos && beam.find("got 5,") != std::string::npos, beam);
+    const std::string improvable = enqueue_refusal(case_named("beam_search_step"), [](auto& io) { io[9].dims.d[0] = 4; });
+    EXPECT(improvable.find("improvable: got 4,") != std::string::npos, improvable);
     // k above the vocabulary: the C ABI's refusal, before any pointer is read.
     const std::string k = enqueue_refusal(case_named("logits_topk_all_inputs"), [](auto& io) {
         io[0].dims.d[1] = io[1].dims.d[0] = 3;

@@ -43,10 +43,11 @@ def beam_search_step(cand_scores: torch.Tensor, cand_ids: torch.Tensor, eos_ids:
 
     cand_scores fp32 / cand_ids int32 [batch * num_beams, keep] (log_softmax_topk's output, the running
     scores added); running, pool int64 [batch, num_beams, max_length]; running_scores, pool_scores fp32
-    [batch, num_beams]; pool_lengths int64 [batch, num_beams]; pool_finished bool [batch, num_beams];
-    improvable bool [batch]; done bool [1]; next_tokens int64 [rows]; parents int32 [rows]; step int32 [1];
-    eos_ids int32 [n] or None; cache_indir int32 [rows, L >= max_length - 1] or None: reordered in place,
-    and then the step is advanced too (a caller without an indirection reorders and advances itself).
+    [batch, num_beams]; pool_lengths int64 [batch, num_beams]; pool_finished bool [batch, num_beams] and
+    improvable bool [batch] (or both int32 0/1, as PadfreeBeamSearchStep carries them); done bool [1];
+    next_tokens int64 [rows]; parents int32 [rows]; step int32 [1]; eos_ids int32 [n] or None;
+    cache_indir int32 [rows, L >= max_length - 1] or None: reordered in place, and then the step is
+    advanced too (a caller without an indirection reorders and advances itself).
     """
     check(running, "running", dtype=torch.int64, shape=(None, None, None))
     batch, beams, max_length = running.shape
@@ -66,8 +67,9 @@ def beam_search_step(cand_scores: torch.Tensor, cand_ids: torch.Tensor, eos_ids:
     for t, name in ((running_scores, "running_scores"), (pool_scores, "pool_scores")):
         check(t, name, dtype=torch.float32, shape=(batch, beams), device=device)
     check(pool_lengths, "pool_lengths", dtype=torch.int64, shape=(batch, beams), device=device)
-    check(pool_finished, "pool_finished", dtype=torch.bool, shape=(batch, beams), device=device)
-    check(improvable, "improvable", dtype=torch.bool, shape=(batch,), device=device)
+    # flags as torch.bool, or int32 0/1 as the TensorRT plugin carries them (both the same type)
+    check(pool_finished, "pool_finished", dtype=(torch.bool, torch.int32), shape=(batch, beams), device=device)
+    check(improvable, "improvable", dtype=pool_finished.dtype, shape=(batch,), device=device)
     check(done, "done", dtype=torch.bool, shape=(1,), device=device)
     check(next_tokens, "next_tokens", dtype=torch.int64, shape=(rows,), device=device)
     check(parents, "parents", dtype=torch.int32, shape=(rows,), device=device)
@@ -90,10 +92,11 @@ def beam_search_step(cand_scores: torch.Tensor, cand_ids: torch.Tensor, eos_ids:
     num_eos = 0 if eos_ids is None else eos_ids.numel()
     call_kernel("padfree_beam_search_step", device, ptr(cand_scores), ptr(cand_ids), keep,
                 ptr(eos_ids) if num_eos else None, num_eos, ptr(running), ptr(running_scores), ptr(pool),
-                ptr(pool_scores), ptr(pool_lengths), ptr(pool_finished), ptr(improvable), ptr(done),
-                ptr(next_tokens), ptr(parents), ptr(cache_indir), indir_len, ptr(step), batch, beams, max_length,
-                float(length_penalty), EARLY_STOPPING[early_stopping], int(cache_indir is not None),
-                ptr(workspace), workspace.numel(), stream_handle(device))
+                ptr(pool_scores), ptr(pool_lengths), ptr(pool_finished), ptr(improvable),
+                pool_finished.element_size(), ptr(done), ptr(next_tokens), ptr(parents), ptr(cache_indir),
+                indir_len, ptr(step), batch, beams, max_length, float(length_penalty),
+                EARLY_STOPPING[early_stopping], int(cache_indir is not None), ptr(workspace), workspace.numel(),
+                stream_handle(device))
 
 
 def greedy_step(cand_ids: torch.Tensor, eos_ids: torch.Tensor | None, sequences: torch.Tensor,
