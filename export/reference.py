@@ -344,6 +344,35 @@ def _beam_search_step(b: _Builder, i: list[str], o: list[str]) -> None:
     b.op("Mul", improvable, better, out=[out_improvable])
 
 
+def _greedy_step(b: _Builder, i: list[str], o: list[str]) -> None:
+    """HF's greedy step: the top-1 id, pad_token_id for a row that already finished, written at
+    cur_len; a row emitting an eos id finishes at cur_len."""
+    cand_ids, step, sequences, generated, unfinished = i[:5]
+    eos = i[5] if int(b.attrs["has_eos"]) else None
+    out_sequences, out_generated, out_unfinished, out_next_tokens = o
+    m = b.op("Slice", b.op("Shape", sequences), b.const([1]), b.const([2]))   # [1]
+    step64 = b.op("Min", b.op("Max", b.op("Cast", step, to=TensorProto.INT64), b.const([0])),
+                  b.op("Sub", m, b.const([2])))   # the kernel's clamp: step in [0, M - 2]
+    cur_len = b.op("Add", step64, b.const([1]))
+    token = b.op("Reshape", b.op("Cast", cand_ids, to=TensorProto.INT64), b.const([-1]))   # [R]
+    if eos is not None:
+        running = b.op("Cast", unfinished, to=TensorProto.BOOL)
+        token = b.op("Where", running, token, b.const(int(b.attrs["pad_token_id"])))
+        is_eos = b.op("Equal", b.op("Unsqueeze", token, b.const([1])),
+                      b.op("Unsqueeze", b.op("Cast", eos, to=TensorProto.INT64), b.const([0])))   # [R, NE]
+        any_eos = b.op("ReduceMax", b.op("Cast", is_eos, to=TensorProto.INT32), b.const([1]), keepdims=0)
+        ended = b.op("And", b.op("Cast", any_eos, to=TensorProto.BOOL), running)
+        b.op("Where", ended, b.op("Expand", cur_len, b.op("Shape", generated)), generated, out=[out_generated])
+        b.op("Cast", b.op("And", running, b.op("Not", ended)), to=TensorProto.INT32, out=[out_unfinished])
+    else:
+        b.op("Identity", generated, out=[out_generated])
+        b.op("Identity", unfinished, out=[out_unfinished])
+    positions = b.op("Range", b.const(0), b.op("Squeeze", m, b.const([0])), b.const(1))
+    at_len = b.op("Equal", b.op("Unsqueeze", positions, b.const([0])), cur_len)   # [1, M]
+    b.op("Where", at_len, b.op("Unsqueeze", token, b.const([1])), sequences, out=[out_sequences])
+    b.op("Identity", token, out=[out_next_tokens])
+
+
 EXPANSIONS: dict[str, Callable[[_Builder, list[str], list[str]], None]] = {
     "PadfreeEmbLayerNorm": _emb_layernorm,
     "PadfreeAttention": _attention,
@@ -357,6 +386,7 @@ EXPANSIONS: dict[str, Callable[[_Builder, list[str], list[str]], None]] = {
     "PadfreeLogitsTopK": _logits_topk,
     "PadfreeBeamReorder": _beam_reorder,
     "PadfreeBeamSearchStep": _beam_search_step,
+    "PadfreeGreedyStep": _greedy_step,
 }
 
 

@@ -69,8 +69,17 @@ def test_the_generation_graph_equals_hf_greedy(generation_export, capsys, family
     (loop,) = [n for n in model.graph.node if n.op_type == "Loop"]
     body = loop.attribute[0].g
     inside = [n for n in body.node if n.domain == "padfree"]
-    assert {n.op_type for n in inside} == {"PadfreeDecoderSelfAttention", "PadfreeDecoderCrossAttention"}
+    assert {n.op_type for n in inside} == {"PadfreeDecoderSelfAttention", "PadfreeDecoderCrossAttention",
+                                           "PadfreeLogitsTopK", "PadfreeGreedyStep"}
     assert all(a.i == 1 for n in inside for a in n.attribute if a.name == "own_workspace")
+    # the search's options are the nodes' fields: the pad token, and the top-1 of the raw logits
+    (search,) = [n for n in inside if n.op_type == "PadfreeGreedyStep"]
+    fields = {a.name: onnx.helper.get_attribute_value(a) for a in search.attribute}
+    config = json.loads((out / "generation_config.json").read_text())
+    assert fields["pad_token_id"] == config["pad_token_id"] and fields["has_eos"] == 1
+    (topk,) = [n for n in inside if n.op_type == "PadfreeLogitsTopK"]
+    fields = {a.name: onnx.helper.get_attribute_value(a) for a in topk.attribute}
+    assert (fields["k"], fields["normalize"], fields["has_beam_scores"]) == (1, 0, 0)
     assert not body.initializer  # the step's weights are read from the outer scope
     capsys.readouterr()
     assert cli.main(["inspect", str(out), "--json"]) == 0
@@ -179,6 +188,10 @@ def test_the_generation_graph_builds_into_one_engine(generation_export, tmp_path
         # the search's state as TensorRT types it: int64 sequences and lengths, int32 flags
         assert [o["dtype"] for o in search["outputs"]] == ["INT64", "FLOAT", "INT64", "FLOAT", "INT64", "INT32",
                                                             "INT32", "INT64", "INT32"]
+    else:
+        assert plugins.count("PadfreeLogitsTopK") == 1
+        (search,) = [layer for layer in metadata["plugin_layers"] if layer["plugin"] == "PadfreeGreedyStep"]
+        assert [o["dtype"] for o in search["outputs"]] == ["INT64", "INT64", "INT32", "INT64"]
 
 
 def test_an_fp16_generation_graph_is_proven_rounded_and_builds(tmp_path, capsys):

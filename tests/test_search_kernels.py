@@ -222,20 +222,20 @@ def test_beam_search_step_refuses_bad_arguments():
 
 
 # ---- PadfreeBeamSearchStep's ONNX Runtime reference against the kernel -------------------------------
-def _reference_session(fields: dict):
-    """One PadfreeBeamSearchStep node expanded by padfree.export.reference, on ONNX Runtime (CPU)."""
+def _reference_session(fields: dict, plugin: str = "PadfreeBeamSearchStep"):
+    """One plugin node expanded by padfree.export.reference, on ONNX Runtime (CPU)."""
     ort = pytest.importorskip("onnxruntime")
     from onnx import TensorProto, helper
 
     from padfree.export import reference, spec as spec_mod
     spec = spec_mod.load()
-    attrs = spec.node_attributes("PadfreeBeamSearchStep", fields)
-    names = spec["PadfreeBeamSearchStep"].input_names(attrs)
-    outs = spec["PadfreeBeamSearchStep"].output_names(attrs)
+    attrs = spec.node_attributes(plugin, fields)
+    names = spec[plugin].input_names(attrs)
+    outs = spec[plugin].output_names(attrs)
     types = {"cand_scores": TensorProto.FLOAT, "running_scores": TensorProto.FLOAT,
              "pool_scores": TensorProto.FLOAT, "running": TensorProto.INT64, "pool": TensorProto.INT64,
-             "pool_lengths": TensorProto.INT64}
-    node = helper.make_node("PadfreeBeamSearchStep", names, outs, domain=spec.namespace, **attrs)
+             "pool_lengths": TensorProto.INT64, "sequences": TensorProto.INT64, "generated": TensorProto.INT64}
+    node = helper.make_node(plugin, names, outs, domain=spec.namespace, **attrs)
     inputs = [helper.make_tensor_value_info(n, types.get(n, TensorProto.INT32), None) for n in names]
     graph = helper.make_graph([node], "g", inputs, [helper.make_empty_tensor_value_info(o) for o in outs])
     model = helper.make_model(graph, ir_version=10,   # an IR every ONNX Runtime of the opset reads
@@ -302,3 +302,39 @@ def test_beam_search_step_reference_matches_the_kernel(seed, case):
                     f"step {step}, {name}: kernel {got[name].tolist()} != reference {ref.tolist()}"
         state = {k: got[f"{k}_out"].clone() for k in state}
     assert (state["pool_lengths"] > 0).any(), "no hypothesis finished"
+
+
+@pytest.mark.parametrize("eos", [EOS, []], ids=["eos", "no_eos"])
+def test_greedy_step_reference_matches_the_kernel(seed, eos):
+    """PadfreeGreedyStep's ONNX Runtime reference against the kernel with the plugin's int32 flags over a
+    whole search: fresh top-1 ids each step (a small vocabulary with the eos ids, so rows finish), every
+    output after every step, exactly."""
+    from padfree.ops import greedy_step
+    rows, max_length, pad = 9, 12, 1
+    session, names, outs = _reference_session({"pad_token_id": pad, "has_eos": int(bool(eos))}, "PadfreeGreedyStep")
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    sequences = torch.full((rows, max_length), pad, dtype=torch.int64)
+    sequences[:, 0] = 2
+    state = {"sequences": sequences, "generated": torch.zeros(rows, dtype=torch.int64),
+             "unfinished": torch.ones(rows, dtype=torch.int32)}
+    gpu = {k: v.to(DEVICE).contiguous() for k, v in state.items()}
+    eos_ids = torch.tensor(eos, dtype=torch.int32)
+    done = torch.zeros(1, dtype=torch.bool, device=DEVICE)
+    for step in range(max_length - 1):
+        cand_ids = torch.randint(0, 10, (rows, 1), generator=g, dtype=torch.int32)
+        feed = {"cand_ids": cand_ids, "step": torch.tensor([step], dtype=torch.int32), **state}
+        if eos:
+            feed["eos_ids"] = eos_ids
+        want = dict(zip(outs, session.run(outs, {n: feed[n].numpy() for n in names})))
+        next_tokens = torch.full((rows,), -7, dtype=torch.int64, device=DEVICE)
+        greedy_step(cand_ids.to(DEVICE), eos_ids.to(DEVICE) if eos else None, gpu["sequences"], next_tokens,
+                    gpu["generated"], gpu["unfinished"], done, torch.tensor([step], dtype=torch.int32, device=DEVICE),
+                    pad_token_id=pad, advance=False)
+        got = {f"{k}_out": v.cpu() for k, v in gpu.items()}
+        got["next_tokens"] = next_tokens.cpu()
+        for name in outs:
+            ref = torch.from_numpy(want[name])
+            assert torch.equal(got[name], ref), f"step {step}, {name}: kernel {got[name].tolist()} != {ref.tolist()}"
+        state = {k: got[f"{k}_out"].clone() for k in state}
+    if eos:
+        assert (state["generated"] > 0).any(), "no row finished"

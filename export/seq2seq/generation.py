@@ -12,16 +12,17 @@
 
 It is the export's engine graphs joined: encoder.padfree.onnx (packed) -> cross_kv.onnx -> an ONNX
 `Loop` of N steps whose body is decoder_step.padfree.onnx plus the search, the K/V caches and the
-search state loop-carried. Greedy (num_beams 1): padfree.generation's greedy processors as standard
-ONNX (the eos ban while shorter than min_length, forced_bos_token_id at the first step,
-forced_eos_token_id at the last), the first maximum (ArgMax: the smaller id on a tie, torch's argmax),
-the pad token for rows that have ended. Beam search (the export's --num-beams K > 1): the candidates
-from PadfreeLogitsTopK (log_softmax, the same processors as its banned / forced inputs, + the beam
-scores), then PadfreeBeamSearchStep, HF's bookkeeping (the top candidates per source, the running
-beams, the pool of finished hypotheses with its length penalty, early_stopping, the early-stop
-heuristic) with the search's options as its fields, and the cache indirection reordered by
-PadfreeBeamReorder. The loop runs all N steps: a fixed trip count keeps the scan output's shape the
-same in every backend, and past HF's stop nothing changes (finished rows pad; no pool can change).
+search state loop-carried. Both searches take their candidates from PadfreeLogitsTopK with
+padfree.generation's processors as its inputs (the eos ban while shorter than min_length,
+forced_bos_token_id at the first step, forced_eos_token_id at the last). Greedy (num_beams 1): the
+top-1 of the raw logits (the smaller id on a tie, torch's argmax), then PadfreeGreedyStep (the pad
+token for rows that have ended, eos ending a row; the pad id its field). Beam search (the export's
+--num-beams K > 1): log_softmax plus the beam scores, then PadfreeBeamSearchStep, HF's bookkeeping
+(the top candidates per source, the running beams, the pool of finished hypotheses with its length
+penalty, early_stopping, the early-stop heuristic) with the search's options as its fields, and the
+cache indirection reordered by PadfreeBeamReorder. The loop runs all N steps: a fixed trip count keeps
+the carried shapes the same in every backend, and past HF's stop nothing changes (finished rows pad;
+no pool can change).
 
 Why the rules below:
 - max_new_tokens and the options are fixed when the graph is written: the caches are [R, H, N, D]
@@ -47,7 +48,6 @@ __all__ = ["GENERATION", "build_generation_graph", "search_options"]
 
 GENERATION = "generation.padfree.onnx"  # pipeline.GENERATION
 LOOP_PLUGINS = ("PadfreeDecoderSelfAttention", "PadfreeDecoderCrossAttention", "PadfreeLogitsTopK")
-NEG_INF = np.float32(-np.inf)
 
 
 def search_options(generation_config, config, vocab_size: int, max_new_tokens: int, num_beams: int = 1):
@@ -187,53 +187,32 @@ def _facts(options, n: int, **search) -> dict:
             "decoder_start_token_id": options.decoder_start_token_id}
 
 
-def _greedy_pick(b: list, logits: str, step: str, done: str, options, vocab: int) -> tuple[str, str]:
-    """Nodes appended to `b`: the processors and the pick; returns (next ids int32 [R], done [R])."""
-    n = len(b)
+def _processed_topk(b: "_Nodes", logits: str, cur_len: str, step64: str, rows: str, options, k: int,
+                    beam_scores: str | None) -> tuple[str, str]:
+    """PadfreeLogitsTopK with padfree.generation.processors' step processors as its inputs: eos banned while
+    cur_len < min_length, forced_bos / forced_eos at their steps; log_softmax plus the beam scores for beam
+    search (beam_scores), raw logits for greedy. Returns (scores fp32 [R, k], ids int32 [R, k])."""
+    from ..spec import load as load_spec
 
-    def name(tag):
-        return f"gen/pick/{tag}_{n}"
-    x = logits
-    step64 = name("step64")
-    b.append(helper.make_node("Cast", [step], [step64], to=TensorProto.INT64))
+    spec = load_spec()
     eos = list(options.eos_token_ids)
-    if eos and options.min_length > 1:  # cur_len = step + 1 < min_length: eos may not come
-        b.append(_const(name("min_last"), [options.min_length - 2], np.int64))
-        b.append(helper.make_node("LessOrEqual", [step64, name("min_last")], [name("too_short")]))
-        mask = np.zeros([1, vocab], bool)
-        mask[0, eos] = True
-        b.append(_const(name("eos_mask"), mask, bool))
-        b.append(helper.make_node("And", [name("eos_mask"), name("too_short")], [name("ban")]))
-        b.append(_const(name("neg_inf"), NEG_INF, np.float32))
-        b.append(helper.make_node("Where", [name("ban"), name("neg_inf"), x], [name("min_len_logits")]))
-        x = name("min_len_logits")
+    inputs = [logits] + ([beam_scores] if beam_scores is not None else [])
+    has_banned = bool(eos) and options.min_length > 1
+    if has_banned:
+        ban_now = b.op("Less", cur_len, b.const([options.min_length], np.int64))
+        row = b.op("Where", ban_now, b.const(np.asarray([eos], np.int32), np.int32),
+                   b.const(np.full([1, len(eos)], -1, np.int32), np.int32))
+        inputs.append(b.op("Expand", row, b.op("Concat", rows, b.const([len(eos)], np.int64), axis=0)))
     forced = _forced_by_step(options)
-    for at in np.flatnonzero(forced >= 0).tolist():
-        token = int(forced[at])
-        row = np.full([1, vocab], NEG_INF, np.float32)
-        row[0, token] = 0.0
-        b.append(_const(name(f"forced_row_{at}"), row, np.float32))
-        b.append(_const(name(f"forced_at_{at}"), [at], np.int64))
-        b.append(helper.make_node("Equal", [step64, name(f"forced_at_{at}")], [name(f"is_forced_{at}")]))
-        b.append(helper.make_node("Where", [name(f"is_forced_{at}"), name(f"forced_row_{at}"), x],
-                                  [name(f"forced_logits_{at}")]))
-        x = name(f"forced_logits_{at}")
-    b.append(helper.make_node("ArgMax", [x], [name("argmax")], axis=1, keepdims=0))
-    b.append(helper.make_node("Cast", [name("argmax")], [name("picked")], to=TensorProto.INT32))
-    pad = options.pad_token_id if options.pad_token_id is not None else 0
-    b.append(_const(name("pad"), pad, np.int32))
-    b.append(helper.make_node("Where", [done, name("pad"), name("picked")], [name("next")]))
-    if not eos:
-        return name("next"), done
-    b.append(_const(name("eos_ids"), np.asarray(eos, np.int32).reshape(1, -1), np.int32))
-    b.append(_const(name("axis1"), [1], np.int64))
-    b.append(helper.make_node("Unsqueeze", [name("next"), name("axis1")], [name("next_col")]))
-    b.append(helper.make_node("Equal", [name("next_col"), name("eos_ids")], [name("is_eos_each")]))
-    b.append(helper.make_node("Cast", [name("is_eos_each")], [name("is_eos_i32")], to=TensorProto.INT32))
-    b.append(helper.make_node("ReduceMax", [name("is_eos_i32"), name("axis1")], [name("is_eos_any")], keepdims=0))
-    b.append(helper.make_node("Cast", [name("is_eos_any")], [name("is_eos")], to=TensorProto.BOOL))
-    b.append(helper.make_node("Or", [done, name("is_eos")], [name("done_next")]))
-    return name("next"), name("done_next")
+    has_forced = bool((forced >= 0).any())
+    if has_forced:
+        inputs.append(b.op("Expand", b.op("Gather", b.const(forced, np.int32), step64, axis=0), rows))
+    fields = {"k": k, "normalize": int(beam_scores is not None), "repetition_penalty": 1.0, "has_bias": 0,
+              "has_beam_scores": int(beam_scores is not None), "has_banned": int(has_banned), "has_penalty": 0,
+              "has_forced": int(has_forced), "own_workspace": 1}
+    scores, ids = b.op("PadfreeLogitsTopK", *inputs, outputs=2, domain=spec.namespace,
+                       **spec.node_attributes("PadfreeLogitsTopK", fields))
+    return scores, ids
 
 
 def build_generation_graph(folder: str | Path, max_new_tokens: int) -> onnx.ModelProto:
@@ -250,7 +229,6 @@ def build_generation_graph(folder: str | Path, max_new_tokens: int) -> onnx.Mode
     num_beams = int(manifest.get("decoder_plugins", {}).get("num_beams", 1))
     options = search_options(GenerationConfig.from_pretrained(folder, manifest["files"]["generation_config"]),
                              AutoConfig.from_pretrained(folder), decoder["vocab_size"], max_new_tokens, num_beams)
-    layers, heads, head_dim, vocab = decoder["layers"], decoder["num_heads"], decoder["head_dim"], decoder["vocab_size"]
     n = max_new_tokens
     encoder = onnx.load(str(folder / graphs["encoder"]))
     cross = onnx.load(str(folder / graphs["cross_kv"]))
@@ -267,66 +245,73 @@ def build_generation_graph(folder: str | Path, max_new_tokens: int) -> onnx.Mode
     del cross
     if num_beams > 1:
         return _beam_graph(main, model, encoder, step, ckv_names, options, decoder, n, cache_type)
+    return _greedy_graph(main, model, encoder, step, ckv_names, options, decoder, n, cache_type)
 
-    # initial loop state: R = B rows (greedy), caches of N positions, the start token
-    main += [_const("gen/one64", [1], np.int64), _const("gen/axis0", [0], np.int64),
-             helper.make_node("Shape", ["cu_seqlens"], ["gen/cu_len"]),
-             helper.make_node("Sub", ["gen/cu_len", "gen/one64"], ["gen/rows"]),
-             helper.make_node("Squeeze", ["gen/rows", "gen/axis0"], ["gen/rows_scalar"]),
-             _const("gen/start", [options.decoder_start_token_id], np.int32),
-             helper.make_node("Expand", ["gen/start", "gen/rows"], ["gen/ids0"]),
-             _const("gen/step0", [0], np.int32),
-             helper.make_node("ConstantOfShape", ["gen/rows"], ["gen/done0"],
-                              value=helper.make_tensor("false", TensorProto.BOOL, [1], [False])),
-             helper.make_node("ConstantOfShape", ["gen/rows"], ["gen/len0"],
-                              value=helper.make_tensor("zero_i", TensorProto.INT32, [1], [0])),
-             _const("gen/trips", n, np.int64), _const("gen/keep_going", True, bool)]
-    # every row reads its own history (greedy: no reorder)
-    cache0, cache_indir = _initial_cache(_Nodes(main, "gen/"), "gen/rows", "gen/rows_scalar", heads, n, head_dim,
-                                         cache_type)
 
-    # the loop body: the step, the pick, the carried values
-    carried = ["b/step", "b/ids"] + [f"b/past_{kind}.{i}" for i in range(layers) for kind in ("key", "value")] \
-        + ["b/done", "b/len"]
-    body_nodes, step_names = _step_body(step, model, "b/ids", cache_indir, ckv_names, layers)
-    logits = step_names["logits"]
-    if step.graph.output[0].type.tensor_type.elem_type != TensorProto.FLOAT:
-        body_nodes.append(helper.make_node("Cast", [logits], ["gen/logits32"], to=TensorProto.FLOAT))
-        logits = "gen/logits32"
-    next_ids, done_next = _greedy_pick(body_nodes, logits, "b/step", "b/done", options, vocab)
-    body_nodes += [_const("gen/b/one", [1], np.int32),
-                   helper.make_node("Add", ["b/step", "gen/b/one"], ["gen/b/step_next"]),
-                   helper.make_node("Not", ["b/done"], ["gen/b/live"]),
-                   helper.make_node("Cast", ["gen/b/live"], ["gen/b/live_i32"], to=TensorProto.INT32),
-                   helper.make_node("Add", ["b/len", "gen/b/live_i32"], ["gen/b/len_next"]),
-                   helper.make_node("Identity", [next_ids], ["gen/b/scan_ids"]),
-                   helper.make_node("Identity", ["b/cond"], ["gen/b/cond_next"])]
+def _greedy_graph(main: list, model: onnx.ModelProto, encoder, step, ckv_names: dict, options, decoder: dict, n: int,
+                  cache_type: int) -> onnx.ModelProto:
+    """Greedy search (R = B rows) in one graph, all inside the loop: the top-1 of the processed logits from
+    PadfreeLogitsTopK (raw logits, the processors as its inputs; ties to the smaller id, torch's argmax),
+    then PadfreeGreedyStep (the pad token for rows that ended, eos finishing a row; the pad id its field).
+    Outputs sequences [B, 1 + N] and lengths [B] (up to and with the eos, or 1 + N)."""
+    from ..spec import load as load_spec
+
+    spec = load_spec()
+    layers, heads, head_dim = decoder["layers"], decoder["num_heads"], decoder["head_dim"]
+    m = options.max_length  # 1 + N
+    eos = list(options.eos_token_ids)
+    pad = options.pad_token_id if options.pad_token_id is not None else 0
+    g = _Nodes(main, "gen/")
+    rows = g.op("Sub", g.op("Shape", "cu_seqlens"), g.const([1], np.int64))             # [1]
+    rows_s = g.op("Squeeze", rows, g.const([0], np.int64))
+    start_row = np.full([1, m], pad, np.int64)
+    start_row[0, 0] = options.decoder_start_token_id
+    sequences0 = g.op("Expand", g.const(start_row, np.int64), g.op("Concat", rows, g.const([m], np.int64), axis=0))
+    generated0 = g.op("Expand", g.const(np.zeros([1], np.int64), np.int64), rows)
+    unfinished0 = g.op("Expand", g.const(np.ones([1], np.int32), np.int32), rows)
+    cache0, cache_indir = _initial_cache(g, rows, rows_s, heads, n, head_dim, cache_type)  # own history per row
+
+    carried = ["b/step", "b/sequences", "b/generated", "b/unfinished"] + \
+        [f"b/past_{kind}.{i}" for i in range(layers) for kind in ("key", "value")]
+    body_nodes: list = []
+    b = _Nodes(body_nodes, "gen/b/")
+    step64 = b.op("Cast", "b/step", to=TensorProto.INT64)                 # [1]
+    cur_len = b.op("Add", step64, b.const([1], np.int64))                 # tokens so far, the start included
+    tokens = b.op("Cast", b.op("Reshape", b.op("Gather", "b/sequences", b.op("Squeeze", step64, b.const([0], np.int64)),
+                                               axis=1), b.const([-1], np.int64)), to=TensorProto.INT32)   # [R]
+    step_nodes, step_names = _step_body(step, model, tokens, cache_indir, ckv_names, layers)
+    body_nodes += step_nodes
+    _, top1 = _processed_topk(b, step_names["logits"], cur_len, step64, rows, options, 1, None)
+    search_inputs = [top1, "b/step", "b/sequences", "b/generated", "b/unfinished"]
+    if eos:
+        search_inputs.append(b.const(np.asarray(eos, np.int32), np.int32))
+    sequences, generated, unfinished, _next_tokens = b.op(
+        "PadfreeGreedyStep", *search_inputs, outputs=4, domain=spec.namespace,
+        **spec.node_attributes("PadfreeGreedyStep", {"pad_token_id": int(pad), "has_eos": int(bool(eos))}))
+    step_next = b.op("Add", "b/step", b.const([1], np.int32))
+    cond = b.op("Identity", "b/cond")
     presents = [step_names[f"present_{kind}.{i}"] for i in range(layers) for kind in ("key", "value")]
-    rows_dim, cache_dims = "rows", ["rows", heads, n, head_dim]
-    body_in = [_vi("b/iteration", TensorProto.INT64, []), _vi("b/cond", TensorProto.BOOL, []),
-               _vi("b/step", TensorProto.INT32, [1]), _vi("b/ids", TensorProto.INT32, [rows_dim])]
-    body_in += [_vi(c, cache_type, cache_dims) for c in carried[2:-2]]
-    body_in += [_vi("b/done", TensorProto.BOOL, [rows_dim]), _vi("b/len", TensorProto.INT32, [rows_dim])]
-    body_out = [_vi("gen/b/cond_next", TensorProto.BOOL, []), _vi("gen/b/step_next", TensorProto.INT32, [1]),
-                _vi(next_ids, TensorProto.INT32, [rows_dim])]
-    body_out += [_vi(p, cache_type, cache_dims) for p in presents]
-    body_out += [_vi(done_next, TensorProto.BOOL, [rows_dim]), _vi("gen/b/len_next", TensorProto.INT32, [rows_dim]),
-                 _vi("gen/b/scan_ids", TensorProto.INT32, [rows_dim])]
+    types = [(TensorProto.INT32, [1]), (TensorProto.INT64, ["rows", m]), (TensorProto.INT64, ["rows"]),
+             (TensorProto.INT32, ["rows"])] + [(cache_type, ["rows", heads, n, head_dim])] * (2 * layers)
+    body_in = [_vi("b/iteration", TensorProto.INT64, []), _vi("b/cond", TensorProto.BOOL, [])] + \
+        [_vi(name, *t) for name, t in zip(carried, types)]
+    produced = [step_next, sequences, generated, unfinished] + presents
+    body_out = [_vi(cond, TensorProto.BOOL, [])] + [_vi(name, *t) for name, t in zip(produced, types)]
     body = helper.make_graph(body_nodes, "greedy_step", body_in, body_out)
-    initial = ["gen/step0", "gen/ids0"] + [cache0] * (2 * layers) + ["gen/done0", "gen/len0"]
-    finals = ["gen/step_f", "gen/ids_f"] + [f"gen/cache_f.{k}" for k in range(2 * layers)] + ["gen/done_f", "gen/len_f"]
-    main.append(helper.make_node("Loop", ["gen/trips", "gen/keep_going"] + initial, finals + ["gen/scan_ids"],
+    initial = [g.const([0], np.int32), sequences0, generated0, unfinished0] + [cache0] * (2 * layers)
+    finals = [f"gen/final_{i}" for i in range(len(initial))]
+    main.append(helper.make_node("Loop", [g.const(n, np.int64), g.const(True, bool)] + initial, finals,
                                  name="gen/loop", body=body))
-    # sequences [B, 1 + N]: the start token, then each step's tokens; lengths: + 1 for the start token
-    main += [helper.make_node("Transpose", ["gen/scan_ids"], ["gen/tokens"], perm=[1, 0]),
-             helper.make_node("Unsqueeze", ["gen/ids0", "gen/one64"], ["gen/start_col"]),
-             helper.make_node("Concat", ["gen/start_col", "gen/tokens"], ["sequences"], axis=1),
-             _const("gen/one_i32", [1], np.int32),
-             helper.make_node("Add", ["gen/len_f", "gen/one_i32"], ["lengths"])]
-    inputs = [i for i in encoder.graph.input]
-    outputs = [_vi("sequences", TensorProto.INT32, ["batch", 1 + n]), _vi("lengths", TensorProto.INT32, ["batch"])]
-    opsets = {o.domain: o.version for m in (encoder, step) for o in m.opset_import}
-    _finish(model, "padfree_greedy_generation", main, inputs, outputs, opsets, step.ir_version)
+    # lengths: up to and with the eos (generated + 1 for the start token), or all 1 + N for a row that ran on
+    g.op("Cast", finals[1], to=TensorProto.INT32, out=["sequences"])
+    ran_on = g.op("Cast", finals[3], to=TensorProto.BOOL)
+    with_start = g.op("Add", finals[2], g.const(np.int64(1), np.int64))
+    g.op("Cast", g.op("Where", ran_on, g.const(np.int64(m), np.int64), with_start), to=TensorProto.INT32,
+         out=["lengths"])
+    outputs = [_vi("sequences", TensorProto.INT32, ["batch", m]), _vi("lengths", TensorProto.INT32, ["batch"])]
+    opsets = {o.domain: o.version for mdl in (encoder, step) for o in mdl.opset_import}
+    opsets[spec.namespace] = 1
+    _finish(model, "padfree_greedy_generation", main, list(encoder.graph.input), outputs, opsets, step.ir_version)
     helper.set_model_props(model, {"padfree.generation": json.dumps(_facts(options, n, search="greedy"))})
     return model
 
@@ -400,22 +385,9 @@ def _beam_graph(main: list, model: onnx.ModelProto, encoder, step, ckv_names: di
     step_nodes, step_names = _step_body(step, model, tokens, "b/cache_indir", ckv_names, layers)
     body_nodes += step_nodes
     logits = step_names["logits"]   # in the export's dtype: the top-k reads it as it is, scores in float32
-    # the processors of padfree.generation.processors as the top-k plugin's inputs
-    topk_inputs = [logits, b.op("Reshape", "b/running_scores", b.const([-1], np.int64))]
-    has_banned = bool(eos) and options.min_length > 1
-    if has_banned:   # eos while cur_len < min_length
-        ban_now = b.op("Less", cur_len, b.const([options.min_length], np.int64))
-        row = b.op("Where", ban_now, b.const(np.asarray([eos], np.int32), np.int32),
-                   b.const(np.full([1, len(eos)], -1, np.int32), np.int32))
-        topk_inputs.append(b.op("Expand", row, b.op("Concat", rows, b.const([len(eos)], np.int64), axis=0)))
-    forced = _forced_by_step(options)
-    has_forced = bool((forced >= 0).any())
-    if has_forced:
-        topk_inputs.append(b.op("Expand", b.op("Gather", b.const(forced, np.int32), step64, axis=0), rows))
-    fields = {"k": keep, "normalize": 1, "repetition_penalty": 1.0, "has_bias": 0, "has_beam_scores": 1,
-              "has_banned": int(has_banned), "has_penalty": 0, "has_forced": int(has_forced), "own_workspace": 1}
-    cand_scores, cand_ids = b.op("PadfreeLogitsTopK", *topk_inputs, outputs=2, domain=spec.namespace,
-                                 **spec.node_attributes("PadfreeLogitsTopK", fields))
+    # the processors of padfree.generation.processors as the top-k plugin's inputs, the beam scores added
+    beam_scores = b.op("Reshape", "b/running_scores", b.const([-1], np.int64))
+    cand_scores, cand_ids = _processed_topk(b, logits, cur_len, step64, rows, options, keep, beam_scores)
     search_inputs = [cand_scores, cand_ids, "b/step", "b/running", "b/running_scores", "b/pool", "b/pool_scores",
                      "b/pool_lengths", "b/pool_finished", "b/improvable"]
     if eos:

@@ -152,8 +152,8 @@ padfree_status padfree_beam_search_step(const float* cand_scores, const int32_t*
 }
 
 padfree_status padfree_greedy_step(const int32_t* cand_ids, const int32_t* eos_ids, int32_t num_eos,
-                                   int64_t* sequences, int64_t* next_tokens, int64_t* generated, uint8_t* unfinished,
-                                   uint8_t* done, int32_t* step, int32_t rows, int32_t max_length,
+                                   int64_t* sequences, int64_t* next_tokens, int64_t* generated, void* unfinished,
+                                   int32_t flag_bytes, uint8_t* done, int32_t* step, int32_t rows, int32_t max_length,
                                    int64_t pad_token_id, int32_t advance_step, padfree_stream stream) {
     PADFREE_CAPI_GUARD_BEGIN
     using namespace padfree;
@@ -162,11 +162,13 @@ padfree_status padfree_greedy_step(const int32_t* cand_ids, const int32_t* eos_i
     PADFREE_REQUIRE(num_eos >= 0 && (num_eos == 0 || eos_ids != nullptr),
                     "greedy_step: num_eos must be >= 0 and eos_ids non-NULL where it is > 0");
     PADFREE_REQUIRE(advance_step == 0 || advance_step == 1, "greedy_step: advance_step must be 0 or 1");
+    PADFREE_REQUIRE(flag_bytes == 1 || flag_bytes == 4,
+                    "greedy_step: flag_bytes must be 1 (uint8 flags) or 4 (int32 flags), got ", flag_bytes);
     if (rows == 0) return PADFREE_OK;
-    PADFREE_REQUIRE(cand_ids && sequences && next_tokens && generated && unfinished && done && step,
+    PADFREE_REQUIRE(cand_ids && sequences && next_tokens && generated && unfinished && step,
                     "greedy_step: a required pointer is NULL");
     GreedyStepArgs args{cand_ids, eos_ids, sequences, next_tokens, generated, unfinished, done, step,
-                        rows, num_eos, max_length, pad_token_id, advance_step != 0};
+                        rows, num_eos, max_length, pad_token_id, flag_bytes, advance_step != 0};
     launch_greedy_step(args, as_cuda_stream(stream));
     return check_launch("greedy_step");
     PADFREE_CAPI_GUARD_END

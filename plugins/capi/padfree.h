@@ -34,8 +34,8 @@ extern "C" {
  * 2: remove_padding, rebuild_padding and attention_varlen take total_tokens. 4: guarded graphs.
  * 5: input plans. 6: programmatic edges into other libraries' kernels. 7: their probe.
  * 8: removal of memsets made redundant. 9: L2 prefetch ranges for the LayerNorms before a GEMM.
- * 11: sentence pooling (padfree_sequence_pool). 12: beam_search_step's flag_bytes (int32 flags for
- * TensorRT's PadfreeBeamSearchStep).
+ * 11: sentence pooling (padfree_sequence_pool). 12: beam_search_step's and greedy_step's flag_bytes
+ * (int32 flags for TensorRT's PadfreeBeamSearchStep and PadfreeGreedyStep).
  * (New functions, such as the decoder's, add to a version without bumping it.) */
 #define PADFREE_ABI_VERSION 12
 
@@ -453,10 +453,12 @@ PADFREE_API padfree_status padfree_beam_search_step(const float* cand_scores, co
  * top-1 of padfree_logits_topk), pad_token_id for rows already finished; sequences [rows, max_length]
  * int64 get it at position step + 1, next_tokens [rows] int64 too; a row emitting one of eos_ids
  * [num_eos] finishes (unfinished[r] = 0, generated[r] = step + 1) and done = no row unfinished
- * (num_eos 0: rows never finish, done untouched). step advanced by 1 when advance_step = 1. */
+ * (num_eos 0: rows never finish, done untouched; done NULL: not reported). unfinished [rows]: flags of flag_bytes each (1 uint8,
+ * 4 int32, as padfree_beam_search_step's). step advanced by 1 when advance_step = 1. */
 PADFREE_API padfree_status padfree_greedy_step(const int32_t* cand_ids, const int32_t* eos_ids, int32_t num_eos,
                                                int64_t* sequences, int64_t* next_tokens, int64_t* generated,
-                                               uint8_t* unfinished, uint8_t* done, int32_t* step, int32_t rows,
+                                               void* unfinished, int32_t flag_bytes, uint8_t* done, int32_t* step,
+                                               int32_t rows,
                                                int32_t max_length, int64_t pad_token_id, int32_t advance_step,
                                                padfree_stream stream);
 

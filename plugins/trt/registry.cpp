@@ -34,6 +34,7 @@
 #include "decoder_cross_attention_plugin.h"
 #include "decoder_self_attention_plugin.h"
 #include "emb_layernorm_plugin.h"
+#include "greedy_step_plugin.h"
 #include "layernorm_plugin.h"
 #include "logits_topk_plugin.h"
 #include "rebuild_padding_plugin.h"
@@ -60,11 +61,12 @@ IPluginCreatorInterface* const* all_creators(int32_t& count) {
     static Creator<LogitsTopKPlugin> logits_topk;
     static Creator<BeamReorderPlugin> beam_reorder;
     static Creator<BeamSearchStepPlugin> beam_search_step;
+    static Creator<GreedyStepPlugin> greedy_step;
     static IPluginCreatorInterface* const creators[] = {
         &emb_layernorm,  &attention,       &skip_layernorm,         &layernorm,
         &bias_gelu,      &remove_padding,  &rebuild_padding,        &decoder_self_attention,
         &decoder_cross_attention,          &logits_topk,            &beam_reorder,
-        &beam_search_step};
+        &beam_search_step,       &greedy_step};
     count = static_cast<int32_t>(sizeof(creators) / sizeof(creators[0]));
     return creators;
 }

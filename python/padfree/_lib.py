@@ -73,8 +73,8 @@ _SIGNATURES: dict[str, list] = {
     "padfree_beam_search_step": [_p, _i32p, c_int32, _i32p, c_int32, _p, _p, _p, _p, _p, _p, _p, c_int32, _p, _p,
                                  _i32p, _i32p, c_int32, _i32p, c_int32, c_int32, c_int32, c_float, c_int32, c_int32,
                                  _p, c_int64, _p],
-    "padfree_greedy_step": [_i32p, _i32p, c_int32, _p, _p, _p, _p, _p, _i32p, c_int32, c_int32, c_int64, c_int32,
-                            _p],
+    "padfree_greedy_step": [_i32p, _i32p, c_int32, _p, _p, _p, _p, c_int32, _p, _i32p, c_int32, c_int32, c_int64,
+                            c_int32, _p],
     "padfree_logits_topk": [_p, _p, _p, _i32p, c_int32, c_float, _i32p, c_int32, _i32p, c_int32, c_int32, c_int32,
                             c_int32, _p, c_int64, c_int, _p, _i32p, _p],
 }

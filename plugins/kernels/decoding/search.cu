@@ -242,8 +242,10 @@ __global__ void __launch_bounds__(kThreads) beam_search_step_kernel(BeamSearchSt
     allow_consumers();
 }
 
+template <typename Flag>
 __global__ void __launch_bounds__(kThreads) greedy_step_kernel(GreedyStepArgs a) {
     __shared__ int any_unfinished;
+    Flag* const unfinished = static_cast<Flag*>(a.unfinished);
     wait_on_producer();
     const int step = min(max(*a.step, 0), a.max_length - 2);
     const int cur_len = step + 1;
@@ -252,14 +254,14 @@ __global__ void __launch_bounds__(kThreads) greedy_step_kernel(GreedyStepArgs a)
     for (int r = threadIdx.x; r < a.rows; r += kThreads) {
         int64_t token = a.cand_ids[r];
         if (a.num_eos > 0) {
-            const bool running = a.unfinished[r] != 0;
+            const bool running = unfinished[r] != 0;
             if (!running) token = a.pad_token_id;
             bool ended = false;
             for (int e = 0; e < a.num_eos; ++e) ended |= token == a.eos_ids[e];
             ended &= running;
             if (ended) a.generated[r] = cur_len;
             const bool still = running && !ended;
-            a.unfinished[r] = still;
+            unfinished[r] = still;
             if (still) any_unfinished = 1;  // benign race: every writer stores 1
         }
         a.sequences[static_cast<int64_t>(r) * a.max_length + cur_len] = token;
@@ -267,7 +269,7 @@ __global__ void __launch_bounds__(kThreads) greedy_step_kernel(GreedyStepArgs a)
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        if (a.num_eos > 0) *a.done = any_unfinished == 0;
+        if (a.num_eos > 0 && a.done != nullptr) *a.done = any_unfinished == 0;
         if (a.advance_step) *a.step = *a.step + 1;
     }
     allow_consumers();
@@ -311,7 +313,10 @@ void launch_beam_search_step(const BeamSearchStepArgs& args, cudaStream_t stream
 
 void launch_greedy_step(const GreedyStepArgs& args, cudaStream_t stream) {
     if (args.rows == 0) return;
-    launch_kernel(greedy_step_kernel, dim3(1), dim3(kThreads), 0, stream, args);
+    if (args.flag_bytes == 4)
+        launch_kernel(greedy_step_kernel<int32_t>, dim3(1), dim3(kThreads), 0, stream, args);
+    else
+        launch_kernel(greedy_step_kernel<uint8_t>, dim3(1), dim3(kThreads), 0, stream, args);
 }
 
 }  // namespace padfree

@@ -62,13 +62,14 @@ struct GreedyStepArgs {
     int64_t* sequences;       // [rows, max_length]
     int64_t* next_tokens;     // [rows]
     int64_t* generated;       // [rows]
-    uint8_t* unfinished;      // [rows]
-    uint8_t* done;            // [1]
+    void* unfinished;         // [rows] flags of flag_bytes each (0/1)
+    uint8_t* done;            // [1], or null: not reported
     int32_t* step;            // [1]
     int32_t rows;
     int32_t num_eos;
     int32_t max_length;
     int64_t pad_token_id;
+    int32_t flag_bytes;  // 1: uint8 flags (torch.bool), 4: int32 flags (TensorRT)
     bool advance_step;
 };
 

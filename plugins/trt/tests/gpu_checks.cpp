@@ -695,6 +695,72 @@ Register beam_search_step_gpu("gpu_beam_search_step_vs_c_abi", [] {
     }
 });
 
+Register greedy_step_gpu("gpu_greedy_step_vs_c_abi", [] {
+    // A whole greedy search through the plugin (int32 flags, state aliased or copied, with and without
+    // eos ids) against the C ABI with uint8 flags on its own copy: sequences, generated and next tokens
+    // bit for bit, the flags as values. Top-1 ids in [0, 10) with eos ids 5 and 7, so rows finish.
+    require_gpu();
+    const int32_t rows = 6, L = 8, pad = 1;
+    for (int32_t has_eos : {1, 0}) {
+        for (bool aliased : {true, false}) {
+            auto plugin = make("greedy_step", with_fields(case_named("greedy_step"), {int_field("has_eos", has_eos)}));
+            std::vector<int64_t> seq(int64_t{rows} * L, pad);
+            for (int32_t r = 0; r < rows; ++r) seq[int64_t{r} * L] = 0;
+            Tensor sequences({rows, L}, DataType::kINT64), generated({rows}, DataType::kINT64),
+                unfinished({rows}, DataType::kINT32);
+            Tensor sequences_ref({rows, L}, DataType::kINT64), generated_ref({rows}, DataType::kINT64),
+                unfinished_ref({rows}, DataType::kUINT8), done_ref({1}, DataType::kUINT8);
+            sequences.upload(as_bytes(seq)), sequences_ref.upload(as_bytes(seq));
+            generated.upload(as_bytes(std::vector<int64_t>(rows, 0))), generated_ref.upload(as_bytes(std::vector<int64_t>(rows, 0)));
+            unfinished.upload(int_bytes(std::vector<int32_t>(rows, 1))), unfinished_ref.upload(std::vector<uint8_t>(rows, 1));
+            done_ref.upload({0});
+            Tensor sequences_o({rows, L}, DataType::kINT64), generated_o({rows}, DataType::kINT64),
+                unfinished_o({rows}, DataType::kINT32);
+            Tensor next({rows}, DataType::kINT64), next_ref({rows}, DataType::kINT64);
+            Tensor eos({2}, DataType::kINT32), step_t({1}, DataType::kINT32);
+            eos.upload(int_bytes({5, 7}));
+            const std::vector<Tensor*> state{&sequences, &generated, &unfinished};
+            const std::vector<Tensor*> state_out{&sequences_o, &generated_o, &unfinished_o};
+            for (int32_t step = 0; step <= L - 2; ++step) {
+                Tensor ids({rows, 1}, DataType::kINT32);
+                ids.upload(int_bytes(random_int_values(rows, 0, 9)));
+                step_t.upload(int_bytes({step}));
+                next.poison();
+                std::vector<const Tensor*> ins{&ids, &step_t}, outs;
+                ins.insert(ins.end(), state.begin(), state.end());
+                if (has_eos) ins.push_back(&eos);
+                for (size_t k = 0; k < state.size(); ++k) {
+                    if (!aliased) state_out[k]->poison();
+                    outs.push_back(aliased ? state[k] : state_out[k]);
+                }
+                outs.push_back(&next);
+                enqueue(plugin.get(), ins, outs);
+                expect_abi(padfree_greedy_step(static_cast<const int32_t*>(ids.ptr),
+                                               has_eos ? static_cast<const int32_t*>(eos.ptr) : nullptr, has_eos ? 2 : 0,
+                                               static_cast<int64_t*>(sequences_ref.ptr), static_cast<int64_t*>(next_ref.ptr),
+                                               static_cast<int64_t*>(generated_ref.ptr), unfinished_ref.ptr, 1,
+                                               static_cast<uint8_t*>(done_ref.ptr), static_cast<int32_t*>(step_t.ptr),
+                                               rows, L, pad, 0, nullptr));
+                const std::string at = str(" at step ", step, has_eos ? ", eos" : ", no eos", aliased ? ", aliased" : "");
+                const std::vector<Tensor*> got = aliased ? state : state_out;
+                same_bytes(*got[0], sequences_ref, "sequences" + at);
+                same_bytes(*got[1], generated_ref, "generated" + at);
+                same_bytes(next, next_ref, "next_tokens" + at);
+                const std::vector<int32_t> flags = values_of<int32_t>(*got[2]);
+                const std::vector<uint8_t> flags_ref = unfinished_ref.download();
+                for (int32_t r = 0; r < rows; ++r) EXPECT(flags[r] == flags_ref[r], "unfinished[", r, "]", at);
+                if (!aliased)
+                    for (size_t k = 0; k < state.size(); ++k)
+                        CUDA_OK(cudaMemcpy(state[k]->ptr, state_out[k]->ptr, state[k]->bytes(), cudaMemcpyDeviceToDevice));
+            }
+            if (has_eos) {
+                const std::vector<int64_t> ended = values_of<int64_t>(generated_ref);
+                EXPECT(std::any_of(ended.begin(), ended.end(), [](int64_t n) { return n > 0; }), "no row finished");
+            }
+        }
+    }
+});
+
 }  // namespace
 }  // namespace harness
 }  // namespace padfree

@@ -188,6 +188,15 @@ const std::vector<Case>& cases() {
          {{1, 1, 3}, {2, 0, 2}, {3, 1, 3}, {5, 2, 9}, {6, 1, 3}, {8, 1, 1}},
          {int_field("num_beams", 0), int_field("num_beams", 17), float_field("length_penalty", NAN),
           int_field("early_stopping", 3), int_field("has_eos", 2), int_field("own_workspace", -1)}},
+        // Greedy: R = 6 rows, M = 8 positions.
+        {"greedy_step", "PadfreeGreedyStep",
+         {int_field("pad_token_id", 1), int_field("has_eos", 1)},
+         "iiLLii" "LLiL", 6,
+         {{6, 1}, {1}, {6, 8}, {6}, {6}, {2}},
+         {dyn2, const1, dyn2, dyn1, dyn1, const1},
+         {{6, 8}, {6}, {6}, {6}},
+         {{0, 1, 2}, {1, 0, 2}},
+         {int_field("has_eos", 2), int_field("has_eos", -1)}},
         {"beam_reorder", "PadfreeBeamReorder", {},
          "iii" "i", 3,
          {{6, 16}, {6}, {1}},
@@ -322,7 +331,7 @@ std::vector<std::string> g_registered_namespaces;
 Register creators_test("creators_match_cases", [] {
     int32_t count = 0;
     IPluginCreatorInterface* const* creators = getCreators(count);
-    EXPECT(count == 12, "12 creators, got ", count);
+    EXPECT(count == 13, "13 creators, got ", count);
     for_each_case([](const Case& c) {
         IPluginCreatorV3One* creator = find_creator(c.plugin);
         EXPECT(std::string(creator->getPluginVersion()) == "1", c.plugin);
@@ -339,7 +348,7 @@ Register creators_test("creators_match_cases", [] {
 Register static_registration_test("static_registration_then_getCreators", [] {
     // main() recorded what the load-time registrar did before anything called getCreators().
     EXPECT(g_registered_at_load, "the registrar found the exported getPluginRegistry()");
-    EXPECT(g_registered_count == 12, "12 creators registered at load, got ", g_registered_count);
+    EXPECT(g_registered_count == 13, "13 creators registered at load, got ", g_registered_count);
     for (const std::string& ns : g_registered_namespaces) EXPECT(ns == "padfree", "namespace ", ns);
     // getCreators() (what loadLibrary calls) withdraws them so that loadLibrary can register them.
     EXPECT(Registry::instance().creators.empty(), "static registrations withdrawn by getCreators()");
@@ -653,7 +662,7 @@ Register recorder_test("enqueue_errors_reach_the_error_recorder", [] {
 Register aliasing_test("decoder_caches_alias_their_inputs", [] {
     // Every plugin's build capability is IPluginV3OneBuildV2; only read-modify-write state aliases its
     // input, with the input's type and shape: the self-attention's caches (k_cache_out -> k_cache,
-    // v_cache_out -> v_cache) and the beam search's state (outputs 0-6 -> inputs 3-9).
+    // v_cache_out -> v_cache) and the searches' state (beam: outputs 0-6 -> inputs 3-9; greedy: 0-2 -> 2-4).
     for_each_case([](const Case& c) {
         Plugin p(create(c, c.fields));
         auto* build = static_cast<IPluginV3OneBuildV2*>(p->getCapabilityInterface(PluginCapabilityType::kBUILD));
@@ -663,6 +672,7 @@ Register aliasing_test("decoder_caches_alias_their_inputs", [] {
         for (int32_t o = 0; o < build->getNbOutputs(); ++o) {
             const int32_t want = c.plugin == "PadfreeDecoderSelfAttention" && o > 0 ? o + 1
                                  : c.plugin == "PadfreeBeamSearchStep" && o < 7  ? o + 3
+                                 : c.plugin == "PadfreeGreedyStep" && o < 3      ? o + 2
                                                                                  : -1;
             EXPECT(build->getAliasedInput(o) == want, c.label, " output ", o, " aliases ", build->getAliasedInput(o));
             if (want < 0) continue;
@@ -787,6 +797,8 @@ Register decoder_runtime_test("decoder_runtime_dims_checked_in_enqueue", [] {
         io[0].dims.d[0] = io[1].dims.d[0] = 5;  // 5 rows for 3 sources x 2 beams
     });
     EXPECT(beam.find("batch * num_beams") != std::string::npos && beam.find("got 5,") != std::string::npos, beam);
+    const std::string greedy = enqueue_refusal(case_named("greedy_step"), [](auto& io) { io[3].dims.d[0] = 5; });
+    EXPECT(greedy.find("generated: got 5,") != std::string::npos, greedy);
     const std::string improvable = enqueue_refusal(case_named("beam_search_step"), [](auto& io) { io[9].dims.d[0] = 4; });
     EXPECT(improvable.find("improvable: got 4,") != std::string::npos, improvable);
     // k above the vocabulary: the C ABI's refusal, before any pointer is read.

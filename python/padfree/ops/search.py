@@ -105,8 +105,8 @@ def greedy_step(cand_ids: torch.Tensor, eos_ids: torch.Tensor | None, sequences:
     """One step of greedy search's bookkeeping (padfree.h: padfree_greedy_step).
 
     cand_ids int32 [rows, 1] or [rows] (the top-1 ids); sequences int64 [rows, max_length]; next_tokens,
-    generated int64 [rows]; unfinished bool [rows]; done bool [1]; step int32 [1]; eos_ids int32 [n] or
-    None (no eos: rows never finish)."""
+    generated int64 [rows]; unfinished bool [rows] (or int32 0/1); done bool [1]; step int32 [1]; eos_ids
+    int32 [n] or None (no eos: rows never finish)."""
     check(sequences, "sequences", dtype=torch.int64, shape=(None, None))
     rows, max_length = sequences.shape
     device = sequences.device
@@ -118,12 +118,13 @@ def greedy_step(cand_ids: torch.Tensor, eos_ids: torch.Tensor | None, sequences:
     check(eos_ids, "eos_ids", dtype=torch.int32, shape=(None,), device=device, optional=True)
     for t, name in ((next_tokens, "next_tokens"), (generated, "generated")):
         check(t, name, dtype=torch.int64, shape=(rows,), device=device)
-    check(unfinished, "unfinished", dtype=torch.bool, shape=(rows,), device=device)
+    # flags as torch.bool, or int32 0/1 as PadfreeGreedyStep carries them
+    check(unfinished, "unfinished", dtype=(torch.bool, torch.int32), shape=(rows,), device=device)
     check(done, "done", dtype=torch.bool, shape=(1,), device=device)
     check(step, "step", dtype=torch.int32, shape=(1,), device=device)
     if rows == 0:
         return
     num_eos = 0 if eos_ids is None else eos_ids.numel()
     call_kernel("padfree_greedy_step", device, ptr(cand_ids), ptr(eos_ids) if num_eos else None, num_eos,
-                ptr(sequences), ptr(next_tokens), ptr(generated), ptr(unfinished), ptr(done), ptr(step), rows,
-                max_length, int(pad_token_id), int(advance), stream_handle(device))
+                ptr(sequences), ptr(next_tokens), ptr(generated), ptr(unfinished), unfinished.element_size(),
+                ptr(done), ptr(step), rows, max_length, int(pad_token_id), int(advance), stream_handle(device))
