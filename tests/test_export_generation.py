@@ -224,3 +224,50 @@ def test_an_fp16_generation_graph_is_proven_rounded_and_builds(tmp_path, capsys)
     torch.testing.assert_close(found.sequences_scores, want.sequences_scores.float(), rtol=0, atol=1e-4)
     metadata = _build_engine(out, tmp_path)
     assert metadata["precision"] == "fp16" and metadata["model"]["io"] == "generation"
+
+
+def test_runtime_over_the_generation_engine_refuses_before_the_gpu(generation_export, tmp_path, capsys):
+    """padfree.Runtime over a whole-generation engine (TensorRT-RTX builds it on the CPU): the export it came
+    from is found beside it or given as export_dir; an option it was not built for, a batch outside its
+    profiles and a bad source are refused by name before any GPU is looked for; a good call then needs one
+    (TensorRT-RTX's runtime refuses the H100 / H200: the run itself is not tested here)."""
+    import shutil
+
+    from transformers import AutoConfig
+
+    from padfree import Runtime
+    from padfree.engines.errors import EngineError
+    from padfree.ops._tensors import InputError
+
+    out = generation_export("marian", 4)
+    _build_engine(out, tmp_path)                  # tmp_path/g.engine: profiles up to 4 sources of 16 tokens
+    engine = tmp_path / "g.engine"
+    with pytest.raises(EngineError, match="holds no seq2seq export .* pass export_dir="):
+        Runtime(str(engine))
+    gen = Runtime(str(engine), export_dir=str(out))
+    assert "EngineGeneration" in repr(gen.backend) and "beam search, 4 beams" in repr(gen.backend)
+    config = AutoConfig.from_pretrained(out)
+    sources = random_sources(config, 2, seed=3)
+    with pytest.raises(ValueError, match="num_beams=8: g.engine was written for num_beams=4"):
+        gen.generate(sources, num_beams=8)
+    with pytest.raises(ValueError, match="max_new_tokens=5: g.engine was written for max_new_tokens="):
+        gen.generate(sources, max_new_tokens=5)
+    with pytest.raises(EngineError, match="a batch of 5 sequences.* exceeds every profile"):
+        gen.generate(random_sources(config, 5, seed=3))
+    with pytest.raises(EngineError, match="longest 17 exceeds every profile"):
+        gen.generate([(sources[0] * 6)[:17]])
+    with pytest.raises(InputError, match=r"input_ids\[1\]: the source is empty"):
+        gen.generate([sources[0], []])
+    if not torch.cuda.is_available():
+        with pytest.raises(EngineError, match="needs a CUDA device"):
+            gen.generate(sources)
+    # the CLI finds the engine's export beside it (an engine built into the export's folder)
+    beside = tmp_path / "export"
+    shutil.copytree(out, beside)
+    for name in ("g.engine", "g.engine.json"):
+        shutil.copy(tmp_path / name, beside / name)
+    ids = tmp_path / "ids.json"
+    ids.write_text(json.dumps(sources))
+    capsys.readouterr()
+    code = cli.main(["run", str(beside / "g.engine"), "--generate", "--input", str(ids), "--num-beams", "8"])
+    assert code == 2 and "num_beams=8: g.engine was written for num_beams=4" in capsys.readouterr().err

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -56,12 +57,23 @@ def options_of(args: argparse.Namespace) -> dict[str, Any]:
     return options
 
 
+def is_generation_engine(source: str) -> bool:
+    """Whether SOURCE is an engine built from a generation graph (its sidecar says so; a sidecar that does not
+    check out is refused with sidecar.read's message)."""
+    from padfree.engines import sidecar
+    if not os.path.isfile(source) or not sidecar.path_for(source).is_file():
+        return False
+    return sidecar.read(source)["model"]["io"] == "generation"
+
+
 def is_seq2seq(source: str) -> bool:
-    """Whether SOURCE names an encoder-decoder: a seq2seq export folder or an HF encoder-decoder directory."""
+    """Whether SOURCE names an encoder-decoder: a seq2seq export folder, its generation graph or an engine
+    built from it, or an HF encoder-decoder directory."""
     from padfree.export.seq2seq.models import is_seq2seq_source
     from padfree.runtime.backends.onnxrt_generation import is_generation_graph
     from padfree.runtime.backends.onnxrt_seq2seq import is_seq2seq_export
-    return is_seq2seq_export(source) or is_generation_graph(source) or is_seq2seq_source(source)
+    return (is_seq2seq_export(source) or is_generation_graph(source) or is_generation_engine(source)
+            or is_seq2seq_source(source))
 
 
 def open_generator(args: argparse.Namespace):
@@ -79,6 +91,10 @@ def open_generator(args: argparse.Namespace):
     if is_generation_graph(args.source):
         log.info("generating with the generation graph %s on ONNX Runtime (CPU)", args.source)
         return Runtime(args.source, tokenizer=tokenizer)
+    if is_generation_engine(args.source):
+        log.info("generating with the whole-generation engine %s", args.source)
+        return Runtime(args.source, tokenizer=tokenizer, plugin_library_path=getattr(args, "plugin_library", None),
+                       allow_plugin_mismatch=getattr(args, "allow_plugin_mismatch", False))
     from padfree.export.errors import ExportError
     from padfree.export.seq2seq.models import is_seq2seq_source, load
     from padfree.ops._tensors import PRECISION_DTYPES
