@@ -16,9 +16,15 @@ from padfree.positions import positions_served
 from .errors import BuildError
 
 PLUGIN_NAMESPACE = "padfree"
-# plugins whose outputs alias inputs (IPluginV3OneBuildV2::getAliasedInput): a network with one builds only
-# with TensorRT's preview feature ALIASED_PLUGIN_IO_10_03 (docs/PLUGINS.md, trt_api.Api.allow_aliased_plugin_io)
-ALIASING_PLUGINS = ("PadfreeDecoderSelfAttention",)
+
+
+def aliasing_plugins() -> frozenset[str]:
+    """The plugins whose outputs alias inputs (the spec's "aliases"; IPluginV3OneBuildV2::getAliasedInput): a
+    network with one builds only with TensorRT's preview feature ALIASED_PLUGIN_IO_10_03 (docs/PLUGINS.md,
+    trt_api.Api.allow_aliased_plugin_io)."""
+    from padfree.export import spec
+    return frozenset(name for name, plugin in spec.load().plugins.items() if plugin.aliases_inputs)
+
 _FLOAT_DTYPES = {onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.FLOAT16: "fp16", onnx.TensorProto.BFLOAT16: "bf16"}
 
 
@@ -48,7 +54,7 @@ class ModelInfo:
     position_pad_id: int | None = None
     attention_sizes: list = field(default_factory=list)  # (num_heads, head_dim) of each PadfreeAttention node
     num_beams: int | None = None  # the cross-attention nodes' field: rows = batch x num_beams (decoder step)
-    aliased_plugin_io: bool = False  # a plugin aliases outputs to inputs (ALIASING_PLUGINS)
+    aliased_plugin_io: bool = False  # a plugin aliases outputs to inputs (aliasing_plugins())
     # io "generation": the search the graph runs, as it records it (its padfree.generation metadata:
     # search, max_new_tokens, num_beams, ...), so the engine states what it generates
     generation: dict | None = None
@@ -125,7 +131,7 @@ def read(path: str | Path) -> ModelInfo:
                      float_dtype=_FLOAT_DTYPES[float_types.pop()], inputs=inputs, outputs=outputs,
                      plugins=sorted(plugin_nodes), plugin_nodes=plugin_nodes, attention_sizes=attention_sizes,
                      num_beams=beams.pop() if beams else None,
-                     aliased_plugin_io=any(p in plugin_nodes for p in ALIASING_PLUGINS))
+                     aliased_plugin_io=bool(aliasing_plugins() & set(plugin_nodes)))
     meta = {p.key: p.value for p in model.metadata_props}
     if io == "generation":
         info.generation = _generation_facts(meta.get("padfree.generation"), path)

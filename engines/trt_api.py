@@ -13,7 +13,7 @@ Without --precision a build follows the model (default_precision): its own dtype
 ONNX on TensorRT, which builds weakly typed with fp16 allowed.
 
 Aliased plugin I/O: a plugin whose outputs alias its inputs (the decoder self-attention's caches,
-model_info.ALIASING_PLUGINS) builds only with PreviewFeature.ALIASED_PLUGIN_IO_10_03 on (both
+model_info.aliasing_plugins()) builds only with PreviewFeature.ALIASED_PLUGIN_IO_10_03 on (both
 backends; TensorRT-RTX refuses the network without it); `allow_aliased_plugin_io` sets it, and
 refuses a TensorRT without the feature by name.
 

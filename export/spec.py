@@ -28,10 +28,11 @@ _FIELD_TYPES = {"int32": int, "float32": float}
 @dataclass(frozen=True)
 class Port:
     name: str
-    dtype: str  # "float" (the activation dtype), "int32", "any", "same as <input>"
+    dtype: str  # "float" (the activation dtype), "float32", "int32", "int64", "any", "same as <input>"
     shape: tuple[str, ...]
     when: str | None = None  # "field == value": the port exists only then
     when_default: Any = None  # the default of the field `when` names, where it has one
+    aliases: str | None = None  # an output: the input whose buffer it may share (updated in place)
 
     def present(self, fields: dict[str, Any]) -> bool:
         if self.when is None:
@@ -52,6 +53,11 @@ class Plugin:
     # field name -> its default: a field added after the first exports, which a node may lack (it then
     # has the default, the behaviour from before the field; the TensorRT plugins read it the same way)
     defaults: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def aliases_inputs(self) -> bool:
+        """Whether an output may share its input's buffer (the plugin updates state in place)."""
+        return any(p.aliases for p in self.outputs)
 
     def input_names(self, fields: dict[str, Any]) -> list[str]:
         return [p.name for p in self.inputs if p.present(fields)]
@@ -96,7 +102,7 @@ class Spec:
 def _port(d: dict, defaults: dict[str, Any]) -> Port:
     when = d.get("when")
     key = when.split("==")[0].strip() if when else None
-    return Port(d["name"], d["dtype"], tuple(d["shape"]), when, defaults.get(key))
+    return Port(d["name"], d["dtype"], tuple(d["shape"]), when, defaults.get(key), d.get("aliases"))
 
 
 def _plugin(name: str, p: dict) -> Plugin:

@@ -75,10 +75,12 @@ def test_harness(seed):
 @needs_harness
 def test_creators_follow_the_spec():
     listing = subprocess.run([str(HARNESS), "--list"], capture_output=True, text=True, timeout=60, check=True).stdout
-    creators, io = {}, {}
+    creators, io, aliases = {}, {}, {}
     for line in listing.splitlines():
         words = line.split()
-        if words[0] == "io":  # io LABEL PLUGIN INPUTS OUTPUTS [FIELD=VALUE ...] (the case's int fields)
+        if words[0] == "alias":  # alias LABEL [OUTPUT:INPUT ...] (getAliasedInput of the case's plugin)
+            aliases[words[1]] = {tuple(map(int, w.split(":"))) for w in words[2:]}
+        elif words[0] == "io":  # io LABEL PLUGIN INPUTS OUTPUTS [FIELD=VALUE ...] (the case's int fields)
             io[words[1]] = (words[2], int(words[3]), int(words[4]),
                             {k: int(v) for k, v in (w.split("=") for w in words[5:])})
         else:  # PLUGIN VERSION NAMESPACE [FIELD:TYPE or FIELD:TYPE=DEFAULT ...]
@@ -96,6 +98,11 @@ def test_creators_follow_the_spec():
     for label, (name, nb_in, nb_out, case_fields) in io.items():
         assert nb_in == len(SPEC[name].input_names(case_fields)), label
         assert nb_out == len(SPEC[name].output_names(case_fields)), label
+        # the outputs each plugin aliases to inputs are the spec's "aliases" (which builds need the preview
+        # feature follows from them: engines/model_info.aliasing_plugins)
+        inputs = SPEC[name].input_names(case_fields)
+        outputs = [p for p in SPEC[name].outputs if p.present(case_fields)]
+        assert aliases[label] == {(o, inputs.index(p.aliases)) for o, p in enumerate(outputs) if p.aliases}, label
 
 
 # ---- TensorRT-RTX on the CPU ----------------------------------------------------------------------

@@ -891,6 +891,12 @@ void list_creators() {
         for (const FieldValue& f : c.fields)  // the int fields, which decide the optional ports
             if (f.type == PluginFieldType::kINT32) std::cout << " " << f.name << "=" << f.i;
         std::cout << "\n";
+        // alias LABEL [OUTPUT:INPUT ...]: the outputs getAliasedInput shares with an input (the spec's "aliases")
+        auto* build = static_cast<IPluginV3OneBuildV2*>(p->getCapabilityInterface(PluginCapabilityType::kBUILD));
+        std::cout << "alias " << c.label;
+        for (int32_t o = 0; o < build->getNbOutputs(); ++o)
+            if (build->getAliasedInput(o) >= 0) std::cout << " " << o << ":" << build->getAliasedInput(o);
+        std::cout << "\n";
     }
 }
 
