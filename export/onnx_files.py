@@ -15,6 +15,13 @@ from .errors import ExportError, first_line
 _PROTO_LIMIT = 1_800_000_000  # protobuf's 2 GiB cap, with headroom
 
 
+def lowest_ir_version(model: onnx.ModelProto) -> int:
+    """The lowest IR version that carries the model's opsets. onnx's helpers stamp the newest IR the installed
+    onnx knows, which an ONNX Runtime older than that onnx refuses ("Unsupported model IR version: 14, max
+    supported IR version: 13"): a model padfree builds to run on ONNX Runtime takes this one instead."""
+    return onnx.helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
+
+
 def data_file(path: str | os.PathLike) -> Path:
     """Where save_model puts a large model's external data (beside it, named after it)."""
     return Path(str(path) + ".data")

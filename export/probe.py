@@ -12,6 +12,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from .graph import ancestors
+from .onnx_files import lowest_ir_version
 
 
 def evaluate(graph: gs.Graph, targets: list[gs.Tensor], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -32,6 +33,7 @@ def evaluate(graph: gs.Graph, targets: list[gs.Tensor], feeds: dict[str, np.ndar
     sub = gs.Graph(nodes=nodes, inputs=inputs, outputs=[], opset=graph.opset,
                    import_domains=graph.import_domains)
     model = gs.export_onnx(sub, do_type_check=False)
+    model.ir_version = lowest_ir_version(model)  # gs stamps the installed onnx's newest IR
     del model.graph.value_info[:]  # the exporter's intermediate shapes are not all right
     model.graph.output.extend(onnx.helper.make_empty_tensor_value_info(t.name) for t in targets)
     for t in inputs:  # the probe's own feed sizes, not the symbolic ones of the graph

@@ -197,3 +197,53 @@ def test_a_graph_with_its_weights_in_a_data_file_runs_from_a_read_only_folder(tm
     assert sorted(p.name for p in out.iterdir()) == before
     assert not [f for f in saved if Path(f).resolve().is_relative_to(out.resolve())], saved
     assert torch.equal(found, hf_generate(model, sources, max_new_tokens=NEW_TOKENS, num_beams=1, do_sample=False))
+
+
+@pytest.mark.gpu
+def test_engine_generation_on_the_gpu_with_the_graph_standing_in_for_tensorrt(exported):
+    """EngineGeneration's run on a GPU: its feeds as device tensors of the engine's input dtypes, the profile
+    it picks, the outputs read back, HF's outputs built from them, with the engine's execution (which no
+    TensorRT on these machines can do) replaced by the generation graph on ONNX Runtime behind the same
+    interface. Equal to HF's generate (beam 4, every hypothesis)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device (EngineGeneration's run)")
+    from padfree.engines.profiles import Profile
+    from padfree.runtime.backends.engine_generation import EngineGeneration
+    from padfree.runtime.backends.onnxrt_generation import OnnxrtGenerationGraph
+
+    model, out = exported("marian", beams=4)
+    graph = OnnxrtGenerationGraph(out / GRAPH)
+
+    class GraphAsEngine:
+        """EngineFile's interface over the graph's ONNX Runtime session."""
+        device = torch.device("cuda", torch.cuda.current_device())
+        profiles = [Profile(16, 2, 8), Profile(128, 8, 32)]
+        runs: list = []
+
+        def open_on_device(self):
+            pass
+
+        def profile_for(self, tokens, batch, seqlen, packed=True):
+            return next(i for i, p in enumerate(self.profiles) if p.fits(tokens, batch, seqlen))
+
+        def typed(self, name, tensor):
+            return tensor.to(torch.int32)
+
+        def run(self, index, feeds, stream):
+            assert all(t.is_cuda and t.dtype == torch.int32 for t in feeds.values())
+            self.runs.append(index)
+            names = [o.name for o in graph.session.get_outputs()]
+            found = graph.session.run(names, {name: t.cpu().numpy() for name, t in feeds.items()})
+            return {name: torch.from_numpy(value).to(self.device) for name, value in zip(names, found)}
+
+    gen = EngineGeneration.__new__(EngineGeneration)
+    gen.engine, gen.path = GraphAsEngine(), out / "g.engine"
+    super(EngineGeneration, gen).__init__(out, graph.facts, "g.engine")
+    gen.device = gen.engine.device
+    sources = random_sources(model.config, 5, seed=11)
+    found = gen.generate(sources, return_dict_in_generate=True, output_scores=True)
+    want = hf_generate(model, sources, num_beams=4, num_return_sequences=4, max_new_tokens=NEW_TOKENS,
+                       return_dict_in_generate=True, output_scores=True)
+    assert gen.engine.runs == [1]        # 5 sources: the second profile
+    assert torch.equal(found.sequences, want.sequences.cpu())
+    torch.testing.assert_close(found.sequences_scores, want.sequences_scores.cpu().float(), rtol=0, atol=1e-4)

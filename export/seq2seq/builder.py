@@ -14,6 +14,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from ..onnx_files import lowest_ir_version
+
 __all__ = ["GraphBuilder", "FLOAT", "INT32", "INT64", "BOOL"]
 
 FLOAT, INT32, INT64, BOOL = TensorProto.FLOAT, TensorProto.INT32, TensorProto.INT64, TensorProto.BOOL
@@ -82,7 +84,7 @@ class GraphBuilder:
         graph = helper.make_graph(self.nodes, self.name, self.inputs, self.outputs,
                                   initializer=list(self.initializers.values()), doc_string=doc)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="padfree")
-        model.ir_version = min(model.ir_version, 10)   # ONNX Runtime 1.2x reads IR <= 10
+        model.ir_version = lowest_ir_version(model)   # not the installed onnx's newest: ONNX Runtime may be older
         if metadata:
             helper.set_model_props(model, metadata)
         return model
