@@ -40,5 +40,8 @@ def evaluate(graph: gs.Graph, targets: list[gs.Tensor], feeds: dict[str, np.ndar
         model.graph.input[[i.name for i in model.graph.input].index(t.name)].type.tensor_type.ClearField("shape")
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    # no graph optimizations: a probe runs once on a few nodes, and ONNX Runtime 1.30's optimizer drops a
+    # Range whose output is a graph output (a position-ids probe: "Failed to find node output ... arange")
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     return session.run([t.name for t in targets], {t.name: feeds[t.name] for t in inputs})
