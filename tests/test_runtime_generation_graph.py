@@ -1,7 +1,8 @@
 """padfree.Runtime over a seq2seq export's generation graph (generation.padfree.onnx, ONNX Runtime on the
 CPU): the whole generation in one run with the options the graph was written with, HF's outputs
 (sequences as wide as HF's, sequences_scores with beam search), any other option refused by name,
-bad sources refused before anything runs, and `padfree run GRAPH --generate`.
+bad sources refused before anything runs, and `padfree run GRAPH --generate`. On a GPU, the engine backend's
+run (EngineGeneration) with the graph standing in for the TensorRT engine no GPU here can execute.
 """
 from __future__ import annotations
 
