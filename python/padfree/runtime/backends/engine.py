@@ -1,5 +1,6 @@
 """The Runtime backend over an engine file (DESIGN.md "Runtime backends"): loads the engine after
-its sidecar checks out, then executes packed batches with torch device memory.
+its sidecar checks out (EngineFile, which the whole-generation engine's backend, engine_generation.py,
+shares), then executes packed batches with torch device memory.
 
     backend = open_engine("model.engine")   # refuses unknown format, version mismatch, corrupt
     out = backend.execute_packed(input_ids, cu_seqlens, max_seqlen, token_type_ids, stream)
