@@ -145,6 +145,47 @@ def test_fp32_generation_matches_hf(family, reference):
     assert_beam_parity(ref, out, len(sources), 2, fill_value(model), f"gpu {family} reference={reference}")
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_search_kernels_with_the_plugins_int32_flags_generate_as_hf(family, monkeypatch):
+    """The search kernels as TensorRT's PadfreeBeamSearchStep / PadfreeGreedyStep run them (flags int32, as
+    plugins carry them; the harness holds each plugin's enqueue to this C ABI call bit for bit) inside the
+    PyTorch path's generate: greedy and beam 4 equal HF's in float32."""
+    from padfree.generation import Seq2SeqGenerator
+    from padfree.generation.beam_search import BeamSearch
+    from padfree.generation.sampling import SingleSearch
+
+    converted = []
+
+    def with_int32_flags(cls, names):
+        original = cls.__init__
+
+        def init(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            if self.kernel is not None:
+                for name in names:
+                    setattr(self, name, getattr(self, name).to(torch.int32))
+                self.reset()
+                converted.append(cls.__name__)
+        monkeypatch.setattr(cls, "__init__", init)
+    with_int32_flags(BeamSearch, ("pool_finished", "improvable"))
+    with_int32_flags(SingleSearch, ("unfinished",))
+
+    model = build(family, **GPU_MODEL).to("cuda")
+    gen = Seq2SeqGenerator(model, dtype=torch.float32, device="cuda")
+    sources = random_sources(model.config, 16, seed=7)
+    assert_greedy_parity(hf_generate(model, sources, max_new_tokens=16).cpu(),
+                         gen.generate(sources, max_new_tokens=16).cpu())
+    options = dict(num_beams=4, num_return_sequences=2, max_new_tokens=16, return_dict_in_generate=True,
+                   output_scores=True)
+    ref = hf_generate(model, sources, **options)
+    out = gen.generate(sources, **options)
+    for r in (ref, out):
+        r.sequences, r.sequences_scores = r.sequences.cpu(), r.sequences_scores.cpu()
+    assert_beam_parity(ref, out, len(sources), 2, fill_value(model), f"gpu int32 flags {family}")
+    if not {"BeamSearch", "SingleSearch"} <= set(converted):
+        pytest.skip(f"the search kernels did not run (converted: {converted})")
+
+
 def test_a_head_dim_the_decoder_kernels_lack_runs_the_reference():
     """head_dim 16: the attention kernels refuse it when the decode state asks for their workspace; that
     op runs the torch reference from then on (logged), and generation still matches HF."""
