@@ -62,15 +62,15 @@ def test_bench_modules_import_one_way():
 def test_each_runtime_and_engines_module_imports_alone():
     """Each module imports in a fresh interpreter on its own, and importing padfree.runtime does not
     pull in padfree.engines (only opening an engine does: the engine backends)."""
-    engine_backends = {"padfree.runtime.backends.engine", "padfree.runtime.backends.engine_generation"}
+    engine_backends = ["padfree.runtime.backends.engine", "padfree.runtime.backends.engine_generation"]
     modules = sorted({_module_of(p) for folder in (PACKAGES["padfree.engines"], PACKAGES["padfree"] / "runtime")
-                      for p in _sources(folder)} - engine_backends)
+                      for p in _sources(folder)})
     script = ("import importlib, sys\n"
               f"for name in {modules!r}:\n"
               "    for m in [m for m in sys.modules if m == 'padfree' or m.startswith('padfree.')]:\n"
               "        del sys.modules[m]\n"
               "    importlib.import_module(name)\n"
-              "    if name.startswith('padfree.runtime'):\n"
+              f"    if name.startswith('padfree.runtime') and name not in {engine_backends!r}:\n"
               "        assert 'padfree.engines' not in sys.modules, name\n")
     subprocess.run([sys.executable, "-c", script], check=True, timeout=300)
 
