@@ -251,6 +251,19 @@ def _beam_reorder(b: _Builder, i: list[str], o: list[str]) -> None:
 NEG = -1.0e9  # HF's "very large negative", added to scores that must lose
 
 
+def _extent(b: _Builder, x: str, index: int) -> str:
+    """Dimension `index` of x as a [1] int64 (for Concat and broadcasting; _scalar gives it 0-D)."""
+    return b.op("Slice", b.op("Shape", x), b.const([index]), b.const([index + 1]))
+
+
+def _cur_len(b: _Builder, step: str, max_length: str) -> str:
+    """The tokens so far, the start token included ([1] int64): step + 1, the step clamped to
+    [0, M - 2] as the search kernels clamp it."""
+    step64 = b.op("Min", b.op("Max", b.op("Cast", step, to=TensorProto.INT64), b.const([0])),
+                  b.op("Sub", max_length, b.const([2])))
+    return b.op("Add", step64, b.const([1]))
+
+
 def _beam_search_step(b: _Builder, i: list[str], o: list[str]) -> None:
     """HF's beam-search step (transformers 5 _beam_search; padfree.generation.beam_search's tensorised
     step) for every source: the source's NK best of its beams' candidates (TopK: ties to the lower
@@ -265,12 +278,6 @@ def _beam_search_step(b: _Builder, i: list[str], o: list[str]) -> None:
     out_running, out_running_scores, out_pool, out_pool_scores, out_pool_lengths, out_pool_finished, \
         out_improvable, out_next_tokens, out_parents = o
 
-    def dim(x: str, index: int) -> str:   # [1] int64
-        return b.op("Slice", b.op("Shape", x), b.const([index]), b.const([index + 1]))
-
-    def squeeze(x: str) -> str:
-        return b.op("Squeeze", x, b.const([0]))
-
     def times_neg(flag_i32: str) -> str:
         return b.op("Mul", b.op("Cast", flag_i32, to=TensorProto.FLOAT), b.const(np.float32(NEG), np.float32))
 
@@ -278,11 +285,8 @@ def _beam_search_step(b: _Builder, i: list[str], o: list[str]) -> None:
         return b.op("Cast", b.op("Pow", b.op("Cast", n, to=TensorProto.DOUBLE), b.const([lp], np.float64)),
                     to=TensorProto.FLOAT)
 
-    batch, keep, m = dim(running, 0), dim(cand_scores, 1), dim(running, 2)
-    # the kernel's clamp: step in [0, M - 2]
-    step64 = b.op("Min", b.op("Max", b.op("Cast", step, to=TensorProto.INT64), b.const([0])),
-                  b.op("Sub", m, b.const([2])))
-    cur_len = b.op("Add", step64, b.const([1]))   # tokens so far, the start token included
+    batch, keep, m = _extent(b, running, 0), _extent(b, cand_scores, 1), _extent(b, running, 2)
+    cur_len = _cur_len(b, step, m)
 
     def along(x: str, index: str, width: str) -> str:   # x [B, W, M] gathered by index [B, width] along 1
         shape = b.op("Concat", batch, width, m, axis=0)
@@ -294,7 +298,7 @@ def _beam_search_step(b: _Builder, i: list[str], o: list[str]) -> None:
     top_parent = b.op("Div", order, keep)
     top_tokens = b.op("Cast", b.op("GatherElements", b.op("Reshape", cand_ids, flat_shape), order, axis=1),
                       to=TensorProto.INT64)   # [B, NK]
-    positions = b.op("Range", b.const(0), squeeze(m), b.const(1))
+    positions = b.op("Range", b.const(0), _scalar(b, running, 2), b.const(1))
     at_len = b.op("Equal", b.op("Unsqueeze", positions, b.const([0, 1])), cur_len)   # [1, 1, M]
     top_sequences = b.op("Where", at_len, b.op("Unsqueeze", top_tokens, b.const([2])), along(running, top_parent, keep))
     ends = b.op("Cast", b.op("GreaterOrEqual", b.op("Add", cur_len, b.const([1])), m), to=TensorProto.INT32)   # [1]
@@ -307,11 +311,12 @@ def _beam_search_step(b: _Builder, i: list[str], o: list[str]) -> None:
         hits = b.op("Expand", ends, b.op("Shape", top_tokens))
     running_candidates = b.op("Add", top_scores, times_neg(hits))
     _, next_beams = b.op("TopK", running_candidates, b.const([k]), outputs=2, axis=1, largest=1, sorted=1)
-    source_offset = b.op("Unsqueeze", b.op("Mul", b.op("Range", b.const(0), squeeze(batch), b.const(1)), b.const(k)),
-                         b.const([1]))   # [B, 1]
+    sources = b.op("Range", b.const(0), _scalar(b, running, 0), b.const(1))
+    source_offset = b.op("Unsqueeze", b.op("Mul", sources, b.const(k)), b.const([1]))   # [B, 1]
     b.op("Cast", b.op("Reshape", b.op("Add", b.op("GatherElements", top_parent, next_beams, axis=1), source_offset),
                       b.const([-1])), to=TensorProto.INT32, out=[out_parents])
-    top_beams = b.op("Cast", b.op("Less", b.op("Range", b.const(0), squeeze(keep), b.const(1)), b.const(k)),
+    candidates = b.op("Range", b.const(0), _scalar(b, cand_scores, 1), b.const(1))
+    top_beams = b.op("Cast", b.op("Less", candidates, b.const(k)),
                      to=TensorProto.INT32)   # [NK]: only the top num_beams may enter the pool
     finished_now = b.op("Mul", hits, top_beams)
     penalised = b.op("Div", top_scores, length_divisor(cur_len))
@@ -350,10 +355,7 @@ def _greedy_step(b: _Builder, i: list[str], o: list[str]) -> None:
     cand_ids, step, sequences, generated, unfinished = i[:5]
     eos = i[5] if int(b.attrs["has_eos"]) else None
     out_sequences, out_generated, out_unfinished, out_next_tokens = o
-    m = b.op("Slice", b.op("Shape", sequences), b.const([1]), b.const([2]))   # [1]
-    step64 = b.op("Min", b.op("Max", b.op("Cast", step, to=TensorProto.INT64), b.const([0])),
-                  b.op("Sub", m, b.const([2])))   # the kernel's clamp: step in [0, M - 2]
-    cur_len = b.op("Add", step64, b.const([1]))
+    cur_len = _cur_len(b, step, _extent(b, sequences, 1))
     token = b.op("Reshape", b.op("Cast", cand_ids, to=TensorProto.INT64), b.const([-1]))   # [R]
     if eos is not None:
         running = b.op("Cast", unfinished, to=TensorProto.BOOL)
@@ -367,7 +369,7 @@ def _greedy_step(b: _Builder, i: list[str], o: list[str]) -> None:
     else:
         b.op("Identity", generated, out=[out_generated])
         b.op("Identity", unfinished, out=[out_unfinished])
-    positions = b.op("Range", b.const(0), b.op("Squeeze", m, b.const([0])), b.const(1))
+    positions = b.op("Range", b.const(0), _scalar(b, sequences, 1), b.const(1))
     at_len = b.op("Equal", b.op("Unsqueeze", positions, b.const([0])), cur_len)   # [1, M]
     b.op("Where", at_len, b.op("Unsqueeze", token, b.const([1])), sequences, out=[out_sequences])
     b.op("Identity", token, out=[out_next_tokens])

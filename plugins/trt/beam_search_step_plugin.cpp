@@ -176,16 +176,8 @@ padfree_status BeamSearchStepPlugin::run(const PluginTensorDesc* in, const Plugi
         return PADFREE_ERROR_INVALID_ARGUMENT;
     }
     // The kernel updates the state in place: a state input TensorRT did not alias is copied to its output.
-    for (int32_t o = 0; o < kStateTensors; ++o) {
-        int64_t bytes = 0;
-        if (!row_bytes(in[kRunning + o], 0, bytes, error)) return PADFREE_ERROR_INVALID_ARGUMENT;
-        if (outputs[o] == inputs[kRunning + o] || bytes == 0) continue;
-        const cudaError_t copied = cudaMemcpyAsync(outputs[o], inputs[kRunning + o], bytes, cudaMemcpyDeviceToDevice, stream);
-        if (copied != cudaSuccess) {
-            error = concat("copying the state into its output: ", cudaGetErrorString(copied));
-            return PADFREE_ERROR_CUDA;
-        }
-    }
+    const padfree_status copied = copy_unaliased_state(in, inputs, outputs, kRunning, 0, kStateTensors, stream, error);
+    if (copied != PADFREE_OK) return copied;
     char* ws = static_cast<char*>(workspace);
     const cudaError_t zeroed = cudaMemsetAsync(ws + layout.counters, 0, static_cast<size_t>(layout.bytes - layout.counters), stream);
     if (zeroed != cudaSuccess) {

@@ -1,7 +1,5 @@
 #include "decoder_self_attention_plugin.h"
 
-#include <cuda_runtime_api.h>
-
 using namespace nvinfer1;
 
 namespace padfree {
@@ -87,7 +85,6 @@ padfree_status DecoderSelfAttentionPlugin::run(const PluginTensorDesc* in, const
     const PluginTensorDesc& qkv = in[kQkv];
     const Dims& k = in[kKCache].dims;
     int32_t rows = 0, max_len = 0;
-    int64_t cache_bytes = 0;
     if (!check_rank(qkv, 2, "qkv", error) || !to_i32(qkv.dims.d[0], "rows", rows, error) ||
         !check_same(qkv.dims.d[1], 3 * int64_t{heads} * head_dim, "qkv width", error) ||
         !check_vector(in[kQkvBias], 3 * int64_t{heads} * head_dim, "qkv_bias", error) ||
@@ -97,7 +94,7 @@ padfree_status DecoderSelfAttentionPlugin::run(const PluginTensorDesc* in, const
         !check_rank(in[kCacheIndir], 2, "cache_indir", error) ||
         !check_same(in[kCacheIndir].dims.d[0], rows, "cache_indir rows", error) ||
         !check_same(in[kCacheIndir].dims.d[1], max_len, "cache_indir length", error) ||
-        !check_vector(in[kStep], 1, "step", error) || !row_bytes(in[kKCache], 0, cache_bytes, error))
+        !check_vector(in[kStep], 1, "step", error))
         return PADFREE_ERROR_INVALID_ARGUMENT;
     for (int32_t d = 0; d < 4; ++d)
         if (!check_same(in[kVCache].dims.d[d], k.d[d], "v_cache extent", error)) return PADFREE_ERROR_INVALID_ARGUMENT;
@@ -105,15 +102,9 @@ padfree_status DecoderSelfAttentionPlugin::run(const PluginTensorDesc* in, const
         if (!check_rank(out[o], 4, "cache output", error) || !check_same(out[o].dims.d[2], max_len, "cache output length", error))
             return PADFREE_ERROR_INVALID_ARGUMENT;
     // The kernel writes the outputs in place; a cache TensorRT did not alias is copied there first.
-    for (const auto& [input, output] : {std::pair<int32_t, int32_t>{kKCache, kKCacheOut}, {kVCache, kVCacheOut}}) {
-        if (outputs[output] == inputs[input] || cache_bytes == 0) continue;
-        const cudaError_t copied =
-            cudaMemcpyAsync(outputs[output], inputs[input], cache_bytes, cudaMemcpyDeviceToDevice, stream);
-        if (copied != cudaSuccess) {
-            error = concat("copying the cache into its output: ", cudaGetErrorString(copied));
-            return PADFREE_ERROR_CUDA;
-        }
-    }
+    static_assert(kVCache == kKCache + 1 && kVCacheOut == kKCacheOut + 1, "the caches pair in order");
+    const padfree_status copied = copy_unaliased_state(in, inputs, outputs, kKCache, kKCacheOut, 2, stream, error);
+    if (copied != PADFREE_OK) return copied;
     // What getWorkspaceSize asked for covers these sizes (its rows and length are the profile's bounds).
     int64_t workspace_bytes = 0;
     if (workspace != nullptr && rows > 0) {

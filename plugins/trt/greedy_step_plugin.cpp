@@ -1,7 +1,5 @@
 #include "greedy_step_plugin.h"
 
-#include <cuda_runtime_api.h>
-
 using namespace nvinfer1;
 
 namespace padfree {
@@ -65,16 +63,8 @@ padfree_status GreedyStepPlugin::run(const PluginTensorDesc* in, const PluginTen
             return PADFREE_ERROR_INVALID_ARGUMENT;
     if (rows == 0) return PADFREE_OK;
     // The kernel updates the state in place: a state input TensorRT did not alias is copied to its output.
-    for (int32_t o = 0; o < kStateTensors; ++o) {
-        int64_t bytes = 0;
-        if (!row_bytes(in[kSequences + o], 0, bytes, error)) return PADFREE_ERROR_INVALID_ARGUMENT;
-        if (outputs[o] == inputs[kSequences + o] || bytes == 0) continue;
-        const cudaError_t copied = cudaMemcpyAsync(outputs[o], inputs[kSequences + o], bytes, cudaMemcpyDeviceToDevice, stream);
-        if (copied != cudaSuccess) {
-            error = concat("copying the state into its output: ", cudaGetErrorString(copied));
-            return PADFREE_ERROR_CUDA;
-        }
-    }
+    const padfree_status copied = copy_unaliased_state(in, inputs, outputs, kSequences, 0, kStateTensors, stream, error);
+    if (copied != PADFREE_OK) return copied;
     // advance_step 0: the kernel only reads the step (the graph advances it); no stop flag (done NULL):
     // the loop runs its fixed trip count.
     return padfree_greedy_step(static_cast<const int32_t*>(inputs[kCandIds]),

@@ -163,6 +163,24 @@ int64_t queried_bytes(padfree_status status, int64_t bytes, std::string& error) 
     return -1;
 }
 
+padfree_status copy_unaliased_state(const PluginTensorDesc* in, const void* const* inputs, void* const* outputs,
+                                    int32_t first_input, int32_t first_output, int32_t count, cudaStream_t stream,
+                                    std::string& error) {
+    for (int32_t k = 0; k < count; ++k) {
+        const int32_t input = first_input + k, output = first_output + k;
+        int64_t bytes = 0;
+        if (!row_bytes(in[input], 0, bytes, error)) return PADFREE_ERROR_INVALID_ARGUMENT;
+        if (outputs[output] == inputs[input] || bytes == 0) continue;
+        const cudaError_t copied =
+            cudaMemcpyAsync(outputs[output], inputs[input], bytes, cudaMemcpyDeviceToDevice, stream);
+        if (copied != cudaSuccess) {
+            error = concat("copying input ", input, " into its output: ", cudaGetErrorString(copied));
+            return PADFREE_ERROR_CUDA;
+        }
+    }
+    return PADFREE_OK;
+}
+
 // ---- PluginBase -----------------------------------------------------------------------------
 PluginBase::PluginBase(const Schema& schema, std::vector<Scalar> values)
     : schema_(schema), values_(std::move(values)) {}

@@ -193,6 +193,13 @@ bool check_softmax_scale(float scale, std::string& error);
 bool check_flag(int32_t value, const char* name, std::string& error);
 // The bytes a C ABI workspace query answered, or -1 with the C ABI's message in error.
 int64_t queried_bytes(padfree_status status, int64_t bytes, std::string& error);
+// Read-modify-write plugins (outputs aliased to inputs, getAliasedInput): the kernel updates the output
+// buffers in place, so each of the `count` state inputs from `first_input` that TensorRT did not alias
+// (handed a buffer of its own) is copied into its output from `first_output` first, stream-ordered; an
+// aliased one is already there. PADFREE_OK, or the failure with `error` set.
+padfree_status copy_unaliased_state(const nvinfer1::PluginTensorDesc* in, const void* const* inputs,
+                                    void* const* outputs, int32_t first_input, int32_t first_output, int32_t count,
+                                    cudaStream_t stream, std::string& error);
 // A workspace query of the C ABI for every row count of a profile's range [min_rows, max_rows]: the
 // largest answer (the kernels' split counts are not monotonic in the rows), 0 where the query fails
 // (enqueue then reports the C ABI's refusal).
