@@ -127,13 +127,9 @@ def test_log_softmax_topk_kernel(dtype, vocab, k, normalize):
 
 # ---------------------------------------------------------------- generation against HF
 
-@pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("reference", [False, True], ids=["kernels", "torch-reference-on-cuda"])
-def test_fp32_generation_matches_hf(family, reference):
-    from padfree.generation import Seq2SeqGenerator
-    model = build(family, **GPU_MODEL).to("cuda")
-    gen = Seq2SeqGenerator(model, dtype=torch.float32, device="cuda", force_reference_ops=reference)
-    sources = random_sources(model.config, 16, seed=5)
+def assert_generates_as_hf(model, gen, sources, label: str) -> None:
+    """Greedy (16 new tokens) token for token, and beam 4 returning 2 (scores within parity's tolerance),
+    equal to HF's generate of `model` in float32."""
     ids_ref = hf_generate(model, sources, max_new_tokens=16).cpu()
     assert_greedy_parity(ids_ref, gen.generate(sources, max_new_tokens=16).cpu())
     options = dict(num_beams=4, num_return_sequences=2, max_new_tokens=16, return_dict_in_generate=True,
@@ -142,7 +138,16 @@ def test_fp32_generation_matches_hf(family, reference):
     out = gen.generate(sources, **options)
     for r in (ref, out):
         r.sequences, r.sequences_scores = r.sequences.cpu(), r.sequences_scores.cpu()
-    assert_beam_parity(ref, out, len(sources), 2, fill_value(model), f"gpu {family} reference={reference}")
+    assert_beam_parity(ref, out, len(sources), 2, fill_value(model), label)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("reference", [False, True], ids=["kernels", "torch-reference-on-cuda"])
+def test_fp32_generation_matches_hf(family, reference):
+    from padfree.generation import Seq2SeqGenerator
+    model = build(family, **GPU_MODEL).to("cuda")
+    gen = Seq2SeqGenerator(model, dtype=torch.float32, device="cuda", force_reference_ops=reference)
+    assert_generates_as_hf(model, gen, random_sources(model.config, 16, seed=5), f"gpu {family} reference={reference}")
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -172,16 +177,7 @@ def test_the_search_kernels_with_the_plugins_int32_flags_generate_as_hf(family, 
 
     model = build(family, **GPU_MODEL).to("cuda")
     gen = Seq2SeqGenerator(model, dtype=torch.float32, device="cuda")
-    sources = random_sources(model.config, 16, seed=7)
-    assert_greedy_parity(hf_generate(model, sources, max_new_tokens=16).cpu(),
-                         gen.generate(sources, max_new_tokens=16).cpu())
-    options = dict(num_beams=4, num_return_sequences=2, max_new_tokens=16, return_dict_in_generate=True,
-                   output_scores=True)
-    ref = hf_generate(model, sources, **options)
-    out = gen.generate(sources, **options)
-    for r in (ref, out):
-        r.sequences, r.sequences_scores = r.sequences.cpu(), r.sequences_scores.cpu()
-    assert_beam_parity(ref, out, len(sources), 2, fill_value(model), f"gpu int32 flags {family}")
+    assert_generates_as_hf(model, gen, random_sources(model.config, 16, seed=7), f"gpu int32 flags {family}")
     if not {"BeamSearch", "SingleSearch"} <= set(converted):
         pytest.skip(f"the search kernels did not run (converted: {converted})")
 

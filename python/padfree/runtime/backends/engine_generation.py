@@ -63,16 +63,11 @@ class EngineGeneration(GenerationGraph):
                  backend: str | None = None, device: Any = None, allow_plugin_mismatch: bool = False,
                  export_dir: str | os.PathLike | None = None):
         path = Path(path)
-        folder: list[Path] = []
-
-        def check(engine: EngineFile) -> None:   # refusals that need no GPU, before one is looked for
-            _generation_io(engine)
-            folder.append(export_folder(path, export_dir))
         # the GPU is opened at the first run: options, sources and profiles are refused without one
-        self.engine = EngineFile(path, plugin_library_path, backend, device, allow_plugin_mismatch, check=check,
-                                 defer_device=True)
+        self.engine = EngineFile(path, plugin_library_path, backend, device, allow_plugin_mismatch,
+                                 check=_generation_io, defer_device=True)
         self.path = path
-        super().__init__(folder[0], self.engine.metadata["model"]["generation"], path.name)
+        super().__init__(export_folder(path, export_dir), self.engine.metadata["model"]["generation"], path.name)
         # where it will run; on a machine without a GPU a placeholder (nothing runs there: execute refuses)
         self.device = torch.device(device) if device is not None else torch.device(
             "cuda", torch.cuda.current_device() if torch.cuda.is_available() else 0)
@@ -89,15 +84,12 @@ class EngineGeneration(GenerationGraph):
                       max_seqlen=min(largest.max_seqlen, self.encoder_positions), vocab_size=self.source_vocab_size,
                       dtype=torch.float32)
 
-    def check_sources(self, sources: list[list[int]]) -> None:
-        lengths = [len(s) for s in sources]
-        self.engine.profile_for(sum(lengths), len(lengths), max(lengths))   # an EngineError naming the batch
-
     def execute(self, sources: list[list[int]]) -> dict[str, np.ndarray]:
+        host = packed_sources(sources)
+        # a batch outside every profile is refused (an EngineError naming it) before the GPU is opened
+        index = self.engine.profile_for(len(host["input_ids"]), len(sources), len(host["max_seqlen"]))
         self.engine.open_on_device()
         self.device = self.engine.device
-        host = packed_sources(sources)
-        index = self.engine.profile_for(len(host["input_ids"]), len(sources), len(host["max_seqlen"]))
         stream = torch.cuda.current_stream(self.device)
         with torch.cuda.device(self.device), torch.cuda.stream(stream):
             feeds = {name: self.engine.typed(name, torch.from_numpy(value).to(self.device, non_blocking=False))

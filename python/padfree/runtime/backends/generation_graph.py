@@ -130,7 +130,6 @@ class GenerationGraph(abc.ABC):
         inputs.check_source_lengths(sources, self.source_vocab_size, self.encoder_positions, self.decoder_positions,
                                     options.max_length)
         check_position_pad_id(sources, self.position_pad_id, "the generation graph's packed encoder")
-        self.check_sources(sources)
         found = self.execute(sources)
         lengths = found["lengths"].reshape(-1)
         width = int(lengths.max())       # HF's width: the longest returned hypothesis, start token included
@@ -140,10 +139,7 @@ class GenerationGraph(abc.ABC):
             scores = torch.from_numpy(found["scores"].reshape(-1).astype(np.float32))
         return hf_output(sequences, scores, options)
 
-    def check_sources(self, sources: list[list[int]]) -> None:  # noqa: B027 (an optional hook)
-        """Refuses, before anything runs, a batch the executor cannot take (an engine: its profiles);
-        ONNX Runtime takes any."""
-
     @abc.abstractmethod
     def execute(self, sources: list[list[int]]) -> dict[str, np.ndarray]:
-        """The graph's outputs by name (numpy) for these checked sources."""
+        """The graph's outputs by name (numpy) for these checked sources; an executor refuses a batch it
+        cannot take (an engine: outside its profiles) before it runs anything."""
