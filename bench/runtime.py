@@ -18,9 +18,10 @@ block of its own calls (padfree.bench.timing.time_ms):
   run_numpy_packed   Runtime.run(numpy arrays, packed=True): [T, H] and cu_seqlens, no view per sequence
   pipelined          per batch, --pipeline batches through submit() with one batch in flight
                      ahead (numpy in, numpy out): host work overlapping the GPU's (perf_counter)
-host_ms: the host's time in one submit() per input form and in one forward_packed call (median of
-time.perf_counter, the GPU idle at each call's start); submit minus forward_packed is the runtime's
-own host work (checks, packing, staging, output copies and views). Each row also records the largest
+host_ms: the host's time in one submit() per input form (lists / numpy / padded with per-sequence
+outputs; numpy_packed / lists_packed with packed=True) and in one forward_packed call (median of
+time.perf_counter, the GPU idle at each call's start); own_host_ms, submit minus forward_packed, is the
+runtime's own host work (checks, packing, staging, output copies and views). Each row also records the largest
 difference between run()'s outputs and forward_packed's (the same kernels: 0).
 
 On the device machine:
@@ -91,7 +92,8 @@ def submit_calls(rt, forms: dict) -> dict:
     """form -> a call submitting the batch in that form."""
     return {"lists": lambda: rt.submit(forms["lists"]), "numpy": lambda: rt.submit(forms["numpy"]),
             "padded": lambda: rt.submit(*forms["padded"]),
-            "numpy_packed": lambda: rt.submit(forms["numpy"], packed=True)}
+            "numpy_packed": lambda: rt.submit(forms["numpy"], packed=True),
+            "lists_packed": lambda: rt.submit(forms["lists"], packed=True)}
 
 
 def pipelined_ms(rt, batch, count: int) -> float:
@@ -149,6 +151,8 @@ def bench_model(name: str, args) -> dict:
         host["forward_packed"] = host_ms(lambda: encoder.forward_packed(**packed), args.reps, args.warmup,
                                          torch.cuda.synchronize)
         row["host_ms"] = host
+        row["own_host_ms"] = {k[len("submit_"):]: v - host["forward_packed"] for k, v in host.items()
+                              if k.startswith("submit_")}
         ours = torch.cat(rt.run(forms["numpy"])["last_hidden_state"]).float()
         reference = encoder.forward_packed(**packed)["last_hidden_state"].float()
         row["max_abs_diff_vs_forward_packed"] = float((ours - reference).abs().max())
@@ -175,15 +179,15 @@ class _NullBackend:
 def host_row(longest: int, args) -> dict:
     """One batch of args.batch sequences up to `longest` through a Runtime over _NullBackend."""
     from padfree import Runtime
-    from padfree.runtime._inputs import to_host_batch, validate
+    from padfree.runtime._inputs import checked_host_batch
     from padfree.runtime._plan import plan_chunks
     lengths = lengths_for(args.batch, longest)
     forms = batch_forms(lengths, 30522)
     rt = Runtime(_NullBackend(32768, 512, 512, 30522))
 
     def inputs(batch):  # run()'s input work: conversion, validation, the chunk plan
-        host = to_host_batch(*batch) if isinstance(batch, tuple) else to_host_batch(batch)
-        validate(host, rt.limits)
+        given = batch if isinstance(batch, tuple) else (batch, None)
+        host = checked_host_batch(*given, None, rt.limits)
         return plan_chunks(host.lengths, rt.limits.max_batch, rt.limits.max_tokens, host.cu_seqlens)
     row = {"batch": args.batch, "longest": longest, "total_tokens": int(lengths.sum()),
            "mean_length": float(lengths.mean()), "host_ms": {}}

@@ -1,7 +1,8 @@
 # Source on the device machine (from the repository root): builds the kernel library for sm_90a
 # into build/device and points the Python package at it. Usage: source scripts/device_env.sh
 set -e
-cmake -S . -B build/device -G Ninja -DCMAKE_CUDA_ARCHITECTURES=90a-real -DPADFREE_BUILD_TRT_PLUGINS=${PADFREE_BUILD_TRT_PLUGINS:-OFF} ${PADFREE_CMAKE_ARGS:-} >/dev/null
+cmake -S . -B build/device -G Ninja -DCMAKE_CUDA_ARCHITECTURES=90a-real -DPADFREE_BUILD_TRT_PLUGINS=${PADFREE_BUILD_TRT_PLUGINS:-OFF} \
+  -DPython_EXECUTABLE="$(command -v python3)" ${PADFREE_CMAKE_ARGS:-} >/dev/null
 cmake --build build/device -j 16
 export PADFREE_LIBRARY=$PWD/build/device/libpadfree_kernels.so
 [ -f build/device/plugins/trt/libpadfree_trt.so ] && export PADFREE_TRT_LIBRARY=$PWD/build/device/plugins/trt/libpadfree_trt.so
@@ -12,6 +13,7 @@ pkg=build/device/python/padfree
 rm -rf "$pkg" && mkdir -p "$pkg"
 for entry in python/padfree/*; do ln -s "$PWD/$entry" "$pkg/"; done
 ln -s "$PWD/export" "$pkg/export" && ln -s "$PWD/engines" "$pkg/engines"
+for ext in build/device/_hostpack*.so; do [ -f "$ext" ] && ln -s "$PWD/$ext" "$pkg/"; done
 export PYTHONPATH=$PWD/build/device/python${PYTHONPATH:+:$PYTHONPATH}
 
 # Pure-Python packages the image lacks (polygraphy, onnx-graphsurgeon), carried as wheels in .whl.

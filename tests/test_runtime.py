@@ -23,7 +23,7 @@ from _runtime_double import (
 )
 
 from padfree.ops._tensors import InputError
-from padfree.runtime import EncoderBackend, Limits, Runtime
+from padfree.runtime import EncoderBackend, Limits, Runtime, _inputs
 from padfree.runtime._plan import plan_chunks
 from padfree.runtime._staging import ALIGN_ELEMENTS
 
@@ -213,8 +213,12 @@ def _bad_inputs():
     ]
 
 
+@pytest.mark.parametrize("packer", ["compiled", "python"])
 @pytest.mark.parametrize("label,args,kwargs,message", _bad_inputs(), ids=[c[0] for c in _bad_inputs()])
-def test_bad_input_raises_input_error(label, args, kwargs, message):
+def test_bad_input_raises_input_error(label, args, kwargs, message, packer, monkeypatch):
+    """The same message whichever packer runs (the compiled one declines, the Python path words it)."""
+    if packer == "python":
+        monkeypatch.setattr(_inputs, "_hostpack", None)
     backend = ToyBackend()
     with pytest.raises(InputError, match=message):
         Runtime(backend).run(*args, **kwargs)

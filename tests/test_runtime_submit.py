@@ -4,6 +4,10 @@ vectorized chunk plan. The backend is ToyBackend (tests/_runtime_double.py), who
 recomputed independently from the unpacked sequences; test_runtime_gpu.py has the GPU side."""
 from __future__ import annotations
 
+import array
+import os
+import sysconfig
+
 import numpy as np
 import pytest
 import torch
@@ -17,8 +21,8 @@ from _runtime_double import (
 )
 
 from padfree.ops._tensors import InputError
-from padfree.runtime import PendingRun, Runtime
-from padfree.runtime._inputs import to_host_batch
+from padfree.runtime import PendingRun, Runtime, _inputs
+from padfree.runtime._inputs import checked_host_batch, to_host_batch
 from padfree.runtime._sequences import pack
 from padfree.runtime._staging import Staging
 
@@ -195,6 +199,110 @@ def test_packing_leaves_irregular_batches_to_the_per_sequence_path(label, seqs):
     """The one-pass path never decides an error: it declines, and the per-sequence path names the
     sequence (test_runtime.py's bad-input table checks those messages through run())."""
     assert pack(seqs) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# The compiled packer (padfree._hostpack): the Python path's results, never its own errors
+# ---------------------------------------------------------------------------------------------
+
+try:
+    from padfree import _hostpack as hostpack
+except ImportError:
+    hostpack = None
+needs_hostpack = pytest.mark.skipif(hostpack is None, reason="padfree._hostpack is not built (no Python development"
+                                    " headers when the package was built): the Runtime packs in Python")
+_NO_PAD = -1
+
+
+def test_the_packer_is_built_where_python_headers_are():
+    """The build skips the extension only without Python's headers; anywhere else a missing module
+    is a broken build, which the skips above would hide."""
+    if not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")):
+        pytest.skip("no Python.h for this interpreter: the extension is not built here")
+    assert hostpack is not None and _inputs._hostpack is hostpack
+
+
+@needs_hostpack
+@pytest.mark.parametrize("form", ["list", "tuple", "numpy_scalars", "int8", "uint8", "int16", "uint16", "int32",
+                                  "uint32", "int64", "strided", "array.array", "mixed"])
+def test_compiled_packer_matches_the_reference(seed, form):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 60, size=int(rng.integers(1, 200)))
+    high = 100 if form in ("int8", "uint8") else 2**15
+    seqs = [rng.integers(0, high, size=n) for n in lengths]
+    convert = {"list": lambda s: s.tolist(), "tuple": lambda s: tuple(s.tolist()),
+               "numpy_scalars": lambda s: list(s), "strided": lambda s: np.repeat(s, 2)[::2],
+               "array.array": lambda s: array.array("q", s.tolist()), "mixed": None}.get(form)
+    if form in ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64"):
+        convert = lambda s: s.astype(form)  # noqa: E731
+    given = ([x.tolist() if i % 2 else x.astype(np.int32) for i, x in enumerate(seqs)] if convert is None
+             else [convert(s) for s in seqs])
+    want_ids, want_lengths = _reference(seqs)
+    packed = hostpack.pack(given, high, _NO_PAD, int(lengths.max()))
+    assert packed is not None
+    ids, cu, got_lengths = (np.frombuffer(b, dtype=t) for b, t in zip(packed, (np.int32, np.int64, np.int64)))
+    np.testing.assert_array_equal(ids, want_ids)
+    np.testing.assert_array_equal(cu, np.concatenate(([0], np.cumsum(want_lengths))))
+    np.testing.assert_array_equal(got_lengths, want_lengths)
+    assert packed[3] == lengths.max()
+    assert hostpack.pack(given, high, _NO_PAD, int(lengths.max()) - 1) is None  # one sequence too long
+
+
+@pytest.mark.parametrize("label,seqs,upper,pad_id", [
+    ("id == upper", [[1, 2], [3, 10]], 10, _NO_PAD),
+    ("negative", [[1, -1]], 10, _NO_PAD),
+    ("negative int8", [np.array([1, -1], dtype=np.int8)], 10, _NO_PAD),
+    ("uint32 past upper", [np.array([2**32 - 1], dtype=np.uint32)], 2**31, _NO_PAD),
+    ("pad id in a list", [[4, 5], [6, 1, 7]], 10, 1),
+    ("pad id in an array", [np.array([4, 1])], 10, 1),
+    ("float", [[1, 2], [3, 4.5]], 10, _NO_PAD),
+    ("bool in a list", [[1, True]], 10, _NO_PAD),
+    ("numpy bool", [[np.True_, 2]], 10, _NO_PAD),
+    ("past int64", [[1, 2**63]], 10, _NO_PAD),
+    ("nested", [[1, 2], [[3], [4]]], 10, _NO_PAD),
+    ("string", [[1, "2"]], 10, _NO_PAD),
+    ("empty list", [[1], []], 10, _NO_PAD),
+    ("empty batch", [], 10, _NO_PAD),
+    ("2-D arrays", [np.zeros((2, 2), dtype=np.int64)] * 2, 10, _NO_PAD),
+    ("0-d array", [np.array(3)], 10, _NO_PAD),
+    ("empty array", [np.array([1]), np.array([], dtype=np.int64)], 10, _NO_PAD),
+    ("uint64", [np.array([1], dtype=np.uint64)], 10, _NO_PAD),
+    ("bool array", [np.array([True])], 10, _NO_PAD),
+    ("float array", [np.array([1.0])], 10, _NO_PAD),
+    ("big-endian", [np.array([1], dtype=">i8")], 10, _NO_PAD),
+    ("torch tensor", [torch.tensor([1])], 10, _NO_PAD),
+    ("a generator", (x for x in [[1]]), 10, _NO_PAD),
+    ("bytes", [b"\x01"], 10, _NO_PAD),
+    ("bytearray", [bytearray(b"\x01")], 10, _NO_PAD),
+])
+@needs_hostpack
+def test_compiled_packer_declines_what_it_does_not_take(label, seqs, upper, pad_id):
+    """Every error, and every form but lists / tuples of ints and 1-D integer buffers, is left to the
+    Python path, which words the message (or, for a bool in a list or a torch tensor, takes it)."""
+    assert hostpack.pack(seqs, upper, pad_id, 100) is None
+
+
+@needs_hostpack
+def test_compiled_packer_refuses_a_bound_past_int32():
+    with pytest.raises(ValueError, match="2\\*\\*31"):
+        hostpack.pack([[1]], 2**31 + 1, _NO_PAD, 100)
+
+
+@pytest.mark.parametrize("packer", ["compiled", "python"])
+def test_both_packers_give_one_host_batch(seed, packer, monkeypatch):
+    if packer == "python":
+        monkeypatch.setattr(_inputs, "_hostpack", None)
+    rng = np.random.default_rng(seed)
+    seqs, types = random_sequences(rng, 37)
+    backend = ToyBackend()
+    host = checked_host_batch([s.tolist() for s in seqs], None, [t.astype(np.uint8) for t in types], backend.limits)
+    want_ids, want_lengths = _reference(seqs)
+    np.testing.assert_array_equal(host.input_ids, want_ids)
+    np.testing.assert_array_equal(host.token_type_ids, np.concatenate(types))
+    np.testing.assert_array_equal(host.lengths, want_lengths)
+    np.testing.assert_array_equal(host.cu_seqlens, np.concatenate(([0], np.cumsum(want_lengths))))
+    assert host.padded_width == want_lengths.max() and host.mask is None
+    check_per_sequence(Runtime(backend).run(seqs, token_type_ids=types), seqs, types)
 
 
 @pytest.mark.parametrize("seqs,message", [

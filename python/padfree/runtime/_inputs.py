@@ -15,6 +15,11 @@ from ..ops._tensors import INT32_MAX, InputError
 from . import _sequences
 from .backends.base import Limits
 
+try:
+    from .. import _hostpack  # python/csrc/hostpack.cpp
+except ImportError:  # built without Python's development headers: the Python path does the same work
+    _hostpack = None
+
 _INT64_MAX = np.iinfo(np.int64).max
 
 
@@ -22,22 +27,24 @@ _INT64_MAX = np.iinfo(np.int64).max
 class HostBatch:
     """All sequences end to end on the host.
 
-    input_ids: int64 [T]; token_type_ids: int64 [T] or None; lengths: int64 [B] (all >= 1);
-    padded_width: the S that padded outputs get (the input's width for a padded batch, the longest
-    sequence for a list); mask: bool [B, S] of the padded input, None for a list.
+    input_ids: int64 [T] (int32 where the compiled packer wrote it); token_type_ids: like input_ids, or
+    None; lengths: int64 [B] (all >= 1); padded_width: the S that padded outputs get (the input's width
+    for a padded batch, the longest sequence for a list); mask: bool [B, S] of the padded input, None
+    for a list; cu_seqlens: int64 [B + 1], [0, cumsum(lengths)] (computed when not given).
     """
     input_ids: np.ndarray
     token_type_ids: np.ndarray | None
     lengths: np.ndarray
     padded_width: int
     mask: np.ndarray | None = None
-    cu_seqlens: np.ndarray = field(init=False, repr=False)  # int64 [B + 1]: [0, cumsum(lengths)]
+    cu_seqlens: np.ndarray | None = field(default=None, repr=False)
 
     def __post_init__(self):
         # every run reads it (chunks, staging, outputs): computed here, where a cached_property
         # took a lock on each first read (Python 3.11)
-        self.cu_seqlens = np.zeros(len(self.lengths) + 1, dtype=np.int64)
-        np.cumsum(self.lengths, out=self.cu_seqlens[1:])
+        if self.cu_seqlens is None:
+            self.cu_seqlens = np.zeros(len(self.lengths) + 1, dtype=np.int64)
+            np.cumsum(self.lengths, out=self.cu_seqlens[1:])
 
     def locate(self, token: int) -> tuple[int, int]:
         """(sequence, position) of a packed token index, for error messages."""
@@ -202,14 +209,44 @@ def to_host_batch(batch: Any, attention_mask: Any | None = None,
     return from_sequences(batch, token_type_ids)
 
 
+def checked_host_batch(batch: Any, attention_mask: Any | None, token_type_ids: Any | None,
+                       limits: Limits) -> HostBatch:
+    """to_host_batch() then validate(): one packed batch within the backend's limits, or InputError.
+
+    A list of sequences is packed by the compiled packer where it is built (padfree._hostpack: ids
+    copied to int32 and checked in one pass, ~10x the Python path's speed); whatever it does not take
+    (another form, or any error, which it never words) goes the Python path, which accepts the batch
+    or names what is wrong."""
+    host = _compiled(batch, token_type_ids, limits) if attention_mask is None else None
+    if host is None:
+        host = to_host_batch(batch, attention_mask, token_type_ids)
+        validate(host, limits)
+    return host
+
+
+def _compiled(batch: Any, token_type_ids: Any | None, limits: Limits) -> HostBatch | None:
+    if _hostpack is None or type(batch) not in (list, tuple):
+        return None
+    pad_id = -1 if limits.position_pad_id is None else limits.position_pad_id
+    max_len = min(limits.max_seqlen, limits.max_tokens)
+    packed = _hostpack.pack(batch, _id_bound(limits.vocab_size), pad_id, max_len)
+    if packed is None:
+        return None
+    types = None
+    if token_type_ids is not None:
+        typed = (None if limits.type_vocab_size == 0 or type(token_type_ids) not in (list, tuple) else
+                 _hostpack.pack(token_type_ids, _id_bound(limits.type_vocab_size), -1, max_len))
+        if typed is None or typed[1] != packed[1]:  # cu_seqlens differ: a length differs
+            return None
+        types = np.frombuffer(typed[0], dtype=np.int32)
+    ids, cu_seqlens, lengths, longest = packed
+    return HostBatch(np.frombuffer(ids, dtype=np.int32), types, np.frombuffer(lengths, dtype=np.int64), longest,
+                     cu_seqlens=np.frombuffer(cu_seqlens, dtype=np.int64))
+
+
 def validate(batch: HostBatch, limits: Limits) -> None:
     """Raise InputError where the batch breaks the backend's limits (lengths and id ranges)."""
-    too_long = np.flatnonzero(batch.lengths > min(limits.max_seqlen, limits.max_tokens))
-    if too_long.size:
-        i = too_long[0]
-        raise InputError(f"sequence {i} has {batch.lengths[i]} tokens, more than this model serves"
-                         f" (max_seqlen {limits.max_seqlen}, max_tokens {limits.max_tokens});"
-                         " truncate it")
+    _check_lengths(batch, limits)
     _check_range(batch, batch.input_ids, limits.vocab_size, "token id", "vocab_size")
     if limits.position_pad_id is not None:
         check_no_pad_id(batch, limits.position_pad_id)
@@ -218,6 +255,15 @@ def validate(batch: HostBatch, limits: Limits) -> None:
             raise InputError("token_type_ids given, but this model has no token type embeddings")
         _check_range(batch, batch.token_type_ids, limits.type_vocab_size, "token type id",
                      "type_vocab_size")
+
+
+def _check_lengths(batch: HostBatch, limits: Limits) -> None:
+    too_long = np.flatnonzero(batch.lengths > min(limits.max_seqlen, limits.max_tokens))
+    if too_long.size:
+        i = too_long[0]
+        raise InputError(f"sequence {i} has {batch.lengths[i]} tokens, more than this model serves"
+                         f" (max_seqlen {limits.max_seqlen}, max_tokens {limits.max_tokens});"
+                         " truncate it")
 
 
 def check_no_pad_id(batch: HostBatch, pad_id: int) -> None:
@@ -232,10 +278,15 @@ def check_no_pad_id(batch: HostBatch, pad_id: int) -> None:
                          " padding with attention_mask instead")
 
 
+def _id_bound(size: int | None) -> int:
+    """The exclusive upper bound of valid ids for a table of `size` rows. Ids travel to the device as
+    int32: without a known table size, an id past int32 would wrap into a valid-looking one instead of
+    being refused."""
+    return INT32_MAX + 1 if size is None else min(size, INT32_MAX + 1)
+
+
 def _check_range(batch: HostBatch, values: np.ndarray, size: int | None, what: str, limit_name: str):
-    # Ids travel to the device as int32: without a known table size, an id past int32 would wrap
-    # into a valid-looking one instead of being refused.
-    upper = INT32_MAX + 1 if size is None else min(size, INT32_MAX + 1)
+    upper = _id_bound(size)
     if not values.size or (values.min() >= 0 and values.max() < upper):
         return
     where = np.flatnonzero((values < 0) | (values >= upper))

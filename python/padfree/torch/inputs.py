@@ -16,7 +16,7 @@ import torch
 
 from .._lib import KernelArgumentError
 from ..ops._tensors import INT32_MAX, InputError
-from ..runtime._inputs import to_host_batch, validate
+from ..runtime._inputs import checked_host_batch
 from ..runtime._staging import aligned
 from ..runtime.backends.base import Limits
 
@@ -79,8 +79,7 @@ class Batch:
 
 
 def from_host(input_ids: Any, attention_mask: Any, token_type_ids: Any, limits: Limits) -> Batch:
-    host = to_host_batch(input_ids, attention_mask, token_type_ids)
-    validate(host, limits)
+    host = checked_host_batch(input_ids, attention_mask, token_type_ids, limits)
     total, batch = len(host.input_ids), len(host.lengths)
     types = host.token_type_ids
 
@@ -93,7 +92,7 @@ def from_host(input_ids: Any, attention_mask: Any, token_type_ids: Any, limits: 
         a[:batch + 1] = host.cu_seqlens
         a[batch + 1:cap + 1] = total  # sequences of bucket padding are empty
         a[cap + 1:buf.ids_at] = 0
-        a[buf.ids_at:buf.ids_at + total] = host.input_ids  # int64 -> int32: validate() range-checked the ids
+        a[buf.ids_at:buf.ids_at + total] = host.input_ids  # int64 or int32 -> int32: range-checked
         a[buf.ids_at + total:] = 0  # rows of no sequence (bucket padding)
         buf.flat[:buf.ids_at + tokens].copy_(stage, non_blocking=pinned)
         if types is not None:

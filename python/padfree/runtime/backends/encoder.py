@@ -14,7 +14,7 @@ import torch
 
 from ...ops._tensors import INT32_MAX
 from ...positions import OFFSET_POSITION_MODEL_TYPES, positions_served
-from .base import Limits, check_chunk_limits, limits_of
+from .base import Limits, check_chunk_limits, limits_of, on_stream
 
 # one call of BERT-base at 32768 fp16 tokens holds ~0.4 GB of intermediates; bench's 64x512 fits
 DEFAULT_MAX_TOKENS = 32768
@@ -82,8 +82,8 @@ class EncoderBackend:
     def execute_packed(self, input_ids: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
                        token_type_ids: torch.Tensor | None,
                        stream: torch.cuda.Stream | None) -> dict[str, torch.Tensor]:
-        # forward_packed enqueues on torch's current stream
-        with torch.cuda.stream(stream):
+        # forward_packed enqueues on torch's current stream (the Runtime's already, when it calls)
+        with on_stream(stream):
             return self.encoder.forward_packed(input_ids, cu_seqlens, max_seqlen,
                                                token_type_ids=token_type_ids, **self._extra)
 

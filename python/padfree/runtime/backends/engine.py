@@ -24,7 +24,7 @@ from padfree.engines.errors import BackendUnavailableError, CorruptEngineError, 
 from padfree.engines.profiles import Profile
 from padfree.ops._tensors import PRECISION_DTYPES
 
-from .base import check_packed
+from .base import check_packed, on_stream
 
 _TORCH_DTYPES = {name: getattr(torch, name) for name in sidecar.INPUT_DTYPES}
 
@@ -220,7 +220,7 @@ class EngineBackend(EngineFile):
         stream = stream or torch.cuda.current_stream(self.device)
         tokens, batch = int(input_ids.shape[0]), int(cu_seqlens.shape[0]) - 1
         index = self.profile_for(tokens, batch, int(max_seqlen), packed=self.io == "packed")
-        with torch.cuda.device(self.device), torch.cuda.stream(stream):
+        with on_stream(stream):
             if self.io == "packed":
                 feeds = self._packed_feeds(input_ids, cu_seqlens, max_seqlen, token_type_ids)
             else:
