@@ -106,6 +106,38 @@ def test_gpu_runtime_honours_the_callers_stream(seed):
 
 
 @pytest.mark.gpu
+def test_gpu_runtime_without_a_stream_enqueues_on_the_current_one(seed):
+    """No stream given: each run goes on whatever stream is current at the call (the one Stream object
+    per stream that the Runtime keeps is that stream), and the backend is told None (current)."""
+    from padfree.torch import from_hf
+
+    model = tiny_bert(seed)
+    rng = np.random.default_rng(seed)
+    seqs = [rng.integers(0, VOCAB, size=n) for n in rng.integers(1, 65, size=5)]
+    rt = Runtime(from_hf(model, dtype=torch.float32, device="cuda"))
+    expected = rt.run(seqs, packed=True)["last_hidden_state"].clone()
+    torch.cuda.synchronize()
+    seen = []
+    execute = rt.backend.execute_packed
+
+    def spy(*args):
+        seen.append((args[-1], torch.cuda.current_stream()))
+        return execute(*args)
+
+    rt.backend.execute_packed = spy
+    for stream in (torch.cuda.Stream(), torch.cuda.Stream(), torch.cuda.current_stream()):
+        with torch.cuda.stream(stream):
+            assert rt._current_stream() == stream and rt._current_stream() is rt._current_stream()
+            torch.cuda._sleep(100_000_000)  # queued ahead: the run must wait behind it on this stream
+            pending = rt.submit(seqs, packed=True)
+            assert not stream.query(), "submit() waited: it should only enqueue"
+        pending.synchronize()
+        assert stream.query()  # the batch's event was recorded on this stream
+        torch.testing.assert_close(pending.result()["last_hidden_state"], expected, rtol=0, atol=0)
+        assert seen[-1] == (None, stream)
+
+
+@pytest.mark.gpu
 def test_gpu_torch_runner_vs_onnxruntime(seed, tmp_path):
     pytest.importorskip("polygraphy", reason="polygraphy is not installed (carry its wheel to the device)")
     from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx

@@ -17,6 +17,8 @@ from ._staging import Staging
 from .backends.base import Limits, check_chunk_limits, device_of, limits_of, on_stream, per_sequence_outputs_of
 
 OUTPUT_FORMATS = ("torch", "numpy")
+# what torch.cuda.current_stream() reads before it builds a Stream (absent: that call is used instead)
+_raw_current_stream = getattr(torch._C, "_cuda_getCurrentStream", None)
 
 
 def open_backend(source: Any, max_tokens: int | None = None, max_batch: int | None = None,
@@ -118,6 +120,7 @@ class Runtime:
         self.stream = _as_stream(stream, self.device)
         self.output = output
         self._staging = Staging(self.device)
+        self._streams: dict[tuple, torch.cuda.Stream] = {}
         self._source, self._tokenizer, self._text_tokenizer = source, tokenizer, None
 
     def __repr__(self) -> str:
@@ -210,10 +213,24 @@ class Runtime:
         if stream is None and self.device.index in (None, torch.cuda.current_device()):
             # torch's current stream on the current device: no context to enter, and the backend is
             # told None (current), which spares it a current_stream() (~4 us of host time each)
-            return self._submit(host, chunks, padded, packed, output, torch.cuda.current_stream(), current=True)
+            return self._submit(host, chunks, padded, packed, output, self._current_stream(), current=True)
         stream = stream or torch.cuda.current_stream(self.device)
         with on_stream(stream):
             return self._submit(host, chunks, padded, packed, output, stream)
+
+    def _current_stream(self) -> torch.cuda.Stream:
+        """torch's current stream on the current device, one Stream object per stream: current_stream()
+        builds a new one on each call (4-7 us of host time, measured on the H200 machine's host), where
+        the raw (stream_id, device_index, device_type) it is made from costs ~0.3 us."""
+        if _raw_current_stream is None:
+            return torch.cuda.current_stream()
+        raw = _raw_current_stream(torch.cuda.current_device())
+        stream = self._streams.get(raw)
+        if stream is None:
+            if len(self._streams) >= 64:  # a caller cycling through streams: keep the cache small
+                self._streams.clear()
+            stream = self._streams[raw] = torch.cuda.Stream(stream_id=raw[0], device_index=raw[1], device_type=raw[2])
+        return stream
 
     def _submit(self, host: HostBatch, chunks: list[Chunk], padded: bool, packed: bool, output: str,
                 stream: torch.cuda.Stream | None, current: bool = False) -> PendingRun:
