@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from padfree import cli, triton
+from padfree.arguments import EXIT_ERROR
 from padfree.engines import sidecar
 
 HIDDEN = 32
@@ -23,14 +24,14 @@ except ImportError:  # pragma: no cover - depends on the install
 needs_triton = pytest.mark.skipif(pb is None, reason="tritonclient[grpc] not installed (pip install padfree[triton])")
 
 
-def _sidecar(blob: bytes, io="packed", token_types=True, pooler=True, profiles=None) -> dict:
+def _sidecar(blob: bytes, io="packed", token_types=True, pooler=True, profiles=None, built="tensorrt") -> dict:
     names = ["input_ids"] + (["token_type_ids"] if token_types else []) + ["cu_seqlens", "max_seqlen"]
     shapes = {"input_ids": ["T"], "token_type_ids": ["T"], "cu_seqlens": ["B+1"], "max_seqlen": ["S"]}
     outs = [{"name": "last_hidden_state", "dtype": "float16", "shape": ["T", HIDDEN]}]
     if pooler:
         outs.append({"name": "pooler_output", "dtype": "float16", "shape": ["B", HIDDEN]})
     return {"format": sidecar.FORMAT, "format_version": sidecar.FORMAT_VERSION, "padfree_version": "0.1.0",
-            "backend": {"name": "tensorrt_rtx", "version": "1.7.0"},
+            "backend": {"name": built, "version": "10.13.0" if built == "tensorrt" else "1.7.0"},
             "model": {"io": io, "vocab_size": 100, "type_vocab_size": 2 if token_types else 0, "max_positions": 512},
             "precision": "fp16",
             "profiles": profiles or [{"max_tokens": 256, "max_batch": 8, "max_seqlen": 64},
@@ -101,6 +102,18 @@ def test_padded_and_seq2seq_engines_refused(tmp_path, io, message):
     with pytest.raises(triton.TritonError, match=message):
         triton.write_repository(engine, tmp_path / "models")
     assert not (tmp_path / "models").exists() or _listing(tmp_path / "models") == []
+
+
+def test_tensorrt_rtx_engine_refused(tmp_path, capsys):
+    """Triton's TensorRT backend cannot load a TensorRT-RTX plan: refused by name, nothing written."""
+    engine = _engine(tmp_path, built="tensorrt_rtx")
+    with pytest.raises(triton.TritonError, match="built with tensorrt_rtx; Triton's TensorRT backend loads plans of"
+                                                 " TensorRT only"):
+        triton.write_repository(engine, tmp_path / "models")
+    assert not (tmp_path / "models").exists() or _listing(tmp_path / "models") == []
+    assert cli.main(["triton", str(engine), "--repository", str(tmp_path / "models")]) == EXIT_ERROR
+    err = capsys.readouterr().err
+    assert "tensorrt_rtx" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
 def test_corrupt_engine_leaves_no_half_written_model(tmp_path):

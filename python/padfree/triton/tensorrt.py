@@ -30,6 +30,13 @@ def main_profile(data: dict) -> tuple[int, dict]:
 
 
 def check_engine(data: dict, engine) -> None:
+    built = data["backend"]["name"]
+    if built != "tensorrt":
+        # Triton's TensorRT backend links TensorRT itself (libnvinfer); a TensorRT-RTX plan is another
+        # format it cannot deserialize, and Triton has no TensorRT-RTX backend
+        raise TritonError(f"{engine} was built with {built}; Triton's TensorRT backend loads plans of TensorRT only:"
+                          " build the engine on a machine with TensorRT (`padfree build --backend tensorrt`), or"
+                          " serve the export folder as a Python-backend model (`padfree triton EXPORT_DIR`)")
     io = data["model"]["io"]
     if io == "padded":
         raise TritonError(f"{engine} is in the padded I/O form; Triton's ragged batching needs the packed form:"
