@@ -6,9 +6,10 @@
 // them per layer, each followed by a LayerNorm / bias / residual kernel of 2-3 us that moves a few KB.
 // Here one kernel does LN(x) (recomputed per block: rows x in_features elements, a few KB), the
 // weight-streaming dot products (CUDA cores: each weight element meets `rows` x values, so up to 8
-// rows the FMAs keep up with the loads), bias, activation and residual. Weight lines of a block's
-// first tile are prefetched into L2 before the kernel waits on its producer (PDL), so with padfree's
-// kernels before it the weight stream starts while the previous kernel still runs.
+// rows the FMAs keep up with the loads), bias, activation and residual. A block's first tile of
+// weights is requested before the kernel waits on its producer (PDL): its first chunk into registers,
+// the rest into L2, so with padfree's kernels before it the weight stream starts while the previous
+// kernel still runs.
 //
 // Layout: a block stages the (normalized) x rows in shared memory, then each warp takes 2 output
 // features at a time: its lanes stream the two weight rows in 16-byte vectors (evict-first: a step
@@ -98,6 +99,24 @@ __device__ __forceinline__ Vec<T> load_weight_vec(const T* p) {
     return r;
 }
 
+// The first chunk (kUnroll vectors per lane) of a warp's kFeaturesPerWarp weight rows from feature n0:
+// what the tile loop's first iteration reads, loaded ahead of it.
+template <typename T>
+__device__ __forceinline__ void load_weight_chunk(Vec<T> (&w)[kFeaturesPerWarp][kUnroll], const T* weight, int n0,
+                                                  int N, int K, int lane) {
+    constexpr int V = vec_size<T>();
+    const int kvecs = K / V;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+        const int idx = lane + u * kWarpSize;
+#pragma unroll
+        for (int f = 0; f < kFeaturesPerWarp; ++f)
+            if (idx < kvecs)
+                w[f][u] = load_weight_vec(weight + static_cast<int64_t>(min(n0 + f, N - 1)) * K +
+                                          static_cast<int64_t>(idx) * V);
+    }
+}
+
 // kRows: rows rounded up to a power of two (the accumulators' count); staged rows past `rows` are zero.
 template <typename T, int kRows>
 __global__ void __launch_bounds__(kThreads) decode_linear_kernel(DecodeLinearArgs a) {
@@ -111,12 +130,23 @@ __global__ void __launch_bounds__(kThreads) decode_linear_kernel(DecodeLinearArg
     const int tiles = (N + kTile - 1) / kTile;
     const T* weight = static_cast<const T*>(a.weight);
 
-    // the first tile's weights are not the producer's output: start them towards L2 before waiting
+    // The first tile's weights are not the producer's output: its first chunk is loaded into registers
+    // before the wait and the rest started towards L2. With PDL this block is resident while the
+    // producer still streams its own weights, so a layer whose blocks each hold one tile (every layer
+    // of a 1x4 NLLB step) has its weights in flight before the producer ends, and after the wait only
+    // x, the LayerNorm and the arithmetic remain on the critical path.
+    Vec<T> w[kFeaturesPerWarp][kUnroll];
+    bool preloaded = false;
     if (blockIdx.x < tiles) {
+        load_weight_chunk<T>(w, weight, blockIdx.x * kTile + warp * kFeaturesPerWarp, N, K, lane);
+        preloaded = true;
         const int features = min(kTile, N - static_cast<int>(blockIdx.x) * kTile);
         const char* first = reinterpret_cast<const char*>(weight + static_cast<int64_t>(blockIdx.x) * kTile * K);
         const int64_t bytes = static_cast<int64_t>(features) * K * sizeof(T);
-        for (int64_t at = threadIdx.x * 128; at < bytes; at += kThreads * 128) prefetch_l2(first + at);
+        const int64_t chunk_bytes = static_cast<int64_t>(kWarpSize) * kUnroll * V * sizeof(T);
+        // lines of each weight row past its first chunk (a 4096-wide row has 4 chunks)
+        for (int64_t at = threadIdx.x * 128; at < bytes; at += kThreads * 128)
+            if (at % (static_cast<int64_t>(K) * sizeof(T)) >= chunk_bytes) prefetch_l2(first + at);
     }
     if (a.ln_gamma != nullptr) {  // parameters, not the producer's output: staged before the wait
         for (int v = threadIdx.x; v < kvecs; v += kThreads) {
@@ -201,14 +231,16 @@ __global__ void __launch_bounds__(kThreads) decode_linear_kernel(DecodeLinearArg
         for (int f = 0; f < kFeaturesPerWarp; ++f) wrow[f] = weight + static_cast<int64_t>(min(n0 + f, N - 1)) * K;
 
         for (int base = lane; base < kvecs; base += kWarpSize * kUnroll) {
-            Vec<T> w[kFeaturesPerWarp][kUnroll];
+            if (!preloaded) {
 #pragma unroll
-            for (int u = 0; u < kUnroll; ++u) {
-                const int idx = base + u * kWarpSize;
+                for (int u = 0; u < kUnroll; ++u) {
+                    const int idx = base + u * kWarpSize;
 #pragma unroll
-                for (int f = 0; f < kFeaturesPerWarp; ++f)
-                    if (idx < kvecs) w[f][u] = load_weight_vec(wrow[f] + static_cast<int64_t>(idx) * V);
+                    for (int f = 0; f < kFeaturesPerWarp; ++f)
+                        if (idx < kvecs) w[f][u] = load_weight_vec(wrow[f] + static_cast<int64_t>(idx) * V);
+                }
             }
+            preloaded = false;
 #pragma unroll
             for (int u = 0; u < kUnroll; ++u) {
                 const int idx = base + u * kWarpSize;
