@@ -72,6 +72,19 @@ def test_gpu_runtime_vs_hf_eager(seed, dtype):
         assert _rel(padded["pooler_output"][i], ref_pooled) < tol
 
 
+def _spy_on_streams(rt) -> list:
+    """Records (the stream execute_packed is given, the current stream) on each of the backend's calls."""
+    seen = []
+    execute = rt.backend.execute_packed
+
+    def spy(*args):
+        seen.append((args[-1], torch.cuda.current_stream()))
+        return execute(*args)
+
+    rt.backend.execute_packed = spy
+    return seen
+
+
 @pytest.mark.gpu
 def test_gpu_runtime_honours_the_callers_stream(seed):
     from padfree.torch import from_hf
@@ -83,14 +96,7 @@ def test_gpu_runtime_honours_the_callers_stream(seed):
     encoder = from_hf(model, dtype=torch.float32, device="cuda")
     stream = torch.cuda.Stream()
     rt = Runtime(encoder, stream=stream, max_batch=4)
-    seen = []
-    execute = rt.backend.execute_packed
-
-    def spy(*args):
-        seen.append((args[-1], torch.cuda.current_stream()))
-        return execute(*args)
-
-    rt.backend.execute_packed = spy
+    seen = _spy_on_streams(rt)
     expected = Runtime(encoder).run(seqs)["last_hidden_state"]  # one chunk, on the current stream
     rt.run(seqs)  # captures the graphs of this chunking first: a capture synchronizes the device
     torch.cuda.synchronize()
@@ -117,14 +123,7 @@ def test_gpu_runtime_without_a_stream_enqueues_on_the_current_one(seed):
     rt = Runtime(from_hf(model, dtype=torch.float32, device="cuda"))
     expected = rt.run(seqs, packed=True)["last_hidden_state"].clone()
     torch.cuda.synchronize()
-    seen = []
-    execute = rt.backend.execute_packed
-
-    def spy(*args):
-        seen.append((args[-1], torch.cuda.current_stream()))
-        return execute(*args)
-
-    rt.backend.execute_packed = spy
+    seen = _spy_on_streams(rt)
     for stream in (torch.cuda.Stream(), torch.cuda.Stream(), torch.cuda.current_stream()):
         with torch.cuda.stream(stream):
             assert rt._current_stream() == stream and rt._current_stream() is rt._current_stream()
