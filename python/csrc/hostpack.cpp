@@ -3,12 +3,19 @@
 // pack(seqs, upper, pad_id, max_len) lays a batch of token sequences end to end as int32 and checks
 // every id in the same pass: one C loop over the batch where the Python path spends a numpy
 // conversion and several whole-array passes (runtime/_inputs.py). It takes what a well-formed batch
-// is: a list or tuple whose items are each a list or tuple of Python ints or a 1-D integer buffer (a
-// numpy array). It returns (ids, cu_seqlens, lengths, longest): bytes of int32 [total_tokens], int64
-// [batch + 1] and int64 [batch], and the longest length; or None for anything else: another form, an
-// empty sequence or one longer than max_len, a bool / float / nested item, an id outside [0, upper)
-// or equal to pad_id. On None the caller runs the Python path, which accepts the batch or raises the
-// error naming the sequence and position: this module never decides a message.
+// is: a list or tuple whose items are each a list or tuple of Python ints (exactly int) or a 1-D
+// integer buffer (a numpy array). It returns (ids, cu_seqlens, lengths, longest): bytes of int32
+// [total_tokens], int64 [batch + 1] and int64 [batch], and the longest length; or None for anything
+// else: another form, an empty sequence or one longer than max_len, a bool / float / int subclass /
+// numpy scalar / nested item, an id outside [0, upper) or equal to pad_id. On None the caller runs the
+// Python path, which accepts the batch or raises the error naming the sequence and position: this
+// module never decides a message.
+//
+// Memory safety against the batch's own code: Python code the batch brings (a class's __buffer__, a
+// finalizer run by an allocation's garbage collection) may change its lists while this runs. The
+// sequences are held through a snapshot of the batch, every buffer is taken before any list is read,
+// and the lists are read in a pass that runs no Python code, each length checked against the one
+// counted: a list changed underneath declines the batch, never reads freed or stale memory.
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -20,8 +27,8 @@ namespace {
 
 // One sequence of the batch: a list / tuple of Python ints, or a 1-D buffer of native integers.
 struct Source {
-  PyObject* const* items = nullptr;  // list / tuple items (borrowed)
-  Py_buffer view{};                  // buffer form (released by Sources)
+  PyObject* seq = nullptr;  // borrowed from the batch's snapshot, which holds a reference
+  Py_buffer view{};         // buffer form (released by Sources)
   bool is_buffer = false;
   Py_ssize_t length = 0;
 };
@@ -54,12 +61,12 @@ Py_ssize_t integer_format_size(const char* format, bool* is_signed) {
   }
 }
 
-bool open_source(PyObject* seq, Source* s) {
-  if (PyList_CheckExact(seq) || PyTuple_CheckExact(seq)) {
-    s->items = PySequence_Fast_ITEMS(seq);
-    s->length = PySequence_Fast_GET_SIZE(seq);
-    return s->length > 0;
-  }
+bool is_list_form(PyObject* seq) { return PyList_CheckExact(seq) || PyTuple_CheckExact(seq); }
+
+// A sequence that is not a list or tuple, as a 1-D integer buffer. This may run Python code (a class's
+// __buffer__, Python 3.12+), which may change any list of the batch: no list is read before every
+// buffer is held.
+bool open_buffer(PyObject* seq, Source* s) {
   // bytes are text to the Python path (numpy reads them as one string), not uint8 ids
   if (!PyObject_CheckBuffer(seq) || PyBytes_Check(seq) || PyByteArray_Check(seq)) return false;
   if (PyObject_GetBuffer(seq, &s->view, PyBUF_RECORDS_RO) != 0) {
@@ -71,23 +78,7 @@ bool open_source(PyObject* seq, Source* s) {
   Py_ssize_t size = integer_format_size(s->view.format, &is_signed);
   if (s->view.ndim != 1 || size == 0 || size != s->view.itemsize) return false;
   s->length = s->view.shape[0];
-  return s->length > 0;
-}
-
-// An int item of a list: exact ints and objects with __index__ (numpy scalars); never bools, which
-// the Python path refuses or reads as it decides.
-bool item_value(PyObject* item, long long* value) {
-  int overflow = 0;
-  if (PyLong_CheckExact(item)) {
-    *value = PyLong_AsLongLongAndOverflow(item, &overflow);
-    return overflow == 0 && !(*value == -1 && PyErr_Occurred());
-  }
-  if (PyBool_Check(item) || !PyIndex_Check(item)) return false;
-  PyObject* index = PyNumber_Index(item);
-  if (index == nullptr) return false;
-  *value = PyLong_AsLongLongAndOverflow(index, &overflow);
-  Py_DECREF(index);
-  return overflow == 0 && !(*value == -1 && PyErr_Occurred());
+  return true;
 }
 
 template <typename T>
@@ -105,11 +96,18 @@ bool copy_buffer(const Py_buffer& view, Py_ssize_t length, long long upper, long
   return ok;
 }
 
+// Runs no Python code: a list's items are exact ints (never an int subclass or an object with
+// __index__, whose methods could change the list being read; the Python path takes those), and the
+// list is read as it is now, its length checked against the one counted.
 bool copy_source(const Source& s, long long upper, long long pad_id, int32_t* out) {
   if (!s.is_buffer) {
+    if (PySequence_Fast_GET_SIZE(s.seq) != s.length) return false;
+    PyObject* const* items = PySequence_Fast_ITEMS(s.seq);
     for (Py_ssize_t i = 0; i < s.length; ++i) {
-      long long v;
-      if (!item_value(s.items[i], &v) || v < 0 || v >= upper || v == pad_id) return false;
+      if (!PyLong_CheckExact(items[i])) return false;
+      int overflow = 0;
+      const long long v = PyLong_AsLongLongAndOverflow(items[i], &overflow);
+      if (overflow != 0 || v < 0 || v >= upper || v == pad_id) return false;
       out[i] = static_cast<int32_t>(v);
     }
     return true;
@@ -134,11 +132,11 @@ PyObject* pack(PyObject*, PyObject* args) {
     PyErr_SetString(PyExc_ValueError, "upper must be in [0, 2**31]: ids travel as int32");
     return nullptr;
   }
-  if (!PyList_CheckExact(batch) && !PyTuple_CheckExact(batch)) Py_RETURN_NONE;
-  const Py_ssize_t count = PySequence_Fast_GET_SIZE(batch);
-  if (count == 0) Py_RETURN_NONE;
-  PyObject* const* seqs = PySequence_Fast_ITEMS(batch);
-
+  if (!is_list_form(batch) || PySequence_Fast_GET_SIZE(batch) == 0) Py_RETURN_NONE;
+  // a reference to every sequence for the whole call, whatever Python code run below does to the batch
+  PyObject* snapshot = PySequence_Tuple(batch);
+  if (snapshot == nullptr) return nullptr;
+  const Py_ssize_t count = PyTuple_GET_SIZE(snapshot);
   Sources sources;
   sources.all.resize(count);
   const Py_ssize_t word = static_cast<Py_ssize_t>(sizeof(int64_t));
@@ -148,25 +146,38 @@ PyObject* pack(PyObject*, PyObject* args) {
   PyObject* result = nullptr;
   if (cu == nullptr || lengths == nullptr) goto done;
   {
+    // 1. every buffer held (the only step that runs Python code of the batch's own)
+    for (Py_ssize_t i = 0; i < count; ++i) {
+      Source& s = sources.all[i];
+      s.seq = PyTuple_GET_ITEM(snapshot, i);
+      if (!is_list_form(s.seq) && !open_buffer(s.seq, &s)) {
+        result = Py_NewRef(Py_None);
+        goto done;
+      }
+    }
+    // 2. the lengths
     int64_t* cu_seqlens = reinterpret_cast<int64_t*>(PyBytes_AS_STRING(cu));
     int64_t* seqlens = reinterpret_cast<int64_t*>(PyBytes_AS_STRING(lengths));
     long long longest = 0;
     cu_seqlens[0] = 0;
     for (Py_ssize_t i = 0; i < count; ++i) {
-      if (!open_source(seqs[i], &sources.all[i]) || sources.all[i].length > max_len) {
+      Source& s = sources.all[i];
+      if (!s.is_buffer) s.length = PySequence_Fast_GET_SIZE(s.seq);
+      if (s.length < 1 || s.length > max_len) {
         result = Py_NewRef(Py_None);
         goto done;
       }
-      seqlens[i] = sources.all[i].length;
-      cu_seqlens[i + 1] = cu_seqlens[i] + seqlens[i];
-      if (seqlens[i] > longest) longest = seqlens[i];
+      seqlens[i] = s.length;
+      cu_seqlens[i + 1] = cu_seqlens[i] + s.length;
+      if (s.length > longest) longest = s.length;
     }
+    // 3. the ids: an allocation (which may collect garbage and so run finalizers), then the copy,
+    // which runs no Python code and reads each list afresh
     ids = PyBytes_FromStringAndSize(nullptr, cu_seqlens[count] * static_cast<Py_ssize_t>(sizeof(int32_t)));
     if (ids == nullptr) goto done;
     int32_t* out = reinterpret_cast<int32_t*>(PyBytes_AS_STRING(ids));
     for (Py_ssize_t i = 0; i < count; ++i) {
       if (!copy_source(sources.all[i], upper, pad_id, out + cu_seqlens[i])) {
-        PyErr_Clear();  // a failed int conversion set one; the Python path reports the batch's error
         result = Py_NewRef(Py_None);
         goto done;
       }
@@ -177,6 +188,7 @@ done:
   Py_XDECREF(ids);
   Py_XDECREF(cu);
   Py_XDECREF(lengths);
+  Py_DECREF(snapshot);
   return result;
 }
 
