@@ -225,14 +225,14 @@ def test_the_packer_is_built_where_python_headers_are():
 
 @needs_hostpack
 @pytest.mark.parametrize("form", ["list", "tuple", "int8", "uint8", "int16", "uint16", "int32",
-                                  "uint32", "int64", "strided", "array.array", "mixed"])
+                                  "uint32", "int64", "strided", "reversed", "array.array", "mixed"])
 def test_compiled_packer_matches_the_reference(seed, form):
     rng = np.random.default_rng(seed)
     lengths = rng.integers(1, 60, size=int(rng.integers(1, 200)))
     high = 100 if form in ("int8", "uint8") else 2**15
     seqs = [rng.integers(0, high, size=n) for n in lengths]
     convert = {"list": lambda s: s.tolist(), "tuple": lambda s: tuple(s.tolist()),
-               "strided": lambda s: np.repeat(s, 2)[::2],
+               "strided": lambda s: np.repeat(s, 2)[::2], "reversed": lambda s: s[::-1].copy()[::-1],
                "array.array": lambda s: array.array("q", s.tolist()), "mixed": None}.get(form)
     if form in ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64"):
         convert = lambda s: s.astype(form)  # noqa: E731
