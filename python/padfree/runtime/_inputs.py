@@ -229,7 +229,7 @@ def _compiled(batch: Any, token_type_ids: Any | None, limits: Limits) -> HostBat
     if _hostpack is None or type(batch) not in (list, tuple):
         return None
     pad_id = -1 if limits.position_pad_id is None else limits.position_pad_id
-    max_len = min(limits.max_seqlen, limits.max_tokens)
+    max_len = _longest_allowed(limits)
     packed = _hostpack.pack(batch, _id_bound(limits.vocab_size), pad_id, max_len)
     if packed is None:
         return None
@@ -258,8 +258,13 @@ def validate(batch: HostBatch, limits: Limits) -> None:
                      "type_vocab_size")
 
 
+def _longest_allowed(limits: Limits) -> int:
+    """The most tokens one sequence may have: a chunk holds at least one whole sequence."""
+    return min(limits.max_seqlen, limits.max_tokens)
+
+
 def _check_lengths(batch: HostBatch, limits: Limits) -> None:
-    too_long = np.flatnonzero(batch.lengths > min(limits.max_seqlen, limits.max_tokens))
+    too_long = np.flatnonzero(batch.lengths > _longest_allowed(limits))
     if too_long.size:
         i = too_long[0]
         raise InputError(f"sequence {i} has {batch.lengths[i]} tokens, more than this model serves"

@@ -24,6 +24,7 @@ import torch
 
 from padfree.engines.errors import EngineError
 
+from .base import on_stream
 from .engine import EngineFile
 from .generation_graph import GenerationGraph, packed_sources
 from .onnxrt_seq2seq import MANIFEST, is_seq2seq_export
@@ -91,7 +92,7 @@ class EngineGeneration(GenerationGraph):
         self.engine.open_on_device()
         self.device = self.engine.device
         stream = torch.cuda.current_stream(self.device)
-        with torch.cuda.device(self.device), torch.cuda.stream(stream):
+        with on_stream(stream):
             feeds = {name: self.engine.typed(name, torch.from_numpy(value).to(self.device, non_blocking=False))
                      for name, value in host.items()}
             outputs = self.engine.run(index, feeds, stream)
