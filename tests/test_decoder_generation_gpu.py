@@ -285,6 +285,26 @@ def test_graphs_equal_eager_and_reuse_the_bucket(family, dtype):
     assert torch.equal(a, gen.generate(first, do_sample=True, top_k=20, seed=3, max_new_tokens=8))
 
 
+def test_captures_after_every_graph_is_dropped():
+    """A bucket captured after every kept graph is gone (clear(), as a generate() short of memory does,
+    or the LRU evicting the only one) is captured again and replays, not left eager: a graph pool
+    handle whose graphs are all destroyed cannot be captured into again."""
+    model = build("m2m100", **GPU_MODEL).to("cuda")
+    gen = pt.from_hf(model, dtype=torch.float16, device="cuda", max_graphs=1)
+    short, long = random_sources(model.config, 4, seed=1), random_sources(model.config, 24, seed=2)
+    want = {id(s): gen.generate(s, num_beams=2, max_new_tokens=8) for s in (short, long)}
+    for clear in (True, False, True):
+        for sources in (short, long):      # max_graphs=1: each bucket evicts the other's graph
+            if clear:
+                gen.runner.clear()
+            captures = gen.runner.captures
+            out = gen.generate(sources, num_beams=2, max_new_tokens=8)
+            assert gen.runner.captures == captures + 1
+            (state,) = gen.runner.states.values()
+            assert state.graph is not None and not state.capture_failed
+            assert torch.equal(out, want[id(sources)])
+
+
 def test_memory_estimate_refuses_what_does_not_fit():
     from padfree.ops import InputError
     model = build("marian", **GPU_MODEL).to("cuda")

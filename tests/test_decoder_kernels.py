@@ -209,6 +209,10 @@ CROSS_CASES = [
     ([512, 3, 100], 1, 16, 64, 1024),      # max_seqlen past the longest; few rows: split
     ([1000, 999], 2, 2, 128, 1000),        # long sources over many splits
     ([64] * 16, 16, 16, 64, 64),           # 256 rows
+    ([64] * 64, 4, 16, 64, 64),            # 256 rows of 4 beams (NLLB 64x4)
+    ([40, 9], 6, 4, 128, 64),              # 6 beams, head_dim 128
+    ([700, 20], 4, 16, 64, 700),           # 4 beams, few rows over long sources: split
+    ([300, 7, 64], 3, 8, 64, 300),         # 3 beams
 ]
 
 

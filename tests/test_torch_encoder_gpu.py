@@ -511,3 +511,26 @@ def test_repeated_layouts_take_the_route(seed, no_tf32, monkeypatch):
     encoder.clear_graphs()
     again = encoder(batches[2][0].cuda(), batches[2][1].cuda()).last_hidden_state  # ordinary
     assert torch.equal(again, routed[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gemm_search", ["heuristic", "none"])
+def test_captures_after_every_graph_is_dropped(gemm_search, seed):
+    """A bucket captured after every kept graph is gone (clear_graphs(), or the one graph max_graphs=1
+    keeps evicted by another bucket's) is captured and replayed again, with the same outputs: a graph
+    pool handle whose graphs are all destroyed cannot be captured into again ("none": torch's own
+    GEMM calls, whose cuBLAS workspaces torch allocates itself)."""
+    rng = np.random.default_rng(seed)
+    model = make_model("bert", hidden=128, heads=2, positions=128, seed=seed)
+    encoder = from_hf(model, dtype=torch.float16, max_graphs=1, gemm_search=gemm_search)
+    batches = [random_batch(model, 3, 32, rng, lengths=[32, 9, 20], types=True),
+               random_batch(model, 9, 128, rng, types=True)]
+    first = [encoder(ids.cuda(), mask.cuda(), types.cuda()).last_hidden_state.clone()
+             for ids, mask, types in batches]
+    for clear in (True, False):
+        for (ids, mask, types), want in zip(batches, first):
+            if clear:
+                encoder.clear_graphs()
+            got = encoder(ids.cuda(), mask.cuda(), types.cuda()).last_hidden_state
+            assert len(encoder.graph_buckets) == 1
+            assert torch.equal(got, want)

@@ -120,6 +120,7 @@ class Runner:
     def clear(self) -> None:
         """Drop every state (and graph), returning their memory to torch's allocator and the device."""
         self.states.clear()
+        self._pool = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -131,7 +132,12 @@ class Runner:
         with torch.cuda.stream(side):
             state.search.step()
         current.wait_stream(side)
-        if self._pool is None:
+        # The graphs share one memory pool (never replayed concurrently), but a pool handle outlives
+        # its pool: once every graph captured into it is gone (clear(), or the LRU evicting the last
+        # one), torch's allocator has dropped the pool and a capture into the old handle fails its
+        # internal assert, leaving the bucket eager (~5x slower steps). So a capture with no live
+        # graph beside it starts a fresh pool.
+        if self._pool is None or not any(s.graph is not None for s in self.states.values()):
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         try:

@@ -77,20 +77,24 @@ class GraphCapture:
         hidden, pooled, head_rows = self._outputs(bucket.tokens, bucket.batch)
         g = _Graph(bucket=bucket, graph=keeping_cuda_graph(), inputs=inputs, hidden=hidden, pooled=pooled,
                    head_rows=head_rows)
-        if self._pool is None:
+        # One pool for the encoder's graphs, but a fresh one whenever none is kept: a pool handle
+        # outlives its pool, and once every graph captured into it is gone (clear_graphs(), a grown
+        # input buffer) torch's allocator asserts on a capture into the old handle.
+        if self._pool is None or not len(self._graphs):
             self._pool = torch.cuda.graph_pool_handle()
+        if self._capture_stream is None:
             self._capture_stream = side_stream(self.device)
         g.gemms = self._gemms(bucket.tokens, tune=True)  # times candidates: before any capture
         if self.gemm_tuning is not None:
             save_tuning(self.gemm_tuning, self.device)
         args = (g.inputs.input_ids, g.inputs.token_type_ids, g.inputs.cu_seqlens, bucket.max_seqlen,
                 g.hidden, g.pooled, g.gemms, g.head_rows)
+        current = None  # the forward as the choices so far left it, captured
         if CHOOSE_IN_FORWARD:
-            current = None  # the forward as the choices so far left it, captured
             for name in g.gemms.alternatives():
                 current = self._choose_in_forward(g.gemms, name, args, current)
-            del current
         self._record(g.graph, args)
+        del current  # after the recording: the pool must not lose its last graph between captures
         g.dropped_memsets = g.gemms.drop_memsets(g.graph)
         if self.programmatic_edges and edges.enabled():
             self._relax_edges(g)
