@@ -7,7 +7,9 @@
 // round trip per 16 keys (D = 64) is the shortest chain. Where items alone leave the GPU short of warps
 // (1x4: 64 items), up to 4 warps of a CTA share an item's positions and combine in shared memory; where
 // even that leaves SMs idle and the keys are long, the positions are split over CTAs and combined by a
-// second kernel (split-K flash-decoding). Items run row-fastest, so a CTA's warps hold neighbouring
+// second kernel (split-K flash-decoding); where they are more than one wave of resident warps (64x4:
+// 4096 items), a variant with half the registers holds them all at once. Items run row-fastest, so a
+// CTA's warps hold neighbouring
 // rows: for cross-attention the beams of one source, whose K/V lines one warp brings into L1/L2 for
 // the others.
 #pragma once
@@ -28,6 +30,12 @@ constexpr int kUnroll = 4;              // keys per lane group and round trip (K
 constexpr int kMinSplitPositions = 64;  // a split covers at least this many positions
 constexpr int kMaxSplits = 64;
 constexpr int kAttnMinBlocks = 4;       // CTAs per SM the registers must allow (16 warps: busy_warps)
+// The variant for more items than one wave of the above holds (64x4: 4096 (row, head) items): twice
+// the CTAs per SM (64 registers), so that every item's warp is resident at once, with fewer keys per
+// round trip to fit those registers.
+constexpr int kAttnWideBlocks = 8;
+template <int kMinBlocks>
+__host__ __device__ constexpr int attention_unroll() { return kMinBlocks >= kAttnWideBlocks ? 2 : kUnroll; }
 
 struct DecoderAttentionArgs {
     const void* q;       // self: qkv [rows, 3 * hidden]; cross: q [rows, hidden]
@@ -77,8 +85,9 @@ __device__ __forceinline__ void store_item(const DecoderAttentionArgs& a, int64_
     }
 }
 
-template <typename T, int D, bool kSelf>
-__global__ void __launch_bounds__(kAttnThreads, kAttnMinBlocks) decoder_attention_kernel(DecoderAttentionArgs a) {
+template <typename T, int D, bool kSelf, int kMinBlocks>
+__global__ void __launch_bounds__(kAttnThreads, kMinBlocks) decoder_attention_kernel(DecoderAttentionArgs a) {
+    constexpr int kUnroll = attention_unroll<kMinBlocks>();
     constexpr int VEC = Vec<T>::size;
     constexpr int G = D / VEC;        // lanes per key: one 16-byte vector each
     constexpr int KPW = kWarpSize / G;  // keys per warp and load
@@ -338,15 +347,22 @@ cudaError_t launch_decoder_attention(DecoderAttentionArgs a, int32_t head_dim, p
         using T = typename decltype(tag)::type;
         auto go = [&](auto dim) {
             constexpr int D = decltype(dim)::value;
-            auto kernel = decoder_attention_kernel<T, D, kSelf>;
-            static const int per_sm = [&] {  // CTAs an SM holds (registers): once per instantiation
+            // CTAs an SM holds (registers), once per instantiation
+            auto resident = [](auto kernel, int fallback) {
                 int n = 0;
                 return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kAttnThreads, 0) == cudaSuccess && n > 0
-                           ? n : kAttnMinBlocks;
-            }();
+                           ? n : fallback;
+            };
+            auto narrow = decoder_attention_kernel<T, D, kSelf, kAttnMinBlocks>;
+            auto wide = decoder_attention_kernel<T, D, kSelf, kAttnWideBlocks>;
+            static const int narrow_per_sm = resident(narrow, kAttnMinBlocks);
+            static const int wide_per_sm = resident(wide, kAttnWideBlocks);
+            const bool use_wide = items > static_cast<int64_t>(sms) * narrow_per_sm * kAttnWarps && wide_per_sm > narrow_per_sm;
+            const int per_sm = use_wide ? wide_per_sm : narrow_per_sm;
             a.warps_per_item = choose_warps_per_item(items, static_cast<int64_t>(sms) * per_sm);
             const int64_t blocks = ceil_div<int64_t>(items, kAttnWarps / a.warps_per_item);
-            err = launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kAttnThreads), 0, stream, a);
+            err = launch_kernel(use_wide ? wide : narrow, dim3(static_cast<unsigned>(blocks)), dim3(kAttnThreads), 0,
+                                stream, a);
             if (err == cudaSuccess && a.splits > 1)
                 err = launch_kernel(decoder_attention_combine_kernel<T, D>, dim3(a.rows * a.num_heads), dim3(D), 0,
                                     stream, static_cast<const float*>(a.partial), a.rows * a.num_heads, a.splits,
