@@ -107,6 +107,7 @@ SELF_CASES = [
     (2, 4, 8, 64, 64, 61, 3),        # Marian-sized, up to step L-1
     (1, 16, 16, 64, 256, 30, 3),     # 16 beams (NLLB-600M heads)
     (16, 16, 16, 64, 96, 40, 2),     # 256 rows: unsplit
+    (64, 4, 12, 128, 48, 40, 2),     # 3072 (row, head) items, head_dim 128: the 64-register variant
     (1, 2, 2, 128, 1024, 1020, 4),   # few rows, long cache: split over many CTAs, to L-1
     (3, 1, 4, 128, 300, 150, 2),
 ]
@@ -209,7 +210,8 @@ CROSS_CASES = [
     ([512, 3, 100], 1, 16, 64, 1024),      # max_seqlen past the longest; few rows: split
     ([1000, 999], 2, 2, 128, 1000),        # long sources over many splits
     ([64] * 16, 16, 16, 64, 64),           # 256 rows
-    ([64] * 64, 4, 16, 64, 64),            # 256 rows of 4 beams (NLLB 64x4)
+    ([64] * 64, 4, 16, 64, 64),            # 256 rows of 4 beams (NLLB 64x4): the 64-register variant
+    ([20] * 64, 4, 12, 128, 20),           # the 64-register variant, head_dim 128
     ([40, 9], 6, 4, 128, 64),              # 6 beams, head_dim 128
     ([700, 20], 4, 16, 64, 700),           # 4 beams, few rows over long sources: split
     ([300, 7, 64], 3, 8, 64, 300),         # 3 beams
