@@ -8,10 +8,9 @@
 // (1x4: 64 items), up to 4 warps of a CTA share an item's positions and combine in shared memory; where
 // even that leaves SMs idle and the keys are long, the positions are split over CTAs and combined by a
 // second kernel (split-K flash-decoding); where they are more than one wave of resident warps (64x4:
-// 4096 items), a variant with half the registers holds them all at once. Items run row-fastest, so a
-// CTA's warps hold neighbouring
-// rows: for cross-attention the beams of one source, whose K/V lines one warp brings into L1/L2 for
-// the others.
+// 4096 items), a variant with two thirds of the registers holds them all at once. Items run
+// row-fastest, so a CTA's warps hold neighbouring rows: for cross-attention the beams of one source,
+// whose K/V lines one warp brings into L1/L2 for the others.
 #pragma once
 
 #include <math_constants.h>

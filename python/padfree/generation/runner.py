@@ -135,7 +135,7 @@ class Runner:
         # The graphs share one memory pool (never replayed concurrently), but a pool handle outlives
         # its pool: once every graph captured into it is gone (clear(), or the LRU evicting the last
         # one), torch's allocator has dropped the pool and a capture into the old handle fails its
-        # internal assert, leaving the bucket eager (~5x slower steps). So a capture with no live
+        # internal assert, leaving the bucket eager (~4x slower steps). So a capture with no live
         # graph beside it starts a fresh pool.
         if self._pool is None or not any(s.graph is not None for s in self.states.values()):
             self._pool = torch.cuda.graph_pool_handle()
