@@ -120,7 +120,6 @@ class Runner:
     def clear(self) -> None:
         """Drop every state (and graph), returning their memory to torch's allocator and the device."""
         self.states.clear()
-        self._pool = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -137,7 +136,7 @@ class Runner:
         # one), torch's allocator has dropped the pool and a capture into the old handle fails its
         # internal assert, leaving the bucket eager (~4x slower steps). So a capture with no live
         # graph beside it starts a fresh pool.
-        if self._pool is None or not any(s.graph is not None for s in self.states.values()):
+        if not any(s.graph is not None for s in self.states.values()):  # (none before the first)
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         try:

@@ -80,7 +80,7 @@ class GraphCapture:
         # One pool for the encoder's graphs, but a fresh one whenever none is kept: a pool handle
         # outlives its pool, and once every graph captured into it is gone (clear_graphs(), a grown
         # input buffer) torch's allocator asserts on a capture into the old handle.
-        if self._pool is None or not len(self._graphs):
+        if not len(self._graphs):  # (none before the first capture)
             self._pool = torch.cuda.graph_pool_handle()
         if self._capture_stream is None:
             self._capture_stream = side_stream(self.device)
