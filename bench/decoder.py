@@ -104,19 +104,24 @@ def bench_cross(heads, head_dim, rows, dtype):
 
 
 def bench_topk(vocab, rows, dtype):
+    """log_softmax_topk as a decode step calls it: the vocabulary padded to a multiple of 64 (the padded
+    LM head, weights.pad_output_projection) with a bias of -inf on the padded ids."""
     elt = torch.finfo(dtype).bits // 8
     k = 2 * NUM_BEAMS
+    padded = -(-vocab // 64) * 64
+    bias = torch.zeros(padded, device="cuda", dtype=dtype)
+    bias[vocab:] = float("-inf")
     fns = []
     bs = torch.zeros(rows, device="cuda")
-    for _ in range(sets_for(rows * vocab * elt)):
-        logits = torch.randn(rows, vocab, device="cuda", dtype=dtype)
+    for _ in range(sets_for(rows * padded * elt)):
+        logits = torch.randn(rows, padded, device="cuda", dtype=dtype)
         scores = torch.empty(rows, k, device="cuda")
         ids = torch.empty(rows, k, device="cuda", dtype=torch.int32)
         ws = torch.empty(1 << 22, dtype=torch.uint8, device="cuda")
         fns.append(lambda logits=logits, scores=scores, ids=ids, ws=ws: ops.log_softmax_topk(
-            logits, k, beam_scores=bs, out_scores=scores, out_ids=ids, workspace=ws))
+            logits, k, bias=bias, beam_scores=bs, out_scores=scores, out_ids=ids, workspace=ws))
     ms = time_ms(fns)
-    return ms, rows * vocab * elt
+    return ms, rows * padded * elt
 
 
 def bench_linear(rows, k, n, dtype, *, ln, residual, act, torch_ops):
@@ -186,7 +191,7 @@ def main():
                 json.dump(results, f, indent=1)
         return
     for model, (heads, head_dim, vocab) in MODELS.items():
-        for rows in (4, 64, 256):
+        for rows in (4, 16, 64, 256):
             for step in (32, 64):
                 report(f"{model} self  rows {rows:3d} step {step}", *bench_self(heads, head_dim, rows, step, dtype))
             report(f"{model} cross rows {rows:3d} src {SOURCE_LEN}", *bench_cross(heads, head_dim, rows, dtype))

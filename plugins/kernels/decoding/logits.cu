@@ -11,15 +11,20 @@
 
 #include <math_constants.h>
 
+#include <type_traits>
+
 #include "common.cuh"
 
 namespace padfree {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kElems = 16;                  // logits per thread in stage 1
-constexpr int kChunk = kThreads * kElems;   // logits per stage-1 CTA
-constexpr int kWarps = kThreads / kWarpSize;
+constexpr int kChunk = 4096;               // logits per stage-1 CTA (a row's chunk)
+// Stage 1's CTA: 256 threads x 16 logits where a step has few rows (more CTAs in flight for a grid
+// short of the SMs), 128 x 32 from kWideRows rows on: a CTA's fixed work (the block's max and sum,
+// the candidate bound, barriers, the selection) is then shared by twice the logits per thread, and
+// the kernel is issue-bound there (NLLB's 256 x 256k logits).
+constexpr int kNarrowThreads = 256, kWideThreads = 128;
+constexpr int32_t kWideRows = 8;
 constexpr int kMergeThreads = 512;
 constexpr uint32_t kPenalised = 1, kBanned = 2;
 
@@ -40,27 +45,6 @@ __device__ __forceinline__ unsigned long long full_key(uint32_t value_key, int32
 
 __device__ __forceinline__ int32_t key_id(unsigned long long key) {
     return static_cast<int32_t>(~static_cast<uint32_t>(key));
-}
-
-// (max, sum of exp(x - max)) of two parts as one: each sum rescaled to the larger max.
-__device__ __forceinline__ float2 merge_max_sum(float2 a, float2 b) {
-    const float m = fmaxf(a.x, b.x);
-    if (m == -CUDART_INF_F) return make_float2(m, 0.f);
-    return make_float2(m, a.y * __expf(a.x - m) + b.y * __expf(b.x - m));
-}
-
-// The whole block's (max, sum), returned to every thread: one barrier pair instead of two reductions.
-__device__ __forceinline__ float2 block_max_sum(float2 v, float2* scratch) {
-#pragma unroll
-    for (int offset = kWarpSize / 2; offset > 0; offset /= 2)
-        v = merge_max_sum(v, make_float2(__shfl_xor_sync(0xffffffffu, v.x, offset),
-                                         __shfl_xor_sync(0xffffffffu, v.y, offset)));
-    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    float2 total = scratch[0];
-    for (int w = 1; w < static_cast<int>(blockDim.x / kWarpSize); ++w) total = merge_max_sum(total, scratch[w]);
-    return total;
 }
 
 struct SelectShared {
@@ -136,13 +120,28 @@ __device__ void block_select(const unsigned long long* keys, int n, int k, Selec
     }
 }
 
+// x[j] for an index known only at run time, as a tree of selects on j's bits (N - 1 selects): an
+// indexed read of a register array would put the array in local memory.
+template <int N, int kFirst = 0>
+__device__ __forceinline__ float pick(const float (&x)[N], int j) {
+    if constexpr (N == 1) {
+        return x[0];
+    } else {
+        static_assert((N & (N - 1)) == 0, "a power of two");
+        constexpr int kHalf = N / 2;
+        const float(&low)[kHalf] = *reinterpret_cast<const float(*)[kHalf]>(&x[0]);
+        const float(&high)[kHalf] = *reinterpret_cast<const float(*)[kHalf]>(&x[kHalf]);
+        return (j & kHalf) ? pick<kHalf>(high, j) : pick<kHalf>(low, j);
+    }
+}
+
 // ---- stage 1: one CTA per (chunk of kChunk logits, row) --------------------------------------------
 
 // Ids the processors change are no candidates in stage 1 (stage 2 adds them processed): a bit per
 // logit of the chunk [e0, e1) (bits zeroed and a barrier passed before).
 __device__ __forceinline__ void mark_specials(const LogitsTopkArgs& a, int r, int e0, int e1, uint32_t* bits) {
     const int specials = a.num_penalty + a.num_banned;
-    for (int i = threadIdx.x; i < specials; i += kThreads) {
+    for (int i = threadIdx.x; i < specials; i += blockDim.x) {
         const int id = i < a.num_penalty ? a.penalty_ids[static_cast<int64_t>(r) * a.num_penalty + i]
                                          : a.banned_ids[static_cast<int64_t>(r) * a.num_banned + i - a.num_penalty];
         if (id >= e0 && id < e1) atomicOr(&bits[(id - e0) / 32], 1u << ((id - e0) % 32));
@@ -155,9 +154,12 @@ __device__ __forceinline__ void mark_specials(const LogitsTopkArgs& a, int r, in
 // count: stage 1 is issue-bound (NLLB's 256 x 256k fp16 logits, H200: 83 instructions per logit,
 // 85 % of issue slots busy, 11 % of DRAM bandwidth), and the staging's stores, reloads and 64-bit
 // index arithmetic were most of them.
-template <typename T, bool kAligned>
+template <typename T, bool kAligned, int kThreads>
 __global__ void __launch_bounds__(kThreads) topk_chunks_kernel(LogitsTopkArgs a, float2* stats, float* cand_value,
                                                                int32_t* cand_id) {
+    constexpr int kElems = kChunk / kThreads;  // logits per thread
+    constexpr int kWarps = kThreads / kWarpSize;
+    static_assert(kElems <= 32, "a thread's candidates are the bits of one word");
     constexpr int VEC = Vec<T>::size;
     constexpr int kStageVecs = kChunk / VEC + 1;
     __shared__ union {
@@ -169,8 +171,9 @@ __global__ void __launch_bounds__(kThreads) topk_chunks_kernel(LogitsTopkArgs a,
     } sm;
     __shared__ uint32_t special_bits[kChunk / 32];
     __shared__ SelectShared select;
-    __shared__ uint32_t warp_bound[kWarps];
-    __shared__ float2 pair_scratch[kWarps];
+    __shared__ uint32_t warp_bound[kWarps], warp_max_key[kWarps];
+    __shared__ float warp_total[kWarps];
+    __shared__ float chunk_max;
     __shared__ int candidates;
 
     const int tid = threadIdx.x;
@@ -212,24 +215,40 @@ __global__ void __launch_bounds__(kThreads) topk_chunks_kernel(LogitsTopkArgs a,
             mark_specials(a, r, e0, e1, special_bits);
             __syncthreads();
         }
+        // With no processed ids (the usual step) every valid logit is a candidate: no flags, and the
+        // candidates' max is the thread's max. Every chunk but a row's last is full: no validity test.
+        auto consume = [&](auto with_specials, auto full_chunk) {
+            constexpr bool kSpecials = decltype(with_specials)::value, kFull = decltype(full_chunk)::value;
 #pragma unroll
-        for (int j = 0; j < kVecs; ++j) {
-            const int at = (j * kThreads + tid) * VEC;
-            const bool valid = at < n;
-            // VEC divides 32: a vector's flags are VEC bits of one word
-            const uint32_t flags = specials > 0 && valid ? special_bits[at / 32] >> (at % 32) : 0u;
-            float f[VEC];
-            vec_to_float(lv[j], f);
-            if (bias != nullptr) add_vec<T>(f, bv[j]);
+            for (int j = 0; j < kVecs; ++j) {
+                const int at = (j * kThreads + tid) * VEC;
+                const bool valid = kFull || at < n;
+                float f[VEC];
+                vec_to_float(lv[j], f);
+                if (bias != nullptr) add_vec<T>(f, bv[j]);
+                // VEC divides 32: a vector's flags are VEC bits of one word
+                const uint32_t flags = kSpecials && valid ? special_bits[at / 32] >> (at % 32) : 0u;
 #pragma unroll
-            for (int i = 0; i < VEC; ++i) {
-                const int e = j * VEC + i;
-                x[e] = valid ? f[i] : -CUDART_INF_F;
-                thread_max = fmaxf(thread_max, x[e]);
-                const bool candidate = valid && !((flags >> i) & 1u);
-                cand |= static_cast<uint32_t>(candidate) << e;
-                cand_max = fmaxf(cand_max, candidate ? x[e] : -CUDART_INF_F);
+                for (int i = 0; i < VEC; ++i) {
+                    const int e = j * VEC + i;
+                    x[e] = kFull || valid ? f[i] : -CUDART_INF_F;
+                    thread_max = fmaxf(thread_max, x[e]);
+                    if constexpr (kSpecials) {
+                        const bool candidate = valid && !((flags >> i) & 1u);
+                        cand |= static_cast<uint32_t>(candidate) << e;
+                        cand_max = fmaxf(cand_max, candidate ? x[e] : -CUDART_INF_F);
+                    }
+                }
+                if constexpr (!kSpecials) cand |= (valid ? (1u << VEC) - 1u : 0u) << (j * VEC);
             }
+            if constexpr (!kSpecials) cand_max = thread_max;
+        };
+        if (specials > 0) {
+            consume(std::true_type{}, std::false_type{});
+        } else if (n == kChunk) {
+            consume(std::false_type{}, std::true_type{});
+        } else {
+            consume(std::false_type{}, std::false_type{});
         }
     } else {
         // Rows start anywhere when vocab % VEC != 0 (NLLB's 256206): the chunk is read as the aligned
@@ -291,20 +310,16 @@ __global__ void __launch_bounds__(kThreads) topk_chunks_kernel(LogitsTopkArgs a,
         }
     }
 
-    if (a.normalize) {  // the chunk's max and sum of exp (online softmax's pairs), combined in stage 2
-        float sum = 0.f;
-        if (thread_max != -CUDART_INF_F) {
-#pragma unroll
-            for (int j = 0; j < kElems; ++j) sum += exp2f(fmaf(x[j], CUDART_L2E_F, -thread_max * CUDART_L2E_F));
-        }
-        const float2 ms = block_max_sum(make_float2(thread_max, sum), pair_scratch);
-        if (tid == 0) stats[static_cast<int64_t>(r) * nchunks + chunk] = ms;
-    }
-
-    // A lower bound of the k-th largest candidate key: each warp's ceil(k / warps)-th largest thread
-    // maximum (those maxima are distinct elements, at least k of them at or above the smallest bound).
+    // One barrier for the block's max (the log-softmax's shift) and the candidate bound: each warp's
+    // max as an integer max of order keys (one instruction), and each warp's ceil(k / warps)-th
+    // largest thread maximum of the candidates. A lower bound of the k-th largest candidate key is the
+    // smallest of those (they are distinct elements, at least k of them at or above it).
+    const int lane = tid % kWarpSize, warp = tid / kWarpSize;
     {
-        const int lane = tid % kWarpSize, warp = tid / kWarpSize;
+        if (a.normalize) {
+            const uint32_t warp_max = __reduce_max_sync(0xffffffffu, order_key(thread_max));
+            if (lane == 0) warp_max_key[warp] = warp_max;
+        }
         const int q = ceil_div(a.k, kWarps);
         uint32_t work = cand != 0 ? max(order_key(cand_max), 1u) : 0u, bound = 0;  // 0: no candidate
         for (int i = 0; i < q; ++i) {
@@ -321,17 +336,46 @@ __global__ void __launch_bounds__(kThreads) topk_chunks_kernel(LogitsTopkArgs a,
 #pragma unroll
     for (int w = 1; w < kWarps; ++w) bound = min(bound, warp_bound[w]);
     bound = max(bound, 1u);
-    // key >= bound as a float comparison: every such logit passes (NaNs too; key 1's value is a NaN,
-    // which lets all pass); the few extra (-0 beside a +0 bound) only cost block_select a key
-    const float bound_value = key_value(bound);
+    if (a.normalize) {  // the chunk's max and sum of exp (online softmax's pairs), combined in stage 2
+        uint32_t max_key = warp_max_key[0];
 #pragma unroll
-    for (int j = 0; j < kElems; ++j) {
-        const int p = kAligned ? ((j / VEC) * kThreads + tid) * VEC + j % VEC : j * kThreads + tid;
-        // key 1: a NaN's, still above "none"
-        if (((cand >> j) & 1u) && !(x[j] < bound_value))
-            sm.keys[atomicAdd(&candidates, 1)] = full_key(max(order_key(x[j]), 1u), e0 + p);
+        for (int w = 1; w < kWarps; ++w) max_key = max(max_key, warp_max_key[w]);
+        const float m = key_value(max_key);
+        float sum = 0.f;
+        if (m != -CUDART_INF_F) {
+#pragma unroll
+            for (int j = 0; j < kElems; ++j) sum += exp2f(fmaf(x[j], CUDART_L2E_F, -m * CUDART_L2E_F));
+        }
+        sum = warp_sum(sum);
+        if (lane == 0) warp_total[warp] = sum;
+        if (tid == 0) chunk_max = m;
+    }
+    // key >= bound as a float comparison: every such logit passes (NaNs too; key 1's value is a NaN,
+    // which lets all pass); the few extra (-0 beside a +0 bound) only cost block_select a key. A
+    // thread has few (a CTA ~10-30 in all): one atomic per thread, and each one's value picked out of
+    // the registers by its index (a select tree) instead of a branch per logit.
+    const float bound_value = key_value(bound);
+    uint32_t pass = 0;
+#pragma unroll
+    for (int j = 0; j < kElems; ++j) pass |= static_cast<uint32_t>(!(x[j] < bound_value)) << j;
+    pass &= cand;
+    if (pass != 0) {
+        int slot = atomicAdd(&candidates, __popc(pass));
+        do {
+            const int j = __ffs(pass) - 1;
+            pass &= pass - 1;
+            const int p = kAligned ? ((j / VEC) * kThreads + tid) * VEC + j % VEC : j * kThreads + tid;
+            // key 1: a NaN's, still above "none"
+            sm.keys[slot++] = full_key(max(order_key(pick(x, j)), 1u), e0 + p);
+        } while (pass != 0);
     }
     __syncthreads();
+    if (a.normalize && tid == 0) {
+        float total = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) total += warp_total[w];
+        stats[static_cast<int64_t>(r) * nchunks + chunk] = make_float2(chunk_max, total);
+    }
     const int n = candidates;
     const int64_t out_base = (static_cast<int64_t>(r) * nchunks + chunk) * a.k;
     block_select<kThreads>(sm.keys, n, a.k, select, [&](int slot, unsigned long long k64) {
@@ -481,10 +525,15 @@ cudaError_t launch_logits_topk(const LogitsTopkArgs& args, void* workspace, padf
                                        static_cast<int>(smem));
             if (err != cudaSuccess) return;
         }
-        auto chunks_kernel =
-            args.vocab % vec_size<T>() == 0 ? topk_chunks_kernel<T, true> : topk_chunks_kernel<T, false>;
-        launch_kernel(chunks_kernel, dim3(nchunks, args.rows), dim3(kThreads), 0, stream, args, stats, cand_value,
-                      cand_id);
+        const bool aligned = args.vocab % vec_size<T>() == 0;
+        if (args.rows >= kWideRows) {
+            launch_kernel(aligned ? topk_chunks_kernel<T, true, kWideThreads> : topk_chunks_kernel<T, false, kWideThreads>,
+                          dim3(nchunks, args.rows), dim3(kWideThreads), 0, stream, args, stats, cand_value, cand_id);
+        } else {
+            launch_kernel(aligned ? topk_chunks_kernel<T, true, kNarrowThreads>
+                                  : topk_chunks_kernel<T, false, kNarrowThreads>,
+                          dim3(nchunks, args.rows), dim3(kNarrowThreads), 0, stream, args, stats, cand_value, cand_id);
+        }
         launch_kernel(topk_merge_kernel<T>, dim3(args.rows), dim3(kMergeThreads), smem, stream, args, nchunks,
                       table_size_of(args.num_penalty + args.num_banned), stats, cand_value, cand_id);
     });
