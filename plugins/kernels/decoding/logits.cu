@@ -55,8 +55,9 @@ struct SelectShared {
 };
 
 // Emits, through emit(slot, key) with slots 0..min(n, k)-1, the k largest of keys[0..n) (distinct):
-// up to one key per thread by ranking (slot = rank), past that unordered, by a radix select on 8-bit digits from the top that stops once the digit's bin holds
-// exactly the keys still needed. Every thread of the block calls it.
+// up to one key per thread by ranking (slot = rank), past that unordered, by a radix select on 8-bit
+// digits from the top that stops once the digit's bin holds exactly the keys still needed. Every
+// thread of the block calls it.
 template <int kBlock, class Emit>
 __device__ void block_select(const unsigned long long* keys, int n, int k, SelectShared& s, Emit emit) {
     const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
@@ -123,7 +124,7 @@ __device__ void block_select(const unsigned long long* keys, int n, int k, Selec
 
 // x[j] for an index known only at run time, as a tree of selects on j's bits (N - 1 selects): an
 // indexed read of a register array would put the array in local memory.
-template <int N, int kFirst = 0>
+template <int N>
 __device__ __forceinline__ float pick(const float (&x)[N], int j) {
     if constexpr (N == 1) {
         return x[0];
@@ -480,7 +481,8 @@ __global__ void __launch_bounds__(kMergeThreads) topk_merge_kernel(LogitsTopkArg
         constexpr int kMergeWarps = kMergeThreads / kWarpSize;
         const int lane = tid % kWarpSize, warp = tid / kWarpSize;
         uint32_t work = 0;  // the thread's largest value key (at least 1: 0 is "none")
-        for (int i = tid; i < count; i += kMergeThreads) work = max(work, max(static_cast<uint32_t>(keys[i] >> 32), 1u));
+        for (int i = tid; i < count; i += kMergeThreads)
+            work = max(work, max(static_cast<uint32_t>(keys[i] >> 32), 1u));
         uint32_t bound = 0;
         for (int i = 0; i < ceil_div(k, kMergeWarps); ++i) {
             bound = __reduce_max_sync(0xffffffffu, work);
@@ -568,7 +570,8 @@ cudaError_t launch_logits_topk(const LogitsTopkArgs& args, void* workspace, padf
         }
         const bool aligned = args.vocab % vec_size<T>() == 0;
         if (args.rows >= kWideRows) {
-            launch_kernel(aligned ? topk_chunks_kernel<T, true, kWideThreads> : topk_chunks_kernel<T, false, kWideThreads>,
+            launch_kernel(aligned ? topk_chunks_kernel<T, true, kWideThreads>
+                                  : topk_chunks_kernel<T, false, kWideThreads>,
                           dim3(nchunks, args.rows), dim3(kWideThreads), 0, stream, args, stats, cand_value, cand_id);
         } else {
             launch_kernel(aligned ? topk_chunks_kernel<T, true, kNarrowThreads>
