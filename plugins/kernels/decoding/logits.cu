@@ -122,6 +122,19 @@ __device__ void block_select(const unsigned long long* keys, int n, int k, Selec
     }
 }
 
+// The q-th largest of the warp's values (distinct holders; 0 where fewer than q are nonzero): each
+// round takes the warp's max and zeroes one holder's. Every lane returns it.
+__device__ __forceinline__ uint32_t warp_qth_largest(uint32_t work, int q, int lane) {
+    uint32_t value = 0;
+    for (int i = 0; i < q; ++i) {
+        value = __reduce_max_sync(0xffffffffu, work);
+        if (value == 0) break;
+        const unsigned holders = __ballot_sync(0xffffffffu, work == value);
+        if (lane == __ffs(holders) - 1) work = 0;
+    }
+    return value;
+}
+
 // x[j] for an index known only at run time, as a tree of selects on j's bits (N - 1 selects): an
 // indexed read of a register array would put the array in local memory.
 template <int N>
@@ -322,14 +335,8 @@ __global__ void __launch_bounds__(kThreads) topk_chunks_kernel(LogitsTopkArgs a,
             const uint32_t warp_max = __reduce_max_sync(0xffffffffu, order_key(thread_max));
             if (lane == 0) warp_max_key[warp] = warp_max;
         }
-        const int q = ceil_div(a.k, kWarps);
-        uint32_t work = cand != 0 ? max(order_key(cand_max), 1u) : 0u, bound = 0;  // 0: no candidate
-        for (int i = 0; i < q; ++i) {
-            bound = __reduce_max_sync(0xffffffffu, work);
-            if (bound == 0) break;
-            const unsigned holders = __ballot_sync(0xffffffffu, work == bound);
-            if (lane == __ffs(holders) - 1) work = 0;
-        }
+        const uint32_t work = cand != 0 ? max(order_key(cand_max), 1u) : 0u;  // 0: no candidate
+        const uint32_t bound = warp_qth_largest(work, ceil_div(a.k, kWarps), lane);
         if (lane == 0) warp_bound[warp] = bound;
         if (tid == 0) candidates = 0;
     }
@@ -483,17 +490,11 @@ __global__ void __launch_bounds__(kMergeThreads) topk_merge_kernel(LogitsTopkArg
         uint32_t work = 0;  // the thread's largest value key (at least 1: 0 is "none")
         for (int i = tid; i < count; i += kMergeThreads)
             work = max(work, max(static_cast<uint32_t>(keys[i] >> 32), 1u));
-        uint32_t bound = 0;
-        for (int i = 0; i < ceil_div(k, kMergeWarps); ++i) {
-            bound = __reduce_max_sync(0xffffffffu, work);
-            if (bound == 0) break;
-            const unsigned holders = __ballot_sync(0xffffffffu, work == bound);
-            if (lane == __ffs(holders) - 1) work = 0;
-        }
-        if (lane == 0) merge_bound[warp] = bound;
+        const uint32_t warp_bound = warp_qth_largest(work, ceil_div(k, kMergeWarps), lane);
+        if (lane == 0) merge_bound[warp] = warp_bound;
         if (tid == 0) kept = 0;
         __syncthreads();
-        bound = merge_bound[0];
+        uint32_t bound = merge_bound[0];
 #pragma unroll
         for (int w = 1; w < kMergeWarps; ++w) bound = min(bound, merge_bound[w]);
         for (int i = tid; i < count; i += kMergeThreads) {
