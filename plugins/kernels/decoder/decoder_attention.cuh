@@ -356,7 +356,8 @@ cudaError_t launch_decoder_attention(DecoderAttentionArgs a, int32_t head_dim, p
             auto wide = decoder_attention_kernel<T, D, kSelf, kAttnWideBlocks>;
             static const int narrow_per_sm = resident(narrow, kAttnMinBlocks);
             static const int wide_per_sm = resident(wide, kAttnWideBlocks);
-            const bool use_wide = items > static_cast<int64_t>(sms) * narrow_per_sm * kAttnWarps && wide_per_sm > narrow_per_sm;
+            const bool use_wide =
+                items > static_cast<int64_t>(sms) * narrow_per_sm * kAttnWarps && wide_per_sm > narrow_per_sm;
             const int per_sm = use_wide ? wide_per_sm : narrow_per_sm;
             a.warps_per_item = choose_warps_per_item(items, static_cast<int64_t>(sms) * per_sm);
             const int64_t blocks = ceil_div<int64_t>(items, kAttnWarps / a.warps_per_item);

@@ -570,14 +570,15 @@ cudaError_t launch_logits_topk(const LogitsTopkArgs& args, void* workspace, padf
             if (err != cudaSuccess) return;
         }
         const bool aligned = args.vocab % vec_size<T>() == 0;
+        auto launch_chunks = [&](auto threads) {
+            constexpr int kThreads = decltype(threads)::value;
+            launch_kernel(aligned ? topk_chunks_kernel<T, true, kThreads> : topk_chunks_kernel<T, false, kThreads>,
+                          dim3(nchunks, args.rows), dim3(kThreads), 0, stream, args, stats, cand_value, cand_id);
+        };
         if (args.rows >= kWideRows) {
-            launch_kernel(aligned ? topk_chunks_kernel<T, true, kWideThreads>
-                                  : topk_chunks_kernel<T, false, kWideThreads>,
-                          dim3(nchunks, args.rows), dim3(kWideThreads), 0, stream, args, stats, cand_value, cand_id);
+            launch_chunks(std::integral_constant<int, kWideThreads>{});
         } else {
-            launch_kernel(aligned ? topk_chunks_kernel<T, true, kNarrowThreads>
-                                  : topk_chunks_kernel<T, false, kNarrowThreads>,
-                          dim3(nchunks, args.rows), dim3(kNarrowThreads), 0, stream, args, stats, cand_value, cand_id);
+            launch_chunks(std::integral_constant<int, kNarrowThreads>{});
         }
         launch_kernel(topk_merge_kernel<T>, dim3(args.rows), dim3(kMergeThreads), smem, stream, args, nchunks,
                       table_size_of(args.num_penalty + args.num_banned), stats, cand_value, cand_id);
