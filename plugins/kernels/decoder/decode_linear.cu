@@ -19,7 +19,11 @@
 #include "decode_linear.h"
 
 #include "../attention/attention_ptx.cuh"
+#include "../ptx/tma_ptx.cuh"
 #include "common.cuh"
+
+#include <algorithm>
+#include <type_traits>
 
 namespace padfree {
 namespace {
@@ -30,6 +34,10 @@ constexpr int kFeaturesPerWarp = 2;
 constexpr int kTile = kWarps * kFeaturesPerWarp;  // output features per block iteration
 constexpr int kUnroll = 8;                         // 16-byte weight vectors in flight per lane and feature
 constexpr int kBlocksPerSm = 4;
+// The first tile goes through shared memory from this size on (below it, registers: KERNELS.md).
+constexpr int kBulkTileMinBytes = 16 * 1024;
+// Shared memory a block may take with the bulk tile (of the 227 KB an sm_90 block can opt into).
+constexpr size_t kBulkMaxSharedBytes = 200 * 1024;
 
 // Two adjacent elements as floats (one conversion instruction for the half types).
 __device__ __forceinline__ float2 pair_to_float2(const float* p) { return make_float2(p[0], p[1]); }
@@ -91,6 +99,22 @@ __device__ __forceinline__ float activate(float y, DecodeActivation act) {
     }
 }
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define PADFREE_DECODE_LINEAR_BULK 1
+
+// `bytes` from global into shared memory by the copy engine (one instruction for a whole tile, no
+// registers held while it flies), counted on the mbarrier `bar`, marked evict-first in L2: a step reads
+// each weight once. sm_90 and later.
+__device__ __forceinline__ void bulk_load_evict_first(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+    uint64_t policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
+        ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(policy)
+        : "memory");
+}
+#endif
+
 // A weight vector read once per step: streamed past L1 and marked evict-first in L2.
 template <typename T>
 __device__ __forceinline__ Vec<T> load_weight_vec(const T* p) {
@@ -118,25 +142,46 @@ __device__ __forceinline__ void load_weight_chunk(Vec<T> (&w)[kFeaturesPerWarp][
 }
 
 // kRows: rows rounded up to a power of two (the accumulators' count); staged rows past `rows` are zero.
+// bulk_tile (sm_90, where the launcher found room): the first tile through shared memory. 128 registers
+// (4 blocks per SM) for 16- and 32-bit types; bf16's conversions need more, unbounded as before.
 template <typename T, int kRows>
-__global__ void __launch_bounds__(kThreads) decode_linear_kernel(DecodeLinearArgs a) {
+__global__ void __launch_bounds__(kThreads, std::is_same_v<T, __nv_bfloat16> ? 1 : kBlocksPerSm)
+    decode_linear_kernel(DecodeLinearArgs a, int bulk_tile) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     constexpr int V = vec_size<T>();
     const int K = a.in_features, N = a.out_features, M = a.rows;
     T* xs = reinterpret_cast<T*>(smem_raw);  // [kRows][in_features]
     T* ln_params = xs + static_cast<int64_t>(kRows) * K;  // gamma then beta [in_features] each, with LN
+    T* wtile = ln_params + (a.ln_gamma != nullptr ? 2 * K : 0);  // [kTile][in_features], with bulk_tile
+    uint64_t* bar = reinterpret_cast<uint64_t*>(wtile + static_cast<int64_t>(kTile) * K);
     const int kvecs = K / V;
     const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
     const int tiles = (N + kTile - 1) / kTile;
     const T* weight = static_cast<const T*>(a.weight);
 
-    // The first tile's weights are not the producer's output: its first chunk is loaded into registers
-    // before the wait and the rest started towards L2. With PDL this block is resident while the
-    // producer still streams its own weights, so a layer whose blocks each hold one tile (every layer
-    // of a 1x4 NLLB step) has its weights in flight before the producer ends, and after the wait only
-    // x, the LayerNorm and the arithmetic remain on the critical path.
+    // The first tile's weights are not the producer's output: they are requested before the wait. With
+    // PDL this block is resident while the producer still streams its own weights, so a layer whose
+    // blocks each hold one tile (every layer of a 1x4 NLLB step) has its weights in flight before the
+    // producer ends, and after the wait only x, the LayerNorm and the arithmetic remain on the critical
+    // path. On sm_90 one thread bulk-copies the whole tile into shared memory; otherwise its first chunk
+    // is loaded into registers and the rest started towards L2.
     Vec<T> w[kFeaturesPerWarp][kUnroll];
-    bool preloaded = false;
+    bool preloaded = false, from_smem = false;
+#if defined(PADFREE_DECODE_LINEAR_BULK)
+    if (bulk_tile && blockIdx.x < tiles) {
+        from_smem = true;
+        if (threadIdx.x == 0) {
+            const int features = min(kTile, N - static_cast<int>(blockIdx.x) * kTile);
+            const uint32_t b = attention_detail::smem_addr(bar);
+            const uint32_t bytes = static_cast<uint32_t>(features) * K * sizeof(T);
+            attention_detail::mbarrier_init(b, 1);
+            attention_detail::fence_mbarrier_init();  // published to the block by the barrier after staging x
+            attention_detail::mbarrier_expect_bytes(b, bytes);
+            bulk_load_evict_first(attention_detail::smem_addr(wtile),
+                                  weight + static_cast<int64_t>(blockIdx.x) * kTile * K, bytes, b);
+        }
+    } else
+#endif
     if (blockIdx.x < tiles) {
         load_weight_chunk<T>(w, weight, blockIdx.x * kTile + warp * kFeaturesPerWarp, N, K, lane);
         preloaded = true;
@@ -229,9 +274,16 @@ __global__ void __launch_bounds__(kThreads) decode_linear_kernel(DecodeLinearArg
         const T* wrow[kFeaturesPerWarp];
 #pragma unroll
         for (int f = 0; f < kFeaturesPerWarp; ++f) wrow[f] = weight + static_cast<int64_t>(min(n0 + f, N - 1)) * K;
+        const T* wsmem[kFeaturesPerWarp];  // the same rows in the bulk-copied tile
+#pragma unroll
+        for (int f = 0; f < kFeaturesPerWarp; ++f)
+            wsmem[f] = wtile + static_cast<int64_t>(min(n0 + f, N - 1) - tile * kTile) * K;
+#if defined(PADFREE_DECODE_LINEAR_BULK)
+        if (from_smem) attention_detail::mbarrier_wait(attention_detail::smem_addr(bar), 0);
+#endif
 
         for (int base = lane; base < kvecs; base += kWarpSize * kUnroll) {
-            if (!preloaded) {
+            if (!preloaded && !from_smem) {
 #pragma unroll
                 for (int u = 0; u < kUnroll; ++u) {
                     const int idx = base + u * kWarpSize;
@@ -247,13 +299,15 @@ __global__ void __launch_bounds__(kThreads) decode_linear_kernel(DecodeLinearArg
                 if (idx >= kvecs) break;
                 float wf[kFeaturesPerWarp][V];
 #pragma unroll
-                for (int f = 0; f < kFeaturesPerWarp; ++f)
+                for (int f = 0; f < kFeaturesPerWarp; ++f) {
+                    if (from_smem) w[f][u] = load_vec(wsmem[f] + static_cast<int64_t>(idx) * V);
 #pragma unroll
                     for (int e = 0; e < V; e += 2) {
                         const float2 p = pair_to_float2(&w[f][u].v[e]);
                         wf[f][e] = p.x;
                         wf[f][e + 1] = p.y;
                     }
+                }
 #pragma unroll
                 for (int m = 0; m < kRows; ++m) {
                     const Vec<T> xv = load_vec(xs + static_cast<int64_t>(m) * K + static_cast<int64_t>(idx) * V);
@@ -269,6 +323,7 @@ __global__ void __launch_bounds__(kThreads) decode_linear_kernel(DecodeLinearArg
                 }
             }
         }
+        from_smem = false;
         constexpr int kCount = kFeaturesPerWarp * kRows;
         float sums[kCount];
 #pragma unroll
@@ -293,21 +348,29 @@ __global__ void __launch_bounds__(kThreads) decode_linear_kernel(DecodeLinearArg
 
 template <typename T, int kRows>
 cudaError_t launch_rows(const DecodeLinearArgs& a, cudaStream_t stream) {
-    const size_t smem = static_cast<size_t>(kRows + (a.ln_gamma != nullptr ? 2 : 0)) * a.in_features * sizeof(T);
+    size_t smem = static_cast<size_t>(kRows + (a.ln_gamma != nullptr ? 2 : 0)) * a.in_features * sizeof(T);
+    const size_t tile_bytes = static_cast<size_t>(kTile) * a.in_features * sizeof(T);
+    const int bulk = current_compute_capability() >= 90 && tile_bytes >= kBulkTileMinBytes &&
+                     smem + tile_bytes + sizeof(uint64_t) <= kBulkMaxSharedBytes;
+    if (bulk) smem += tile_bytes + sizeof(uint64_t);
     auto kernel = decode_linear_kernel<T, kRows>;
     // above 48 KB the kernel must opt in; raised once per instantiation and process (a benign race:
     // every caller sets a value at least its own)
     static std::atomic<size_t> opted_in{48 * 1024};
     if (smem > opted_in.load(std::memory_order_relaxed)) {
         const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                     static_cast<int>(kDecodeLinearMaxStageBytes));
+                                                     static_cast<int>(smem));
         if (err != cudaSuccess) return err;
-        opted_in.store(kDecodeLinearMaxStageBytes, std::memory_order_relaxed);
+        size_t seen = opted_in.load(std::memory_order_relaxed);
+        while (seen < smem && !opted_in.compare_exchange_weak(seen, smem, std::memory_order_relaxed)) {
+        }
     }
+    // every block resident: at most kBlocksPerSm per SM, fewer where their shared memory does not fit
     const int tiles = (a.out_features + kTile - 1) / kTile;
     const int sms = current_device_value<query_sm_count>();
-    const int grid = sms > 0 ? min(tiles, sms * kBlocksPerSm) : tiles;
-    return launch_kernel(kernel, dim3(grid), dim3(kThreads), smem, stream, a);
+    const int per_sm = std::max(1, std::min(kBlocksPerSm, static_cast<int>((227 * 1024) / (smem + 1024))));
+    const int grid = sms > 0 ? std::min(tiles, sms * per_sm) : tiles;
+    return launch_kernel(kernel, dim3(grid), dim3(kThreads), smem, stream, a, bulk);
 }
 
 template <typename T>
