@@ -82,6 +82,7 @@ def test_decode_linear_fused_layernorm_activation(seed, dtype, act):
 def test_decode_linear_residual_and_side_output(seed, dtype):
     run(seed, dtype, 4, 512, 512, bias=True, residual=True, ln=True, act=None, side=True)
     run(seed + 1, dtype, 7, 512, 512, bias=False, residual=True, ln=False, act=None)
+    run(seed + 2, dtype, 8, 1024, 512, bias=True, residual=True, ln=True, act="relu", side=True)
 
 
 def test_decode_linear_residual_in_place(seed):
@@ -109,6 +110,10 @@ def test_decode_linear_refuses_bad_input():
         decode_linear(x, torch.zeros(512, 512, device="cuda"), out=x)
     with pytest.raises(InputError, match="dtype"):
         decode_linear(x, w.half())
+    wide = 16384 + 8   # 1 row staged fits, the LayerNorm's gamma and beta beside it do not
+    with pytest.raises(InputError, match="with ln"):
+        decode_linear(torch.zeros(1, wide, device="cuda"), torch.zeros(8, wide, device="cuda"),
+                      ln=(torch.ones(wide, device="cuda"), torch.zeros(wide, device="cuda"), 1e-5))
     gamma = torch.ones(513, device="cuda")[1:]   # 4 bytes past an allocation: the kernel reads 16-byte vectors
     with pytest.raises(InputError, match="ln gamma"):
         decode_linear(x, w, ln=(gamma, torch.zeros(512, device="cuda"), 1e-5))

@@ -169,6 +169,9 @@ padfree_status padfree_decode_linear(const void* x, const void* weight, const vo
     PADFREE_REQUIRE(staged * in_features * element <= kDecodeLinearMaxStageBytes, "decode_linear: rows x in_features (",
                     rows, " x ", in_features, ") exceeds the ", kDecodeLinearMaxStageBytes,
                     " bytes staged in shared memory; use a GEMM");
+    PADFREE_REQUIRE(ln_gamma == nullptr || (staged + 2) * in_features * element <= kDecodeLinearMaxSharedBytes,
+                    "decode_linear: rows x in_features (", rows, " x ", in_features, ") with the LayerNorm's ",
+                    "parameters exceeds the ", kDecodeLinearMaxSharedBytes, " bytes of shared memory; use a GEMM");
     if (rows == 0 || out_features == 0) return PADFREE_OK;
     PADFREE_CHECK(check_tensor(x, "decode_linear: x"));
     PADFREE_CHECK(check_tensor(weight, "decode_linear: weight"));

@@ -34,8 +34,10 @@ struct DecodeLinearArgs {
 // Rows beyond which a GEMM on tensor cores is the faster kernel (each weight element is used rows times
 // on CUDA cores here).
 constexpr int32_t kDecodeLinearMaxRows = 8;
-// The rows of x are staged in shared memory: rows * in_features elements at most this many bytes.
+// The rows of x are staged in shared memory: rows (rounded up to a power of two) * in_features elements
+// at most this many bytes, and with the LayerNorm's gamma and beta at most kDecodeLinearMaxSharedBytes.
 constexpr int32_t kDecodeLinearMaxStageBytes = 96 * 1024;
+constexpr int32_t kDecodeLinearMaxSharedBytes = 192 * 1024;
 
 cudaError_t launch_decode_linear(const DecodeLinearArgs& args, padfree_dtype dtype, cudaStream_t stream);
 

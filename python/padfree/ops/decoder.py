@@ -184,15 +184,18 @@ def cross_attention(q: torch.Tensor, kv_mem: torch.Tensor, cu_seqlens: torch.Ten
 
 DECODE_LINEAR_MAX_ROWS = 8                  # kernels/decoder/decode_linear.h: kDecodeLinearMaxRows
 DECODE_LINEAR_MAX_STAGE_BYTES = 96 * 1024   # kDecodeLinearMaxStageBytes
+DECODE_LINEAR_MAX_SHARED_BYTES = 192 * 1024  # kDecodeLinearMaxSharedBytes
 ACTIVATIONS = {None: 0, "none": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
 
 
-def decode_linear_fits(rows: int, in_features: int, dtype: torch.dtype) -> bool:
-    """Whether decode_linear takes rows x in_features (else the caller runs a GEMM)."""
+def decode_linear_fits(rows: int, in_features: int, dtype: torch.dtype, ln: bool = True) -> bool:
+    """Whether decode_linear takes rows x in_features, with a LayerNorm on x where ln (else the caller runs
+    a GEMM)."""
     staged = 1 << max(0, rows - 1).bit_length()
     element = 4 if dtype == torch.float32 else 2
     return (0 < rows <= DECODE_LINEAR_MAX_ROWS and in_features % 8 == 0
-            and staged * in_features * element <= DECODE_LINEAR_MAX_STAGE_BYTES)
+            and staged * in_features * element <= DECODE_LINEAR_MAX_STAGE_BYTES
+            and (not ln or (staged + 2) * in_features * element <= DECODE_LINEAR_MAX_SHARED_BYTES))
 
 
 def _checked_ln(ln: tuple | None, like: torch.Tensor, width: int) -> tuple:
@@ -225,9 +228,10 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     rows, in_features = x.shape
     check_float(weight, "weight", like=x, shape=(None, in_features))
     out_features = weight.shape[0]
-    if not decode_linear_fits(rows, in_features, x.dtype):
+    if not decode_linear_fits(rows, in_features, x.dtype, ln=ln is not None):
         raise InputError(f"x: decode_linear takes 1 to {DECODE_LINEAR_MAX_ROWS} rows with in_features a multiple of 8 "
-                         f"and rows x in_features within {DECODE_LINEAR_MAX_STAGE_BYTES} bytes, got {rows} x "
+                         f"and rows x in_features within {DECODE_LINEAR_MAX_STAGE_BYTES} bytes ((rows + 2) x "
+                         f"in_features within {DECODE_LINEAR_MAX_SHARED_BYTES} with ln), got {rows} x "
                          f"{in_features} {x.dtype}; use a GEMM")
     check(bias, "bias", dtype=x.dtype, shape=(out_features,), device=x.device, optional=True)
     check(residual, "residual", dtype=x.dtype, shape=(rows, out_features), device=x.device, optional=True)
