@@ -23,7 +23,6 @@
 #include "common.cuh"
 
 #include <algorithm>
-#include <type_traits>
 
 namespace padfree {
 namespace {
@@ -44,8 +43,11 @@ __device__ __forceinline__ float2 pair_to_float2(const float* p) { return make_f
 __device__ __forceinline__ float2 pair_to_float2(const __half* p) {
     return __half22float2(*reinterpret_cast<const __half2*>(p));
 }
+// bf16 is a float's upper half: the conversion is a shift and a mask (the intrinsic's form took the
+// kernel to 216+ registers, past 4 blocks per SM)
 __device__ __forceinline__ float2 pair_to_float2(const __nv_bfloat16* p) {
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+    const uint32_t u = *reinterpret_cast<const uint32_t*>(p);
+    return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xffff0000u));
 }
 
 // Sums each of kCount values over the warp, reduce-scatter style (kCount - 1 + 5 - log2(kCount) shuffles
@@ -142,10 +144,10 @@ __device__ __forceinline__ void load_weight_chunk(Vec<T> (&w)[kFeaturesPerWarp][
 }
 
 // kRows: rows rounded up to a power of two (the accumulators' count); staged rows past `rows` are zero.
-// bulk_tile (sm_90, where the launcher found room): the first tile through shared memory. 128 registers
-// (4 blocks per SM) for 16- and 32-bit types; bf16's conversions need more, unbounded as before.
+// bulk_tile (sm_90, where the launcher found room): the first tile through shared memory. Bounded at
+// 128 registers: 4 blocks per SM, every block of a capped grid resident.
 template <typename T, int kRows>
-__global__ void __launch_bounds__(kThreads, std::is_same_v<T, __nv_bfloat16> ? 1 : kBlocksPerSm)
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     decode_linear_kernel(DecodeLinearArgs a, int bulk_tile) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     constexpr int V = vec_size<T>();
