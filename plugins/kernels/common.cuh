@@ -316,6 +316,12 @@ inline int query_sm_count(int device) {
     return cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess ? sms : 0;
 }
 
+inline int query_smem_per_sm(int device) {
+    int bytes = 0;
+    return cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) == cudaSuccess ? bytes
+                                                                                                            : 0;
+}
+
 inline int query_l2_bytes(int device) {
     int bytes = 0;
     return cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, device) == cudaSuccess ? bytes : 0;

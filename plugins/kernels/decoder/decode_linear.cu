@@ -356,8 +356,8 @@ cudaError_t launch_rows(const DecodeLinearArgs& a, cudaStream_t stream) {
                      smem + tile_bytes + sizeof(uint64_t) <= kBulkMaxSharedBytes;
     if (bulk) smem += tile_bytes + sizeof(uint64_t);
     auto kernel = decode_linear_kernel<T, kRows>;
-    // above 48 KB the kernel must opt in; raised once per instantiation and process (a benign race:
-    // every caller sets a value at least its own)
+    // above 48 KB the kernel must opt in; raised per instantiation to the most a launch has needed (a
+    // benign race: every caller sets a value at least its own)
     static std::atomic<size_t> opted_in{48 * 1024};
     if (smem > opted_in.load(std::memory_order_relaxed)) {
         const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -368,9 +368,13 @@ cudaError_t launch_rows(const DecodeLinearArgs& a, cudaStream_t stream) {
         }
     }
     // every block resident: at most kBlocksPerSm per SM, fewer where their shared memory does not fit
+    // (each block also takes 1 KB the runtime reserves)
     const int tiles = (a.out_features + kTile - 1) / kTile;
     const int sms = current_device_value<query_sm_count>();
-    const int per_sm = std::max(1, std::min(kBlocksPerSm, static_cast<int>((227 * 1024) / (smem + 1024))));
+    const size_t smem_per_sm = static_cast<size_t>(current_device_value<query_smem_per_sm>());
+    const int per_sm =
+        smem_per_sm > 0 ? std::max(1, std::min(kBlocksPerSm, static_cast<int>(smem_per_sm / (smem + 1024))))
+                        : kBlocksPerSm;
     const int grid = sms > 0 ? std::min(tiles, sms * per_sm) : tiles;
     return launch_kernel(kernel, dim3(grid), dim3(kThreads), smem, stream, a, bulk);
 }
