@@ -465,3 +465,25 @@ def test_graph_edge_calls_refuse_bad_arguments():
     expect_invalid("padfree_graph_exec_create", (A, None, 0, ctypes.byref(count), None), "out is NULL")
     expect_invalid("padfree_graph_exec_launch", (None, None), "exec is NULL")
     assert raw("padfree_graph_exec_destroy", None)[0] == 0
+
+
+# ---- decode_linear ---------------------------------------------------------------------------------
+
+def _decode_linear_args(**over):
+    return _args(dict(x=A, weight=A, bias=None, residual=None, gamma=None, beta=None, eps=1e-5, activation=0,
+                      rows=4, in_features=1024, out_features=4096, dtype=F16, out=A, x_norm_out=None),
+                 over)
+
+
+@pytest.mark.parametrize("over, fragments", [
+    (dict(rows=9), ["rows must be in [0, 8]", "9"]),
+    (dict(activation=5), ["activation must be 0 (none)", "5"]),
+    (dict(gamma=A), ["ln_gamma and ln_beta come together"]),
+    (dict(x_norm_out=A), ["x_norm_out needs ln_gamma/ln_beta"]),
+    (dict(rows=8, in_features=8192), ["rows x in_features (8 x 8192) exceeds the 98304 bytes staged"]),
+    # one 16392-wide fp32 row fits the stage, the LayerNorm's gamma and beta beside it do not
+    (dict(rows=1, in_features=16392, dtype=F32, gamma=A, beta=A),
+     ["rows x in_features (1 x 16392) with the LayerNorm's parameters exceeds the 196608 bytes"]),
+])
+def test_decode_linear_refuses(over, fragments):
+    expect_invalid("padfree_decode_linear", _decode_linear_args(**over), *fragments)
