@@ -322,6 +322,11 @@ inline int query_smem_per_sm(int device) {
                                                                                                             : 0;
 }
 
+inline int query_smem_per_block_optin(int device) {
+    int bytes = 0;
+    return cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess ? bytes : 0;
+}
+
 inline int query_l2_bytes(int device) {
     int bytes = 0;
     return cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, device) == cudaSuccess ? bytes : 0;

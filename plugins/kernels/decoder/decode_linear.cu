@@ -35,7 +35,8 @@ constexpr int kUnroll = 8;                         // 16-byte weight vectors in 
 constexpr int kBlocksPerSm = 4;
 // The first tile goes through shared memory from this size on (below it, registers: KERNELS.md).
 constexpr int kBulkTileMinBytes = 16 * 1024;
-// Shared memory a block may take with the bulk tile (of the 227 KB an sm_90 block can opt into).
+// Shared memory a block may take with the bulk tile (of the 227 KB an sm_90 block can opt into; less
+// where the device allows less).
 constexpr size_t kBulkMaxSharedBytes = 200 * 1024;
 
 // Two adjacent elements as floats (one conversion instruction for the half types).
@@ -352,8 +353,9 @@ template <typename T, int kRows>
 cudaError_t launch_rows(const DecodeLinearArgs& a, cudaStream_t stream) {
     size_t smem = static_cast<size_t>(kRows + (a.ln_gamma != nullptr ? 2 : 0)) * a.in_features * sizeof(T);
     const size_t tile_bytes = static_cast<size_t>(kTile) * a.in_features * sizeof(T);
+    const size_t optin = static_cast<size_t>(current_device_value<query_smem_per_block_optin>());
     const int bulk = current_compute_capability() >= 90 && tile_bytes >= kBulkTileMinBytes &&
-                     smem + tile_bytes + sizeof(uint64_t) <= kBulkMaxSharedBytes;
+                     smem + tile_bytes + sizeof(uint64_t) <= std::min(kBulkMaxSharedBytes, optin);
     if (bulk) smem += tile_bytes + sizeof(uint64_t);
     auto kernel = decode_linear_kernel<T, kRows>;
     // above 48 KB the kernel must opt in; raised per instantiation to the most a launch has needed (a
