@@ -155,7 +155,7 @@ def bench_model(name: str, shapes: list[tuple[int, int]], args, device: torch.de
         row["padfree_ms_per_step"] = row["padfree_ms"] / args.new_tokens
         if args.profile and device.type == "cuda":
             with torch.inference_mode():
-                row["step_profile"] = step_profile(ours_call, args.new_tokens)
+                row["step_profile"], row["step_chain"] = step_profile(ours_call, args.new_tokens)
             print_profile(row)
         runner = getattr(generator, "runner", None)
         if runner is not None:      # CUDA graphs captured so far (0: the decode steps ran eagerly)
@@ -235,24 +235,29 @@ def ctranslate2_version() -> str | None:
         return "unknown"
 
 
-def step_profile(call, new_tokens: int) -> list[dict]:
-    """Device time and launches per decode step by kernel group over one warm generate() call (the
-    encoder's kernels included, spread over the steps): where a step's time goes."""
+def step_profile(call, new_tokens: int) -> tuple[list[dict], dict | None]:
+    """Over one warm generate() call: device time and launches per decode step by kernel group (the
+    encoder's kernels included, spread over the steps), and a decode step as a chain (each kernel's
+    exposed time, padfree.bench.timing.kernel_chain; steps start at the step embedding): where a step's
+    time goes."""
     from torch.profiler import ProfilerActivity, profile
 
-    from padfree.bench.timing import _group
+    from padfree.bench.timing import _group, kernel_chain
     call()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         call()
         torch.cuda.synchronize()
     groups: dict[str, list[float]] = {}
+    kernels = []
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA and "memcpy" not in event.name.lower():
             groups.setdefault(f"{_group(event.name)}: {event.name[:80]}", []).append(event.time_range.elapsed_us())
+            if "memset" not in event.name.lower():
+                kernels.append((event.time_range.start, event.time_range.end, event.name))
     rows = [{"kernels": key, "launches_per_step": len(t) / new_tokens, "us_per_step": sum(t) / new_tokens}
             for key, t in groups.items()]
-    return sorted(rows, key=lambda r: -r["us_per_step"])
+    return sorted(rows, key=lambda r: -r["us_per_step"]), kernel_chain(kernels, "step_embedding")
 
 
 def print_profile(row: dict) -> None:
@@ -262,6 +267,13 @@ def print_profile(row: dict) -> None:
           f"per step (ms/step {row['padfree_ms_per_step']:.3f})")
     for r in row["step_profile"][:25]:
         print(f"   {r['us_per_step']:8.1f} us {r['launches_per_step']:6.1f}x  {r['kernels']}")
+    chain = row.get("step_chain")
+    if chain:
+        print(f"   as a chain: {chain['kernels']} kernels, {chain['span_us']:.0f} us from the step embedding's start "
+              f"to the last end ({chain['sequences']} steps); by exposed time:")
+        for r in sorted(chain["chain"], key=lambda r: -r["exposed_us"])[:15]:
+            print(f"   {r['exposed_us']:8.1f} us exposed {r['us']:8.1f} us long  #{r['position']:<3} "
+                  f"{r['kernel'][:80]}")
 
 
 def equal_share(ours: torch.Tensor, theirs: torch.Tensor, pad: int) -> float:
@@ -298,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true",
                         help="smoke test: the tiny model, shapes 1x4,2x1, 8 new tokens, one rep, CPU without CUDA")
     parser.add_argument("--profile", action="store_true",
-                        help="also print (and record) the kernel time per decode step by kernel group")
+                        help="also print (and record) the kernel time per decode step by kernel group, and a "
+                             "step as a chain of kernels (each one's exposed time)")
     parser.add_argument("--ctranslate2", action="store_true",
                         help="add CTranslate2's column (ct2_ms, padfree_vs_ct2, sequences_equal_ct2_hf); "
                              "skipped with a message where ctranslate2 is not importable")

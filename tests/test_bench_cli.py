@@ -2,7 +2,7 @@
 The timings themselves are the benchmark's (bench/bert.py on the device), never a test's."""
 from __future__ import annotations
 
-from padfree.bench import report
+from padfree.bench import report, timing
 from padfree.commands import bench as bench_cli
 
 
@@ -81,3 +81,23 @@ def test_merge_joins_each_processes_times_and_judges_them_together():
                          "compile": 2.4}
     assert abs(row["ratios"]["compile_over_padfree"] - 2.4 / 1.1) < 1e-12
     assert merged["host_loop_ms"] == {"hf": 1, "compile": 2, "padfree": 3} and merged["date"] == "2026-11-24T01"
+
+
+def test_kernel_chain_takes_each_kernels_exposed_time_over_the_middle_steps():
+    """A step of three kernels, the second starting before the first ends (PDL): its duration overstates
+    what it adds, its exposed time is its end minus the first's. A step with a kernel more (a graph
+    capture's first step, say) is left out, as are steps outside the middle half."""
+    events = []
+    for step in range(8):
+        t = 100.0 * step
+        events += [(t, t + 2, "step_embedding_kernel"), (t + 1, t + 6, "decode_linear_kernel"),
+                   (t + 5, t + 9, "decoder_attention_kernel")]
+        if step == 3:
+            events.append((t + 9, t + 50, "an extra kernel"))
+    events.append((800.0, 801.0, "step_embedding_kernel"))  # the last step's end marker
+    chain = timing.kernel_chain(list(reversed(events)), "step_embedding")
+    assert chain["kernels"] == 3 and chain["sequences"] == 3    # steps 2, 4 and 5 of the middle 2..5
+    assert [r["exposed_us"] for r in chain["chain"]] == [2.0, 4.0, 3.0]
+    assert [r["us"] for r in chain["chain"]] == [2.0, 5.0, 4.0]
+    assert chain["span_us"] == 9.0 and chain["chain"][1]["kernel"] == "decode_linear_kernel"
+    assert timing.kernel_chain([(0.0, 1.0, "step_embedding")], "step_embedding") is None

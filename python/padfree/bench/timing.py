@@ -147,6 +147,36 @@ def torch_attention_ops():
     return types.SimpleNamespace(attention_varlen=attention_varlen, **{n: getattr(ops, n) for n in names})
 
 
+def kernel_chain(events: list[tuple[float, float, str]], marker: str) -> dict | None:
+    """A repeated sequence of kernels (a decode step) as a chain: `events` are (start_us, end_us, name)
+    of device kernels, the sequences told apart by their first kernel, whose name contains `marker`. Over
+    the middle half of the complete sequences, those with the most common kernel count, each position's
+    mean duration and exposed time: its end minus the latest end before it in the sequence (the first
+    kernel from its own start). Exposed times sum to the sequence's span; under PDL a kernel starts
+    before its producer ends, so its duration overstates what it adds, its exposed time does not.
+    None where fewer than two markers occur."""
+    from collections import Counter
+    events = sorted(events)
+    starts = [i for i, (_, _, name) in enumerate(events) if marker in name]
+    runs = [events[a:b] for a, b in zip(starts, starts[1:])]
+    if not runs:
+        return None
+    middle = runs[len(runs) // 4:max(len(runs) // 4 + 1, 3 * len(runs) // 4)]
+    count = Counter(len(run) for run in middle).most_common(1)[0][0]
+    kept = [run for run in middle if len(run) == count]
+    duration, exposed = [0.0] * count, [0.0] * count
+    for run in kept:
+        last = run[0][0]
+        for i, (start, end, _) in enumerate(run):
+            duration[i] += end - start
+            exposed[i] += max(0.0, end - last)
+            last = max(last, end)
+    n = len(kept)
+    chain = [{"position": i, "kernel": kept[0][i][2][:120], "us": duration[i] / n, "exposed_us": exposed[i] / n}
+             for i in range(count)]
+    return {"sequences": n, "kernels": count, "span_us": sum(exposed) / n, "chain": chain}
+
+
 def _group(name: str) -> str:
     lowered = name.lower()
     for group, keys in KERNEL_GROUPS:
