@@ -311,26 +311,16 @@ inline int query_compute_capability(int device) {
     return 10 * major + minor;
 }
 
-inline int query_sm_count(int device) {
-    int sms = 0;
-    return cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) == cudaSuccess ? sms : 0;
+// One device attribute (0 where it cannot be read), a query for current_device_value.
+template <cudaDeviceAttr kAttribute>
+inline int query_attribute(int device) {
+    int value = 0;
+    return cudaDeviceGetAttribute(&value, kAttribute, device) == cudaSuccess ? value : 0;
 }
-
-inline int query_smem_per_sm(int device) {
-    int bytes = 0;
-    return cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device) == cudaSuccess ? bytes
-                                                                                                            : 0;
-}
-
-inline int query_smem_per_block_optin(int device) {
-    int bytes = 0;
-    return cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess ? bytes : 0;
-}
-
-inline int query_l2_bytes(int device) {
-    int bytes = 0;
-    return cudaDeviceGetAttribute(&bytes, cudaDevAttrL2CacheSize, device) == cudaSuccess ? bytes : 0;
-}
+constexpr auto query_sm_count = query_attribute<cudaDevAttrMultiProcessorCount>;
+constexpr auto query_smem_per_sm = query_attribute<cudaDevAttrMaxSharedMemoryPerMultiprocessor>;
+constexpr auto query_smem_per_block_optin = query_attribute<cudaDevAttrMaxSharedMemoryPerBlockOptin>;
+constexpr auto query_l2_bytes = query_attribute<cudaDevAttrL2CacheSize>;
 
 // The current device's compute capability as 10 * major + minor (0 where it cannot be read).
 inline int current_compute_capability() { return current_device_value<query_compute_capability>(); }
