@@ -476,7 +476,10 @@ def _decode_linear_args(**over):
 
 
 @pytest.mark.parametrize("over, fragments", [
-    (dict(rows=9), ["rows must be in [0, 8]", "9"]),
+    (dict(rows=65), ["rows must be in [0, 64]", "65"]),
+    (dict(rows=9, dtype=F32), ["more than 8 rows run on tensor cores in float16 or bfloat16", "9 rows"]),
+    (dict(rows=9, in_features=1000), ["need in_features a multiple of 128, got 1000"]),
+    (dict(rows=64, in_features=8192), ["rows x in_features (64 x 8192) takes 281600 bytes", "past the 204800"]),
     (dict(activation=5), ["activation must be 0 (none)", "5"]),
     (dict(gamma=A), ["ln_gamma and ln_beta come together"]),
     (dict(x_norm_out=A), ["x_norm_out needs ln_gamma/ln_beta"]),
@@ -487,3 +490,11 @@ def _decode_linear_args(**over):
 ])
 def test_decode_linear_refuses(over, fragments):
     expect_invalid("padfree_decode_linear", _decode_linear_args(**over), *fragments)
+
+
+def test_decode_linear_past_8_rows_refused_without_clusters():
+    import torch
+    if torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0):
+        pytest.skip("this GPU runs thread-block clusters")
+    expect_invalid("padfree_decode_linear", _decode_linear_args(rows=16),
+                   "more than 8 rows need compute capability 9.0 or newer")

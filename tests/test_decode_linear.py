@@ -1,6 +1,7 @@
 """decode_linear (padfree.ops): a decode step's few-row linear layer with its input LayerNorm, bias,
 activation and residual, against a float64 torch reference on fresh random data, outputs poisoned first.
-Shapes cover every row count the kernel takes (1 to 8: the accumulator instantiations 1, 2, 4, 8), output
+Shapes cover every row count the kernels take (1 to 8 on CUDA cores: the accumulator instantiations 1, 2,
+4, 8; 9 to 64 on tensor cores in float16 / bfloat16: 16, 32 and 64 staged rows, partly filled), output
 widths that leave a partial tile (features past N never written), the widths of Marian (512, 2048) and
 NLLB (1024, 4096) and a vocabulary projection (many tiles per block)."""
 from __future__ import annotations
@@ -16,6 +17,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU (decode_linear)", allow_module_level=True)
 
 from padfree.ops import InputError, decode_linear  # noqa: E402
+from padfree.ops.decoder import decode_linear_fits  # noqa: E402
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # relative error of a row against the float64 reference: float32 accumulates in a different order; the
@@ -78,6 +80,36 @@ def test_decode_linear_fused_layernorm_activation(seed, dtype, act):
     run(seed, dtype, 4, 1024, 4096, bias=True, residual=False, ln=True, act=act)
 
 
+HALF = [torch.float16, torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("rows", [9, 16, 17, 32, 40, 64])
+@pytest.mark.parametrize("k,n", [(512, 1536), (1024, 4096), (4096, 1024), (2048, 512), (128, 37), (512, 58101)])
+def test_decode_linear_tensor_cores_match_float64(seed, dtype, rows, k, n):
+    if not decode_linear_fits(rows, k, dtype, ln=False):
+        pytest.skip("beyond the tensor-core kernel's staged rows x in_features (the caller runs a GEMM)")
+    run(seed, dtype, rows, k, n, bias=True, residual=False, ln=False, act=None)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("act", list(ACTS), ids=str)
+@pytest.mark.parametrize("rows", [12, 64])
+def test_decode_linear_tensor_cores_fused_layernorm_activation_residual(seed, dtype, act, rows):
+    run(seed, dtype, rows, 1024, 3072, bias=True, residual=True, ln=True, act=act, side=True)
+    run(seed + 1, dtype, rows, 512, 2048, bias=False, residual=False, ln=True, act=act)
+
+
+def test_decode_linear_tensor_cores_residual_in_place(seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(48, 1024, generator=g, device="cuda").half()
+    w = (torch.randn(1024, 1024, generator=g, device="cuda") / 32).half()
+    acc = torch.randn(48, 1024, generator=g, device="cuda").half()
+    expected = acc.double() + x.double() @ w.double().t()
+    decode_linear(x, w, residual=acc, out=acc)
+    torch.testing.assert_close(acc.double(), expected, rtol=4e-3, atol=4e-3)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_decode_linear_residual_and_side_output(seed, dtype):
     run(seed, dtype, 4, 512, 512, bias=True, residual=True, ln=True, act=None, side=True)
@@ -99,7 +131,13 @@ def test_decode_linear_refuses_bad_input():
     x = torch.zeros(4, 512, device="cuda")
     w = torch.zeros(64, 512, device="cuda")
     with pytest.raises(InputError, match="rows"):
-        decode_linear(torch.zeros(9, 512, device="cuda"), w)
+        decode_linear(torch.zeros(9, 512, device="cuda"), w)     # float32 past 8 rows: no tensor-core path
+    with pytest.raises(InputError, match="rows"):
+        decode_linear(torch.zeros(65, 512, device="cuda").half(), w.half())
+    with pytest.raises(InputError, match="multiple of 128"):
+        decode_linear(torch.zeros(9, 520, device="cuda").half(), torch.zeros(64, 520, device="cuda").half())
+    with pytest.raises(InputError, match="use a GEMM"):   # 64 rows of 8192 do not fit shared memory
+        decode_linear(torch.zeros(64, 8192, device="cuda").half(), torch.zeros(64, 8192, device="cuda").half())
     with pytest.raises(InputError, match="weight"):
         decode_linear(x, torch.zeros(64, 256, device="cuda"))
     with pytest.raises(InputError, match="activation"):

@@ -152,8 +152,8 @@ padfree_status padfree_decode_linear(const void* x, const void* weight, const vo
     PADFREE_CAPI_GUARD_BEGIN
     using namespace padfree;
     PADFREE_CHECK(check_dtype(dtype));
-    PADFREE_REQUIRE(rows >= 0 && rows <= kDecodeLinearMaxRows, "decode_linear: rows must be in [0, ",
-                    kDecodeLinearMaxRows, "], got ", rows);
+    PADFREE_REQUIRE(rows >= 0 && rows <= kDecodeLinearMmaMaxRows, "decode_linear: rows must be in [0, ",
+                    kDecodeLinearMmaMaxRows, "], got ", rows);
     PADFREE_CHECK(check_width("decode_linear: in_features", in_features, 0));
     PADFREE_REQUIRE(out_features >= 0, "decode_linear: out_features must be >= 0, got ", out_features);
     PADFREE_REQUIRE(activation >= 0 && activation <= 4,
@@ -164,14 +164,29 @@ padfree_status padfree_decode_linear(const void* x, const void* weight, const vo
     PADFREE_REQUIRE(x_norm_out == nullptr || ln_gamma != nullptr, "decode_linear: x_norm_out needs ln_gamma/ln_beta");
     if (ln_gamma != nullptr) PADFREE_CHECK(check_eps(eps));
     const int64_t element = dtype == PADFREE_FLOAT32 ? 4 : 2;
-    int32_t staged = 1;
-    while (staged < rows) staged *= 2;
-    PADFREE_REQUIRE(staged * in_features * element <= kDecodeLinearMaxStageBytes, "decode_linear: rows x in_features (",
-                    rows, " x ", in_features, ") exceeds the ", kDecodeLinearMaxStageBytes,
-                    " bytes staged in shared memory; use a GEMM");
-    PADFREE_REQUIRE(ln_gamma == nullptr || (staged + 2) * in_features * element <= kDecodeLinearMaxSharedBytes,
-                    "decode_linear: rows x in_features (", rows, " x ", in_features, ") with the LayerNorm's ",
-                    "parameters exceeds the ", kDecodeLinearMaxSharedBytes, " bytes of shared memory; use a GEMM");
+    if (rows <= kDecodeLinearMaxRows) {  // the CUDA-core kernel
+        int32_t staged = 1;
+        while (staged < rows) staged *= 2;
+        PADFREE_REQUIRE(staged * in_features * element <= kDecodeLinearMaxStageBytes,
+                        "decode_linear: rows x in_features (", rows, " x ", in_features, ") exceeds the ",
+                        kDecodeLinearMaxStageBytes, " bytes staged in shared memory; use a GEMM");
+        PADFREE_REQUIRE(ln_gamma == nullptr || (staged + 2) * in_features * element <= kDecodeLinearMaxSharedBytes,
+                        "decode_linear: rows x in_features (", rows, " x ", in_features, ") with the LayerNorm's ",
+                        "parameters exceeds the ", kDecodeLinearMaxSharedBytes, " bytes of shared memory; use a GEMM");
+    } else {  // the tensor-core kernel
+        PADFREE_REQUIRE(dtype != PADFREE_FLOAT32, "decode_linear: more than ", kDecodeLinearMaxRows,
+                        " rows run on tensor cores in float16 or bfloat16, got float32 with ", rows,
+                        " rows; use a GEMM");
+        PADFREE_REQUIRE(in_features % kDecodeLinearMmaInMultiple == 0, "decode_linear: more than ",
+                        kDecodeLinearMaxRows, " rows need in_features a multiple of ", kDecodeLinearMmaInMultiple,
+                        ", got ", in_features, "; use a GEMM");
+        const int64_t shared = decode_linear_mma_shared_bytes(rows, in_features, out_features, ln_gamma != nullptr);
+        PADFREE_REQUIRE(shared <= kDecodeLinearMmaMaxSharedBytes, "decode_linear: rows x in_features (", rows, " x ",
+                        in_features, ") takes ", shared, " bytes of shared memory, past the ",
+                        kDecodeLinearMmaMaxSharedBytes, "; use a GEMM");
+        PADFREE_REQUIRE(decode_linear_mma_supported(), "decode_linear: more than ", kDecodeLinearMaxRows,
+                        " rows need compute capability 9.0 or newer (thread-block clusters); use a GEMM");
+    }
     if (rows == 0 || out_features == 0) return PADFREE_OK;
     PADFREE_CHECK(check_tensor(x, "decode_linear: x"));
     PADFREE_CHECK(check_tensor(weight, "decode_linear: weight"));

@@ -372,4 +372,19 @@ cudaError_t launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_
     return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
+// launch_kernel for a grid of thread-block clusters of `cluster_x` blocks along x (sm_90+).
+template <typename... KArgs, typename... Args>
+cudaError_t launch_kernel_clustered(void (*kernel)(KArgs...), dim3 grid, dim3 block, unsigned cluster_x,
+                                    size_t smem, cudaStream_t stream, Args&&... args) {
+    cudaLaunchAttribute attrs[2]{};
+    attrs[0].id = cudaLaunchAttributeClusterDimension;
+    attrs[0].val.clusterDim.x = cluster_x;
+    attrs[0].val.clusterDim.y = 1;
+    attrs[0].val.clusterDim.z = 1;
+    attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[1].val.programmaticStreamSerializationAllowed = 1;
+    const cudaLaunchConfig_t config{grid, block, smem, stream, attrs, pdl_enabled() ? 2u : 1u};
+    return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
 }  // namespace padfree

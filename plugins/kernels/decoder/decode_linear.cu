@@ -17,6 +17,7 @@
 // epilogue follow. Blocks stride over tiles of 8 features, the grid capped at 4 blocks per SM so
 // that the staging is amortized over many tiles for the vocabulary projection.
 #include "decode_linear.h"
+#include "decode_linear.cuh"
 
 #include "../attention/attention_ptx.cuh"
 #include "../ptx/tma_ptx.cuh"
@@ -89,33 +90,8 @@ __device__ __forceinline__ int owner_index(int lane) {
     return index;
 }
 
-__device__ __forceinline__ float activate(float y, DecodeActivation act) {
-    switch (act) {
-        case DecodeActivation::kRelu: return fmaxf(y, 0.f);
-        case DecodeActivation::kGelu: return 0.5f * y * (1.f + erff(y * 0.70710678118654752f));
-        case DecodeActivation::kGeluTanh: {
-            const float inner = 0.7978845608028654f * (y + 0.044715f * y * y * y);
-            return 0.5f * y * (1.f + tanhf(inner));
-        }
-        case DecodeActivation::kSilu: return y / (1.f + __expf(-y));
-        default: return y;
-    }
-}
-
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define PADFREE_DECODE_LINEAR_BULK 1
-
-// `bytes` from global into shared memory by the copy engine (one instruction for a whole tile, no
-// registers held while it flies), counted on the mbarrier `bar`, marked evict-first in L2: a step reads
-// each weight once. sm_90 and later.
-__device__ __forceinline__ void bulk_load_evict_first(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-    uint64_t policy;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
-        ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(policy)
-        : "memory");
-}
 #endif
 
 // A weight vector read once per step: streamed past L1 and marked evict-first in L2.
@@ -180,7 +156,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
             attention_detail::mbarrier_init(b, 1);
             attention_detail::fence_mbarrier_init();  // published to the block by the barrier after staging x
             attention_detail::mbarrier_expect_bytes(b, bytes);
-            bulk_load_evict_first(attention_detail::smem_addr(wtile),
+            decode_linear_detail::bulk_load_evict_first(attention_detail::smem_addr(wtile),
                                   weight + static_cast<int64_t>(blockIdx.x) * kTile * K, bytes, b);
         }
     } else
@@ -220,42 +196,10 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     __syncthreads();
 
     if (a.ln_gamma != nullptr) {
-        // LayerNorm of each row in place (a warp per row, 16-byte vectors, float32 two-pass statistics);
-        // block 0 also writes it out for a post-LN residual
-        const T* gamma = ln_params;
-        const T* beta = ln_params + K;
-        for (int m = warp; m < M; m += kWarps) {
-            T* row = xs + static_cast<int64_t>(m) * K;
-            float s = 0.f;
-            for (int v = lane; v < kvecs; v += kWarpSize) {
-                const Vec<T> xv = load_vec(row + v * V);
-#pragma unroll
-                for (int e = 0; e < V; ++e) s += to_float(xv.v[e]);
-            }
-            const float mean = warp_sum(s) / K;
-            float q = 0.f;
-            for (int v = lane; v < kvecs; v += kWarpSize) {
-                const Vec<T> xv = load_vec(row + v * V);
-#pragma unroll
-                for (int e = 0; e < V; ++e) {
-                    const float d = to_float(xv.v[e]) - mean;
-                    q += d * d;
-                }
-            }
-            const float rstd = rsqrtf(warp_sum(q) / K + a.eps);
-            T* side = a.x_norm_out != nullptr && blockIdx.x == 0
-                          ? static_cast<T*>(a.x_norm_out) + static_cast<int64_t>(m) * K
-                          : nullptr;
-            for (int v = lane; v < kvecs; v += kWarpSize) {
-                Vec<T> xv = load_vec(row + v * V);
-                const Vec<T> g = load_vec(gamma + v * V), b = load_vec(beta + v * V);
-#pragma unroll
-                for (int e = 0; e < V; ++e)
-                    xv.v[e] = from_float<T>((to_float(xv.v[e]) - mean) * rstd * to_float(g.v[e]) + to_float(b.v[e]));
-                store_vec(row + v * V, xv);
-                if (side != nullptr) store_vec(side + v * V, xv);
-            }
-        }
+        // each row normalized in place; block 0 also writes it out for a post-LN residual
+        decode_linear_detail::layernorm_staged_rows(
+            xs, K, M, K, ln_params, ln_params + K, a.eps,
+            blockIdx.x == 0 ? static_cast<T*>(a.x_norm_out) : nullptr, warp, kWarps, lane);
         __syncthreads();
     }
 
@@ -341,7 +285,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
         if (first && m < M && n < N) {
             float y = sums[0];
             if (bias != nullptr) y += to_float(bias[n]);
-            y = activate(y, a.activation);
+            y = decode_linear_detail::activate(y, a.activation);
             const int64_t at = static_cast<int64_t>(m) * N + n;
             if (residual != nullptr) y += to_float(residual[at]);
             out[at] = from_float<T>(y);
@@ -358,17 +302,10 @@ cudaError_t launch_rows(const DecodeLinearArgs& a, cudaStream_t stream) {
                      smem + tile_bytes + sizeof(uint64_t) <= std::min(kBulkMaxSharedBytes, optin);
     if (bulk) smem += tile_bytes + sizeof(uint64_t);
     auto kernel = decode_linear_kernel<T, kRows>;
-    // above 48 KB the kernel must opt in; raised per instantiation to the most a launch has needed (a
-    // benign race: every caller sets a value at least its own)
+    // above 48 KB the kernel must opt in (once per instantiation and new maximum)
     static std::atomic<size_t> opted_in{48 * 1024};
-    if (smem > opted_in.load(std::memory_order_relaxed)) {
-        const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                     static_cast<int>(smem));
-        if (err != cudaSuccess) return err;
-        size_t seen = opted_in.load(std::memory_order_relaxed);
-        while (seen < smem && !opted_in.compare_exchange_weak(seen, smem, std::memory_order_relaxed)) {
-        }
-    }
+    if (const cudaError_t err = decode_linear_detail::opt_in_shared_memory(kernel, smem, opted_in); err != cudaSuccess)
+        return err;
     // every block resident: at most kBlocksPerSm per SM, fewer where their shared memory does not fit
     // (each block also takes 1 KB the runtime reserves)
     const int tiles = (a.out_features + kTile - 1) / kTile;
@@ -393,6 +330,7 @@ cudaError_t launch_typed(const DecodeLinearArgs& a, cudaStream_t stream) {
 
 cudaError_t launch_decode_linear(const DecodeLinearArgs& args, padfree_dtype dtype, cudaStream_t stream) {
     if (args.rows == 0 || args.out_features == 0) return cudaSuccess;
+    if (args.rows > kDecodeLinearMaxRows) return launch_decode_linear_mma(args, dtype, stream);
     cudaError_t err = cudaSuccess;
     dispatch_dtype(dtype, [&](auto tag) {
         using T = typename decltype(tag)::type;

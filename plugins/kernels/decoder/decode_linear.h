@@ -31,14 +31,63 @@ struct DecodeLinearArgs {
     DecodeActivation activation;
 };
 
-// Rows beyond which a GEMM on tensor cores is the faster kernel (each weight element is used rows times
-// on CUDA cores here).
+// Rows beyond which the CUDA-core kernel gives way to the tensor-core one (each weight element is used
+// rows times on CUDA cores).
 constexpr int32_t kDecodeLinearMaxRows = 8;
 // The rows of x are staged in shared memory: rows (rounded up to a power of two) * in_features elements
 // at most this many bytes, and with the LayerNorm's gamma and beta at most kDecodeLinearMaxSharedBytes.
 constexpr int32_t kDecodeLinearMaxStageBytes = 96 * 1024;
 constexpr int32_t kDecodeLinearMaxSharedBytes = 192 * 1024;
 
+// 9 to 64 rows, float16 / bfloat16, compute capability 9.0+ (decode_linear_mma.cu): the same fusions on
+// tensor cores, in_features split over a cluster of decode_linear_mma_split(in_features) blocks, each
+// of which stages its slice of every row and of 64, 128 or 256 features' weights (16 per warp; with a
+// 16-byte pad per row) beside float32 partial sums: decode_linear_mma_shared_bytes at most
+// kDecodeLinearMmaMaxSharedBytes.
+constexpr int32_t kDecodeLinearMmaMaxRows = 64;
+constexpr int32_t kDecodeLinearMmaInMultiple = 128;  // in_features: a multiple (each slice whole chunks of 32)
+constexpr int64_t kDecodeLinearMmaMaxSharedBytes = 200 * 1024;
+// Blocks a grid should have at least (about an H100's or H200's SMs) before a block takes more features.
+constexpr int64_t kDecodeLinearMmaMinBlocks = 128;
+
+// Blocks in_features is split over: 8 from 1024 (a multiple of 256), else 4.
+inline int32_t decode_linear_mma_split(int32_t in_features) {
+    return in_features >= 1024 && in_features % 256 == 0 ? 8 : 4;
+}
+inline int32_t decode_linear_mma_staged_rows(int32_t rows) { return rows <= 16 ? 16 : rows <= 32 ? 32 : 64; }
+
+inline int64_t decode_linear_mma_bytes(int32_t features, int32_t rows, int32_t in_features, bool layernorm) {
+    const int64_t staged = decode_linear_mma_staged_rows(rows);
+    const int64_t slice = in_features / decode_linear_mma_split(in_features);
+    return (features + staged) * (slice + 8) * 2  // weights and x rows, padded
+           + (layernorm ? 2 * slice * 2 : 0)      // gamma and beta of the slice
+           + features * staged * 4                // partial sums [features][rows]
+           + 4 * 64 * 4;                          // row statistics
+}
+
+// Output features per block: 256 or 128 where the grid keeps kDecodeLinearMmaMinBlocks blocks and the
+// staging fits, else 64. Each block stages its slice of x whatever its features: fewer, wider blocks
+// stage it fewer times (at 16 rows, 1024 -> 4096 in 512 blocks of 64 features took 10.7 us, cuBLASLt
+// with a LayerNorm kernel 6.8).
+inline int32_t decode_linear_mma_features(int32_t rows, int32_t in_features, int32_t out_features, bool layernorm) {
+    const int64_t split = decode_linear_mma_split(in_features);
+    for (int32_t features = 256; features > 64; features /= 2)
+        if ((out_features + features - 1) / features * split >= kDecodeLinearMmaMinBlocks &&
+            decode_linear_mma_bytes(features, rows, in_features, layernorm) <= kDecodeLinearMmaMaxSharedBytes)
+            return features;
+    return 64;
+}
+
+inline int64_t decode_linear_mma_shared_bytes(int32_t rows, int32_t in_features, int32_t out_features,
+                                              bool layernorm) {
+    return decode_linear_mma_bytes(decode_linear_mma_features(rows, in_features, out_features, layernorm), rows,
+                                   in_features, layernorm);
+}
+
 cudaError_t launch_decode_linear(const DecodeLinearArgs& args, padfree_dtype dtype, cudaStream_t stream);
+// The tensor-core kernel (rows 9 to 64, 16-bit types; launch_decode_linear dispatches to it) and
+// whether the current device runs it (compute capability 9.0+: thread-block clusters).
+bool decode_linear_mma_supported();
+cudaError_t launch_decode_linear_mma(const DecodeLinearArgs& args, padfree_dtype dtype, cudaStream_t stream);
 
 }  // namespace padfree

@@ -20,9 +20,18 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..ops.decoder import decode_linear_pays
 from .dispatch import DecoderOps
 from .encoder import PackedSources
-from .layers import embed, ensure_position_rows, ffn_up, layer_norm, position_rows, step_position_args
+from .layers import (
+    activation as activate,
+    embed,
+    ensure_position_rows,
+    ffn_up,
+    layer_norm,
+    position_rows,
+    step_position_args,
+)
 from .weights import Seq2SeqWeights
 
 __all__ = ["Decoder", "cache_bytes", "token_bucket", "seqlen_bucket"]
@@ -96,9 +105,11 @@ class Decoder:
         heads, head_dim = stack.num_heads, stack.head_dim
         self.ws_self = ops.workspace("decoder_self_attention", self.rows, heads, head_dim, capacity)
         self.ws_cross = ops.workspace("cross_attention", self.rows, heads, head_dim, max_seqlen)
-        # up to 8 rows (1x4, 2x4, 8x1): every linear layer with its LayerNorm, bias, activation and
-        # residual as one decode_linear kernel (logits_few_rows), where the kernel runs and fits
+        # few rows (1x4, 4x4; dispatch.decode_linear_fits): each linear layer with its LayerNorm, bias,
+        # activation and residual as one decode_linear kernel (logits_few_rows) where that is the faster
+        # kernel
         self.few_rows = ops.decode_linear_fits(self.rows, stack, weights.spec)
+        self._pays: dict[tuple, bool] = {}      # (in_features, out_features, LayerNorm) -> decode_linear
         fold = weights.spec.pre_ln and ops.skip_layernorm is not None
         self.bias_sums = folded_bias_sums(stack, dtype) if fold else None
 
@@ -200,10 +211,12 @@ class Decoder:
     def logits_few_rows(self, tokens: torch.Tensor) -> torch.Tensor:
         """logits() as 8 kernels per layer: each linear layer one decode_linear with the LayerNorm before
         it (the input's; post-LN: the previous sublayer's, whose output it also writes as the residual),
-        its bias, activation and residual; the two attentions between."""
+        its bias, activation and residual; the two attentions between. Past 8 rows the layers the
+        tensor-core decode_linear is not the faster kernel for, the output projection among them, are
+        GEMMs (_linear)."""
         w, spec = self.weights, self.weights.spec
         stack = w.decoder
-        linear = self.ops.decode_linear
+        linear = self._linear
         x = self._embed(tokens)
         pending = None      # post-LN: x is a sublayer's sum, awaiting this LayerNorm
 
@@ -234,6 +247,31 @@ class Decoder:
         if last is None:
             return linear(x, w.step_lm_head)
         return linear(x, w.step_lm_head, ln=(last.weight, last.bias, last.eps))
+
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                residual: torch.Tensor | None = None, ln: tuple | None = None, activation: str | None = None,
+                x_norm_out: torch.Tensor | None = None) -> torch.Tensor:
+        """act(LN(x) W^T + bias) + residual: one decode_linear where it is the faster kernel for this
+        layer (ops.decoder.decode_linear_pays, decided once per shape), else the GEMM with torch's ops
+        around it (past 8 rows the widest layers: the output projection, NLLB's fc1 at 16 rows)."""
+        key = (x.shape[1], weight.shape[0], ln is not None)
+        pays = self._pays.get(key)
+        if pays is None:
+            pays = self._pays[key] = decode_linear_pays(self.rows, *key[:2], x.dtype, ln=key[2])
+        if pays:
+            return self.ops.decode_linear(x, weight, bias, residual, ln=ln, activation=activation,
+                                          x_norm_out=x_norm_out)
+        if ln is not None:
+            x = F.layer_norm(x, (x.shape[-1],), ln[0], ln[1], ln[2])
+            if x_norm_out is not None:
+                x_norm_out.copy_(x)
+        if activation == "relu" and bias is not None and x.is_cuda:
+            y = torch._addmm_activation(bias, x, weight.t())     # ReLU as the GEMM's epilogue (layers.ffn_up)
+        else:
+            y = F.linear(x, weight, bias)
+            if activation is not None:
+                y = activate(y, activation)
+        return y if residual is None else y.add_(residual)
 
     def reorder(self, parents: torch.Tensor) -> None:
         """Hypothesis r continues row parents[r] (int32 [rows]) from the next step on.

@@ -148,15 +148,19 @@ class DecoderOps:
         return kernel
 
     def decode_linear_fits(self, rows: int, stack, spec) -> bool:
-        """Whether the decoder's step for `rows` hypotheses runs its linear layers as decode_linear: the
-        kernel runs, takes this many rows and every layer's input width (post-LN models with a final
-        LayerNorm after the last sublayer's are left to the GEMM path)."""
+        """Whether the decoder's step for `rows` hypotheses runs its linear layers as decode_linear (post-LN
+        models with a final LayerNorm after the last sublayer's are left to the GEMM path): up to 8 rows
+        where the kernel takes every layer's input width; past 8 (tensor cores) where it is the faster
+        kernel for the fused QKV projection (ops.decoder.decode_linear_pays; the layers it is not the
+        faster one for are GEMMs: Decoder._linear)."""
         if getattr(self, "decode_linear", None) is None or (not spec.pre_ln and stack.final_layer_norm is not None):
             return False
-        from ..ops.decoder import decode_linear_fits
+        from ..ops.decoder import DECODE_LINEAR_MAX_ROWS, decode_linear_fits, decode_linear_pays
         dtype = stack.embed_tokens.dtype
-        widths = {stack.hidden} | {layer.ffn.fc2_weight.shape[1] for layer in stack.layers}
-        return all(decode_linear_fits(rows, width, dtype) for width in widths)
+        if rows <= DECODE_LINEAR_MAX_ROWS:
+            widths = {stack.hidden} | {layer.ffn.fc2_weight.shape[1] for layer in stack.layers}
+            return all(decode_linear_fits(rows, width, dtype) for width in widths)
+        return decode_linear_pays(rows, stack.hidden, 3 * stack.hidden, dtype, ln=True)
 
     def beam_search_workspace(self, batch: int, beams: int, max_length: int,
                               indir_len: int) -> tuple[torch.Tensor, int]:

@@ -182,20 +182,63 @@ def cross_attention(q: torch.Tensor, kv_mem: torch.Tensor, cu_seqlens: torch.Ten
     return out
 
 
-DECODE_LINEAR_MAX_ROWS = 8                  # kernels/decoder/decode_linear.h: kDecodeLinearMaxRows
+DECODE_LINEAR_MAX_ROWS = 8                  # kernels/decoder/decode_linear.h: kDecodeLinearMaxRows (CUDA cores)
 DECODE_LINEAR_MAX_STAGE_BYTES = 96 * 1024   # kDecodeLinearMaxStageBytes
 DECODE_LINEAR_MAX_SHARED_BYTES = 192 * 1024  # kDecodeLinearMaxSharedBytes
+DECODE_LINEAR_MMA_MAX_ROWS = 64             # kDecodeLinearMmaMaxRows (tensor cores, 16-bit types)
+DECODE_LINEAR_MMA_IN_MULTIPLE = 128         # kDecodeLinearMmaInMultiple
+DECODE_LINEAR_MMA_MAX_SHARED_BYTES = 200 * 1024  # kDecodeLinearMmaMaxSharedBytes
 ACTIVATIONS = {None: 0, "none": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
+
+
+def decode_linear_mma_shared_bytes(rows: int, in_features: int, ln: bool) -> int:
+    """decode_linear.h's decode_linear_mma_bytes at 64 features per block: the tensor-core kernel's shared
+    memory where it fits least (it takes more features per block only where they fit)."""
+    staged = 16 if rows <= 16 else 32 if rows <= 32 else 64
+    split = 8 if in_features >= 1024 and in_features % 256 == 0 else 4
+    slice_ = in_features // split
+    return (64 + staged) * (slice_ + 8) * 2 + (4 * slice_ if ln else 0) + 64 * staged * 4 + 4 * 64 * 4
+
+
+@functools.lru_cache(maxsize=None)
+def _clusters(device_index: int) -> bool:
+    """Whether the GPU runs thread-block clusters (compute capability 9.0+)."""
+    return torch.cuda.get_device_capability(device_index) >= (9, 0)
 
 
 def decode_linear_fits(rows: int, in_features: int, dtype: torch.dtype, ln: bool = True) -> bool:
     """Whether decode_linear takes rows x in_features, with a LayerNorm on x where ln (else the caller runs
-    a GEMM)."""
-    staged = 1 << max(0, rows - 1).bit_length()
-    element = 4 if dtype == torch.float32 else 2
-    return (0 < rows <= DECODE_LINEAR_MAX_ROWS and in_features % 8 == 0
-            and staged * in_features * element <= DECODE_LINEAR_MAX_STAGE_BYTES
-            and (not ln or (staged + 2) * in_features * element <= DECODE_LINEAR_MAX_SHARED_BYTES))
+    a GEMM): up to 8 rows on CUDA cores, 9 to 64 in the 16-bit types on tensor cores (sm_90+: the
+    current device's)."""
+    if rows <= 0 or in_features % 8:
+        return False
+    if rows <= DECODE_LINEAR_MAX_ROWS:
+        staged = 1 << max(0, rows - 1).bit_length()
+        element = 4 if dtype == torch.float32 else 2
+        return (staged * in_features * element <= DECODE_LINEAR_MAX_STAGE_BYTES
+                and (not ln or (staged + 2) * in_features * element <= DECODE_LINEAR_MAX_SHARED_BYTES))
+    return (rows <= DECODE_LINEAR_MMA_MAX_ROWS and dtype in (torch.float16, torch.bfloat16)
+            and in_features % DECODE_LINEAR_MMA_IN_MULTIPLE == 0
+            and torch.cuda.is_available() and _clusters(torch.cuda.current_device())
+            and decode_linear_mma_shared_bytes(rows, in_features, ln) <= DECODE_LINEAR_MMA_MAX_SHARED_BYTES)
+
+
+# Rows x out_features (the rows rounded up to 16, 32 or 64) up to which the tensor-core kernel measured
+# faster than cuBLASLt's GEMM with its LayerNorm / bias / residual kernels (H200, each alone in a CUDA
+# graph of 20 calls): at 16 rows every width of Marian's and NLLB's layers but 1024 -> 4096 (12.5 us
+# against 7.0), at 32 rows up to 1536 features, at 64 rows (5.0-7.0 us against 5.0-5.7) none of them.
+# Past it the tensor-core kernel's time grows with the features, cuBLASLt's barely.
+DECODE_LINEAR_MMA_PAYS_UP_TO = 16 * 3072
+
+
+def decode_linear_pays(rows: int, in_features: int, out_features: int, dtype: torch.dtype, ln: bool) -> bool:
+    """Whether decode_linear is the faster kernel for this linear layer: it takes the shape
+    (decode_linear_fits) and, past 8 rows (tensor cores), the rows x out_features are within
+    DECODE_LINEAR_MMA_PAYS_UP_TO."""
+    if not decode_linear_fits(rows, in_features, dtype, ln=ln):
+        return False
+    staged = 16 if rows <= 16 else 32 if rows <= 32 else 64
+    return rows <= DECODE_LINEAR_MAX_ROWS or staged * out_features <= DECODE_LINEAR_MMA_PAYS_UP_TO
 
 
 def _checked_ln(ln: tuple | None, like: torch.Tensor, width: int) -> tuple:
@@ -217,7 +260,7 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                   out: torch.Tensor | None = None, x_norm_out: torch.Tensor | None = None) -> torch.Tensor:
     """out = act(LN(x) W^T + bias) + residual for a decode step's few rows (padfree.h: padfree_decode_linear).
 
-    x [rows, in] (rows <= 8), weight [out_features, in] (nn.Linear's), bias [out_features], residual
+    x [rows, in] (decode_linear_fits), weight [out_features, in] (nn.Linear's), bias [out_features], residual
     [rows, out_features] (may be `out`), ln = (gamma, beta, eps) normalizing each x row first,
     activation None / "relu" / "gelu" / "gelu_tanh" / "silu"; x_norm_out [rows, in]: also write LN(x)
     (a post-LN sublayer's residual). One dtype for all; in a multiple of 8.
@@ -231,8 +274,12 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     if not decode_linear_fits(rows, in_features, x.dtype, ln=ln is not None):
         raise InputError(f"x: decode_linear takes 1 to {DECODE_LINEAR_MAX_ROWS} rows with in_features a multiple of 8 "
                          f"and rows x in_features within {DECODE_LINEAR_MAX_STAGE_BYTES} bytes ((rows + 2) x "
-                         f"in_features within {DECODE_LINEAR_MAX_SHARED_BYTES} with ln), got {rows} x "
-                         f"{in_features} {x.dtype}; use a GEMM")
+                         f"in_features within {DECODE_LINEAR_MAX_SHARED_BYTES} with ln), or up to "
+                         f"{DECODE_LINEAR_MMA_MAX_ROWS} rows in float16 / bfloat16 on compute capability 9.0+ with "
+                         f"in_features a multiple of "
+                         f"{DECODE_LINEAR_MMA_IN_MULTIPLE} and their staging within "
+                         f"{DECODE_LINEAR_MMA_MAX_SHARED_BYTES} bytes, got {rows} x {in_features} {x.dtype}; "
+                         "use a GEMM")
     check(bias, "bias", dtype=x.dtype, shape=(out_features,), device=x.device, optional=True)
     check(residual, "residual", dtype=x.dtype, shape=(rows, out_features), device=x.device, optional=True)
     if activation not in ACTIVATIONS:

@@ -1,0 +1,98 @@
+// What decode_linear's two kernels share: the fused epilogue's activation and the LayerNorm of the x
+// rows each block stages in shared memory (decode_linear.cu: CUDA cores, up to 8 rows;
+// decode_linear_mma.cu: tensor cores, 9 to 64 rows).
+#pragma once
+
+#include <atomic>
+
+#include "common.cuh"
+#include "decode_linear.h"
+
+namespace padfree {
+namespace decode_linear_detail {
+
+__device__ __forceinline__ float activate(float y, DecodeActivation act) {
+    switch (act) {
+        case DecodeActivation::kRelu: return fmaxf(y, 0.f);
+        case DecodeActivation::kGelu: return 0.5f * y * (1.f + erff(y * 0.70710678118654752f));
+        case DecodeActivation::kGeluTanh: {
+            const float inner = 0.7978845608028654f * (y + 0.044715f * y * y * y);
+            return 0.5f * y * (1.f + tanhf(inner));
+        }
+        case DecodeActivation::kSilu: return y / (1.f + __expf(-y));
+        default: return y;
+    }
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// `bytes` from global into shared memory by the copy engine (one instruction for a whole tile, no
+// registers held while it flies), counted on the mbarrier `bar`, marked evict-first in L2: a step reads
+// each weight once. sm_90 and later.
+__device__ __forceinline__ void bulk_load_evict_first(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+    uint64_t policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
+        ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(policy)
+        : "memory");
+}
+#endif
+
+// LayerNorm of the staged rows [0, rows) of xs (row stride ld elements) in place: a warp per row,
+// 16-byte vectors, float32 two-pass statistics, the result rounded to T as a LayerNorm's output is.
+// side (or null): each normalized row also written there ([rows, K], for a post-LN residual).
+template <typename T>
+__device__ __forceinline__ void layernorm_staged_rows(T* xs, int64_t ld, int rows, int K, const T* gamma,
+                                                      const T* beta, float eps, T* side, int warp, int warps,
+                                                      int lane) {
+    constexpr int V = vec_size<T>();
+    const int kvecs = K / V;
+    for (int m = warp; m < rows; m += warps) {
+        T* row = xs + static_cast<int64_t>(m) * ld;
+        float s = 0.f;
+        for (int v = lane; v < kvecs; v += kWarpSize) {
+            const Vec<T> xv = load_vec(row + v * V);
+#pragma unroll
+            for (int e = 0; e < V; ++e) s += to_float(xv.v[e]);
+        }
+        const float mean = warp_sum(s) / K;
+        float q = 0.f;
+        for (int v = lane; v < kvecs; v += kWarpSize) {
+            const Vec<T> xv = load_vec(row + v * V);
+#pragma unroll
+            for (int e = 0; e < V; ++e) {
+                const float d = to_float(xv.v[e]) - mean;
+                q += d * d;
+            }
+        }
+        const float rstd = rsqrtf(warp_sum(q) / K + eps);
+        T* side_row = side != nullptr ? side + static_cast<int64_t>(m) * K : nullptr;
+        for (int v = lane; v < kvecs; v += kWarpSize) {
+            Vec<T> xv = load_vec(row + v * V);
+            const Vec<T> g = load_vec(gamma + v * V), b = load_vec(beta + v * V);
+#pragma unroll
+            for (int e = 0; e < V; ++e)
+                xv.v[e] = from_float<T>((to_float(xv.v[e]) - mean) * rstd * to_float(g.v[e]) + to_float(b.v[e]));
+            store_vec(row + v * V, xv);
+            if (side_row != nullptr) store_vec(side_row + v * V, xv);
+        }
+    }
+}
+
+// Raises `kernel`'s dynamic shared memory limit to smem where a launch needs more than it has opted into
+// so far (opted_in: the kernel's own record, raised to the most any launch has needed; a benign race:
+// every caller sets a value at least its own).
+template <typename Kernel>
+cudaError_t opt_in_shared_memory(Kernel kernel, size_t smem, std::atomic<size_t>& opted_in) {
+    if (smem <= opted_in.load(std::memory_order_relaxed)) return cudaSuccess;
+    const cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (err != cudaSuccess) return err;
+    size_t seen = opted_in.load(std::memory_order_relaxed);
+    while (seen < smem && !opted_in.compare_exchange_weak(seen, smem, std::memory_order_relaxed)) {
+    }
+    return cudaSuccess;
+}
+
+}  // namespace decode_linear_detail
+}  // namespace padfree
