@@ -38,8 +38,47 @@ __device__ __forceinline__ void bulk_load_evict_first(uint32_t dst, const void* 
 }
 #endif
 
-// LayerNorm of the staged rows [0, rows) of xs (row stride ld elements) in place: a warp per row,
-// 16-byte vectors, float32 two-pass statistics, the result rounded to T as a LayerNorm's output is.
+// A LayerNorm's two passes over a staged row, as partial sums for the caller to reduce across its
+// threads: the sum of the row's vectors first, first + step, ... below vecs, then of their squared
+// deviations from the mean (float32, two-pass).
+template <typename T>
+__device__ __forceinline__ float staged_row_sum(const T* row, int first, int vecs, int step) {
+    constexpr int V = vec_size<T>();
+    float s = 0.f;
+    for (int v = first; v < vecs; v += step) {
+        const Vec<T> xv = load_vec(row + v * V);
+#pragma unroll
+        for (int e = 0; e < V; ++e) s += to_float(xv.v[e]);
+    }
+    return s;
+}
+
+template <typename T>
+__device__ __forceinline__ float staged_row_squares(const T* row, int first, int vecs, int step, float mean) {
+    constexpr int V = vec_size<T>();
+    float q = 0.f;
+    for (int v = first; v < vecs; v += step) {
+        const Vec<T> xv = load_vec(row + v * V);
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+            const float d = to_float(xv.v[e]) - mean;
+            q += d * d;
+        }
+    }
+    return q;
+}
+
+// One vector of a row normalized, scaled and shifted, rounded to T as a LayerNorm's output is.
+template <typename T>
+__device__ __forceinline__ Vec<T> layernorm_vec(Vec<T> xv, float mean, float rstd, const Vec<T>& gamma,
+                                                const Vec<T>& beta) {
+#pragma unroll
+    for (int e = 0; e < vec_size<T>(); ++e)
+        xv.v[e] = from_float<T>((to_float(xv.v[e]) - mean) * rstd * to_float(gamma.v[e]) + to_float(beta.v[e]));
+    return xv;
+}
+
+// LayerNorm of the staged rows [0, rows) of xs (row stride ld elements) in place: a warp per row.
 // side (or null): each normalized row also written there ([rows, K], for a post-LN residual).
 template <typename T>
 __device__ __forceinline__ void layernorm_staged_rows(T* xs, int64_t ld, int rows, int K, const T* gamma,
@@ -49,30 +88,12 @@ __device__ __forceinline__ void layernorm_staged_rows(T* xs, int64_t ld, int row
     const int kvecs = K / V;
     for (int m = warp; m < rows; m += warps) {
         T* row = xs + static_cast<int64_t>(m) * ld;
-        float s = 0.f;
-        for (int v = lane; v < kvecs; v += kWarpSize) {
-            const Vec<T> xv = load_vec(row + v * V);
-#pragma unroll
-            for (int e = 0; e < V; ++e) s += to_float(xv.v[e]);
-        }
-        const float mean = warp_sum(s) / K;
-        float q = 0.f;
-        for (int v = lane; v < kvecs; v += kWarpSize) {
-            const Vec<T> xv = load_vec(row + v * V);
-#pragma unroll
-            for (int e = 0; e < V; ++e) {
-                const float d = to_float(xv.v[e]) - mean;
-                q += d * d;
-            }
-        }
-        const float rstd = rsqrtf(warp_sum(q) / K + eps);
+        const float mean = warp_sum(staged_row_sum(row, lane, kvecs, kWarpSize)) / K;
+        const float rstd = rsqrtf(warp_sum(staged_row_squares(row, lane, kvecs, kWarpSize, mean)) / K + eps);
         T* side_row = side != nullptr ? side + static_cast<int64_t>(m) * K : nullptr;
         for (int v = lane; v < kvecs; v += kWarpSize) {
-            Vec<T> xv = load_vec(row + v * V);
-            const Vec<T> g = load_vec(gamma + v * V), b = load_vec(beta + v * V);
-#pragma unroll
-            for (int e = 0; e < V; ++e)
-                xv.v[e] = from_float<T>((to_float(xv.v[e]) - mean) * rstd * to_float(g.v[e]) + to_float(b.v[e]));
+            const Vec<T> xv =
+                layernorm_vec(load_vec(row + v * V), mean, rstd, load_vec(gamma + v * V), load_vec(beta + v * V));
             store_vec(row + v * V, xv);
             if (side_row != nullptr) store_vec(side_row + v * V, xv);
         }

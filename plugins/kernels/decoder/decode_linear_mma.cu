@@ -158,28 +158,14 @@ __global__ void __launch_bounds__(kWarps * kWarpSize, 16 / kWarps) decode_linear
         constexpr int kTpr = kThreads / kRows;
         const int m = threadIdx.x / kTpr, j = threadIdx.x % kTpr;
         const T* row = xs + m * ld;
-        float s = 0.f;
-        for (int v = j; v < vecs; v += kTpr) {
-            const Vec<T> xv = load_vec(row + v * kVec);
-#pragma unroll
-            for (int e = 0; e < kVec; ++e) s += to_float(xv.v[e]);
-        }
+        float s = decode_linear_detail::staged_row_sum(row, j, vecs, kTpr);
 #pragma unroll
         for (int o = kTpr / 2; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
         if (j == 0) stats[m] = s;
         cluster.sync();
         if (threadIdx.x < kRows) stats[128 + threadIdx.x] = cluster_sum(cluster, stats + threadIdx.x, split) / K;
         __syncthreads();
-        const float mean = stats[128 + m];
-        s = 0.f;
-        for (int v = j; v < vecs; v += kTpr) {
-            const Vec<T> xv = load_vec(row + v * kVec);
-#pragma unroll
-            for (int e = 0; e < kVec; ++e) {
-                const float d = to_float(xv.v[e]) - mean;
-                s += d * d;
-            }
-        }
+        s = decode_linear_detail::staged_row_squares(row, j, vecs, kTpr, stats[128 + m]);
 #pragma unroll
         for (int o = kTpr / 2; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
         if (j == 0) stats[64 + m] = s;
@@ -193,12 +179,8 @@ __global__ void __launch_bounds__(kWarps * kWarpSize, 16 / kWarps) decode_linear
         if (stager) {
             const Vec<T> gv = load_vec(ln_params + tv * kVec), bv = load_vec(ln_params + slice + tv * kVec);
             for (int r = tr; r < M; r += rows_step) {
-                const float row_mean = stats[128 + r], rstd = stats[192 + r];
-                Vec<T> xv = load_vec(xs + r * ld + tv * kVec);
-#pragma unroll
-                for (int e = 0; e < kVec; ++e)
-                    xv.v[e] = from_float<T>((to_float(xv.v[e]) - row_mean) * rstd * to_float(gv.v[e]) +
-                                            to_float(bv.v[e]));
+                const Vec<T> xv = decode_linear_detail::layernorm_vec(load_vec(xs + r * ld + tv * kVec),
+                                                                      stats[128 + r], stats[192 + r], gv, bv);
                 store_vec(xs + r * ld + tv * kVec, xv);
                 if (side != nullptr) store_vec(side + static_cast<int64_t>(r) * K + k0 + tv * kVec, xv);
             }
