@@ -1,6 +1,6 @@
-// What decode_linear's two kernels share: the fused epilogue's activation and the LayerNorm of the x
-// rows each block stages in shared memory (decode_linear.cu: CUDA cores, up to 8 rows;
-// decode_linear_mma.cu: tensor cores, 9 to 64 rows).
+// What decode_linear's two kernels share (decode_linear.cu: CUDA cores, up to 8 rows;
+// decode_linear_mma.cu: tensor cores, 9 to 64 rows): the fused epilogue's activation, a LayerNorm's
+// passes over the x rows a block stages in shared memory, and the opt-in to that shared memory.
 #pragma once
 
 #include <atomic>
@@ -23,20 +23,6 @@ __device__ __forceinline__ float activate(float y, DecodeActivation act) {
         default: return y;
     }
 }
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// `bytes` from global into shared memory by the copy engine (one instruction for a whole tile, no
-// registers held while it flies), counted on the mbarrier `bar`, marked evict-first in L2: a step reads
-// each weight once. sm_90 and later.
-__device__ __forceinline__ void bulk_load_evict_first(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-    uint64_t policy;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
-        ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(policy)
-        : "memory");
-}
-#endif
 
 // A LayerNorm's two passes over a staged row, as partial sums for the caller to reduce across its
 // threads: the sum of the row's vectors first, first + step, ... below vecs, then of their squared
