@@ -29,8 +29,6 @@
 
 #include <cooperative_groups.h>
 
-#include <algorithm>
-
 #include "../attention/attention_ptx.cuh"
 #include "common.cuh"
 
@@ -44,14 +42,14 @@ constexpr int kChunk = 32;                           // in_features per step: tw
 constexpr int kVec = 8;                              // 16-bit values per 16-byte vector
 constexpr int kMinSplit = 4, kMaxSplit = 8;
 
-// The sum over the cluster's blocks (rank order) of the value at `p` in each block's shared memory: every
-// remote load issued before the first add (a loop over a runtime count would wait for each in turn).
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 __device__ __forceinline__ float add(float a, float b) { return a + b; }
 __device__ __forceinline__ float4 add(float4 a, float4 b) {
     return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
 }
 
+// The sum over the cluster's blocks (rank order) of the value at `p` in each block's shared memory: every
+// remote load issued before the first add (a loop over a runtime count would wait for each in turn).
 template <typename V>
 __device__ __forceinline__ V cluster_sum(cg::cluster_group& cluster, V* p, int split) {
     V v[kMaxSplit];
@@ -62,7 +60,6 @@ __device__ __forceinline__ V cluster_sum(cg::cluster_group& cluster, V* p, int s
     for (int q = 1; q < kMaxSplit; ++q) sum = add(sum, v[q]);
     return sum;
 }
-
 #endif
 
 // kRowTiles: the staged rows / 8 (2, 4 or 8); rows past a.rows are zero and never stored. kWarps: 4, 8
@@ -128,7 +125,7 @@ __global__ void __launch_bounds__(kWarps * kWarpSize, 16 / kWarps) decode_linear
             }
         }
     attention_detail::cp_async_commit();
-    // the outputs this block finishes: a 1/split share of the 64 features x kRows rows in groups of 4
+    // the outputs this block finishes: a 1/split share of its features x kRows rows in groups of 4
     // rows of one feature (one 16-byte load of each block's partial sums), and their bias and residual,
     // loaded while x arrives
     const int groups = kFeatures * kRows / 4 / split;
