@@ -480,6 +480,8 @@ def _decode_linear_args(**over):
     (dict(rows=9, dtype=F32), ["more than 8 rows run on tensor cores in float16 or bfloat16", "9 rows"]),
     (dict(rows=9, in_features=1000), ["need in_features a multiple of 128, got 1000"]),
     (dict(rows=64, in_features=8192), ["rows x in_features (64 x 8192) takes 281600 bytes", "past the 204800"]),
+    # 16 rows of 9216 would fit the shared memory; a block's slice (1152) would not fit its staging loops
+    (dict(rows=16, in_features=9216), ["more than 8 rows take in_features up to 8192, got 9216"]),
     (dict(activation=5), ["activation must be 0 (none)", "5"]),
     (dict(gamma=A), ["ln_gamma and ln_beta come together"]),
     (dict(x_norm_out=A), ["x_norm_out needs ln_gamma/ln_beta"]),

@@ -276,6 +276,7 @@ bool decode_linear_mma_supported() { return current_compute_capability() >= 90; 
 cudaError_t launch_decode_linear_mma(const DecodeLinearArgs& args, padfree_dtype dtype, cudaStream_t stream) {
     if (args.rows == 0 || args.out_features == 0) return cudaSuccess;
     if (args.rows > kDecodeLinearMmaMaxRows || args.in_features % kDecodeLinearMmaInMultiple != 0 ||
+        args.in_features / decode_linear_mma_split(args.in_features) > kDecodeLinearMmaMaxSlice ||
         !decode_linear_mma_supported())
         return cudaErrorInvalidValue;
     switch (dtype) {

@@ -188,6 +188,7 @@ DECODE_LINEAR_MAX_SHARED_BYTES = 192 * 1024  # kDecodeLinearMaxSharedBytes
 DECODE_LINEAR_MMA_MAX_ROWS = 64             # kDecodeLinearMmaMaxRows (tensor cores, 16-bit types)
 DECODE_LINEAR_MMA_IN_MULTIPLE = 128         # kDecodeLinearMmaInMultiple
 DECODE_LINEAR_MMA_MAX_SHARED_BYTES = 200 * 1024  # kDecodeLinearMmaMaxSharedBytes
+DECODE_LINEAR_MMA_MAX_IN = 8 * 1024         # 8 x kDecodeLinearMmaMaxSlice
 ACTIVATIONS = {None: 0, "none": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
 
 
@@ -218,7 +219,7 @@ def decode_linear_fits(rows: int, in_features: int, dtype: torch.dtype, ln: bool
         return (staged * in_features * element <= DECODE_LINEAR_MAX_STAGE_BYTES
                 and (not ln or (staged + 2) * in_features * element <= DECODE_LINEAR_MAX_SHARED_BYTES))
     return (rows <= DECODE_LINEAR_MMA_MAX_ROWS and dtype in (torch.float16, torch.bfloat16)
-            and in_features % DECODE_LINEAR_MMA_IN_MULTIPLE == 0
+            and in_features % DECODE_LINEAR_MMA_IN_MULTIPLE == 0 and in_features <= DECODE_LINEAR_MMA_MAX_IN
             and torch.cuda.is_available() and _clusters(torch.cuda.current_device())
             and decode_linear_mma_shared_bytes(rows, in_features, ln) <= DECODE_LINEAR_MMA_MAX_SHARED_BYTES)
 
@@ -276,8 +277,8 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                          f"and rows x in_features within {DECODE_LINEAR_MAX_STAGE_BYTES} bytes ((rows + 2) x "
                          f"in_features within {DECODE_LINEAR_MAX_SHARED_BYTES} with ln), or up to "
                          f"{DECODE_LINEAR_MMA_MAX_ROWS} rows in float16 / bfloat16 on compute capability 9.0+ with "
-                         f"in_features a multiple of "
-                         f"{DECODE_LINEAR_MMA_IN_MULTIPLE} and their staging within "
+                         f"in_features a multiple of {DECODE_LINEAR_MMA_IN_MULTIPLE} up to "
+                         f"{DECODE_LINEAR_MMA_MAX_IN} and their staging within "
                          f"{DECODE_LINEAR_MMA_MAX_SHARED_BYTES} bytes, got {rows} x {in_features} {x.dtype}; "
                          "use a GEMM")
     check(bias, "bias", dtype=x.dtype, shape=(out_features,), device=x.device, optional=True)
