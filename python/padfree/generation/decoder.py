@@ -24,11 +24,11 @@ from ..ops.decoder import decode_linear_pays
 from .dispatch import DecoderOps
 from .encoder import PackedSources
 from .layers import (
-    activation as activate,
     embed,
     ensure_position_rows,
     ffn_up,
     layer_norm,
+    linear_activation,
     position_rows,
     step_position_args,
 )
@@ -265,12 +265,7 @@ class Decoder:
             x = F.layer_norm(x, (x.shape[-1],), ln[0], ln[1], ln[2])
             if x_norm_out is not None:
                 x_norm_out.copy_(x)
-        if activation == "relu" and bias is not None and x.is_cuda:
-            y = torch._addmm_activation(bias, x, weight.t())     # ReLU as the GEMM's epilogue (layers.ffn_up)
-        else:
-            y = F.linear(x, weight, bias)
-            if activation is not None:
-                y = activate(y, activation)
+        y = F.linear(x, weight, bias) if activation is None else linear_activation(x, weight, bias, activation)
         return y if residual is None else y.add_(residual)
 
     def reorder(self, parents: torch.Tensor) -> None:

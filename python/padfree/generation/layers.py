@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from .models import FamilySpec
 from .weights import FFNWeights, LayerNormWeights, StackWeights, fairseq_sinusoidal_table
 
-__all__ = ["layer_norm", "activation", "ffn_up", "ffn", "residual", "embed", "position_rows", "ensure_position_rows"]
+__all__ = ["layer_norm", "activation", "linear_activation", "ffn_up", "ffn", "residual", "embed", "position_rows",
+           "ensure_position_rows"]
 
 
 def layer_norm(x: torch.Tensor, ln: LayerNormWeights) -> torch.Tensor:
@@ -38,12 +39,17 @@ def residual(x: torch.Tensor, sublayer, ln: LayerNormWeights, pre_ln: bool) -> t
     return layer_norm(x + sublayer(x), ln)
 
 
-def ffn_up(x: torch.Tensor, w: FFNWeights, act: str) -> torch.Tensor:
-    """activation(x W1^T + b1). ReLU on CUDA is the GEMM's epilogue (cuBLASLt, one kernel); GELU is not,
+def linear_activation(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, act: str) -> torch.Tensor:
+    """activation(x W^T + b). ReLU on CUDA is the GEMM's epilogue (cuBLASLt, one kernel); GELU is not,
     since cuBLASLt's GELU epilogue is the tanh approximation and these models use the exact one."""
-    if act == "relu" and x.is_cuda and w.fc1_bias is not None:
-        return torch._addmm_activation(w.fc1_bias, x, w.fc1_weight.t())
-    return activation(F.linear(x, w.fc1_weight, w.fc1_bias), act)
+    if act == "relu" and x.is_cuda and bias is not None:
+        return torch._addmm_activation(bias, x, weight.t())
+    return activation(F.linear(x, weight, bias), act)
+
+
+def ffn_up(x: torch.Tensor, w: FFNWeights, act: str) -> torch.Tensor:
+    """activation(x W1^T + b1) (linear_activation)."""
+    return linear_activation(x, w.fc1_weight, w.fc1_bias, act)
 
 
 def ffn(x: torch.Tensor, w: FFNWeights, act: str) -> torch.Tensor:

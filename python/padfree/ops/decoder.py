@@ -192,10 +192,15 @@ DECODE_LINEAR_MMA_MAX_IN = 8 * 1024         # 8 x kDecodeLinearMmaMaxSlice
 ACTIVATIONS = {None: 0, "none": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
 
 
+def _mma_staged_rows(rows: int) -> int:
+    """decode_linear.h's decode_linear_mma_staged_rows: the rows the tensor-core kernel stages."""
+    return 16 if rows <= 16 else 32 if rows <= 32 else 64
+
+
 def decode_linear_mma_shared_bytes(rows: int, in_features: int, ln: bool) -> int:
     """decode_linear.h's decode_linear_mma_bytes at 64 features per block: the tensor-core kernel's shared
     memory where it fits least (it takes more features per block only where they fit)."""
-    staged = 16 if rows <= 16 else 32 if rows <= 32 else 64
+    staged = _mma_staged_rows(rows)
     split = 8 if in_features >= 1024 and in_features % 256 == 0 else 4
     slice_ = in_features // split
     return (64 + staged) * (slice_ + 8) * 2 + (4 * slice_ if ln else 0) + 64 * staged * 4 + 4 * 64 * 4
@@ -238,8 +243,7 @@ def decode_linear_pays(rows: int, in_features: int, out_features: int, dtype: to
     DECODE_LINEAR_MMA_PAYS_UP_TO."""
     if not decode_linear_fits(rows, in_features, dtype, ln=ln):
         return False
-    staged = 16 if rows <= 16 else 32 if rows <= 32 else 64
-    return rows <= DECODE_LINEAR_MAX_ROWS or staged * out_features <= DECODE_LINEAR_MMA_PAYS_UP_TO
+    return rows <= DECODE_LINEAR_MAX_ROWS or _mma_staged_rows(rows) * out_features <= DECODE_LINEAR_MMA_PAYS_UP_TO
 
 
 def _checked_ln(ln: tuple | None, like: torch.Tensor, width: int) -> tuple:
