@@ -359,32 +359,33 @@ inline bool pdl_enabled() {
     return allowed && current_compute_capability() >= 90;
 }
 
-// kernel<<<grid, block, smem, stream>>>(args...), with PDL where enabled. The arguments convert to
-// the kernel's parameter types (cudaLaunchKernelEx's template). A launch error is returned and, as
-// for <<<>>>, also left for cudaGetLastError (the C ABI's check_launch).
-template <typename... KArgs, typename... Args>
-cudaError_t launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                          Args&&... args) {
-    cudaLaunchAttribute pdl{};
-    pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    pdl.val.programmaticStreamSerializationAllowed = 1;
-    const cudaLaunchConfig_t config{grid, block, smem, stream, &pdl, pdl_enabled() ? 1u : 0u};
-    return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
-}
-
-// launch_kernel for a grid of thread-block clusters of `cluster_x` blocks along x (sm_90+).
+// kernel<<<grid, block, smem, stream>>>(args...), with PDL where enabled, in thread-block clusters of
+// cluster_x blocks along x where cluster_x > 1 (sm_90+). The arguments convert to the kernel's parameter
+// types (cudaLaunchKernelEx's template). A launch error is returned and, as for <<<>>>, also left for
+// cudaGetLastError (the C ABI's check_launch).
 template <typename... KArgs, typename... Args>
 cudaError_t launch_kernel_clustered(void (*kernel)(KArgs...), dim3 grid, dim3 block, unsigned cluster_x,
                                     size_t smem, cudaStream_t stream, Args&&... args) {
     cudaLaunchAttribute attrs[2]{};
-    attrs[0].id = cudaLaunchAttributeClusterDimension;
-    attrs[0].val.clusterDim.x = cluster_x;
-    attrs[0].val.clusterDim.y = 1;
-    attrs[0].val.clusterDim.z = 1;
-    attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[1].val.programmaticStreamSerializationAllowed = 1;
-    const cudaLaunchConfig_t config{grid, block, smem, stream, attrs, pdl_enabled() ? 2u : 1u};
+    unsigned count = 0;
+    if (pdl_enabled()) {
+        attrs[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attrs[count++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster_x > 1) {
+        attrs[count].id = cudaLaunchAttributeClusterDimension;
+        attrs[count].val.clusterDim.x = cluster_x;
+        attrs[count].val.clusterDim.y = 1;
+        attrs[count++].val.clusterDim.z = 1;
+    }
+    const cudaLaunchConfig_t config{grid, block, smem, stream, attrs, count};
     return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+template <typename... KArgs, typename... Args>
+cudaError_t launch_kernel(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                          Args&&... args) {
+    return launch_kernel_clustered(kernel, grid, block, 1, smem, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace padfree
