@@ -38,11 +38,11 @@ namespace {
 namespace cg = cooperative_groups;
 using attention_detail::MmaOp;
 
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // the kernel's body is sm_90's only
 constexpr int kChunk = 32;                           // in_features per step: two mma's k
 constexpr int kVec = 8;                              // 16-bit values per 16-byte vector
 constexpr int kMinSplit = 4, kMaxSplit = 8;
 
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 __device__ __forceinline__ float add(float a, float b) { return a + b; }
 __device__ __forceinline__ float4 add(float4 a, float4 b) {
     return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
