@@ -226,6 +226,9 @@ class Decoder:
                 return linear(x, weight, ln=(ln.weight, ln.bias, ln.eps), **kwargs), x
             if pending is None:
                 return linear(x, weight, **kwargs), x
+            if not self._decode_linear_pays(x, weight, ln=True):
+                normed = layer_norm(x, pending)     # the residual too: no copy of it (a kernel in the step)
+                return linear(normed, weight, **kwargs), normed
             normed = torch.empty_like(x)
             out = linear(x, weight, ln=(pending.weight, pending.bias, pending.eps), x_norm_out=normed, **kwargs)
             return out, normed
@@ -248,23 +251,28 @@ class Decoder:
             return linear(x, w.step_lm_head)
         return linear(x, w.step_lm_head, ln=(last.weight, last.bias, last.eps))
 
+    def _decode_linear_pays(self, x: torch.Tensor, weight: torch.Tensor, ln: bool) -> bool:
+        """Whether decode_linear is the faster kernel for this layer (ops.decoder.decode_linear_pays), decided
+        once per shape."""
+        key = (x.shape[1], weight.shape[0], ln)
+        pays = self._pays.get(key)
+        if pays is None:
+            pays = self._pays[key] = decode_linear_pays(self.rows, *key[:2], x.dtype, ln=ln)
+        return pays
+
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                 residual: torch.Tensor | None = None, ln: tuple | None = None, activation: str | None = None,
                 x_norm_out: torch.Tensor | None = None) -> torch.Tensor:
         """act(LN(x) W^T + bias) + residual: one decode_linear where it is the faster kernel for this
-        layer (ops.decoder.decode_linear_pays, decided once per shape), else the GEMM with torch's ops
-        around it (past 8 rows the widest layers: the output projection, NLLB's fc1 at 16 rows)."""
-        key = (x.shape[1], weight.shape[0], ln is not None)
-        pays = self._pays.get(key)
-        if pays is None:
-            pays = self._pays[key] = decode_linear_pays(self.rows, *key[:2], x.dtype, ln=key[2])
-        if pays:
+        layer, else the GEMM with torch's ops around it (past 8 rows the widest layers: the output
+        projection, NLLB's fc1 at 16 rows). x_norm_out (LN(x), written by the kernel) only where it pays:
+        the caller normalizes first otherwise."""
+        if self._decode_linear_pays(x, weight, ln=ln is not None):
             return self.ops.decode_linear(x, weight, bias, residual, ln=ln, activation=activation,
                                           x_norm_out=x_norm_out)
+        assert x_norm_out is None, "x_norm_out is decode_linear's: normalize before a GEMM instead"
         if ln is not None:
             x = F.layer_norm(x, (x.shape[-1],), ln[0], ln[1], ln[2])
-            if x_norm_out is not None:
-                x_norm_out.copy_(x)
         y = F.linear(x, weight, bias) if activation is None else linear_activation(x, weight, bias, activation)
         return y if residual is None else y.add_(residual)
 
