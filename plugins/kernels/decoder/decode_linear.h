@@ -65,7 +65,7 @@ inline int64_t decode_linear_mma_bytes(int32_t features, int32_t rows, int32_t i
     return (features + staged) * (slice + 8) * 2  // weights and x rows, padded
            + (layernorm ? 2 * slice * 2 : 0)      // gamma and beta of the slice
            + features * staged * 4                // partial sums [features][rows]
-           + 4 * 64 * 4;                          // row statistics
+           + 4 * kDecodeLinearMmaMaxRows * 4;     // row statistics: sum, squares, mean, rstd
 }
 
 // Output features per block: 256 or 128 where the grid keeps kDecodeLinearMmaMinBlocks blocks and the

@@ -42,6 +42,7 @@ using attention_detail::MmaOp;
 constexpr int kChunk = 32;                           // in_features per step: two mma's k
 constexpr int kVec = 8;                              // 16-bit values per 16-byte vector
 constexpr int kMinSplit = 4, kMaxSplit = 8;
+constexpr int kMaxStagedRows = kDecodeLinearMmaMaxRows;  // the row statistics' room (decode_linear_mma_bytes)
 
 __device__ __forceinline__ float add(float a, float b) { return a + b; }
 __device__ __forceinline__ float4 add(float4 a, float4 b) {
@@ -85,7 +86,12 @@ __global__ void __launch_bounds__(kWarps * kWarpSize, 16 / kWarps) decode_linear
     T* xs = wt + kFeatures * ld;                                 // x [kRows][ld]
     T* ln_params = xs + kRows * ld;                              // gamma, beta [slice] each, with LN
     float* part = reinterpret_cast<float*>(ln_params + (ln ? 2 * slice : 0));  // [kFeatures][kRows]
-    float* stats = part + kFeatures * kRows;  // per row: sum, squared deviations (exchanged), mean, rstd
+    // per staged row (64 at most): the slice's sum and squared deviations (exchanged across the
+    // cluster), then the row's mean and rstd
+    float* row_sum = part + kFeatures * kRows;
+    float* row_squares = row_sum + kMaxStagedRows;
+    float* row_mean = row_squares + kMaxStagedRows;
+    float* row_rstd = row_mean + kMaxStagedRows;
     const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
     const int g = lane / 4, t = lane % 4;
     // A thread's place in the staging loops: vector column tv of rows tr, tr + rows_step, ... (one
@@ -130,20 +136,25 @@ __global__ void __launch_bounds__(kWarps * kWarpSize, 16 / kWarps) decode_linear
     // loaded while x arrives
     const int groups = kFeatures * kRows / 4 / split;
     const int group0 = rank * groups;
+    // group u of this thread: feature f (output column n) x rows m0 .. m0 + 3; `in`: this block has it
+    struct OutputGroup { int f, m0, n; bool in; };
+    auto output_group = [&](int u) {
+        const int gi = group0 + threadIdx.x + u * kThreads, f = gi / (kRows / 4);
+        return OutputGroup{f, gi % (kRows / 4) * 4, f0 + f, threadIdx.x + u * kThreads < groups && f0 + f < N};
+    };
     const T* bias = static_cast<const T*>(a.bias);
     const T* residual = static_cast<const T*>(a.residual);
     // (kept as loaded until the epilogue: converted here, each would wait for its load)
     T bias_in[kMaxGroups], residual_in[kMaxGroups][4];
 #pragma unroll
     for (int u = 0; u < kMaxGroups; ++u) {
-        const int gi = group0 + threadIdx.x + u * kThreads;
-        const int f = gi / (kRows / 4), m0 = gi % (kRows / 4) * 4, n = f0 + f;
-        const bool in = threadIdx.x + u * kThreads < groups && n < N;
-        bias_in[u] = in && bias != nullptr ? bias[n] : from_float<T>(0.f);
+        const OutputGroup o = output_group(u);
+        bias_in[u] = o.in && bias != nullptr ? bias[o.n] : from_float<T>(0.f);
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-            residual_in[u][e] = in && residual != nullptr && m0 + e < M ? residual[static_cast<int64_t>(m0 + e) * N + n]
-                                                                        : from_float<T>(0.f);
+            residual_in[u][e] = o.in && residual != nullptr && o.m0 + e < M
+                                    ? residual[static_cast<int64_t>(o.m0 + e) * N + o.n]
+                                    : from_float<T>(0.f);
     }
     attention_detail::cp_async_wait<0>();
     __syncthreads();
@@ -158,17 +169,17 @@ __global__ void __launch_bounds__(kWarps * kWarpSize, 16 / kWarps) decode_linear
         float s = decode_linear_detail::staged_row_sum(row, j, vecs, kTpr);
 #pragma unroll
         for (int o = kTpr / 2; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (j == 0) stats[m] = s;
+        if (j == 0) row_sum[m] = s;
         cluster.sync();
-        if (threadIdx.x < kRows) stats[128 + threadIdx.x] = cluster_sum(cluster, stats + threadIdx.x, split) / K;
+        if (threadIdx.x < kRows) row_mean[threadIdx.x] = cluster_sum(cluster, row_sum + threadIdx.x, split) / K;
         __syncthreads();
-        s = decode_linear_detail::staged_row_squares(row, j, vecs, kTpr, stats[128 + m]);
+        s = decode_linear_detail::staged_row_squares(row, j, vecs, kTpr, row_mean[m]);
 #pragma unroll
         for (int o = kTpr / 2; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (j == 0) stats[64 + m] = s;
+        if (j == 0) row_squares[m] = s;
         cluster.sync();
         if (threadIdx.x < kRows)
-            stats[192 + threadIdx.x] = rsqrtf(cluster_sum(cluster, stats + 64 + threadIdx.x, split) / K + a.eps);
+            row_rstd[threadIdx.x] = rsqrtf(cluster_sum(cluster, row_squares + threadIdx.x, split) / K + a.eps);
         __syncthreads();
         // the slice normalized in place, rounded to T; the first cluster also writes it out for a
         // post-LN residual
@@ -177,7 +188,7 @@ __global__ void __launch_bounds__(kWarps * kWarpSize, 16 / kWarps) decode_linear
             const Vec<T> gv = load_vec(ln_params + tv * kVec), bv = load_vec(ln_params + slice + tv * kVec);
             for (int r = tr; r < M; r += rows_step) {
                 const Vec<T> xv = decode_linear_detail::layernorm_vec(load_vec(xs + r * ld + tv * kVec),
-                                                                      stats[128 + r], stats[192 + r], gv, bv);
+                                                                      row_mean[r], row_rstd[r], gv, bv);
                 store_vec(xs + r * ld + tv * kVec, xv);
                 if (side != nullptr) store_vec(side + static_cast<int64_t>(r) * K + k0 + tv * kVec, xv);
             }
@@ -219,15 +230,14 @@ __global__ void __launch_bounds__(kWarps * kWarpSize, 16 / kWarps) decode_linear
     T* out = static_cast<T*>(a.out);
 #pragma unroll
     for (int u = 0; u < kMaxGroups; ++u) {
-        const int gi = group0 + threadIdx.x + u * kThreads;
-        const int f = gi / (kRows / 4), m0 = gi % (kRows / 4) * 4, n = f0 + f;
-        if (threadIdx.x + u * kThreads >= groups || n >= N) continue;
-        const float4 y4 = cluster_sum(cluster, reinterpret_cast<float4*>(part + f * kRows + m0), split);
+        const OutputGroup o = output_group(u);
+        if (!o.in) continue;
+        const float4 y4 = cluster_sum(cluster, reinterpret_cast<float4*>(part + o.f * kRows + o.m0), split);
         const float y[4] = {y4.x, y4.y, y4.z, y4.w};
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-            if (m0 + e < M)
-                out[static_cast<int64_t>(m0 + e) * N + n] = from_float<T>(
+            if (o.m0 + e < M)
+                out[static_cast<int64_t>(o.m0 + e) * N + o.n] = from_float<T>(
                     decode_linear_detail::activate(y[e] + to_float(bias_in[u]), a.activation) + to_float(residual_in[u][e]));
     }
     // no block exits while another still reads its shared memory: the reads are done (their values were
