@@ -203,7 +203,8 @@ def decode_linear_mma_shared_bytes(rows: int, in_features: int, ln: bool) -> int
     staged = _mma_staged_rows(rows)
     split = 8 if in_features >= 1024 and in_features % 256 == 0 else 4
     slice_ = in_features // split
-    return (64 + staged) * (slice_ + 8) * 2 + (4 * slice_ if ln else 0) + 64 * staged * 4 + 4 * 64 * 4
+    stats = 4 * DECODE_LINEAR_MMA_MAX_ROWS * 4      # the row statistics: sum, squares, mean, rstd per row
+    return (64 + staged) * (slice_ + 8) * 2 + (4 * slice_ if ln else 0) + 64 * staged * 4 + stats
 
 
 @functools.lru_cache(maxsize=None)
