@@ -6,6 +6,8 @@ references, on the GPU through the kernels (with and without CUDA graphs). Per-t
 compared at real positions and must be exact zeros at padded ones (HF leaves values there)."""
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -59,18 +61,36 @@ def hf_outputs(model, ids, mask, type_ids, device="cpu"):
     return {n: out[n].cpu() for n in names}
 
 
+def float32_tolerance(model, ids, mask, type_ids, want, floor=1e-5):
+    """{name: tolerance} for a float32 comparison with HF's float32 outputs `want`: the floor, or three
+    times HF float32's own error against a float64 run of the same model where that is larger. A
+    logit vector whose norm is small against the activations it comes from (QA start logits on some
+    draws) carries float32 rounding of ~1e-5 relative in HF itself, and any other summation order
+    lands as far on the other side of the float64 value."""
+    reference = copy.deepcopy(model).to(dtype=torch.float64)
+    kwargs = {} if type_ids is None else {"token_type_ids": type_ids}
+    with torch.no_grad():
+        exact = reference(input_ids=ids, attention_mask=mask, **kwargs)
+    valid = mask.bool()
+    per_token = "logits" not in want or want["logits"].dim() == 3
+    pick = (lambda t: t[valid]) if per_token else (lambda t: t)
+    return {n: max(floor, 3 * rel_err(pick(want[n]), pick(exact[n]))) for n in want}
+
+
 def check_against_hf(got, want, mask, per_sequence, tol):
-    """got / want: {name: tensor}; per-token outputs [B, S, ...] padded with zeros where mask is 0."""
+    """got / want: {name: tensor}; per-token outputs [B, S, ...] padded with zeros where mask is 0.
+    tol: one tolerance, or {name: tolerance}."""
     valid = mask.bool().cpu()
     assert set(got) == set(want)
     for name, ref in want.items():
+        tol_name = tol[name] if isinstance(tol, dict) else tol
         out = got[name].cpu()
         assert out.shape == ref.shape, name
         if per_sequence:
-            assert rel_err(out, ref) < tol, name
+            assert rel_err(out, ref) < tol_name, name
         else:
             assert (out[~valid] == 0).all(), f"{name}: padded positions must be exact zeros"
-            assert rel_err(out[valid], ref[valid]) < tol, name
+            assert rel_err(out[valid], ref[valid]) < tol_name, name
 
 
 def packed(ids, mask, type_ids, device="cpu"):
@@ -92,7 +112,8 @@ def test_head_matches_hf_in_float32_on_cpu(family, task, seed):
     assert encoder.output_names == list(want) and not encoder.has_pooler
     assert encoder.per_sequence_outputs == ({"logits"} if task == "seq" else set())
     out = encoder(ids, mask, type_ids)
-    check_against_hf({n: out[n] for n in want}, want, mask, task == "seq", 1e-5)
+    tol = float32_tolerance(model, ids, mask, type_ids, want)
+    check_against_hf({n: out[n] for n in want}, want, mask, task == "seq", tol)
     # packed: per-sequence rows [B, ...] or per-token rows [T, ...], the same values
     got = encoder.forward_packed(*packed(ids, mask, type_ids))
     valid = mask.bool()
@@ -111,19 +132,20 @@ def test_head_through_the_runtime_on_cpu(family, task, seed):
     model = head_model(family, task, seed, layers=3)
     ids, mask, type_ids = batch_for(model, rng, batch=5, width=40)
     want = hf_outputs(model, ids, mask, type_ids)
+    tol = float32_tolerance(model, ids, mask, type_ids, want)
     runtime = Runtime(cpu_encoder(model, dtype=torch.float32), max_batch=2)  # several chunks
     valid = mask.bool()
     sequences = [row[m].tolist() for row, m in zip(ids, valid)]
     types = None if type_ids is None else [row[m].tolist() for row, m in zip(type_ids, valid)]
     got = runtime.run(sequences, token_type_ids=types)
     if task == "seq":
-        assert got["logits"].shape == (5, LABELS) and rel_err(got["logits"], want["logits"]) < 1e-5
+        assert got["logits"].shape == (5, LABELS) and rel_err(got["logits"], want["logits"]) < tol["logits"]
     else:
         for name, ref in want.items():
             assert [t.shape[0] for t in got[name]] == valid.sum(1).tolist()
-            assert rel_err(torch.cat(got[name]), ref[valid]) < 1e-5
+            assert rel_err(torch.cat(got[name]), ref[valid]) < tol[name]
     padded = runtime.run(ids, attention_mask=mask, token_type_ids=type_ids, padded=True)
-    check_against_hf({n: padded[n] for n in want}, want, mask, task == "seq", 1e-5)
+    check_against_hf({n: padded[n] for n in want}, want, mask, task == "seq", tol)
 
 
 def test_mutated_heads_fail_the_comparison(seed):
