@@ -28,7 +28,8 @@ difference between run()'s outputs and forward_packed's (the same kernels: 0).
 On the device machine:
   python bench/runtime.py [--models bert-large,roberta-base,distilbert] [--reps 50] [--out FILE.json]
 Host work alone, anywhere (no GPU: a backend that does nothing, one value per token, so that only the
-runtime's own work is timed):
+runtime's own work is timed; torch_views: torch's split of the batch's rows into per-sequence views
+alone, the share of the lists / numpy forms' time that is torch's own):
   python bench/runtime.py --host-only [--batch 128]
 Writes bench/results/runtime-<gpu>.json (device, date, versions, commit, command, rows); --host-only
 prints its rows and writes only where --out says (host speed differs per machine: no committed result).
@@ -227,6 +228,10 @@ def host_row(longest: int, args) -> dict:
                                                     args.reps, args.warmup)
     row["host_ms"]["submit_padded_output"] = host_ms(lambda: rt.submit(*forms["padded"], padded=True),
                                                      args.reps, args.warmup)
+    # torch's own cost of the per-sequence views that the lists / numpy forms return (one
+    # split_with_sizes call): the part of their host time no runtime can save while it returns views
+    tokens, sizes = torch.zeros(int(lengths.sum()), 1), lengths.tolist()
+    row["host_ms"]["torch_views"] = host_ms(lambda: tokens.split_with_sizes(sizes), args.reps, args.warmup)
     return row
 
 
