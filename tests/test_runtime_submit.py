@@ -412,3 +412,4 @@ def test_bench_runtime_host_only_runs_on_cpu(tmp_path):
     for row in report["rows"]:
         assert row["batch"] == 16
         assert all(row["host_ms"][f"{kind}_{form}"] > 0 for kind in ("submit", "inputs") for form in forms)
+        assert row["host_ms"]["torch_views"] > 0
