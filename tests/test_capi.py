@@ -482,6 +482,8 @@ def _decode_linear_args(**over):
     (dict(rows=64, in_features=8192), ["rows x in_features (64 x 8192) takes 281600 bytes", "past the 204800"]),
     # 16 rows of 9216 would fit the shared memory; a block's slice (1152) would not fit its staging loops
     (dict(rows=16, in_features=9216), ["more than 8 rows take in_features up to 8192, got 9216"]),
+    # not a multiple of 256: split over 4 blocks, so 4224's slice (1056) is past 1024 too
+    (dict(rows=16, in_features=4224), ["take in_features up to 4096 where it is not a multiple of 256, got 4224"]),
     (dict(activation=5), ["activation must be 0 (none)", "5"]),
     (dict(gamma=A), ["ln_gamma and ln_beta come together"]),
     (dict(x_norm_out=A), ["x_norm_out needs ln_gamma/ln_beta"]),

@@ -180,9 +180,11 @@ padfree_status padfree_decode_linear(const void* x, const void* weight, const vo
         PADFREE_REQUIRE(in_features % kDecodeLinearMmaInMultiple == 0, "decode_linear: more than ",
                         kDecodeLinearMaxRows, " rows need in_features a multiple of ", kDecodeLinearMmaInMultiple,
                         ", got ", in_features, "; use a GEMM");
-        PADFREE_REQUIRE(in_features / decode_linear_mma_split(in_features) <= kDecodeLinearMmaMaxSlice,
-                        "decode_linear: more than ", kDecodeLinearMaxRows, " rows take in_features up to ",
-                        8 * kDecodeLinearMmaMaxSlice, ", got ", in_features, "; use a GEMM");
+        const int32_t split = decode_linear_mma_split(in_features);
+        PADFREE_REQUIRE(in_features / split <= kDecodeLinearMmaMaxSlice, "decode_linear: more than ",
+                        kDecodeLinearMaxRows, " rows take in_features up to ", split * kDecodeLinearMmaMaxSlice,
+                        split == 8 ? "" : " where it is not a multiple of 256", ", got ", in_features,
+                        "; use a GEMM");
         const int64_t shared = decode_linear_mma_shared_bytes(rows, in_features, out_features, ln_gamma != nullptr);
         PADFREE_REQUIRE(shared <= kDecodeLinearMmaMaxSharedBytes, "decode_linear: rows x in_features (", rows, " x ",
                         in_features, ") takes ", shared, " bytes of shared memory, past the ",

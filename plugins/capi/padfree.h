@@ -364,9 +364,9 @@ PADFREE_API padfree_status padfree_decoder_cross_attention(const void* q, const 
  * in_features a multiple of 8. Up to 8 rows (CUDA cores, every dtype): rounded up to a power of two,
  * rows x in_features elements must fit 96 KB, and with ln_gamma / ln_beta (rows + 2) x in_features
  * 192 KB. 9 to 64 rows (tensor cores, decode_linear_mma.cu): float16 or bfloat16, compute capability
- * 9.0+ (thread-block clusters), in_features a multiple of 128 up to 8192, and a block's staging at
- * 64 features within 200 KB (decode_linear.h: decode_linear_mma_bytes; 64 rows of 4096 fit, of 8192
- * do not).
+ * 9.0+ (thread-block clusters), in_features a multiple of 128 up to 8192 (4096 where it is not a
+ * multiple of 256), and a block's staging at 64 features within 200 KB (decode_linear.h:
+ * decode_linear_mma_bytes; 64 rows of 4096 fit, of 8192 do not).
  * bias [out_features], residual [rows, out_features] (may be out itself), ln_gamma /
  * ln_beta [in_features] (LayerNorm of each x row, eps, float32 statistics, rounded to the dtype):
  * each NULL where unused. activation: 0 none, 1 relu, 2 gelu (erf), 3 gelu (tanh), 4 silu.

@@ -47,7 +47,8 @@ constexpr int32_t kDecodeLinearMaxSharedBytes = 192 * 1024;
 constexpr int32_t kDecodeLinearMmaMaxRows = 64;
 constexpr int32_t kDecodeLinearMmaInMultiple = 128;  // in_features: a multiple (each slice whole chunks of 32)
 // A block's slice of in_features at most (its 16-byte vectors at most one per thread of the smallest
-// block, whose staging loops give each thread one column): in_features up to 8192.
+// block, whose staging loops give each thread one column): in_features up to 8192 (4096 where it is
+// not a multiple of 256, which decode_linear_mma_split spreads over 4 blocks).
 constexpr int32_t kDecodeLinearMmaMaxSlice = 1024;
 constexpr int64_t kDecodeLinearMmaMaxSharedBytes = 200 * 1024;
 // Blocks a grid should have at least (about an H100's or H200's SMs) before a block takes more features.

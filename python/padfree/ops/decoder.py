@@ -188,8 +188,14 @@ DECODE_LINEAR_MAX_SHARED_BYTES = 192 * 1024  # kDecodeLinearMaxSharedBytes
 DECODE_LINEAR_MMA_MAX_ROWS = 64             # kDecodeLinearMmaMaxRows (tensor cores, 16-bit types)
 DECODE_LINEAR_MMA_IN_MULTIPLE = 128         # kDecodeLinearMmaInMultiple
 DECODE_LINEAR_MMA_MAX_SHARED_BYTES = 200 * 1024  # kDecodeLinearMmaMaxSharedBytes
-DECODE_LINEAR_MMA_MAX_IN = 8 * 1024         # 8 x kDecodeLinearMmaMaxSlice
+DECODE_LINEAR_MMA_MAX_SLICE = 1024          # kDecodeLinearMmaMaxSlice: a block's slice of in_features
+DECODE_LINEAR_MMA_MAX_IN = 8 * DECODE_LINEAR_MMA_MAX_SLICE  # split over 8 blocks (a multiple of 256; else 4)
 ACTIVATIONS = {None: 0, "none": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
+
+
+def _mma_split(in_features: int) -> int:
+    """decode_linear.h's decode_linear_mma_split: the blocks in_features is split over."""
+    return 8 if in_features >= 1024 and in_features % 256 == 0 else 4
 
 
 def _mma_staged_rows(rows: int) -> int:
@@ -201,8 +207,7 @@ def decode_linear_mma_shared_bytes(rows: int, in_features: int, ln: bool) -> int
     """decode_linear.h's decode_linear_mma_bytes at 64 features per block: the tensor-core kernel's shared
     memory where it fits least (it takes more features per block only where they fit)."""
     staged = _mma_staged_rows(rows)
-    split = 8 if in_features >= 1024 and in_features % 256 == 0 else 4
-    slice_ = in_features // split
+    slice_ = in_features // _mma_split(in_features)
     stats = 4 * DECODE_LINEAR_MMA_MAX_ROWS * 4      # the row statistics: sum, squares, mean, rstd per row
     return (64 + staged) * (slice_ + 8) * 2 + (4 * slice_ if ln else 0) + 64 * staged * 4 + stats
 
@@ -225,7 +230,8 @@ def decode_linear_fits(rows: int, in_features: int, dtype: torch.dtype, ln: bool
         return (staged * in_features * element <= DECODE_LINEAR_MAX_STAGE_BYTES
                 and (not ln or (staged + 2) * in_features * element <= DECODE_LINEAR_MAX_SHARED_BYTES))
     return (rows <= DECODE_LINEAR_MMA_MAX_ROWS and dtype in (torch.float16, torch.bfloat16)
-            and in_features % DECODE_LINEAR_MMA_IN_MULTIPLE == 0 and in_features <= DECODE_LINEAR_MMA_MAX_IN
+            and in_features % DECODE_LINEAR_MMA_IN_MULTIPLE == 0
+            and in_features // _mma_split(in_features) <= DECODE_LINEAR_MMA_MAX_SLICE
             and torch.cuda.is_available() and _clusters(torch.cuda.current_device())
             and decode_linear_mma_shared_bytes(rows, in_features, ln) <= DECODE_LINEAR_MMA_MAX_SHARED_BYTES)
 
@@ -283,7 +289,8 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
                          f"in_features within {DECODE_LINEAR_MAX_SHARED_BYTES} with ln), or up to "
                          f"{DECODE_LINEAR_MMA_MAX_ROWS} rows in float16 / bfloat16 on compute capability 9.0+ with "
                          f"in_features a multiple of {DECODE_LINEAR_MMA_IN_MULTIPLE} up to "
-                         f"{DECODE_LINEAR_MMA_MAX_IN} and their staging within "
+                         f"{DECODE_LINEAR_MMA_MAX_IN} ({DECODE_LINEAR_MMA_MAX_IN // 2} unless a multiple of 256) and "
+                         f"their staging within "
                          f"{DECODE_LINEAR_MMA_MAX_SHARED_BYTES} bytes, got {rows} x {in_features} {x.dtype}; "
                          "use a GEMM")
     check(bias, "bias", dtype=x.dtype, shape=(out_features,), device=x.device, optional=True)
