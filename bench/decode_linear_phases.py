@@ -21,6 +21,8 @@ import subprocess
 import sys
 import tempfile
 
+from sync_costs import gpu_arch, nvcc  # bench/: the script's own folder, first on sys.path
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KERNEL = os.path.join(ROOT, "plugins", "kernels", "decoder", "decode_linear.cu")
 DRIVER = os.path.join(ROOT, "bench", "decode_linear_phases.cu")
@@ -78,8 +80,6 @@ def build(folder: str, arch: str, compile_only: bool = False) -> str:
     """The stamped kernel and the driver built into `folder`; the binary's (or object's) path."""
     with open(os.path.join(folder, "decode_linear_stamped.cu"), "w") as f:
         f.write(stamped_source())
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
-    from sync_costs import nvcc
     target = os.path.join(folder, "decode_linear_phases" + (".o" if compile_only else ""))
     kernels = os.path.join(ROOT, "plugins", "kernels")
     command = [nvcc(), f"-arch={arch}", "-O3", "-std=c++17", "--expt-relaxed-constexpr", f"-I{folder}", f"-I{kernels}",
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"benchmark": "decode_linear's phases in a chain of NLLB-size projections",
               "device": torch.cuda.get_device_name(), "columns_us": list(COLUMNS), "rows": []}
     with tempfile.TemporaryDirectory() as folder:
-        binary = build(folder, f"sm_{major}{minor}a" if major == 9 else f"sm_{major}{minor}")
+        binary = build(folder, gpu_arch(major, minor))
         for r in rows:
             out = subprocess.run([binary, str(r)], check=True, capture_output=True, text=True).stdout
             result = parse(out)

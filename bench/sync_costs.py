@@ -31,6 +31,11 @@ def nvcc() -> str:
     raise SystemExit("sync_costs: nvcc not found; set CUDA_HOME to the CUDA toolkit")
 
 
+def gpu_arch(major: int, minor: int) -> str:
+    """nvcc's -arch for a compute capability: sm_90a on Hopper (its cluster and TMA instructions)."""
+    return f"sm_{major}{minor}a" if major == 9 else f"sm_{major}{minor}"
+
+
 def measure(arch: str) -> dict[str, float]:
     """Build sync_costs.cu for `arch` (e.g. sm_90a) and run it: {name: value}."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -52,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"thread-block clusters need compute capability 9.0+, this GPU has {major}.{minor}")
     from padfree.bench import record
     from padfree.bench.timing import gpu_slug
-    values = measure(f"sm_{major}{minor}a" if major == 9 else f"sm_{major}{minor}")
+    values = measure(gpu_arch(major, minor))
     for name, value in values.items():
         print(f"{name:20s} {value:g}")
     device = torch.cuda.get_device_name()
