@@ -274,6 +274,7 @@ def test_graphs_equal_eager_and_reuse_the_bucket(family, dtype):
             graphed = _outputs(gen, sources, **options)
             state = gen.runner.states[next(iter(keys))]
             assert state.graph is not None and not state.capture_failed, options
+            assert state.encoder.graph is not None and not state.encoder.capture_failed, options
             if sources is second:
                 assert gen.runner.captures == captures, f"{options}: the bucket's graph was captured again"
             gen.use_graphs = False
@@ -285,6 +286,42 @@ def test_graphs_equal_eager_and_reuse_the_bucket(family, dtype):
     # sampling runs the same step eagerly on CUDA (seeded: repeatable)
     a = gen.generate(first, do_sample=True, top_k=20, seed=3, max_new_tokens=8)
     assert torch.equal(a, gen.generate(first, do_sample=True, top_k=20, seed=3, max_new_tokens=8))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_encoder_graph_equals_the_eager_encoder(family):
+    """The state's encoder on its bucket's rows (filler sequences past the sources), captured and
+    replayed, against the eager encoder on the sources' rows only (float32, 12 layers): the
+    cross-attention K/V every layer's beams read, and cu_seqlens; across calls of one bucket with
+    other lengths (the graph replays, the fillers move)."""
+    from padfree.generation.encoder import PackedSources, encode
+    from padfree.generation.runner import state_key
+    model = build(family, layers=(12, 2), **GPU_MODEL).to("cuda")
+    gen = pt.from_hf(model, dtype=torch.float32, device="cuda")
+    options = gen.resolve(num_beams=2, max_new_tokens=4)
+    # one bucket (64 tokens, sources up to 32): nearly full (its last filler empty), then nearly empty
+    pool = random_sources(model.config, 8, seed=7, min_len=20, max_len=20)
+    calls = [[pool[i][:n] for i, n in enumerate(lengths)]
+             for lengths in ([20, 3, 9, 14, 5, 11], [17, 1, 1, 1, 1, 1])]
+    keys = {state_key(PackedSources.from_lists(c, torch.device("cpu")), options) for c in calls}
+    assert len(keys) == 1
+    for sources in calls:
+        packed = PackedSources.from_lists(sources, torch.device("cuda"))
+        state = gen.runner.state(packed, options)
+        for buffer in state.decoder.kv_mem:
+            buffer.fill_(float("nan"))
+        with torch.inference_mode():
+            gen.runner.load(state, packed, lambda p: encode(gen.weights, gen.ops, p))
+            want = encode(gen.weights, gen.ops, packed)
+        torch.cuda.synchronize()
+        assert state.encoder.graph is not None and not state.encoder.capture_failed
+        assert torch.equal(state.decoder.cu_seqlens, packed.cu_seqlens)
+        n = packed.total_tokens
+        for layer, buffer in zip(gen.weights.decoder.layers, state.decoder.kv_mem):
+            kv = torch.addmm(layer.cross_attn.kv_bias, want, layer.cross_attn.kv_weight.t())
+            err = (buffer[:n] - kv).abs().max().item()
+            assert err <= 2e-5 * max(1.0, kv.abs().max().item()), f"{family} {packed.lengths}: {err}"
+            assert bool(torch.isfinite(buffer).all()), f"{family}: a filler row's K/V is not finite"
 
 
 def test_captures_after_every_graph_is_dropped():

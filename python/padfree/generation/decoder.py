@@ -127,10 +127,15 @@ class Decoder:
         buffers, cu_seqlens, and the step back to 0."""
         if sources.batch != self.batch or sources.total_tokens > self.tokens or sources.max_seqlen > self.max_seqlen:
             raise ValueError("Decoder.load: the sources do not fit this state's bucket")
-        total = sources.total_tokens
+        self.load_memory(encoder_out, sources.cu_seqlens)
+
+    def load_memory(self, encoder_out: torch.Tensor, cu_seqlens: torch.Tensor) -> None:
+        """load() on device tensors only, as encoder_graph.py captures it: the K/V of encoder_out's rows
+        (up to the bucket's), this batch's cu_seqlens int32 [batch + 1], the step back to 0."""
+        total = encoder_out.shape[0]
         for layer, buffer in zip(self.weights.decoder.layers, self.kv_mem):
             torch.addmm(layer.cross_attn.kv_bias, encoder_out, layer.cross_attn.kv_weight.t(), out=buffer[:total])
-        self.cu_seqlens.copy_(sources.cu_seqlens)
+        self.cu_seqlens.copy_(cu_seqlens)
         self.step.zero_()
 
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -105,15 +105,16 @@ class Seq2SeqGenerator:
 
     def _run(self, sources: list[list[int]], options: GenerationOptions):
         packed = PackedSources.from_lists(sources, self.device)
-        return decode(self.runner, packed, encode(self.weights, self.ops, packed), options)
+        return decode(self.runner, packed, lambda p: encode(self.weights, self.ops, p), options)
 
 
-def decode(runner: Runner, packed: PackedSources, encoder_out, options: GenerationOptions):
-    """The decode loop of one generate() call after the encoder, for any decoder backend (runner.py):
-    the bucket's state loaded with this call's encoder output, the search run, and HF's return value
-    (sequences, or HF's output class with return_dict_in_generate)."""
+def decode(runner: Runner, packed: PackedSources, encoder, options: GenerationOptions):
+    """The decode loop of one generate() call, for any decoder backend (runner.py): the bucket's state
+    loaded with this call's sources (encoder: the encoder's output, or a callable(packed) returning it;
+    Runner.load), the search run, and HF's return value (sequences, or HF's output class with
+    return_dict_in_generate)."""
     state = runner.state(packed, options)
-    state.decoder.load(packed, encoder_out)
+    runner.load(state, packed, encoder)
     state.search.reset()
     if options.do_sample:
         state.search.generator = make_generator(runner.device, options.seed)

@@ -12,9 +12,11 @@ Rules, and why:
   step. Calls with the same bucket reuse it (a benchmark calls generate() with one shape); a small
   LRU bounds the memory held (max_states).
 - The first call of a bucket runs step 0 eagerly on a side stream (warm-up: cuBLAS handles,
-  lazily built kernels), then captures the step; later calls replay from step 0. All graphs share
-  one memory pool: they never run concurrently and no graph output lives in the pool (everything a
-  step keeps is a state tensor allocated outside the capture).
+  lazily built kernels), then captures the step; later calls replay from step 0. With padfree's torch
+  decoder on CUDA the state's encoder and cross-attention K/V are a second graph, warmed up and
+  captured the same way (encoder_graph.py). All graphs share one memory pool: they never run
+  concurrently and no graph output lives in the pool (everything a step keeps is a state tensor
+  allocated outside the capture).
 - The host learns that every sequence finished without stalling the GPU: every check_every steps it
   enqueues a non-blocking copy of the device flag `done` into pinned memory and records an event,
   then waits on the previous check's event (check_every steps older, so the GPU still has that
@@ -41,6 +43,7 @@ import torch
 from .beam_search import BeamSearch
 from .decoder import Decoder, seqlen_bucket, token_bucket
 from .encoder import PackedSources
+from .encoder_graph import EncoderGraph
 from .options import GenerationOptions
 from .sampling import SingleSearch
 
@@ -65,10 +68,12 @@ def state_key(sources: PackedSources, options: GenerationOptions) -> tuple:
 
 
 class DecodeState:
-    """One bucket's decoder state, search state and (on CUDA) captured step."""
+    """One bucket's decoder state, search state and (on CUDA) captured step; `encoder`, where the
+    decoder is padfree's on CUDA, runs the encoder into it (encoder_graph.py)."""
 
-    def __init__(self, decoder: Decoder, search: BeamSearch | SingleSearch, device: torch.device):
-        self.decoder, self.search = decoder, search
+    def __init__(self, decoder: Decoder, search: BeamSearch | SingleSearch, device: torch.device,
+                 encoder: EncoderGraph | None = None):
+        self.decoder, self.search, self.encoder = decoder, search, encoder
         self.graph: torch.cuda.CUDAGraph | None = None
         self.capture_failed = False
         self.cuda = device.type == "cuda"
@@ -97,7 +102,7 @@ class Runner:
         self.max_states = max_states
         self.check_every = check_every
         self.states: OrderedDict[tuple, DecodeState] = OrderedDict()
-        self.captures = 0            # graphs captured so far (a reused bucket adds none)
+        self.captures = 0            # step graphs captured so far (a reused bucket adds none)
         self._pool = None
 
     def state(self, sources: PackedSources, options: GenerationOptions) -> DecodeState:
@@ -113,7 +118,9 @@ class Runner:
                                     token_bucket(sources.total_tokens), seqlen_bucket(sources.max_seqlen))
         bias = self.logits_bias
         search = BeamSearch(decoder, options, bias) if options.num_beams > 1 else SingleSearch(decoder, options, bias)
-        state = DecodeState(decoder, search, self.device)
+        ours = self.weights is not None and isinstance(decoder, Decoder)
+        encoder = EncoderGraph(self.weights, self.ops, decoder) if ours and self.device.type == "cuda" else None
+        state = DecodeState(decoder, search, self.device, encoder)
         self.states[key] = state
         return state
 
@@ -123,33 +130,58 @@ class Runner:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
+    def load(self, state: DecodeState, sources: PackedSources, encoder) -> None:
+        """The state's decoder loaded with this call's sources. encoder: the encoder's output [T, hidden],
+        or a callable(sources) returning it; a state with an EncoderGraph runs that instead (captured on
+        its first call where graphs are on, replayed after)."""
+        if state.encoder is None:
+            state.decoder.load(sources, encoder(sources) if callable(encoder) else encoder)
+            return
+        graph = state.encoder
+        graph.stage(sources)
+        if not self.use_graphs or graph.capture_failed:
+            graph.body()
+        elif graph.graph is not None:
+            graph.graph.replay()
+        else:   # the warm-up run is this call's encoder
+            graph.graph = self._graph(graph.body, "the encoder")
+            graph.capture_failed = graph.graph is None
+
     def _capture(self, state: DecodeState) -> int:
         """Step 0 eagerly on a side stream (the warm-up), then the step captured; returns the steps run (1)."""
+        state.graph = self._graph(state.search.step, "the decode step")
+        state.capture_failed = state.graph is None
+        if state.graph is not None:
+            self.captures += 1
+        return 1
+
+    def _graph(self, fn, what: str) -> torch.cuda.CUDAGraph | None:
+        """fn() run eagerly on a side stream (the warm-up: cuBLAS handles, lazily built kernels), then
+        captured into the shared pool; None (logged) where the capture fails and this shape runs eagerly."""
         current = torch.cuda.current_stream(self.device)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(current)
         with torch.cuda.stream(side):
-            state.search.step()
+            fn()
         current.wait_stream(side)
         # The graphs share one memory pool (never replayed concurrently), but a pool handle outlives
         # its pool: once every graph captured into it is gone (clear(), or the LRU evicting the last
         # one), torch's allocator has dropped the pool and a capture into the old handle fails its
         # internal assert, leaving the bucket eager (~4x slower steps). So a capture with no live
         # graph beside it starts a fresh pool.
-        if not any(s.graph is not None for s in self.states.values()):  # (none before the first)
+        live = any(s.graph is not None or (s.encoder is not None and s.encoder.graph is not None)
+                   for s in self.states.values())
+        if not live:  # (none before the first)
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(graph, pool=self._pool):
-                state.search.step()
+                fn()
         except Exception as e:  # noqa: BLE001 - the bucket runs eagerly instead; the reason is logged
-            log.warning("padfree.generation: capturing the decode step failed (%s: %s); this shape runs eagerly",
-                        type(e).__name__, e)
-            state.capture_failed = True
-        else:
-            state.graph = graph
-            self.captures += 1
-        return 1
+            log.warning("padfree.generation: capturing %s failed (%s: %s); this shape runs it eagerly",
+                        what, type(e).__name__, e)
+            return None
+        return graph
 
     def run(self, state: DecodeState, max_steps: int) -> int:
         """Up to max_steps decode steps from the state's step 0, stopping (a little late) once the device

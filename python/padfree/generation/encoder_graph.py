@@ -1,0 +1,117 @@
+"""The encoder and the cross-attention K/V of one decode state's bucket, on device tensors only, so that
+runner.py can capture them as one CUDA graph.
+
+Why: run eagerly, the encoder is ~10 torch ops and kernel calls a layer, each a round of Python and a
+launch, and at small batches the host issues them slower than the GPU runs them; the first decode step
+waits for all of them. As one replay per generate() call the host cost no longer grows with depth
+(docs/GENERATION.md gives the measured times).
+
+Rules, and why:
+- It runs the bucket's rows, not the call's. A replay's shapes are fixed, and a decode state already
+  holds cross-attention buffers of `tokens` packed rows for every call whose sources round up to them
+  (decoder.token_bucket). The rows past the sources are filler sequences of pad tokens at position 0,
+  a fixed count of them per bucket, each at most the bucket's max_seqlen long (trailing ones empty):
+  attention_varlen then writes every row, every row the GEMMs and LayerNorms read is finite, and no
+  source attends to or from a filler. The decoder's cu_seqlens end at the sources. What it costs:
+  the encoder's GEMMs run up to the bucket's rows (under 25 % more, token_bucket's rounding).
+- On CUDA with padfree's torch decoder this body runs whether or not graphs are on (use_graphs=False
+  runs it eagerly), so a graphed call and an eager one compute the same numbers; the CPU encodes the
+  sources' rows only (encoder.encode).
+- Its inputs are staged on the host, where the lengths are: ids with their position-table rows, and
+  cu_seqlens with the fillers' bounds, two copies from pinned buffers (written only after the
+  previous call's copies have read them).
+- The position table the body reads is the one it was made with (a fairseq table grows by
+  replacement; a captured graph keeps reading the old tensor, which this object holds).
+"""
+from __future__ import annotations
+
+import torch
+
+from .decoder import Decoder, token_bucket
+from .encoder import PackedSources, encode_rows, source_position_rows
+from .layers import ensure_position_rows, position_rows
+
+__all__ = ["EncoderGraph", "bucket_floor", "bucket_inputs", "filler_count"]
+
+
+def bucket_floor(tokens: int) -> int:
+    """The fewest packed tokens that token_bucket rounds up to `tokens` (a bucket's value)."""
+    low, high = 1, tokens
+    while low < high:
+        mid = (low + high) // 2
+        if token_bucket(mid) >= tokens:
+            high = mid
+        else:
+            low = mid + 1
+    return low
+
+
+def filler_count(tokens: int, batch: int, max_seqlen: int) -> int:
+    """Filler sequences of up to max_seqlen rows that cover a bucket of `tokens` rows past the fewest source
+    tokens it holds (token_bucket's floor, and at least one token a source)."""
+    return -(-(tokens - max(bucket_floor(tokens), batch)) // max_seqlen)
+
+
+def bucket_inputs(weights, sources: PackedSources, tokens: int, max_seqlen: int,
+                  fillers: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The encoder's inputs on a bucket's rows, on the sources' device (the host's, as stage() builds
+    them): ids and their position-table rows int64 [2, tokens] (fillers: pad at position 0), and
+    cu_seqlens int32 [batch + 1 + fillers] (the sources', then the fillers' bounds)."""
+    spec, pad = weights.spec, weights.pad_token_id
+    total, batch = sources.total_tokens, sources.batch
+    if total > tokens or sources.max_seqlen > max_seqlen or total + fillers * max_seqlen < tokens:
+        raise ValueError("bucket_inputs: the sources do not fit the bucket")
+    zero = torch.zeros(1, dtype=torch.long)
+    filler_row = position_rows(spec, pad, zero, torch.full((1,), pad), zero)
+    ids_rows = torch.empty(2, tokens, dtype=torch.long, device=sources.ids.device)
+    ids_rows[0, :total] = sources.ids
+    ids_rows[0, total:] = pad
+    ids_rows[1, :total] = source_position_rows(weights, sources)
+    ids_rows[1, total:] = filler_row.to(ids_rows.device)
+    cu = torch.empty(batch + 1 + fillers, dtype=torch.int32, device=sources.ids.device)
+    cu[:batch + 1] = sources.cu_seqlens
+    bounds = torch.arange(1, fillers + 1, dtype=torch.int32, device=cu.device) * max_seqlen + total
+    cu[batch + 1:] = bounds.clamp_(max=tokens)
+    return ids_rows, cu
+
+
+class EncoderGraph:
+    """One decode state's encoder and cross-attention K/V on its bucket's rows (module docstring)."""
+
+    def __init__(self, weights, ops, decoder: Decoder):
+        self.weights, self.ops, self.decoder = weights, ops, decoder
+        spec, pad = weights.spec, weights.pad_token_id
+        tokens, batch, max_seqlen = decoder.tokens, decoder.batch, decoder.max_seqlen
+        self.fillers = filler_count(tokens, batch, max_seqlen)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.capture_failed = False
+        device = decoder.device
+        self.ids_rows = torch.zeros(2, tokens, dtype=torch.long, device=device)
+        self.cu_seqlens = torch.zeros(batch + 1 + self.fillers, dtype=torch.int32, device=device)
+        self._staged_ids_rows = torch.zeros(2, tokens, dtype=torch.long, pin_memory=True)
+        self._staged_cu = torch.zeros(batch + 1 + self.fillers, dtype=torch.int32, pin_memory=True)
+        self._copied = torch.cuda.Event()
+        self._copied.record()
+        ensure_position_rows(weights.encoder, spec, pad, pad + 2 + max_seqlen)
+        self.positions = weights.encoder.positions
+
+    def stage(self, sources: PackedSources) -> None:
+        """This call's ids, position rows and cu_seqlens into the body's inputs (enqueued copies)."""
+        host = sources.host or sources
+        d = self.decoder
+        if host.batch != d.batch:
+            raise ValueError("EncoderGraph.stage: the sources do not fit this state's bucket")
+        ids_rows, cu = bucket_inputs(self.weights, host, d.tokens, d.max_seqlen, self.fillers)
+        self._copied.synchronize()
+        self._staged_ids_rows.copy_(ids_rows)
+        self._staged_cu.copy_(cu)
+        self.ids_rows.copy_(self._staged_ids_rows, non_blocking=True)
+        self.cu_seqlens.copy_(self._staged_cu, non_blocking=True)
+        self._copied.record()
+
+    def body(self) -> None:
+        """The encoder over the bucket's rows and the decoder's cross-attention K/V, cu_seqlens and step."""
+        d = self.decoder
+        encoder_out = encode_rows(self.weights, self.ops, self.ids_rows[0], self.ids_rows[1], self.cu_seqlens,
+                                  d.max_seqlen, self.positions)
+        d.load_memory(encoder_out, self.cu_seqlens[:d.batch + 1])

@@ -1,0 +1,62 @@
+"""The encoder on a decode state's bucket rows (padfree.generation.encoder_graph, what the CUDA graph
+runs), against the encoder on the sources' rows only, on the CPU in float32 (torch reference ops).
+
+Each family (its own position scheme: Marian's, learned with an offset, fairseq's that skip pad
+tokens) at 12 encoder layers, sources of mixed lengths (some with pad ids inside), buckets from the
+fullest call to the emptiest one the bucket takes (the most filler rows). The sources' rows must match;
+every filler row must be finite (a NaN there could reach a source through a masked tile).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+import padfree.torch as pt
+from padfree.generation.decoder import seqlen_bucket, token_bucket
+from padfree.generation.encoder import PackedSources, encode, encode_rows
+from padfree.generation.encoder_graph import bucket_floor, bucket_inputs, filler_count
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _seq2seq import FAMILIES, build, random_sources  # noqa: E402
+
+
+def test_bucket_floor_is_the_fewest_tokens_of_the_bucket():
+    for tokens in sorted({token_bucket(t) for t in range(1, 5000)}):
+        floor = bucket_floor(tokens)
+        assert token_bucket(floor) == tokens
+        assert floor == 1 or token_bucket(floor - 1) < tokens
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_bucket_rows_match_the_sources_rows(family):
+    model = build(family, layers=(12, 2), max_positions=128)
+    gen = pt.from_hf(model, dtype=torch.float32, device="cpu")
+    pad = model.config.pad_token_id
+    gen_rng = torch.Generator().manual_seed(11)
+    cases = []
+    for count, longest in ((1, 12), (3, 40), (9, 20)):
+        sources = random_sources(model.config, count, seed=count, min_len=1, max_len=longest)
+        cases.append(sources)
+    # a pad id inside a source (fairseq positions skip it)
+    cases.append([[5, pad, 7, 9], [8, 8, pad]])
+    # the emptiest call of a bucket: its floor, so the fillers cover the most rows
+    floor = bucket_floor(token_bucket(70))
+    cases.append([[int(t) for t in torch.randint(3, 90, (n,), generator=gen_rng)] for n in (floor - 40, 40)])
+    for sources in cases:
+        packed = PackedSources.from_lists(sources, torch.device("cpu"))
+        tokens, max_seqlen = token_bucket(packed.total_tokens), seqlen_bucket(packed.max_seqlen)
+        fillers = filler_count(tokens, packed.batch, max_seqlen)
+        ids_rows, cu = bucket_inputs(gen.weights, packed, tokens, max_seqlen, fillers)
+        assert int(cu[-1]) == tokens and bool((cu[1:] - cu[:-1]).le(max_seqlen).all())
+        with torch.inference_mode():
+            want = encode(gen.weights, gen.ops, packed)
+            got = torch.full((tokens, want.shape[1]), float("nan"))
+            got[:] = encode_rows(gen.weights, gen.ops, ids_rows[0], ids_rows[1], cu, max_seqlen)
+        total = packed.total_tokens
+        scale = want.abs().max().item()
+        err = (got[:total] - want).abs().max().item()
+        assert err <= 1e-5 * max(1.0, scale), f"{family} lengths {packed.lengths}: {err}"
+        assert bool(torch.isfinite(got[total:]).all()), f"{family}: a filler row is not finite"
