@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..ops._tensors import InputError
-from .decoder import cache_bytes
+from .decoder import cache_bytes, token_bucket
 from .weights import Seq2SeqWeights
 
 __all__ = ["source_lists", "check_lengths", "check_source_lengths", "estimate_bytes", "free_device_bytes", "fits",
@@ -106,15 +106,18 @@ def check_source_lengths(sources: list[list[int]], vocab: int, encoder_positions
 def estimate_bytes(weights: Seq2SeqWeights, batch: int, total_tokens: int, max_seqlen: int, rows: int,
                    capacity: int) -> int:
     """An upper estimate of the device memory one generate() call allocates besides the weights: K/V caches,
-    the packed cross-attention memory, encoder activations and one step's logits and their fp32 copies."""
+    the packed cross-attention memory, encoder activations and one step's logits and their fp32 copies.
+    The packed rows are the decode state's bucket (token_bucket), which the memory and, on CUDA, the
+    encoder's graph hold."""
     element = torch.empty((), dtype=weights.dtype).element_size()
     hidden = weights.decoder.hidden
     layers = len(weights.decoder.layers)
     ffn = max(layer.ffn.fc1_weight.shape[0] for layer in weights.encoder.layers + weights.decoder.layers)
     vocab = weights.target_vocab_size
     caches = cache_bytes(weights, rows, capacity)
-    memory = layers * total_tokens * 2 * hidden * element
-    encoder = total_tokens * (3 * hidden + ffn + 2 * hidden) * element * 2
+    tokens = token_bucket(total_tokens)
+    memory = layers * tokens * 2 * hidden * element
+    encoder = tokens * (3 * hidden + ffn + 2 * hidden) * element * 2
     attention = batch * weights.encoder.num_heads * max_seqlen * max_seqlen * 4 * 2
     step = rows * vocab * (element + 4 * 4) + rows * (3 * hidden + ffn) * element * 2
     return caches + memory + encoder + attention + step
