@@ -13,7 +13,8 @@ Rules, and why:
   a fixed count of them per bucket, each at most the bucket's max_seqlen long (trailing ones empty):
   attention_varlen then writes every row, every row the GEMMs and LayerNorms read is finite, and no
   source attends to or from a filler. The decoder's cu_seqlens end at the sources. What it costs:
-  the encoder's GEMMs run up to the bucket's rows (under 25 % more, token_bucket's rounding).
+  the encoder's GEMMs run up to the bucket's rows (at least 64; past 64 tokens under 25 % more than
+  the sources', token_bucket's rounding).
 - On CUDA with padfree's torch decoder this body runs whether or not graphs are on (use_graphs=False
   runs it eagerly), so a graphed call and an eager one compute the same numbers; the CPU encodes the
   sources' rows only (encoder.encode).
