@@ -212,3 +212,38 @@ def test_ops_dispatch_reports_the_reference_on_cpu():
     _, gen = generator()
     assert all(source.startswith("reference") for source in gen.ops.sources.values())
     assert "cpu" in repr(gen)
+
+
+def test_resolved_options_are_kept_only_while_the_config_holds_its_values():
+    """generate()'s keywords resolve once per set (values and types) while the generator's
+    generation_config is unchanged; a changed config, changed in place or not, resolves again, and a
+    refused call is refused every time."""
+    import dataclasses
+
+    from padfree.generation.generator import _keywords_key
+    from padfree.generation.options import resolve_options
+    model, _ = generator()
+    gen = pt.from_hf(model, dtype=torch.float32, device="cpu")
+
+    def fresh(**kw):
+        return resolve_options(gen.generation_config, gen.config, gen.weights.target_vocab_size, None, **kw)
+
+    first = gen.resolve(num_beams=4, max_new_tokens=9)
+    assert gen.resolve(max_new_tokens=9, num_beams=4) is first
+    assert first == fresh(num_beams=4, max_new_tokens=9)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        first.num_beams = 2
+    gen.generation_config.no_repeat_ngram_size = 2
+    second = gen.resolve(num_beams=4, max_new_tokens=9)
+    assert second is not first and second.no_repeat_ngram_size == 2 == fresh(num_beams=4).no_repeat_ngram_size
+    gen.generation_config.bad_words_ids = [[5]]
+    third = gen.resolve(num_beams=4, max_new_tokens=9)
+    gen.generation_config.bad_words_ids[0].append(6)          # in place: the kept copy still says [[5]]
+    fourth = gen.resolve(num_beams=4, max_new_tokens=9)
+    assert fourth is not third and fourth == fresh(num_beams=4, max_new_tokens=9) != third
+    assert _keywords_key({"early_stopping": 1}) != _keywords_key({"early_stopping": True})
+    assert _keywords_key({"max_new_tokens": 9}) != _keywords_key({"max_new_tokens": 9.0})
+    assert _keywords_key({"x": object()}) is None
+    for _ in range(2):
+        with pytest.raises(UnsupportedOptionError, match="typical_p"):
+            gen.resolve(do_sample=True, typical_p=0.5)

@@ -59,7 +59,7 @@ class UnsupportedOptionError(UnsupportedModelError):
     """A generate() option padfree.generation does not implement (an UnsupportedModelError, as at load)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class GenerationOptions:
     """The resolved options of one generate() call (lengths count the decoder start token, as HF's do)."""
     num_beams: int
