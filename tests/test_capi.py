@@ -496,44 +496,6 @@ def test_decode_linear_refuses(over, fragments):
     expect_invalid("padfree_decode_linear", _decode_linear_args(**over), *fragments)
 
 
-def _decode_ffn_args(**over):
-    return _args(dict(x=A, gamma=None, beta=None, eps=1e-5, w1=A, b1=None, w2=A, b2=None, residual=None,
-                      residual_normalized=0, activation=1, rows=4, hidden=1024, ffn=4096, dtype=F16, h=A + 0x100000,
-                      barrier=A + 0x200000, out=A + 0x300000), over)
-
-
-@pytest.mark.parametrize("over, fragments", [
-    (dict(rows=9), ["rows must be in [0, 8]", "9"]),
-    (dict(hidden=1000), ["hidden and ffn must be positive multiples of 32, got 1000 and 4096"]),
-    (dict(ffn=0), ["hidden and ffn must be positive multiples of 32"]),
-    (dict(activation=7), ["activation must be 0 (none)", "7"]),
-    (dict(gamma=A), ["ln_gamma and ln_beta come together"]),
-    (dict(residual_normalized=1), ["residual_normalized (LN(x) as the residual) needs ln_gamma/ln_beta"]),
-    (dict(residual_normalized=1, gamma=A, beta=A, residual=A), ["and no residual"]),
-    (dict(gamma=A, beta=A, eps=-1.0), ["eps must be finite and >= 0"]),
-])
-def test_decode_ffn_refuses(over, fragments):
-    expect_invalid("padfree_decode_ffn", _decode_ffn_args(**over), *fragments)
-
-
-def test_decode_ffn_unsupported_says_why_and_how():
-    """float32, or a GPU (or none) it does not run on: PADFREE_ERROR_UNSUPPORTED naming the reason and the
-    two-decode_linear path; padfree_decode_ffn_supported answers the same without launching."""
-    import torch
-    status, message = raw("padfree_decode_ffn", *_decode_ffn_args(dtype=F32))
-    assert status == _lib.STATUS_UNSUPPORTED and "float16 or bfloat16" in message, (status, message)
-    assert "run the two layers as decode_linear" in message
-    supported = ctypes.c_int32(7)
-    assert raw("padfree_decode_ffn_supported", 4, 1024, 4096, F32, ctypes.byref(supported))[0] == 0
-    assert supported.value == 0
-    if torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0):
-        pytest.skip("this GPU runs decode_ffn: tests/test_decode_ffn.py")
-    status, message = raw("padfree_decode_ffn", *_decode_ffn_args())
-    assert status == _lib.STATUS_UNSUPPORTED and "compute capability 9.0" in message, (status, message)
-    assert raw("padfree_decode_ffn_supported", 4, 1024, 4096, F16, ctypes.byref(supported))[0] == 0
-    assert supported.value == 0
-
-
 def test_decode_linear_past_8_rows_refused_without_clusters():
     import torch
     if torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0):

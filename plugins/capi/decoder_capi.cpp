@@ -7,7 +7,6 @@
 #include <cstdint>
 
 #include "decoder/cross_attention.h"
-#include "decoder/decode_ffn.h"
 #include "decoder/decode_linear.h"
 #include "decoder/self_attention.h"
 #include "decoder/step_embedding.h"
@@ -216,64 +215,6 @@ padfree_status padfree_decode_linear(const void* x, const void* weight, const vo
     DecodeLinearArgs args{x, weight, bias, residual, ln_gamma, ln_beta, out, x_norm_out, rows, in_features,
                           out_features, eps, static_cast<DecodeActivation>(activation)};
     return launched("decode_linear", launch_decode_linear(args, dtype, as_cuda_stream(stream)));
-    PADFREE_CAPI_GUARD_END
-}
-
-padfree_status padfree_decode_ffn_supported(int32_t rows, int32_t hidden, int32_t ffn, padfree_dtype dtype,
-                                           int32_t* supported) {
-    PADFREE_CAPI_GUARD_BEGIN
-    PADFREE_REQUIRE(supported != nullptr, "decode_ffn_supported: supported is NULL");
-    PADFREE_CHECK(padfree::check_dtype(dtype));
-    *supported = padfree::decode_ffn_unsupported(rows, hidden, ffn, dtype) == nullptr;
-    return PADFREE_OK;
-    PADFREE_CAPI_GUARD_END
-}
-
-padfree_status padfree_decode_ffn(const void* x, const void* ln_gamma, const void* ln_beta, float eps, const void* w1,
-                                  const void* b1, const void* w2, const void* b2, const void* residual,
-                                  int32_t residual_normalized, int32_t activation, int32_t rows, int32_t hidden,
-                                  int32_t ffn, padfree_dtype dtype, void* h, uint64_t* barrier, void* out,
-                                  padfree_stream stream) {
-    PADFREE_CAPI_GUARD_BEGIN
-    using namespace padfree;
-    PADFREE_CHECK(check_dtype(dtype));
-    PADFREE_REQUIRE(rows >= 0 && rows <= kDecodeFfnMaxRows, "decode_ffn: rows must be in [0, ", kDecodeFfnMaxRows,
-                    "], got ", rows);
-    PADFREE_REQUIRE(hidden > 0 && hidden % kDecodeFfnWidthMultiple == 0 && ffn > 0 &&
-                        ffn % kDecodeFfnWidthMultiple == 0,
-                    "decode_ffn: hidden and ffn must be positive multiples of ", kDecodeFfnWidthMultiple, ", got ",
-                    hidden, " and ", ffn);
-    PADFREE_REQUIRE(activation >= 0 && activation <= 4,
-                    "decode_ffn: activation must be 0 (none), 1 (relu), 2 (gelu), 3 (gelu_tanh) or 4 (silu), got ",
-                    activation);
-    PADFREE_REQUIRE((ln_gamma == nullptr) == (ln_beta == nullptr),
-                    "decode_ffn: ln_gamma and ln_beta come together (or neither)");
-    if (ln_gamma != nullptr) PADFREE_CHECK(check_eps(eps));
-    PADFREE_REQUIRE(!residual_normalized || (ln_gamma != nullptr && residual == nullptr),
-                    "decode_ffn: residual_normalized (LN(x) as the residual) needs ln_gamma/ln_beta and no residual");
-    if (rows == 0) return PADFREE_OK;
-    if (const char* why = decode_ffn_unsupported(rows, hidden, ffn, dtype))
-        return fail(PADFREE_ERROR_UNSUPPORTED, "decode_ffn: ", why, "; run the two layers as decode_linear");
-    PADFREE_CHECK(check_tensor(x, "decode_ffn: x"));
-    PADFREE_CHECK(check_tensor(w1, "decode_ffn: w1"));
-    PADFREE_CHECK(check_tensor(w2, "decode_ffn: w2"));
-    PADFREE_CHECK(check_tensor(h, "decode_ffn: h"));
-    PADFREE_CHECK(check_tensor(out, "decode_ffn: out"));
-    PADFREE_CHECK(check_optional_tensor(ln_gamma, "decode_ffn: ln_gamma"));
-    PADFREE_CHECK(check_optional_tensor(ln_beta, "decode_ffn: ln_beta"));
-    PADFREE_REQUIRE(barrier != nullptr && reinterpret_cast<uintptr_t>(barrier) % 8 == 0,
-                    "decode_ffn: barrier must be an 8-byte-aligned uint64");
-    auto element_aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 2 == 0; };
-    PADFREE_REQUIRE(element_aligned(b1) && element_aligned(b2) && element_aligned(residual),
-                    "decode_ffn: b1, b2 and residual must be aligned to the dtype");
-    const int64_t x_bytes = int64_t{rows} * hidden * 2, h_bytes = int64_t{rows} * ffn * 2;
-    PADFREE_REQUIRE(disjoint(out, x_bytes, x, x_bytes) && disjoint(out, x_bytes, h, h_bytes) &&
-                        disjoint(h, h_bytes, x, x_bytes),
-                    "decode_ffn: out, h and x must not overlap");
-    DecodeFfnArgs args{x, ln_gamma, ln_beta, w1, b1, w2, b2, residual, h,
-                       reinterpret_cast<unsigned long long*>(barrier), out, rows, hidden, ffn, eps,
-                       static_cast<DecodeActivation>(activation), residual_normalized != 0, 0, 0, 0};
-    return launched("decode_ffn", launch_decode_ffn(args, dtype, as_cuda_stream(stream)));
     PADFREE_CAPI_GUARD_END
 }
 

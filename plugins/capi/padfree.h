@@ -378,26 +378,6 @@ PADFREE_API padfree_status padfree_decode_linear(const void* x, const void* weig
                                                 int32_t out_features, padfree_dtype dtype, void* out,
                                                 void* x_norm_out, padfree_stream stream);
 
-/* A decode step's whole feed-forward sublayer for a few rows, one kernel (kernels/decoder/decode_ffn.cu):
- *   out = act(LN(x) W1^T + b1) W2^T + b2 + residual
- * x [rows, hidden], w1 [ffn, hidden], w2 [hidden, ffn] (nn.Linear's layouts), 16-byte aligned; 1 to 8
- * rows, float16 or bfloat16, hidden and ffn multiples of 32, compute capability 9.0+ and a GPU whose
- * shared memory holds a block's weight slices (padfree_decode_ffn_supported says, for the current
- * device; PADFREE_ERROR_UNSUPPORTED with the reason otherwise). b1 [ffn], b2 [hidden], ln_gamma / ln_beta
- * [hidden] (LayerNorm of each x row, eps, float32 statistics, rounded to the dtype), residual
- * [rows, hidden] (may be x or out): each NULL where unused. residual_normalized = 1: LN(x) is the
- * residual (a post-LN sublayer's; needs ln_gamma, residual NULL). activation as decode_linear's.
- * h [rows, ffn]: workspace (the activation between the layers). barrier: one uint64, zero before the
- * first call (a grid barrier's arrival count, which every call grows by its grid; one per stream that
- * launches the kernel). out, h and x must not overlap. */
-PADFREE_API padfree_status padfree_decode_ffn_supported(int32_t rows, int32_t hidden, int32_t ffn,
-                                                       padfree_dtype dtype, int32_t* supported);
-PADFREE_API padfree_status padfree_decode_ffn(const void* x, const void* ln_gamma, const void* ln_beta, float eps,
-                                             const void* w1, const void* b1, const void* w2, const void* b2,
-                                             const void* residual, int32_t residual_normalized, int32_t activation,
-                                             int32_t rows, int32_t hidden, int32_t ffn, padfree_dtype dtype,
-                                             void* h, uint64_t* barrier, void* out, padfree_stream stream);
-
 /* A decode step's input rows (kernels/decoder/step_embedding.cu):
  *   out[r] = LN(round(round(word_emb[tokens[r]] * embed_scale) + positions[p(r)]))
  * rounded to the dtype after the multiply and the add (as HF's ops in the model dtype); the LayerNorm

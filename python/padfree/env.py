@@ -45,8 +45,6 @@ _VARIABLES = (
              "tiles|heads|sequences forces the attention grid's order (A/B runs)"),
     Variable("PADFREE_ROW_ORDER", "choice", None, "diagnostic", "kernels",
              "forward|reverse forces the order in which the row-wise kernels walk their rows (A/B runs)"),
-    Variable("PADFREE_DECODE_FFN_COOPERATIVE", "flag", "1", "diagnostic", "kernels",
-             "0 launches decode_ffn as a plain grid, not a cooperative one (compute-sanitizer refuses the latter)"),
     Variable("PADFREE_SEED", "text", None, "test hook", "tests",
              "the tests' random seed (each run prints the one it drew), to replay a failure"),
     Variable("PADFREE_KERNEL_FAMILIES", "text", None, "test hook", "tests, build",

@@ -92,7 +92,18 @@ __device__ __forceinline__ int owner_index(int lane) {
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define PADFREE_DECODE_LINEAR_BULK 1
-using decode_linear_detail::bulk_load_evict_first;
+
+// `bytes` from global into shared memory by the copy engine (one instruction for a whole tile, no
+// registers held while it flies), counted on the mbarrier `bar`, marked evict-first in L2: a step reads
+// each weight once. sm_90 and later.
+__device__ __forceinline__ void bulk_load_evict_first(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+    uint64_t policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
+        ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(policy)
+        : "memory");
+}
 #endif
 
 // A weight vector read once per step: streamed past L1 and marked evict-first in L2.

@@ -36,8 +36,6 @@ from .weights import Seq2SeqWeights
 
 __all__ = ["Decoder", "cache_bytes", "token_bucket", "seqlen_bucket"]
 
-DECODE_FFN_ROWS = (5, 8)     # the step's rows for which the FFN runs as one decode_ffn kernel (Decoder.__init__)
-
 
 def cache_bytes(weights: Seq2SeqWeights, rows: int, capacity: int) -> int:
     """Bytes of the K/V caches and the two indirection buffers for `rows` hypotheses of `capacity` steps."""
@@ -111,12 +109,6 @@ class Decoder:
         # activation and residual as one decode_linear kernel (logits_few_rows) where that is the faster
         # kernel
         self.few_rows = ops.decode_linear_fits(self.rows, stack, weights.spec)
-        # 5 to 8 rows: each layer's FFN (LayerNorm, fc1, activation, fc2, residual) as one decode_ffn kernel
-        # where it runs (ops.decode_ffn_workspace): there decode_linear's 8 accumulators per feature make its
-        # CUDA-core FMAs the bound, and decode_ffn's tensor cores win; up to 4 rows the two decode_linear
-        # kernels are as fast or faster (KERNELS.md, "A decode step's FFN as one kernel")
-        fused_ffn = self.few_rows and DECODE_FFN_ROWS[0] <= self.rows <= DECODE_FFN_ROWS[1]
-        self.ffn_workspace = ops.decode_ffn_workspace(self.rows, stack) if fused_ffn else None
         self._pays: dict[tuple, bool] = {}      # (in_features, out_features, LayerNorm) -> decode_linear
         fold = weights.spec.pre_ln and ops.skip_layernorm is not None
         self.bias_sums = folded_bias_sums(stack, dtype) if fold else None
@@ -222,10 +214,9 @@ class Decoder:
         return F.linear(x, w.step_lm_head)      # [rows, V'] (weights.pad_output_projection)
 
     def logits_few_rows(self, tokens: torch.Tensor) -> torch.Tensor:
-        """logits() as 7-8 kernels per layer: each linear layer one decode_linear with the LayerNorm before
+        """logits() as 8 kernels per layer: each linear layer one decode_linear with the LayerNorm before
         it (the input's; post-LN: the previous sublayer's, whose output it also writes as the residual),
-        its bias, activation and residual, at 5 to 8 rows the FFN's two as one decode_ffn where it runs; the
-        two attentions between. Past 8 rows the layers the
+        its bias, activation and residual; the two attentions between. Past 8 rows the layers the
         tensor-core decode_linear is not the faster kernel for, the output projection among them, are
         GEMMs (_linear)."""
         w, spec = self.weights, self.weights.spec
@@ -257,25 +248,13 @@ class Decoder:
             o = self._cross_attention(i, q)
             x = linear(o, cross.out_weight, cross.out_bias, residual=res)
             pending = cross.ln
-            if self.ffn_workspace is not None:
-                x = self._ffn(x, f, f.ln if spec.pre_ln else pending)
-            else:
-                h, res = enter(x, f.ln, f.fc1_weight, bias=f.fc1_bias, activation=w.activation)
-                x = linear(h, f.fc2_weight, f.fc2_bias, residual=res)
+            h, res = enter(x, f.ln, f.fc1_weight, bias=f.fc1_bias, activation=w.activation)
+            x = linear(h, f.fc2_weight, f.fc2_bias, residual=res)
             pending = f.ln
         last = stack.final_layer_norm if spec.pre_ln else pending
         if last is None:
             return linear(x, w.step_lm_head)
         return linear(x, w.step_lm_head, ln=(last.weight, last.bias, last.eps))
-
-    def _ffn(self, x: torch.Tensor, f, ln) -> torch.Tensor:
-        """The FFN sublayer as one decode_ffn: LN(x) with `ln` (pre-LN: the FFN's own; post-LN: the
-        previous sublayer's, whose output LN(x) is then the residual), fc1, activation, fc2, residual."""
-        post = not self.weights.spec.pre_ln and ln is not None
-        ln_args = None if ln is None else (ln.weight, ln.bias, ln.eps)
-        return self.ops.decode_ffn(x, f.fc1_weight, f.fc1_bias, f.fc2_weight, f.fc2_bias,
-                                   residual=None if post else x, ln=ln_args, activation=self.weights.activation,
-                                   residual_normalized=post, workspace=self.ffn_workspace)
 
     def _decode_linear_pays(self, x: torch.Tensor, weight: torch.Tensor, ln: bool) -> bool:
         """Whether decode_linear is the faster kernel for this layer (ops.decoder.decode_linear_pays), decided

@@ -32,7 +32,6 @@ ENCODER_OPS = {"attention_varlen": "padfree_attention_varlen"}
 # step embedding (decoder.py); the attribute is None where the kernel does not run
 FUSED_OPS = {"beam_search_step": "padfree_beam_search_step", "greedy_step": "padfree_greedy_step",
              "skip_layernorm": "padfree_skip_layernorm", "decode_linear": "padfree_decode_linear",
-             "decode_ffn": "padfree_decode_ffn",
              "decoder_step_embedding": "padfree_decoder_step_embedding"}
 
 
@@ -162,19 +161,6 @@ class DecoderOps:
             widths = {stack.hidden} | {layer.ffn.fc2_weight.shape[1] for layer in stack.layers}
             return all(decode_linear_fits(rows, width, dtype) for width in widths)
         return decode_linear_pays(rows, stack.hidden, 3 * stack.hidden, dtype, ln=True)
-
-    def decode_ffn_workspace(self, rows: int, stack) -> tuple | None:
-        """decode_ffn's workspace for a step of `rows` hypotheses where each layer's FFN runs as that one
-        kernel (the few-row step, up to 8 rows, every layer's widths taken on this GPU), else None (the
-        two layers run as decode_linear)."""
-        if getattr(self, "decode_ffn", None) is None:
-            return None
-        from ..ops.decoder import decode_ffn_fits, decode_ffn_workspace
-        dtype = stack.embed_tokens.dtype
-        widths = {tuple(layer.ffn.fc1_weight.shape) for layer in stack.layers}
-        if not all(decode_ffn_fits(rows, hidden, ffn, dtype, self.device) for ffn, hidden in widths):
-            return None
-        return decode_ffn_workspace(rows, max(ffn for ffn, _ in widths), dtype, self.device)
 
     def beam_search_workspace(self, batch: int, beams: int, max_length: int,
                               indir_len: int) -> tuple[torch.Tensor, int]:

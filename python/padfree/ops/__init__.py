@@ -9,7 +9,6 @@ from .activation import bias_gelu  # noqa: F401
 from .attention import attention_varlen  # noqa: F401
 from .decoder import (  # noqa: F401
     cross_attention,
-    decode_ffn,
     decode_linear,
     decoder_self_attention,
     decoder_step_embedding,

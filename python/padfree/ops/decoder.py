@@ -253,14 +253,6 @@ def decode_linear_pays(rows: int, in_features: int, out_features: int, dtype: to
     return rows <= DECODE_LINEAR_MAX_ROWS or _mma_staged_rows(rows) * out_features <= DECODE_LINEAR_MMA_PAYS_UP_TO
 
 
-def _rows(x: torch.Tensor, width: str) -> tuple[int, int]:
-    """(rows, width) of a decode step's input x [rows, width], checked as a float tensor the kernels read."""
-    check_float(x, "x")
-    if x.dim() != 2:
-        raise InputError(f"x: expected [rows, {width}], got shape {list(x.shape)}")
-    return x.shape[0], x.shape[1]
-
-
 def _checked_ln(ln: tuple | None, like: torch.Tensor, width: int) -> tuple:
     """A LayerNorm argument (gamma, beta, eps) or None, checked: (gamma, beta, eps), or (None, None,
     0.0) for None. gamma and beta: like's dtype and device, [width], 16-byte aligned (the kernels read
@@ -285,7 +277,10 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     activation None / "relu" / "gelu" / "gelu_tanh" / "silu"; x_norm_out [rows, in]: also write LN(x)
     (a post-LN sublayer's residual). One dtype for all; in a multiple of 8.
     """
-    rows, in_features = _rows(x, "in_features")
+    check_float(x, "x")
+    if x.dim() != 2:
+        raise InputError(f"x: expected [rows, in_features], got shape {list(x.shape)}")
+    rows, in_features = x.shape
     check_float(weight, "weight", like=x, shape=(None, in_features))
     out_features = weight.shape[0]
     if not decode_linear_fits(rows, in_features, x.dtype, ln=ln is not None):
@@ -313,85 +308,6 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     call_kernel("padfree_decode_linear", x.device, ptr(x), ptr(weight), ptr(bias), ptr(residual), ptr(gamma),
                 ptr(beta), float(eps), ACTIVATIONS[activation], rows, in_features, out_features,
                 dtype_code(x, "x"), ptr(out), ptr(x_norm_out), stream_handle(x.device))
-    return out
-
-
-DECODE_FFN_MAX_ROWS = 8          # kernels/decoder/decode_ffn.h: kDecodeFfnMaxRows
-DECODE_FFN_WIDTH_MULTIPLE = 32   # kDecodeFfnWidthMultiple
-
-
-@functools.lru_cache(maxsize=64)
-def _decode_ffn_supported(device_index: int, rows: int, hidden: int, ffn: int, dtype_id: int) -> bool:
-    from .. import _lib
-    value = ctypes.c_int32()
-    with torch.cuda.device(device_index):
-        _lib.call("padfree_decode_ffn_supported", rows, hidden, ffn, dtype_id, ctypes.byref(value))
-    return bool(value.value)
-
-
-def decode_ffn_fits(rows: int, hidden: int, ffn: int, dtype: torch.dtype, device: torch.device | None = None) -> bool:
-    """Whether decode_ffn runs rows x (hidden, ffn) in dtype on `device` (the current CUDA device by default):
-    1 to 8 rows, float16 / bfloat16, widths multiples of 32, compute capability 9.0+ and a block's weight
-    slices within the GPU's shared memory (the C ABI decides, padfree_decode_ffn_supported)."""
-    if not (1 <= rows <= DECODE_FFN_MAX_ROWS) or dtype not in (torch.float16, torch.bfloat16) \
-            or hidden % DECODE_FFN_WIDTH_MULTIPLE or ffn % DECODE_FFN_WIDTH_MULTIPLE or hidden <= 0 or ffn <= 0:
-        return False
-    if not torch.cuda.is_available():
-        return False
-    index = torch.cuda.current_device() if device is None or device.index is None else device.index
-    code = {torch.float16: 1, torch.bfloat16: 2}[dtype]
-    return _decode_ffn_supported(index, rows, hidden, ffn, code)
-
-
-def decode_ffn_workspace(rows: int, ffn: int, dtype: torch.dtype, device: torch.device) -> tuple:
-    """(h, barrier): decode_ffn's workspace for up to `rows` rows, allocated once by a caller that
-    calls it many times (a captured step must not allocate): h [rows, ffn] in dtype, barrier int64 [1]
-    zeroed (the grid barrier's arrival count, grown by every call; one per stream that runs the kernel)."""
-    return (torch.empty(rows, ffn, dtype=dtype, device=device),
-            torch.zeros(1, dtype=torch.int64, device=device))
-
-
-def decode_ffn(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor,
-               b2: torch.Tensor | None, residual: torch.Tensor | None = None, ln: tuple | None = None,
-               activation: str | None = None, residual_normalized: bool = False, workspace: tuple | None = None,
-               out: torch.Tensor | None = None) -> torch.Tensor:
-    """A decode step's feed-forward sublayer in one kernel (padfree.h: padfree_decode_ffn):
-    out = act(LN(x) W1^T + b1) W2^T + b2 + residual, the residual LN(x) instead where residual_normalized
-    (post-LN; needs ln). x [rows, hidden] (decode_ffn_fits), w1 [ffn, hidden], w2 [hidden, ffn] (nn.Linear's),
-    b1 [ffn], b2 [hidden], residual [rows, hidden] (may be x), ln = (gamma, beta, eps), workspace from
-    decode_ffn_workspace (else allocated here). Rounds fc1's output to the dtype, as the two layers would.
-    """
-    rows, hidden = _rows(x, "hidden")
-    check_float(w1, "w1", like=x, shape=(None, hidden))
-    ffn = w1.shape[0]
-    check_float(w2, "w2", like=x, shape=(hidden, ffn))
-    if not decode_ffn_fits(rows, hidden, ffn, x.dtype, x.device):
-        raise InputError(f"x: decode_ffn takes 1 to {DECODE_FFN_MAX_ROWS} rows in float16 / bfloat16 with hidden and "
-                         f"ffn multiples of {DECODE_FFN_WIDTH_MULTIPLE}, on compute capability 9.0+ where a block's "
-                         f"weight slices fit its shared memory, got {rows} x ({hidden}, {ffn}) {x.dtype}; run the "
-                         "two layers as decode_linear")
-    check(b1, "b1", dtype=x.dtype, shape=(ffn,), device=x.device, optional=True)
-    check(b2, "b2", dtype=x.dtype, shape=(hidden,), device=x.device, optional=True)
-    check(residual, "residual", dtype=x.dtype, shape=(rows, hidden), device=x.device, optional=True)
-    if activation not in ACTIVATIONS:
-        raise InputError(f"activation: expected one of none, relu, gelu, gelu_tanh, silu, got {activation!r}")
-    gamma, beta, eps = _checked_ln(ln, x, hidden)
-    if residual_normalized and (ln is None or residual is not None):
-        raise InputError("residual_normalized: LN(x) is the residual, so it needs ln and no residual")
-    if workspace is None:
-        workspace = decode_ffn_workspace(rows, ffn, x.dtype, x.device)
-    h, barrier = workspace
-    check(h, "workspace h", dtype=x.dtype, shape=(None, ffn), device=x.device)
-    check_aligned(h, "workspace h")
-    if h.shape[0] < rows:
-        raise InputError(f"workspace h: expected at least {rows} rows, got {h.shape[0]}")
-    check(barrier, "workspace barrier", dtype=torch.int64, shape=(1,), device=x.device)
-    out = output(out, (rows, hidden), x)
-    if _overlaps(out, x) or _overlaps(out, h) or _overlaps(h, x):
-        raise InputError("out, workspace h and x must not overlap")
-    call_kernel("padfree_decode_ffn", x.device, ptr(x), ptr(gamma), ptr(beta), float(eps), ptr(w1), ptr(b1),
-                ptr(w2), ptr(b2), ptr(residual), int(residual_normalized), ACTIVATIONS[activation], rows, hidden,
-                ffn, dtype_code(x, "x"), ptr(h), ptr(barrier), ptr(out), stream_handle(x.device))
     return out
 
 
