@@ -22,8 +22,8 @@ __all__ = ["PackedSources", "encode", "encode_rows", "source_position_rows", "cr
 
 @dataclass
 class PackedSources:
-    """A batch of sources, packed: ids int64 [T], cu_seqlens int32 [batch+1], on the serving device
-    (host: the same on the CPU, where from_lists made them; encoder_graph.py stages from it)."""
+    """A batch of sources, packed: ids int64 [T], cu_seqlens int32 [batch+1], on the host or the serving
+    device (host: the same on the CPU, where from_lists made them; encoder_graph.py stages from it)."""
     ids: torch.Tensor
     cu_seqlens: torch.Tensor
     lengths: list[int]
@@ -47,10 +47,14 @@ class PackedSources:
         ids = torch.tensor([t for s in sources for t in s], dtype=torch.long)
         cu = torch.zeros(len(sources) + 1, dtype=torch.int32)
         cu[1:] = torch.cumsum(torch.tensor(lengths, dtype=torch.int32), 0)
-        host = cls(ids, cu, lengths)
+        return cls(ids, cu, lengths).to(device)
+
+    def to(self, device: torch.device | str) -> PackedSources:
+        """These sources on `device`, the host's kept beside them (the host's themselves on the CPU)."""
+        host = self.host or self
         if torch.device(device).type == "cpu":
             return host
-        return cls(ids.to(device), cu.to(device), lengths, host)
+        return PackedSources(self.ids.to(device), self.cu_seqlens.to(device), self.lengths, host)
 
     def positions(self) -> torch.Tensor:
         """int64 [T]: each token's 0-based position in its sequence."""

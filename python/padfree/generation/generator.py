@@ -122,7 +122,9 @@ class Seq2SeqGenerator:
             return self._run(sources, options)
 
     def _run(self, sources: list[list[int]], options: GenerationOptions):
-        packed = PackedSources.from_lists(sources, self.device)
+        # on the host: the encoder graph stages from there; Runner.load moves them to the device where
+        # the encoder runs eagerly
+        packed = PackedSources.from_lists(sources, "cpu")
         return decode(self.runner, packed, lambda p: encode(self.weights, self.ops, p), options)
 
 

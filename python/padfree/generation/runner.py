@@ -131,10 +131,12 @@ class Runner:
             torch.cuda.empty_cache()
 
     def load(self, state: DecodeState, sources: PackedSources, encoder) -> None:
-        """The state's decoder loaded with this call's sources. encoder: the encoder's output [T, hidden],
-        or a callable(sources) returning it; a state with an EncoderGraph runs that instead (captured on
-        its first call where graphs are on, replayed after)."""
+        """The state's decoder loaded with this call's sources (on the host or the device). encoder: the
+        encoder's output [T, hidden], or a callable(sources on the device) returning it; a state with an
+        EncoderGraph runs that instead, staged from the host (captured on its first call where graphs are
+        on, replayed after)."""
         if state.encoder is None:
+            sources = sources.to(self.device)
             state.decoder.load(sources, encoder(sources) if callable(encoder) else encoder)
             return
         graph = state.encoder
