@@ -40,6 +40,17 @@ __device__ __forceinline__ unsigned long long stamp() {
 }
 """
 
+# a block's last stamp, where the kernel's products end (either path)
+_STAMP_END = (
+    "    __syncthreads();\n"
+    "    {\n"
+    "    const long long call = (reinterpret_cast<const char*>(a.out) - g_out_base) / g_out_stride;\n"
+    "    if (threadIdx.x == 0 && blockIdx.x < kMaxStampedBlocks && call >= 0 && call < kMaxStampedCalls) {\n"
+    "        unsigned long long* s = g_stamps[call][blockIdx.x];\n"
+    "        s[0] = s0; s[1] = s1; s[2] = s2; s[3] = s3; s[4] = stamp();\n"
+    "    }\n"
+    "    }\n")
+
 # (text in decode_linear.cu, what replaces it): each must occur exactly once
 _EDITS = [
     ('#include "../attention/attention_ptx.cuh"', '#include "attention/attention_ptx.cuh"'),
@@ -51,16 +62,13 @@ _EDITS = [
      "    wait_on_producer();\n    const unsigned long long s1 = stamp();\n\n    // the x rows"),
     ("    attention_detail::cp_async_wait<0>();\n    __syncthreads();\n",
      "    attention_detail::cp_async_wait<0>();\n    __syncthreads();\n    const unsigned long long s2 = stamp();\n"),
-    ("    allow_consumers();\n\n    const T* bias",
-     "    const unsigned long long s3 = stamp();\n    allow_consumers();\n\n    const T* bias"),
+    ("    allow_consumers();\n\n    if constexpr (kTensorCores) {",
+     "    const unsigned long long s3 = stamp();\n    allow_consumers();\n\n    if constexpr (kTensorCores) {"),
+    ("        mma_detail::tiles<T, kRows>(a, xs, wtile, bar, pre, preloaded, from_smem, warp, lane, tiles);\n",
+     "        mma_detail::tiles<T, kRows>(a, xs, wtile, bar, pre, preloaded, from_smem, warp, lane, tiles);\n"
+     + _STAMP_END),
     ("            out[at] = from_float<T>(y);\n        }\n    }\n}\n",
-     "            out[at] = from_float<T>(y);\n        }\n    }\n"
-     "    __syncthreads();\n"
-     "    const long long call = (reinterpret_cast<const char*>(a.out) - g_out_base) / g_out_stride;\n"
-     "    if (threadIdx.x == 0 && blockIdx.x < kMaxStampedBlocks && call >= 0 && call < kMaxStampedCalls) {\n"
-     "        unsigned long long* s = g_stamps[call][blockIdx.x];\n"
-     "        s[0] = s0; s[1] = s1; s[2] = s2; s[3] = s3; s[4] = stamp();\n"
-     "    }\n}\n"),
+     "            out[at] = from_float<T>(y);\n        }\n    }\n" + _STAMP_END + "}\n"),
 ]
 
 

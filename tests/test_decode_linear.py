@@ -1,7 +1,8 @@
 """decode_linear (padfree.ops): a decode step's few-row linear layer with its input LayerNorm, bias,
 activation and residual, against a float64 torch reference on fresh random data, outputs poisoned first.
-Shapes cover every row count the kernels take (1 to 8 on CUDA cores: the accumulator instantiations 1, 2,
-4, 8; 9 to 64 on tensor cores in float16 / bfloat16: 16, 32 and 64 staged rows, partly filled), output
+Shapes cover every row count the kernels take (1 to 8 in one block's tiles: the instantiations 1, 2, 4 on
+CUDA cores, 8 on tensor cores in float16 / bfloat16 and CUDA cores in float32; 9 to 64 on a cluster's
+tensor cores in float16 / bfloat16: 16, 32 and 64 staged rows, partly filled), output
 widths that leave a partial tile (features past N never written), the widths of Marian (512, 2048) and
 NLLB (1024, 4096) and a vocabulary projection (many tiles per block)."""
 from __future__ import annotations
@@ -76,8 +77,9 @@ def test_decode_linear_matches_float64(seed, dtype, rows, k, n):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("act", list(ACTS), ids=str)
-def test_decode_linear_fused_layernorm_activation(seed, dtype, act):
-    run(seed, dtype, 4, 1024, 4096, bias=True, residual=False, ln=True, act=act)
+@pytest.mark.parametrize("rows", [4, 8])   # 16-bit types: CUDA cores, then tensor cores (5-8 rows)
+def test_decode_linear_fused_layernorm_activation(seed, dtype, act, rows):
+    run(seed, dtype, rows, 1024, 4096, bias=True, residual=False, ln=True, act=act)
 
 
 HALF = [torch.float16, torch.bfloat16]

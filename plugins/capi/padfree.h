@@ -361,7 +361,8 @@ PADFREE_API padfree_status padfree_decoder_cross_attention(const void* q, const 
 /* A decode step's linear layer for a few rows (kernels/decoder/decode_linear.cu, decode_linear_mma.cu):
  *   out = act(LN(x) W^T + bias) + residual
  * x [rows, in_features], weight [out_features, in_features] (nn.Linear's layout), 16-byte aligned,
- * in_features a multiple of 8. Up to 8 rows (CUDA cores, every dtype): rounded up to a power of two,
+ * in_features a multiple of 8. Up to 8 rows (every dtype; CUDA cores, 5-8 rows of float16 / bfloat16 on
+ * tensor cores from compute capability 8.0): rounded up to a power of two,
  * rows x in_features elements must fit 96 KB, and with ln_gamma / ln_beta (rows + 2) x in_features
  * 192 KB. 9 to 64 rows (tensor cores, decode_linear_mma.cu): float16 or bfloat16, compute capability
  * 9.0+ (thread-block clusters), in_features a multiple of 128 up to 8192 (4096 where it is not a

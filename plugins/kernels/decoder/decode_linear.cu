@@ -5,14 +5,14 @@
 // H100's bandwidth, but cuBLAS's small-M kernels take 4-5 us for it, and a decode step has 4-8 of
 // them per layer, each followed by a LayerNorm / bias / residual kernel of 2-3 us that moves a few KB.
 // Here one kernel does LN(x) (recomputed per block: rows x in_features elements, a few KB), the
-// weight-streaming dot products (CUDA cores: each weight element meets `rows` x values, so up to 8
-// rows the FMAs keep up with the loads), bias, activation and residual. A block's first tile of
-// weights is requested before the kernel waits on its producer (PDL): its first chunk into registers,
-// the rest into L2, so with padfree's kernels before it the weight stream starts while the previous
-// kernel still runs.
+// weight-streaming dot products (CUDA cores up to 4 rows; 5-8 rows in 16-bit types on tensor cores,
+// mma_detail below, where the FMAs and conversions bounded the kernel), bias, activation and residual.
+// A block's first tile of weights is requested before the kernel waits on its producer (PDL): its
+// first chunk into registers, the rest into L2, so with padfree's kernels before it the weight stream
+// starts while the previous kernel still runs.
 //
-// Layout: a block stages the (normalized) x rows in shared memory, then each warp takes 2 output
-// features at a time: its lanes stream the two weight rows in 16-byte vectors (evict-first: a step
+// Layout (CUDA cores): a block stages the (normalized) x rows in shared memory, then each warp takes 2
+// output features at a time: its lanes stream the two weight rows in 16-byte vectors (evict-first: a step
 // reads each weight once) and keep rows x 2 float accumulators; a warp reduction and the fused
 // epilogue follow. Blocks stride over tiles of 8 features, the grid capped at 4 blocks per SM so
 // that the staging is amortized over many tiles for the vocabulary projection.
@@ -90,6 +90,13 @@ __device__ __forceinline__ int owner_index(int lane) {
     return index;
 }
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define PADFREE_DECODE_LINEAR_MMA 1  // mma.sync m16n8k16 (float16 / bfloat16)
+constexpr bool kArchMma = true;
+#else
+constexpr bool kArchMma = false;  // the CUDA-core loop serves every instantiation
+#endif
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define PADFREE_DECODE_LINEAR_BULK 1
 
@@ -132,13 +139,113 @@ __device__ __forceinline__ void load_weight_chunk(Vec<T> (&w)[kFeaturesPerWarp][
     }
 }
 
+// The products on tensor cores (5-8 rows, 16-bit types): the block's 8 features are an mma.sync
+// m16n8k16's M (rows 8-15 repeat them and are dropped) and the staged rows its N; the warps split
+// in_features, 32 at a time (two mma's), and add their partial sums through shared memory in warp
+// order. On CUDA cores every weight element costs each warp its conversion and `rows` FMAs, and every x
+// element one conversion per warp and feature pair: at 8 rows, with four blocks an SM, that instruction
+// stream, not the bytes, bounded a call. At 1-4 rows the CUDA cores stay faster (KERNELS.md). Lane (g, t)
+// loads 16 bytes of weight row g and of x row g at 32c + 8t: taking each 32-wide chunk's k in the order
+// (8t, 8t+1 | 8t+2, 8t+3) for the first mma and (8t+4 ... 8t+7) for the second makes those the
+// fragments (the same permutation of k for both operands leaves the sums as they are).
+namespace mma_detail {
+
+constexpr int kChunk = 32;  // in_features per pair of mma's
+constexpr int kGroup = 8;   // chunks a warp loads before it multiplies them (16 bytes each a lane)
+constexpr size_t kStaticSharedBytes = sizeof(float) * kWarps * kTile * 8;  // tiles()'s partial sums
+
+// lane (g, t)'s 16 bytes of the row at chunk c (zeros past in_features, a multiple of 8)
+template <typename T>
+__device__ __forceinline__ uint4 chunk_at(const T* row, int c, int t, int K, bool global) {
+    const int k = c * kChunk + t * 8;
+    if (k >= K) return make_uint4(0u, 0u, 0u, 0u);
+    const uint4* p = reinterpret_cast<const uint4*>(row + k);
+    return global ? __ldcs(p) : *p;
+}
+
+// chunks warp, warp + kWarps, ... (kGroup of them from c0) of a weight row
+template <typename T>
+__device__ __forceinline__ void load_group(uint4 (&wv)[kGroup], const T* row, int c0, int t, int K, bool global) {
+#pragma unroll
+    for (int j = 0; j < kGroup; ++j) wv[j] = chunk_at(row, c0 + j * kWarps, t, K, global);
+}
+
+template <typename T, int kRows>
+__device__ __forceinline__ void tiles(const DecodeLinearArgs& a, const T* xs, const T* wtile, uint64_t* bar,
+                                      const uint4 (&pre)[kGroup], bool preloaded, bool from_smem, int warp,
+                                      int lane, int tiles) {
+#if defined(PADFREE_DECODE_LINEAR_MMA)
+    __shared__ float part[kWarps][kTile][8];  // each warp's sums: feature x staged row (kStaticSharedBytes)
+    const int K = a.in_features, N = a.out_features, M = a.rows;
+    const int g = lane / 4, t = lane % 4;
+    const int chunks = (K + kChunk - 1) / kChunk;
+    const T* weight = static_cast<const T*>(a.weight);
+    const T* bias = static_cast<const T*>(a.bias);
+    const T* residual = static_cast<const T*>(a.residual);
+    T* out = static_cast<T*>(a.out);
+    const T* x_row = xs + static_cast<int64_t>(g < kRows ? g : 0) * K;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        const int n0 = tile * kTile, features = min(kTile, N - n0);
+        const T* w_row = from_smem ? wtile + static_cast<int64_t>(min(g, features - 1)) * K
+                                   : weight + static_cast<int64_t>(min(n0 + g, N - 1)) * K;
+#if defined(PADFREE_DECODE_LINEAR_BULK)
+        if (from_smem) attention_detail::mbarrier_wait(attention_detail::smem_addr(bar), 0);
+#endif
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int c0 = warp; c0 < chunks; c0 += kWarps * kGroup) {
+            uint4 wv[kGroup];
+            if (preloaded) {
+#pragma unroll
+                for (int j = 0; j < kGroup; ++j) wv[j] = pre[j];
+                preloaded = false;
+            } else {
+                load_group<T>(wv, w_row, c0, t, K, !from_smem);
+            }
+#pragma unroll
+            for (int j = 0; j < kGroup; ++j) {
+                const int c = c0 + j * kWarps;
+                if (c >= chunks) break;
+                // staged rows past kRows: zero (mma's N is 8)
+                const uint4 xv = g < kRows ? chunk_at(x_row, c, t, K, false) : make_uint4(0u, 0u, 0u, 0u);
+                const uint32_t first[4] = {wv[j].x, wv[j].x, wv[j].y, wv[j].y};
+                const uint32_t second[4] = {wv[j].z, wv[j].z, wv[j].w, wv[j].w};
+                attention_detail::MmaOp<T>::run(acc, first, xv.x, xv.y);
+                attention_detail::MmaOp<T>::run(acc, second, xv.z, xv.w);
+            }
+        }
+        from_smem = false;
+        // c0, c1: feature g, rows 2t and 2t + 1 (c2, c3: the repeated features)
+        *reinterpret_cast<float2*>(&part[warp][g][2 * t]) = make_float2(acc[0], acc[1]);
+        __syncthreads();
+        if (threadIdx.x < kTile * kRows) {
+            const int f = threadIdx.x / kRows, m = threadIdx.x % kRows, n = n0 + f;
+            if (m < M && n < N) {
+                float y = part[0][f][m];
+#pragma unroll
+                for (int q = 1; q < kWarps; ++q) y += part[q][f][m];  // in warp order: no timing in the sum
+                if (bias != nullptr) y += to_float(bias[n]);
+                y = decode_linear_detail::activate(y, a.activation);
+                const int64_t at = static_cast<int64_t>(m) * N + n;
+                if (residual != nullptr) y += to_float(residual[at]);
+                out[at] = from_float<T>(y);
+            }
+        }
+        __syncthreads();  // part is the next tile's
+    }
+#endif
+}
+
+}  // namespace mma_detail
+
 // kRows: rows rounded up to a power of two (the accumulators' count); staged rows past `rows` are zero.
 // bulk_tile (sm_90, where the launcher found room): the first tile through shared memory. Bounded at
 // 128 registers: 4 blocks per SM, every block of a capped grid resident.
-template <typename T, int kRows>
+// kMma (16-bit types; sm_80+ where compiled): the products on tensor cores (mma_detail::tiles).
+template <typename T, int kRows, bool kMma>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     decode_linear_kernel(DecodeLinearArgs a, int bulk_tile) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
+    constexpr bool kTensorCores = kMma && kArchMma;
     constexpr int V = vec_size<T>();
     const int K = a.in_features, N = a.out_features, M = a.rows;
     T* xs = reinterpret_cast<T*>(smem_raw);  // [kRows][in_features]
@@ -157,6 +264,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     // path. On sm_90 one thread bulk-copies the whole tile into shared memory; otherwise its first chunk
     // is loaded into registers and the rest started towards L2.
     Vec<T> w[kFeaturesPerWarp][kUnroll];
+    uint4 pre[mma_detail::kGroup];  // kMma: the warp's first group of weight chunks
     bool preloaded = false, from_smem = false;
 #if defined(PADFREE_DECODE_LINEAR_BULK)
     if (bulk_tile && blockIdx.x < tiles) {
@@ -174,13 +282,20 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     } else
 #endif
     if (blockIdx.x < tiles) {
-        load_weight_chunk<T>(w, weight, blockIdx.x * kTile + warp * kFeaturesPerWarp, N, K, lane);
+        if constexpr (kTensorCores) {
+            const int row = min(static_cast<int>(blockIdx.x) * kTile + lane / 4, N - 1);  // lane (g, t)'s
+            mma_detail::load_group<T>(pre, weight + static_cast<int64_t>(row) * K, warp, lane % 4, K, /*global=*/true);
+        } else {
+            load_weight_chunk<T>(w, weight, blockIdx.x * kTile + warp * kFeaturesPerWarp, N, K, lane);
+        }
         preloaded = true;
         const int features = min(kTile, N - static_cast<int>(blockIdx.x) * kTile);
         const char* first = reinterpret_cast<const char*>(weight + static_cast<int64_t>(blockIdx.x) * kTile * K);
         const int64_t bytes = static_cast<int64_t>(features) * K * sizeof(T);
-        const int64_t chunk_bytes = static_cast<int64_t>(kWarpSize) * kUnroll * V * sizeof(T);
-        // lines of each weight row past its first chunk (a 4096-wide row has 4 chunks)
+        // lines of each weight row past what the registers above hold (a 4096-wide row: 4 chunks)
+        constexpr int64_t kHeld = kTensorCores ? int64_t{mma_detail::kGroup} * kWarps * mma_detail::kChunk
+                                               : int64_t{kWarpSize} * kUnroll * V;
+        const int64_t chunk_bytes = kHeld * static_cast<int64_t>(sizeof(T));
         for (int64_t at = threadIdx.x * 128; at < bytes; at += kThreads * 128)
             if (at % (static_cast<int64_t>(K) * sizeof(T)) >= chunk_bytes) prefetch_l2(first + at);
     }
@@ -219,6 +334,10 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     // and prefetch its own weights while this one streams (it still waits for this grid to finish)
     allow_consumers();
 
+    if constexpr (kTensorCores) {
+        mma_detail::tiles<T, kRows>(a, xs, wtile, bar, pre, preloaded, from_smem, warp, lane, tiles);
+        return;
+    }
     const T* bias = static_cast<const T*>(a.bias);
     const T* residual = static_cast<const T*>(a.residual);
     T* out = static_cast<T*>(a.out);
@@ -305,6 +424,16 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     }
 }
 
+template <typename T, int kRows, bool kMma>
+cudaError_t launch_variant(const DecodeLinearArgs& a, int grid, size_t smem, int bulk, cudaStream_t stream) {
+    auto kernel = decode_linear_kernel<T, kRows, kMma>;
+    // above 48 KB the kernel must opt in (once per instantiation and new maximum)
+    static std::atomic<size_t> opted_in{48 * 1024};
+    if (const cudaError_t err = decode_linear_detail::opt_in_shared_memory(kernel, smem, opted_in); err != cudaSuccess)
+        return err;
+    return launch_kernel(kernel, dim3(grid), dim3(kThreads), smem, stream, a, bulk);
+}
+
 template <typename T, int kRows>
 cudaError_t launch_rows(const DecodeLinearArgs& a, cudaStream_t stream) {
     size_t smem = static_cast<size_t>(kRows + (a.ln_gamma != nullptr ? 2 : 0)) * a.in_features * sizeof(T);
@@ -313,21 +442,20 @@ cudaError_t launch_rows(const DecodeLinearArgs& a, cudaStream_t stream) {
     const int bulk = current_compute_capability() >= 90 && tile_bytes >= kBulkTileMinBytes &&
                      smem + tile_bytes + sizeof(uint64_t) <= std::min(kBulkMaxSharedBytes, optin);
     if (bulk) smem += tile_bytes + sizeof(uint64_t);
-    auto kernel = decode_linear_kernel<T, kRows>;
-    // above 48 KB the kernel must opt in (once per instantiation and new maximum)
-    static std::atomic<size_t> opted_in{48 * 1024};
-    if (const cudaError_t err = decode_linear_detail::opt_in_shared_memory(kernel, smem, opted_in); err != cudaSuccess)
-        return err;
+    // tensor cores at 5-8 rows (KERNELS.md: there the CUDA cores' FMAs bound a call; at 1-4 rows the
+    // mma's dependent chain and the warps' exchange cost more than they save)
+    constexpr bool mma = sizeof(T) == 2 && kRows == 8;
     // every block resident: at most kBlocksPerSm per SM, fewer where their shared memory does not fit
     // (each block also takes 1 KB the runtime reserves)
     const int tiles = (a.out_features + kTile - 1) / kTile;
     const int sms = current_device_value<query_sm_count>();
     const size_t smem_per_sm = static_cast<size_t>(current_device_value<query_smem_per_sm>());
     const int per_sm =
-        smem_per_sm > 0 ? std::max(1, std::min(kBlocksPerSm, static_cast<int>(smem_per_sm / (smem + 1024))))
+        smem_per_sm > 0 ? std::max(1, std::min(kBlocksPerSm, static_cast<int>(smem_per_sm / (smem + 1024 + (
+                                                                  mma ? mma_detail::kStaticSharedBytes : 0)))))
                         : kBlocksPerSm;
     const int grid = sms > 0 ? std::min(tiles, sms * per_sm) : tiles;
-    return launch_kernel(kernel, dim3(grid), dim3(kThreads), smem, stream, a, bulk);
+    return launch_variant<T, kRows, mma>(a, grid, smem, bulk, stream);
 }
 
 template <typename T>
