@@ -442,8 +442,8 @@ cudaError_t launch_rows(const DecodeLinearArgs& a, cudaStream_t stream) {
     const int bulk = current_compute_capability() >= 90 && tile_bytes >= kBulkTileMinBytes &&
                      smem + tile_bytes + sizeof(uint64_t) <= std::min(kBulkMaxSharedBytes, optin);
     if (bulk) smem += tile_bytes + sizeof(uint64_t);
-    // tensor cores at 5-8 rows (KERNELS.md: there the CUDA cores' FMAs bound a call; at 1-4 rows the
-    // mma's dependent chain and the warps' exchange cost more than they save)
+    // tensor cores at 5-8 rows, where the CUDA cores' instructions bound a call; at 1-4 rows the same
+    // loop measured slower than the CUDA cores (KERNELS.md)
     constexpr bool mma = sizeof(T) == 2 && kRows == 8;
     // every block resident: at most kBlocksPerSm per SM, fewer where their shared memory does not fit
     // (each block also takes 1 KB the runtime reserves)
