@@ -220,8 +220,8 @@ def _clusters(device_index: int) -> bool:
 
 def decode_linear_fits(rows: int, in_features: int, dtype: torch.dtype, ln: bool = True) -> bool:
     """Whether decode_linear takes rows x in_features, with a LayerNorm on x where ln (else the caller runs
-    a GEMM): up to 8 rows on CUDA cores, 9 to 64 in the 16-bit types on tensor cores (sm_90+: the
-    current device's)."""
+    a GEMM): up to 8 rows in one block's tiles (CUDA cores; 5-8 rows of the 16-bit types on tensor cores),
+    9 to 64 in the 16-bit types on a thread-block cluster's tensor cores (sm_90+: the current device's)."""
     if rows <= 0 or in_features % 8:
         return False
     if rows <= DECODE_LINEAR_MAX_ROWS:
