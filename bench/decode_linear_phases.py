@@ -64,8 +64,8 @@ _EDITS = [
      "    attention_detail::cp_async_wait<0>();\n    __syncthreads();\n    const unsigned long long s2 = stamp();\n"),
     ("    allow_consumers();\n\n    if constexpr (kTensorCores) {",
      "    const unsigned long long s3 = stamp();\n    allow_consumers();\n\n    if constexpr (kTensorCores) {"),
-    ("        mma_detail::tiles<T, kRows>(a, xs, wtile, bar, pre, preloaded, from_smem, warp, lane, tiles);\n",
-     "        mma_detail::tiles<T, kRows>(a, xs, wtile, bar, pre, preloaded, from_smem, warp, lane, tiles);\n"
+    ("        mma_detail::tile_products<T, kRows>(a, xs, wtile, bar, pre, preloaded, from_smem, warp, lane, tiles);\n",
+     "        mma_detail::tile_products<T, kRows>(a, xs, wtile, bar, pre, preloaded, from_smem, warp, lane, tiles);\n"
      + _STAMP_END),
     ("            out[at] = from_float<T>(y);\n        }\n    }\n}\n",
      "            out[at] = from_float<T>(y);\n        }\n    }\n" + _STAMP_END + "}\n"),

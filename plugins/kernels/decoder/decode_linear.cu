@@ -152,7 +152,8 @@ namespace mma_detail {
 
 constexpr int kChunk = 32;  // in_features per pair of mma's
 constexpr int kGroup = 8;   // chunks a warp loads before it multiplies them (16 bytes each a lane)
-constexpr size_t kStaticSharedBytes = sizeof(float) * kWarps * kTile * 8;  // tiles()'s partial sums
+// tile_products()'s partial sums
+constexpr size_t kStaticSharedBytes = sizeof(float) * kWarps * kTile * 8;
 
 // lane (g, t)'s 16 bytes of the row at chunk c (zeros past in_features, a multiple of 8)
 template <typename T>
@@ -171,9 +172,9 @@ __device__ __forceinline__ void load_group(uint4 (&wv)[kGroup], const T* row, in
 }
 
 template <typename T, int kRows>
-__device__ __forceinline__ void tiles(const DecodeLinearArgs& a, const T* xs, const T* wtile, uint64_t* bar,
-                                      const uint4 (&pre)[kGroup], bool preloaded, bool from_smem, int warp,
-                                      int lane, int tiles) {
+__device__ __forceinline__ void tile_products(const DecodeLinearArgs& a, const T* xs, const T* wtile,
+                                              uint64_t* bar, const uint4 (&pre)[kGroup], bool preloaded,
+                                              bool from_smem, int warp, int lane, int tiles) {
 #if defined(PADFREE_DECODE_LINEAR_MMA)
     __shared__ float part[kWarps][kTile][8];  // each warp's sums: feature x staged row (kStaticSharedBytes)
     const int K = a.in_features, N = a.out_features, M = a.rows;
@@ -240,7 +241,7 @@ __device__ __forceinline__ void tiles(const DecodeLinearArgs& a, const T* xs, co
 // kRows: rows rounded up to a power of two (the accumulators' count); staged rows past `rows` are zero.
 // bulk_tile (sm_90, where the launcher found room): the first tile through shared memory. Bounded at
 // 128 registers: 4 blocks per SM, every block of a capped grid resident.
-// kMma (16-bit types; sm_80+ where compiled): the products on tensor cores (mma_detail::tiles).
+// kMma (16-bit types; sm_80+ where compiled): the products on tensor cores (mma_detail::tile_products).
 template <typename T, int kRows, bool kMma>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     decode_linear_kernel(DecodeLinearArgs a, int bulk_tile) {
@@ -335,7 +336,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     allow_consumers();
 
     if constexpr (kTensorCores) {
-        mma_detail::tiles<T, kRows>(a, xs, wtile, bar, pre, preloaded, from_smem, warp, lane, tiles);
+        mma_detail::tile_products<T, kRows>(a, xs, wtile, bar, pre, preloaded, from_smem, warp, lane, tiles);
         return;
     }
     const T* bias = static_cast<const T*>(a.bias);
