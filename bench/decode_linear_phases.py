@@ -67,8 +67,9 @@ _EDITS = [
     ("        mma_detail::tile_products<T, kRows>(a, xs, wtile, bar, pre, preloaded, from_smem, warp, lane, tiles);\n",
      "        mma_detail::tile_products<T, kRows>(a, xs, wtile, bar, pre, preloaded, from_smem, warp, lane, tiles);\n"
      + _STAMP_END),
-    ("            out[at] = from_float<T>(y);\n        }\n    }\n}\n",
-     "            out[at] = from_float<T>(y);\n        }\n    }\n" + _STAMP_END + "}\n"),
+    ("            if (first && m < M && n < N) store_output<T>(a, sums[0], m, n);\n        }\n    }\n}\n",
+     "            if (first && m < M && n < N) store_output<T>(a, sums[0], m, n);\n        }\n    }\n" + _STAMP_END
+     + "}\n"),
 ]
 
 

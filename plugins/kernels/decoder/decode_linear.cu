@@ -139,6 +139,18 @@ __device__ __forceinline__ void load_weight_chunk(Vec<T> (&w)[kFeaturesPerWarp][
     }
 }
 
+// The fused epilogue of output (m, n), either path: bias, activation, residual, rounded to T.
+template <typename T>
+__device__ __forceinline__ void store_output(const DecodeLinearArgs& a, float y, int m, int n) {
+    const T* bias = static_cast<const T*>(a.bias);
+    const T* residual = static_cast<const T*>(a.residual);
+    if (bias != nullptr) y += to_float(bias[n]);
+    y = decode_linear_detail::activate(y, a.activation);
+    const int64_t at = static_cast<int64_t>(m) * a.out_features + n;
+    if (residual != nullptr) y += to_float(residual[at]);
+    static_cast<T*>(a.out)[at] = from_float<T>(y);
+}
+
 // The products on tensor cores (5-8 rows, 16-bit types): the block's 8 features are an mma.sync
 // m16n8k16's M (rows 8-15 repeat them and are dropped) and the staged rows its N; the warps split
 // in_features, 32 at a time (two mma's), and add their partial sums through shared memory in warp
@@ -181,9 +193,6 @@ __device__ __forceinline__ void tile_products(const DecodeLinearArgs& a, const T
     const int g = lane / 4, t = lane % 4;
     const int chunks = (K + kChunk - 1) / kChunk;
     const T* weight = static_cast<const T*>(a.weight);
-    const T* bias = static_cast<const T*>(a.bias);
-    const T* residual = static_cast<const T*>(a.residual);
-    T* out = static_cast<T*>(a.out);
     const T* x_row = xs + static_cast<int64_t>(g < kRows ? g : 0) * K;
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         const int n0 = tile * kTile, features = min(kTile, N - n0);
@@ -224,11 +233,7 @@ __device__ __forceinline__ void tile_products(const DecodeLinearArgs& a, const T
                 float y = part[0][f][m];
 #pragma unroll
                 for (int q = 1; q < kWarps; ++q) y += part[q][f][m];  // in warp order: no timing in the sum
-                if (bias != nullptr) y += to_float(bias[n]);
-                y = decode_linear_detail::activate(y, a.activation);
-                const int64_t at = static_cast<int64_t>(m) * N + n;
-                if (residual != nullptr) y += to_float(residual[at]);
-                out[at] = from_float<T>(y);
+                store_output<T>(a, y, m, n);
             }
         }
         __syncthreads();  // part is the next tile's
@@ -337,90 +342,80 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
 
     if constexpr (kTensorCores) {
         mma_detail::tile_products<T, kRows>(a, xs, wtile, bar, pre, preloaded, from_smem, warp, lane, tiles);
-        return;
-    }
-    const T* bias = static_cast<const T*>(a.bias);
-    const T* residual = static_cast<const T*>(a.residual);
-    T* out = static_cast<T*>(a.out);
-    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-        const int n0 = tile * kTile + warp * kFeaturesPerWarp;
-        float acc[kFeaturesPerWarp][kRows];
+    } else {  // CUDA cores
+        for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+            const int n0 = tile * kTile + warp * kFeaturesPerWarp;
+            float acc[kFeaturesPerWarp][kRows];
 #pragma unroll
-        for (int f = 0; f < kFeaturesPerWarp; ++f)
+            for (int f = 0; f < kFeaturesPerWarp; ++f)
 #pragma unroll
-            for (int m = 0; m < kRows; ++m) acc[f][m] = 0.f;
-        // a feature past N reads row N - 1 (in range) and is never stored
-        const T* wrow[kFeaturesPerWarp];
+                for (int m = 0; m < kRows; ++m) acc[f][m] = 0.f;
+            // a feature past N reads row N - 1 (in range) and is never stored
+            const T* wrow[kFeaturesPerWarp];
 #pragma unroll
-        for (int f = 0; f < kFeaturesPerWarp; ++f) wrow[f] = weight + static_cast<int64_t>(min(n0 + f, N - 1)) * K;
-        const T* wsmem[kFeaturesPerWarp];  // the same rows in the bulk-copied tile
+            for (int f = 0; f < kFeaturesPerWarp; ++f) wrow[f] = weight + static_cast<int64_t>(min(n0 + f, N - 1)) * K;
+            const T* wsmem[kFeaturesPerWarp];  // the same rows in the bulk-copied tile
 #pragma unroll
-        for (int f = 0; f < kFeaturesPerWarp; ++f)
-            wsmem[f] = wtile + static_cast<int64_t>(min(n0 + f, N - 1) - tile * kTile) * K;
+            for (int f = 0; f < kFeaturesPerWarp; ++f)
+                wsmem[f] = wtile + static_cast<int64_t>(min(n0 + f, N - 1) - tile * kTile) * K;
 #if defined(PADFREE_DECODE_LINEAR_BULK)
-        if (from_smem) attention_detail::mbarrier_wait(attention_detail::smem_addr(bar), 0);
+            if (from_smem) attention_detail::mbarrier_wait(attention_detail::smem_addr(bar), 0);
 #endif
 
-        for (int base = lane; base < kvecs; base += kWarpSize * kUnroll) {
-            if (!preloaded && !from_smem) {
+            for (int base = lane; base < kvecs; base += kWarpSize * kUnroll) {
+                if (!preloaded && !from_smem) {
+#pragma unroll
+                    for (int u = 0; u < kUnroll; ++u) {
+                        const int idx = base + u * kWarpSize;
+#pragma unroll
+                        for (int f = 0; f < kFeaturesPerWarp; ++f)
+                            if (idx < kvecs) w[f][u] = load_weight_vec(wrow[f] + static_cast<int64_t>(idx) * V);
+                    }
+                }
+                preloaded = false;
 #pragma unroll
                 for (int u = 0; u < kUnroll; ++u) {
                     const int idx = base + u * kWarpSize;
+                    if (idx >= kvecs) break;
+                    float wf[kFeaturesPerWarp][V];
 #pragma unroll
-                    for (int f = 0; f < kFeaturesPerWarp; ++f)
-                        if (idx < kvecs) w[f][u] = load_weight_vec(wrow[f] + static_cast<int64_t>(idx) * V);
-                }
-            }
-            preloaded = false;
+                    for (int f = 0; f < kFeaturesPerWarp; ++f) {
+                        if (from_smem) w[f][u] = load_vec(wsmem[f] + static_cast<int64_t>(idx) * V);
 #pragma unroll
-            for (int u = 0; u < kUnroll; ++u) {
-                const int idx = base + u * kWarpSize;
-                if (idx >= kvecs) break;
-                float wf[kFeaturesPerWarp][V];
-#pragma unroll
-                for (int f = 0; f < kFeaturesPerWarp; ++f) {
-                    if (from_smem) w[f][u] = load_vec(wsmem[f] + static_cast<int64_t>(idx) * V);
-#pragma unroll
-                    for (int e = 0; e < V; e += 2) {
-                        const float2 p = pair_to_float2(&w[f][u].v[e]);
-                        wf[f][e] = p.x;
-                        wf[f][e + 1] = p.y;
+                        for (int e = 0; e < V; e += 2) {
+                            const float2 p = pair_to_float2(&w[f][u].v[e]);
+                            wf[f][e] = p.x;
+                            wf[f][e + 1] = p.y;
+                        }
                     }
-                }
 #pragma unroll
-                for (int m = 0; m < kRows; ++m) {
-                    const Vec<T> xv = load_vec(xs + static_cast<int64_t>(m) * K + static_cast<int64_t>(idx) * V);
+                    for (int m = 0; m < kRows; ++m) {
+                        const Vec<T> xv = load_vec(xs + static_cast<int64_t>(m) * K + static_cast<int64_t>(idx) * V);
 #pragma unroll
-                    for (int e = 0; e < V; e += 2) {
-                        const float2 xf = pair_to_float2(&xv.v[e]);
+                        for (int e = 0; e < V; e += 2) {
+                            const float2 xf = pair_to_float2(&xv.v[e]);
 #pragma unroll
-                        for (int f = 0; f < kFeaturesPerWarp; ++f) {
-                            acc[f][m] = fmaf(wf[f][e], xf.x, acc[f][m]);
-                            acc[f][m] = fmaf(wf[f][e + 1], xf.y, acc[f][m]);
+                            for (int f = 0; f < kFeaturesPerWarp; ++f) {
+                                acc[f][m] = fmaf(wf[f][e], xf.x, acc[f][m]);
+                                acc[f][m] = fmaf(wf[f][e + 1], xf.y, acc[f][m]);
+                            }
                         }
                     }
                 }
             }
-        }
-        from_smem = false;
-        constexpr int kCount = kFeaturesPerWarp * kRows;
-        float sums[kCount];
+            from_smem = false;
+            constexpr int kCount = kFeaturesPerWarp * kRows;
+            float sums[kCount];
 #pragma unroll
-        for (int f = 0; f < kFeaturesPerWarp; ++f)
+            for (int f = 0; f < kFeaturesPerWarp; ++f)
 #pragma unroll
-            for (int m = 0; m < kRows; ++m) sums[f * kRows + m] = acc[f][m];
-        warp_reduce_scatter<kCount>(sums, lane);
-        // each value's total sits in kWarpSize / kCount lanes: the first of them stores it
-        const int index = owner_index<kCount>(lane);
-        const bool first = (lane & (kWarpSize / kCount - 1)) == 0;
-        const int f = index / kRows, m = index % kRows, n = n0 + f;
-        if (first && m < M && n < N) {
-            float y = sums[0];
-            if (bias != nullptr) y += to_float(bias[n]);
-            y = decode_linear_detail::activate(y, a.activation);
-            const int64_t at = static_cast<int64_t>(m) * N + n;
-            if (residual != nullptr) y += to_float(residual[at]);
-            out[at] = from_float<T>(y);
+                for (int m = 0; m < kRows; ++m) sums[f * kRows + m] = acc[f][m];
+            warp_reduce_scatter<kCount>(sums, lane);
+            // each value's total sits in kWarpSize / kCount lanes: the first of them stores it
+            const int index = owner_index<kCount>(lane);
+            const bool first = (lane & (kWarpSize / kCount - 1)) == 0;
+            const int f = index / kRows, m = index % kRows, n = n0 + f;
+            if (first && m < M && n < N) store_output<T>(a, sums[0], m, n);
         }
     }
 }
