@@ -442,14 +442,14 @@ cudaError_t launch_rows(const DecodeLinearArgs& a, cudaStream_t stream) {
     // loop measured slower than the CUDA cores (KERNELS.md)
     constexpr bool mma = sizeof(T) == 2 && kRows == 8;
     // every block resident: at most kBlocksPerSm per SM, fewer where their shared memory does not fit
-    // (each block also takes 1 KB the runtime reserves)
+    // (each block also takes 1 KB the runtime reserves, and the tensor-core loop its static partial sums)
     const int tiles = (a.out_features + kTile - 1) / kTile;
     const int sms = current_device_value<query_sm_count>();
     const size_t smem_per_sm = static_cast<size_t>(current_device_value<query_smem_per_sm>());
-    const int per_sm =
-        smem_per_sm > 0 ? std::max(1, std::min(kBlocksPerSm, static_cast<int>(smem_per_sm / (smem + 1024 + (
-                                                                  mma ? mma_detail::kStaticSharedBytes : 0)))))
-                        : kBlocksPerSm;
+    const size_t block_smem = smem + 1024 + (mma ? mma_detail::kStaticSharedBytes : 0);
+    const int per_sm = smem_per_sm > 0
+                           ? std::max(1, std::min(kBlocksPerSm, static_cast<int>(smem_per_sm / block_smem)))
+                           : kBlocksPerSm;
     const int grid = sms > 0 ? std::min(tiles, sms * per_sm) : tiles;
     return launch_variant<T, kRows, mma>(a, grid, smem, bulk, stream);
 }
