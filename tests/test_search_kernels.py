@@ -128,6 +128,7 @@ BEAM_CASES = [
     (7, 2, EOS, False, 2.0, 17),
     (2, 16, EOS[:1], True, 1.0, 12),
     (4, 3, [], False, 1.0, 10),          # no eos: every hypothesis runs to max_length
+    (2, 16, EOS[:1], "never", 1.0, 150),  # old rows past the kernel's shared memory: the workspace's scratch
 ]
 
 

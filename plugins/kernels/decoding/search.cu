@@ -49,13 +49,22 @@ __device__ __forceinline__ float reciprocal_length(double n, float lp) {
 }
 
 // Flag: the element type of pool_finished and improvable (uint8_t: torch.bool; int32_t: TensorRT plugins,
-// which cannot carry bool or uint8 tensors).
-template <typename Flag>
+// which cannot carry bool or uint8 tensors). kSmemRows: the source's old rows (kept while the new ones are
+// written in place) in dynamic shared memory where they fit (beam_search_smem_bytes), else in the
+// workspace's scratch, whose stores and loads add a round trip.
+//
+// The step is a chain of dependent round trips, so the kernel is written for as few as it can: every
+// input that depends on nothing else (the candidates, the pool's scores, lengths and flags) is requested
+// with the step index right after the wait; the old rows (which need the step) before the merge
+// computes; a single-source grid decides the stop flag itself, without the grid's atomics.
+template <typename Flag, bool kSmemRows>
 __global__ void __launch_bounds__(kThreads) beam_search_step_kernel(BeamSearchStepArgs a, int64_t* seq_scratch,
                                                                     int32_t* indir_scratch, int32_t* counters) {
     Flag* const pool_finished_flags = static_cast<Flag*>(a.pool_finished);
     Flag* const improvable_flags = static_cast<Flag*>(a.improvable);
+    extern __shared__ __align__(16) unsigned char smem_rows[];
     __shared__ float cand[kBeamSearchMaxBeams * kBeamSearchMaxKeep];
+    __shared__ int cand_token[kBeamSearchMaxBeams * kBeamSearchMaxKeep];
     __shared__ float top_score[kBeamSearchMaxKeep];
     __shared__ int top_parent[kBeamSearchMaxKeep];
     __shared__ int top_token[kBeamSearchMaxKeep];
@@ -65,6 +74,7 @@ __global__ void __launch_bounds__(kThreads) beam_search_step_kernel(BeamSearchSt
     __shared__ int best[kBeamSearchMaxBeams];
     __shared__ bool hit[kBeamSearchMaxKeep];
     __shared__ int any_not_hit;
+    __shared__ bool source_improvable;
     __shared__ int64_t old_pool_lengths[kBeamSearchMaxBeams];
     __shared__ bool old_pool_finished[kBeamSearchMaxBeams];
     __shared__ bool pool_finished_new[kBeamSearchMaxBeams];
@@ -74,17 +84,56 @@ __global__ void __launch_bounds__(kThreads) beam_search_step_kernel(BeamSearchSt
     const int src = blockIdx.x;
     const int beams = a.beams, keep = a.keep, L = a.max_length;
     const int n = beams * keep;
-    // step in [0, max_length - 2]: the runner never runs past it; clamped so nothing is written outside
-    const int step = min(max(*a.step, 0), L - 2);
-    const int cur_len = step + 1;  // tokens so far, the start token included; the new token goes here
     const int tid = threadIdx.x;
-
-    for (int i = tid; i < n; i += kThreads) cand[i] = a.cand_scores[static_cast<int64_t>(src) * n + i];
-    if (tid == 0) any_not_hit = 0;
+    // every input that depends on nothing else, in flight with the step
+    const int step_read = *a.step;
+    for (int i = tid; i < n; i += kThreads) {
+        cand[i] = a.cand_scores[static_cast<int64_t>(src) * n + i];
+        cand_token[i] = a.cand_ids[static_cast<int64_t>(src) * n + i];
+    }
+    if (tid == 0) {
+        any_not_hit = 0;
+        source_improvable = improvable_flags[src] != 0;
+    }
     if (tid < keep) {  // in range even where NaN scores leave a rank unfilled
         top_score[tid] = -CUDART_INF_F;
         top_parent[tid] = 0;
         top_token[tid] = 0;
+    }
+    if (tid < beams) {
+        const int at = src * beams + tid;
+        next_beam[tid] = 0;  // in range even where NaN scores leave a rank unfilled
+        best[tid] = 0;
+        merged[tid] = a.pool_scores[at];
+        old_pool_lengths[tid] = a.pool_lengths[at];
+        old_pool_finished[tid] = pool_finished_flags[at] != 0;
+    }
+    // step in [0, max_length - 2]: the runner never runs past it; clamped so nothing is written outside
+    const int step = min(max(step_read, 0), L - 2);
+    const int cur_len = step + 1;  // tokens so far, the start token included; the new token goes here
+
+    // the source's old rows, read before any is rewritten (their loads in flight while the merge below
+    // computes): positions past cur_len hold the fill in every row (set by reset, never written since),
+    // so only [0, cur_len] moves
+    int64_t* old_running = kSmemRows ? reinterpret_cast<int64_t*>(smem_rows)
+                                     : seq_scratch + static_cast<int64_t>(src) * 2 * beams * L;
+    int64_t* old_pool = old_running + static_cast<int64_t>(beams) * L;
+    const int64_t* running = a.running + static_cast<int64_t>(src) * beams * L;
+    const int64_t* pool = a.pool + static_cast<int64_t>(src) * beams * L;
+    for (int i = tid; i < beams * (cur_len + 1); i += kThreads) {
+        const int b = i / (cur_len + 1), t = i % (cur_len + 1);
+        old_running[b * L + t] = running[b * L + t];
+        old_pool[b * L + t] = pool[b * L + t];
+    }
+    int32_t* old_indir = nullptr;
+    if (a.cache_indir != nullptr) {
+        old_indir = kSmemRows ? reinterpret_cast<int32_t*>(old_pool + static_cast<int64_t>(beams) * L)
+                              : indir_scratch + static_cast<int64_t>(src) * beams * a.indir_len;
+        const int cols = min(step, a.indir_len);
+        for (int i = tid; i < beams * cols; i += kThreads) {
+            const int b = i / cols, t = i % cols;
+            old_indir[b * a.indir_len + t] = a.cache_indir[(static_cast<int64_t>(src) * beams + b) * a.indir_len + t];
+        }
     }
     __syncthreads();
 
@@ -100,7 +149,7 @@ __global__ void __launch_bounds__(kThreads) beam_search_step_kernel(BeamSearchSt
         if (rank < keep) {
             top_score[rank] = s;
             top_parent[rank] = b;
-            top_token[rank] = a.cand_ids[static_cast<int64_t>(src) * n + i];
+            top_token[rank] = cand_token[i];
         }
     }
     __syncthreads();
@@ -108,9 +157,9 @@ __global__ void __launch_bounds__(kThreads) beam_search_step_kernel(BeamSearchSt
     // 2. finished candidates (eos, or the last position) and the running beams' candidates
     const float inv_len = reciprocal_length(static_cast<double>(cur_len), a.length_penalty);
     bool pool_full = true;
-    for (int b = 0; b < beams; ++b) pool_full &= pool_finished_flags[src * beams + b] != 0;
+    for (int b = 0; b < beams; ++b) pool_full &= old_pool_finished[b];
     const bool pool_closed = pool_full && a.early_stopping == 1;
-    const bool improvable = improvable_flags[src] != 0;
+    const bool improvable = source_improvable;
     if (tid < keep) {
         const int token = top_token[tid];
         bool h = cur_len + 1 >= L;
@@ -125,14 +174,6 @@ __global__ void __launch_bounds__(kThreads) beam_search_step_kernel(BeamSearchSt
         if (!(h && tid < beams)) p += kNeg;
         merged[beams + tid] = p;
     }
-    if (tid < beams) {
-        const int at = src * beams + tid;
-        next_beam[tid] = 0;  // in range even where NaN scores leave a rank unfilled
-        best[tid] = 0;
-        merged[tid] = a.pool_scores[at];
-        old_pool_lengths[tid] = a.pool_lengths[at];
-        old_pool_finished[tid] = pool_finished_flags[at] != 0;
-    }
     __syncthreads();
 
     // 3. the next running beams (the best `beams` not finished) and the pool's best `beams`
@@ -143,26 +184,6 @@ __global__ void __launch_bounds__(kThreads) beam_search_step_kernel(BeamSearchSt
         const int i = tid - keep;
         const int r = rank_of(merged, beams + keep, i);
         if (r < beams) best[r] = i;
-    }
-    // the source's old rows, read before any is rewritten: positions past cur_len hold the fill in
-    // every row (set by reset, never written since), so only [0, cur_len] moves
-    int64_t* old_running = seq_scratch + static_cast<int64_t>(src) * 2 * beams * L;
-    int64_t* old_pool = old_running + static_cast<int64_t>(beams) * L;
-    const int64_t* running = a.running + static_cast<int64_t>(src) * beams * L;
-    const int64_t* pool = a.pool + static_cast<int64_t>(src) * beams * L;
-    for (int i = tid; i < beams * (cur_len + 1); i += kThreads) {
-        const int b = i / (cur_len + 1), t = i % (cur_len + 1);
-        old_running[b * L + t] = running[b * L + t];
-        old_pool[b * L + t] = pool[b * L + t];
-    }
-    int32_t* old_indir = nullptr;
-    if (a.cache_indir != nullptr) {
-        old_indir = indir_scratch + static_cast<int64_t>(src) * beams * a.indir_len;
-        const int cols = min(step, a.indir_len);
-        for (int i = tid; i < beams * cols; i += kThreads) {
-            const int b = i / cols, t = i % cols;
-            old_indir[b * a.indir_len + t] = a.cache_indir[(static_cast<int64_t>(src) * beams + b) * a.indir_len + t];
-        }
     }
     __syncthreads();
 
@@ -221,14 +242,21 @@ __global__ void __launch_bounds__(kThreads) beam_search_step_kernel(BeamSearchSt
         }
         const bool now_improvable = improvable && can_improve;
         improvable_flags[src] = now_improvable;
-        if (now_improvable) atomicOr(&counters[1], 1);
-        if (pool_open) atomicOr(&counters[2], 1);
-        if (any_not_hit) atomicOr(&counters[3], 1);
-        __threadfence();
-        last_block = atomicAdd(&counters[0], 1) == static_cast<int>(gridDim.x) - 1;
+        if (gridDim.x == 1) {
+            // the only source decides alone (the counters stay zero): no fence, no atomics' round trips
+            const bool open = pool_open || a.early_stopping != 1;
+            if (!(now_improvable && open && any_not_hit)) *a.done = 1;
+            if (a.advance_step) *a.step = step_read + 1;
+        } else {
+            if (now_improvable) atomicOr(&counters[1], 1);
+            if (pool_open) atomicOr(&counters[2], 1);
+            if (any_not_hit) atomicOr(&counters[3], 1);
+            __threadfence();
+            last_block = atomicAdd(&counters[0], 1) == static_cast<int>(gridDim.x) - 1;
+        }
     }
     __syncthreads();
-    if (last_block && tid == 0) {
+    if (gridDim.x > 1 && last_block && tid == 0) {
         // every other block has published its flags (and read the step): fold, reset, advance
         __threadfence();
         const bool any_improvable = atomicExch(&counters[1], 0) != 0;
@@ -281,6 +309,16 @@ struct WorkspaceLayout {
     int64_t counters;
 };
 
+// Dynamic shared memory a block takes for its source's old rows (running and pool [beams, max_length]
+// int64, the indirection [beams, indir_len] int32), or 0 where that exceeds kSmemRowsMaxBytes (beside
+// the kernel's ~10 KB of static shared memory, within the 48 KB a block gets without opting in).
+constexpr int64_t kSmemRowsMaxBytes = 36 * 1024;
+int64_t smem_rows_bytes(const BeamSearchStepArgs& a) {
+    const int64_t bytes = int64_t{a.beams} * a.max_length * 2 * static_cast<int64_t>(sizeof(int64_t)) +
+                          (a.cache_indir != nullptr ? int64_t{a.beams} * a.indir_len * static_cast<int64_t>(sizeof(int32_t)) : 0);
+    return bytes <= kSmemRowsMaxBytes ? bytes : 0;
+}
+
 WorkspaceLayout workspace_layout(int32_t batch, int32_t beams, int32_t max_length, int32_t indir_len) {
     const int64_t indir = round_up_vectors(int64_t{batch} * 2 * beams * max_length * sizeof(int64_t));
     return {indir, indir + round_up_vectors(int64_t{batch} * beams * indir_len * sizeof(int32_t))};
@@ -303,12 +341,18 @@ void launch_beam_search_step(const BeamSearchStepArgs& args, cudaStream_t stream
     auto* seq_scratch = reinterpret_cast<int64_t*>(ws);
     auto* indir_scratch = reinterpret_cast<int32_t*>(ws + layout.indir);
     auto* counters = reinterpret_cast<int32_t*>(ws + layout.counters);
-    if (args.flag_bytes == 4)
-        launch_kernel(beam_search_step_kernel<int32_t>, dim3(args.batch), dim3(kThreads), 0, stream, args, seq_scratch,
+    const int64_t smem = smem_rows_bytes(args);
+    auto launch = [&](auto kernel) {
+        launch_kernel(kernel, dim3(args.batch), dim3(kThreads), static_cast<size_t>(smem), stream, args, seq_scratch,
                       indir_scratch, counters);
-    else
-        launch_kernel(beam_search_step_kernel<uint8_t>, dim3(args.batch), dim3(kThreads), 0, stream, args, seq_scratch,
-                      indir_scratch, counters);
+    };
+    if (args.flag_bytes == 4) {
+        if (smem > 0) launch(beam_search_step_kernel<int32_t, true>);
+        else launch(beam_search_step_kernel<int32_t, false>);
+    } else {
+        if (smem > 0) launch(beam_search_step_kernel<uint8_t, true>);
+        else launch(beam_search_step_kernel<uint8_t, false>);
+    }
 }
 
 void launch_greedy_step(const GreedyStepArgs& args, cudaStream_t stream) {
