@@ -50,7 +50,7 @@ __device__ __forceinline__ float reciprocal_length(double n, float lp) {
 
 // Flag: the element type of pool_finished and improvable (uint8_t: torch.bool; int32_t: TensorRT plugins,
 // which cannot carry bool or uint8 tensors). kSmemRows: the source's old rows (kept while the new ones are
-// written in place) in dynamic shared memory where they fit (beam_search_smem_bytes), else in the
+// written in place) in dynamic shared memory where they fit (smem_rows_bytes), else in the
 // workspace's scratch, whose stores and loads add a round trip.
 //
 // The step is a chain of dependent round trips, so the kernel is written for as few as it can: every
