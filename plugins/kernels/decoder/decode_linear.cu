@@ -243,15 +243,20 @@ __device__ __forceinline__ void tile_products(const DecodeLinearArgs& a, const T
 
 }  // namespace mma_detail
 
+// Tensor cores at 5-8 rows of the 16-bit types, where the CUDA cores' instructions bound a call; at 1-4
+// rows the same loop measured slower than the CUDA cores (KERNELS.md).
+template <typename T, int kRows>
+constexpr bool uses_tensor_cores() { return sizeof(T) == 2 && kRows == 8; }
+
 // kRows: rows rounded up to a power of two (the accumulators' count); staged rows past `rows` are zero.
 // bulk_tile (sm_90, where the launcher found room): the first tile through shared memory. Bounded at
-// 128 registers: 4 blocks per SM, every block of a capped grid resident.
-// kMma (16-bit types; sm_80+ where compiled): the products on tensor cores (mma_detail::tile_products).
-template <typename T, int kRows, bool kMma>
+// 128 registers: 4 blocks per SM, every block of a capped grid resident. Where uses_tensor_cores (and
+// compiled for sm_80+) the products run on tensor cores (mma_detail::tile_products).
+template <typename T, int kRows>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     decode_linear_kernel(DecodeLinearArgs a, int bulk_tile) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
-    constexpr bool kTensorCores = kMma && kArchMma;
+    constexpr bool kTensorCores = uses_tensor_cores<T, kRows>() && kArchMma;
     constexpr int V = vec_size<T>();
     const int K = a.in_features, N = a.out_features, M = a.rows;
     T* xs = reinterpret_cast<T*>(smem_raw);  // [kRows][in_features]
@@ -270,7 +275,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     // path. On sm_90 one thread bulk-copies the whole tile into shared memory; otherwise its first chunk
     // is loaded into registers and the rest started towards L2.
     Vec<T> w[kFeaturesPerWarp][kUnroll];
-    uint4 pre[mma_detail::kGroup];  // kMma: the warp's first group of weight chunks
+    uint4 pre[mma_detail::kGroup];  // kTensorCores: the warp's first group of weight chunks
     bool preloaded = false, from_smem = false;
 #if defined(PADFREE_DECODE_LINEAR_BULK)
     if (bulk_tile && blockIdx.x < tiles) {
@@ -420,16 +425,6 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     }
 }
 
-template <typename T, int kRows, bool kMma>
-cudaError_t launch_variant(const DecodeLinearArgs& a, int grid, size_t smem, int bulk, cudaStream_t stream) {
-    auto kernel = decode_linear_kernel<T, kRows, kMma>;
-    // above 48 KB the kernel must opt in (once per instantiation and new maximum)
-    static std::atomic<size_t> opted_in{48 * 1024};
-    if (const cudaError_t err = decode_linear_detail::opt_in_shared_memory(kernel, smem, opted_in); err != cudaSuccess)
-        return err;
-    return launch_kernel(kernel, dim3(grid), dim3(kThreads), smem, stream, a, bulk);
-}
-
 template <typename T, int kRows>
 cudaError_t launch_rows(const DecodeLinearArgs& a, cudaStream_t stream) {
     size_t smem = static_cast<size_t>(kRows + (a.ln_gamma != nullptr ? 2 : 0)) * a.in_features * sizeof(T);
@@ -438,20 +433,22 @@ cudaError_t launch_rows(const DecodeLinearArgs& a, cudaStream_t stream) {
     const int bulk = current_compute_capability() >= 90 && tile_bytes >= kBulkTileMinBytes &&
                      smem + tile_bytes + sizeof(uint64_t) <= std::min(kBulkMaxSharedBytes, optin);
     if (bulk) smem += tile_bytes + sizeof(uint64_t);
-    // tensor cores at 5-8 rows, where the CUDA cores' instructions bound a call; at 1-4 rows the same
-    // loop measured slower than the CUDA cores (KERNELS.md)
-    constexpr bool mma = sizeof(T) == 2 && kRows == 8;
+    auto kernel = decode_linear_kernel<T, kRows>;
+    // above 48 KB the kernel must opt in (once per instantiation and new maximum)
+    static std::atomic<size_t> opted_in{48 * 1024};
+    if (const cudaError_t err = decode_linear_detail::opt_in_shared_memory(kernel, smem, opted_in); err != cudaSuccess)
+        return err;
     // every block resident: at most kBlocksPerSm per SM, fewer where their shared memory does not fit
     // (each block also takes 1 KB the runtime reserves, and the tensor-core loop its static partial sums)
     const int tiles = (a.out_features + kTile - 1) / kTile;
     const int sms = current_device_value<query_sm_count>();
     const size_t smem_per_sm = static_cast<size_t>(current_device_value<query_smem_per_sm>());
-    const size_t block_smem = smem + 1024 + (mma ? mma_detail::kStaticSharedBytes : 0);
+    const size_t block_smem = smem + 1024 + (uses_tensor_cores<T, kRows>() ? mma_detail::kStaticSharedBytes : 0);
     const int per_sm = smem_per_sm > 0
                            ? std::max(1, std::min(kBlocksPerSm, static_cast<int>(smem_per_sm / block_smem)))
                            : kBlocksPerSm;
     const int grid = sms > 0 ? std::min(tiles, sms * per_sm) : tiles;
-    return launch_variant<T, kRows, mma>(a, grid, smem, bulk, stream);
+    return launch_kernel(kernel, dim3(grid), dim3(kThreads), smem, stream, a, bulk);
 }
 
 template <typename T>
