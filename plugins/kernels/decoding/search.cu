@@ -48,18 +48,28 @@ __device__ __forceinline__ float reciprocal_length(double n, float lp) {
     return 1.0f / static_cast<float>(pow(n, static_cast<double>(lp)));
 }
 
+// The grid's stop condition from the sources' folded flags (any improvable, any pool open, any
+// continuation), and the step advanced: HF's rule, decided once per step by one thread.
+__device__ __forceinline__ void finish_step(const BeamSearchStepArgs& a, bool any_improvable, bool any_pool_open,
+                                            bool any_continuation, int step_read) {
+    const bool open = any_pool_open || a.early_stopping != 1;
+    if (!(any_improvable && open && any_continuation)) *a.done = 1;
+    if (a.advance_step) *a.step = step_read + 1;
+}
+
 // Flag: the element type of pool_finished and improvable (uint8_t: torch.bool; int32_t: TensorRT plugins,
-// which cannot carry bool or uint8 tensors). kSmemRows: the source's old rows (kept while the new ones are
-// written in place) in dynamic shared memory where they fit (smem_rows_bytes), else in the
+// which cannot carry bool or uint8 tensors). rows_in_smem: the source's old rows (kept while the new ones
+// are written in place) in dynamic shared memory where they fit (smem_rows_bytes), else in the
 // workspace's scratch, whose stores and loads add a round trip.
 //
 // The step is a chain of dependent round trips, so the kernel is written for as few as it can: every
 // input that depends on nothing else (the candidates, the pool's scores, lengths and flags) is requested
 // with the step index right after the wait; the old rows (which need the step) before the merge
 // computes; a single-source grid decides the stop flag itself, without the grid's atomics.
-template <typename Flag, bool kSmemRows>
-__global__ void __launch_bounds__(kThreads) beam_search_step_kernel(BeamSearchStepArgs a, int64_t* seq_scratch,
-                                                                    int32_t* indir_scratch, int32_t* counters) {
+template <typename Flag>
+__global__ void __launch_bounds__(kThreads) beam_search_step_kernel(BeamSearchStepArgs a, bool rows_in_smem,
+                                                                    int64_t* seq_scratch, int32_t* indir_scratch,
+                                                                    int32_t* counters) {
     Flag* const pool_finished_flags = static_cast<Flag*>(a.pool_finished);
     Flag* const improvable_flags = static_cast<Flag*>(a.improvable);
     extern __shared__ __align__(16) unsigned char smem_rows[];
@@ -115,8 +125,8 @@ __global__ void __launch_bounds__(kThreads) beam_search_step_kernel(BeamSearchSt
     // the source's old rows, read before any is rewritten (their loads in flight while the merge below
     // computes): positions past cur_len hold the fill in every row (set by reset, never written since),
     // so only [0, cur_len] moves
-    int64_t* old_running = kSmemRows ? reinterpret_cast<int64_t*>(smem_rows)
-                                     : seq_scratch + static_cast<int64_t>(src) * 2 * beams * L;
+    int64_t* old_running = rows_in_smem ? reinterpret_cast<int64_t*>(smem_rows)
+                                        : seq_scratch + static_cast<int64_t>(src) * 2 * beams * L;
     int64_t* old_pool = old_running + static_cast<int64_t>(beams) * L;
     const int64_t* running = a.running + static_cast<int64_t>(src) * beams * L;
     const int64_t* pool = a.pool + static_cast<int64_t>(src) * beams * L;
@@ -127,8 +137,8 @@ __global__ void __launch_bounds__(kThreads) beam_search_step_kernel(BeamSearchSt
     }
     int32_t* old_indir = nullptr;
     if (a.cache_indir != nullptr) {
-        old_indir = kSmemRows ? reinterpret_cast<int32_t*>(old_pool + static_cast<int64_t>(beams) * L)
-                              : indir_scratch + static_cast<int64_t>(src) * beams * a.indir_len;
+        old_indir = rows_in_smem ? reinterpret_cast<int32_t*>(old_pool + static_cast<int64_t>(beams) * L)
+                                 : indir_scratch + static_cast<int64_t>(src) * beams * a.indir_len;
         const int cols = min(step, a.indir_len);
         for (int i = tid; i < beams * cols; i += kThreads) {
             const int b = i / cols, t = i % cols;
@@ -244,9 +254,7 @@ __global__ void __launch_bounds__(kThreads) beam_search_step_kernel(BeamSearchSt
         improvable_flags[src] = now_improvable;
         if (gridDim.x == 1) {
             // the only source decides alone (the counters stay zero): no fence, no atomics' round trips
-            const bool open = pool_open || a.early_stopping != 1;
-            if (!(now_improvable && open && any_not_hit)) *a.done = 1;
-            if (a.advance_step) *a.step = step_read + 1;
+            finish_step(a, now_improvable, pool_open, any_not_hit != 0, step_read);
         } else {
             if (now_improvable) atomicOr(&counters[1], 1);
             if (pool_open) atomicOr(&counters[2], 1);
@@ -263,9 +271,7 @@ __global__ void __launch_bounds__(kThreads) beam_search_step_kernel(BeamSearchSt
         const bool any_pool_open = atomicExch(&counters[2], 0) != 0;
         const bool any_continuation = atomicExch(&counters[3], 0) != 0;
         counters[0] = 0;
-        const bool open = any_pool_open || a.early_stopping != 1;
-        if (!(any_improvable && open && any_continuation)) *a.done = 1;
-        if (a.advance_step) *a.step = *a.step + 1;
+        finish_step(a, any_improvable, any_pool_open, any_continuation, step_read);
     }
     allow_consumers();
 }
@@ -342,17 +348,13 @@ void launch_beam_search_step(const BeamSearchStepArgs& args, cudaStream_t stream
     auto* indir_scratch = reinterpret_cast<int32_t*>(ws + layout.indir);
     auto* counters = reinterpret_cast<int32_t*>(ws + layout.counters);
     const int64_t smem = smem_rows_bytes(args);
-    auto launch = [&](auto kernel) {
-        launch_kernel(kernel, dim3(args.batch), dim3(kThreads), static_cast<size_t>(smem), stream, args, seq_scratch,
-                      indir_scratch, counters);
-    };
-    if (args.flag_bytes == 4) {
-        if (smem > 0) launch(beam_search_step_kernel<int32_t, true>);
-        else launch(beam_search_step_kernel<int32_t, false>);
-    } else {
-        if (smem > 0) launch(beam_search_step_kernel<uint8_t, true>);
-        else launch(beam_search_step_kernel<uint8_t, false>);
-    }
+    const bool rows_in_smem = smem > 0;
+    if (args.flag_bytes == 4)
+        launch_kernel(beam_search_step_kernel<int32_t>, dim3(args.batch), dim3(kThreads), static_cast<size_t>(smem),
+                      stream, args, rows_in_smem, seq_scratch, indir_scratch, counters);
+    else
+        launch_kernel(beam_search_step_kernel<uint8_t>, dim3(args.batch), dim3(kThreads), static_cast<size_t>(smem),
+                      stream, args, rows_in_smem, seq_scratch, indir_scratch, counters);
 }
 
 void launch_greedy_step(const GreedyStepArgs& args, cudaStream_t stream) {
