@@ -1,5 +1,6 @@
 """Achieved bandwidth of the decoder kernels (one decoding step) against a device-to-device copy, and
-decode_linear against cuBLAS (torch's F.linear, with torch's LayerNorm where the kernel fuses one).
+decode_linear (on nn.Linear weights and on their fragment-order copies) against cuBLAS (torch's F.linear,
+with torch's LayerNorm where the kernel fuses one).
 
 Each kernel is captured CALLS times into a CUDA graph cycling through input sets (up to ~200 MB, so
 repeated calls do not just re-read L2), and the median replay over REPS, divided by CALLS, is the
@@ -124,9 +125,13 @@ def bench_topk(vocab, rows, dtype):
     return ms, rows * padded * elt
 
 
-def bench_linear(rows, k, n, dtype, *, ln, residual, act, torch_ops):
+LINEAR_IMPLS = ("decode_linear", "fragments", "cublas+torch")
+
+
+def bench_linear(rows, k, n, dtype, *, ln, residual, act, impl):
     """One linear layer of a decode step: decode_linear (LayerNorm, bias, activation and residual
-    fused), or with torch_ops cuBLAS's GEMM with torch's LayerNorm / bias / activation / residual ops."""
+    fused) on the nn.Linear weight or ("fragments") on its fragment-order copy, or ("cublas+torch")
+    cuBLAS's GEMM with torch's LayerNorm / bias / activation / residual ops."""
     elt = torch.finfo(dtype).bits // 8
     fns = []
     for _ in range(sets_for(n * k * elt)):
@@ -136,7 +141,7 @@ def bench_linear(rows, k, n, dtype, *, ln, residual, act, torch_ops):
         r = torch.randn(rows, n, device="cuda", dtype=dtype) if residual else None
         norm = (torch.ones(k, device="cuda", dtype=dtype), torch.zeros(k, device="cuda", dtype=dtype), 1e-5)
         out = torch.empty(rows, n, device="cuda", dtype=dtype)
-        if torch_ops:
+        if impl == "cublas+torch":
             def fn(x=x, w=w, b=b, r=r, norm=norm):
                 h = torch.nn.functional.layer_norm(x, (k,), norm[0], norm[1], norm[2]) if ln else x
                 y = torch.nn.functional.linear(h, w, b)
@@ -144,7 +149,9 @@ def bench_linear(rows, k, n, dtype, *, ln, residual, act, torch_ops):
                     y = torch.nn.functional.relu(y)
                 return y + r if r is not None else y
         else:
-            def fn(x=x, w=w, b=b, r=r, norm=norm, out=out):
+            weight = ops.fragment_layout(w) if impl == "fragments" else w
+
+            def fn(x=x, w=weight, b=b, r=r, norm=norm, out=out):
                 return ops.decode_linear(x, w, b, r, ln=norm if ln else None, activation=act, out=out)
         fns.append(fn)
     return time_ms(fns), n * k * elt
@@ -182,10 +189,11 @@ def main():
         for model, (heads, head_dim, vocab) in MODELS.items():
             for rows in args.rows:
                 for name, k, n, ln, residual, act in linear_shapes(model, heads * head_dim, FFN[model], vocab):
-                    for torch_ops in (False, True):
-                        label = f"{name} rows {rows:2d} {'cublas+torch' if torch_ops else 'decode_linear'}"
-                        report(label, *bench_linear(rows, k, n, dtype, ln=ln, residual=residual, act=act,
-                                                    torch_ops=torch_ops))
+                    for impl in LINEAR_IMPLS:
+                        if impl == "fragments" and not ops.fragments.fragments_fit(rows, k, n, dtype):
+                            continue
+                        report(f"{name} rows {rows:2d} {impl}",
+                               *bench_linear(rows, k, n, dtype, ln=ln, residual=residual, act=act, impl=impl))
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(results, f, indent=1)

@@ -496,6 +496,32 @@ def test_decode_linear_refuses(over, fragments):
     expect_invalid("padfree_decode_linear", _decode_linear_args(**over), *fragments)
 
 
+@pytest.mark.parametrize("over, fragments", [
+    (dict(dtype=F32), ["decode_linear_fragments: float16 or bfloat16, got float32"]),
+    (dict(rows=9), ["decode_linear_fragments: rows must be in [0, 8], got 9"]),
+    (dict(in_features=1000), ["in_features must be one of 512, 768, 1024, 1536, 2048, 3072, 4096, got 1000"]),
+    (dict(in_features=1152), ["in_features must be one of 512", "got 1152"]),   # a multiple of 128 not built
+    (dict(out_features=1000), ["out_features must be a multiple of 16, got 1000"]),
+    (dict(activation=5), ["decode_linear_fragments: activation must be 0 (none)", "5"]),
+    (dict(gamma=A), ["decode_linear_fragments: ln_gamma and ln_beta come together"]),
+    (dict(x_norm_out=A), ["decode_linear_fragments: x_norm_out needs ln_gamma/ln_beta"]),
+])
+def test_decode_linear_fragments_refuses(over, fragments):
+    expect_invalid("padfree_decode_linear_fragments", _decode_linear_args(**over), *fragments)
+
+
+@pytest.mark.parametrize("over, fragments", [
+    (dict(dtype=F32), ["decode_linear_fragment_layout: float16 or bfloat16 weights, got float32"]),
+    (dict(in_features=520), ["in_features must be a positive multiple of 128, got 520"]),
+    (dict(out_features=40), ["out_features must be a multiple of 16, got 40"]),
+    (dict(out=A), ["decode_linear_fragment_layout: out must not overlap weight"]),
+])
+def test_decode_linear_fragment_layout_refuses(over, fragments):
+    args = dict(weight=A, out_features=64, in_features=128, dtype=F16, out=A + 0x100000, stream=None)
+    args.update(over)
+    expect_invalid("padfree_decode_linear_fragment_layout", tuple(args.values()), *fragments)
+
+
 def test_decode_linear_past_8_rows_refused_without_clusters():
     import torch
     if torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0):

@@ -4,7 +4,8 @@ Shapes cover every row count the kernels take (1 to 8 in one block's tiles: the 
 CUDA cores, 8 on tensor cores in float16 / bfloat16 and CUDA cores in float32; 9 to 64 on a cluster's
 tensor cores in float16 / bfloat16: 16, 32 and 64 staged rows, partly filled), output
 widths that leave a partial tile (features past N never written), the widths of Marian (512, 2048) and
-NLLB (1024, 4096) and a vocabulary projection (many tiles per block)."""
+NLLB (1024, 4096) and a vocabulary projection (many tiles per block). The fragment-order kernel
+(1 to 8 rows, weights from fragment_layout) the same way, and its layout against a torch permutation."""
 from __future__ import annotations
 
 import math
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU (decode_linear)", allow_module_level=True)
 
-from padfree.ops import InputError, decode_linear  # noqa: E402
+from padfree.ops import FragmentWeight, InputError, decode_linear, fragment_layout  # noqa: E402
 from padfree.ops.decoder import decode_linear_fits  # noqa: E402
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -43,7 +44,7 @@ def reference(x, w, bias, residual, ln, act, dtype):
     return y, (h if ln is not None else None)
 
 
-def run(seed, dtype, rows, k, n, *, bias, residual, ln, act, side=False):
+def run(seed, dtype, rows, k, n, *, bias, residual, ln, act, side=False, fragments=False):
     g = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(rows, k, generator=g, device="cuda").to(dtype) * 2 + 0.5
     w = (torch.randn(n, k, generator=g, device="cuda") / math.sqrt(k)).to(dtype)
@@ -55,7 +56,8 @@ def run(seed, dtype, rows, k, n, *, bias, residual, ln, act, side=False):
                (0.1 * torch.randn(k, generator=g, device="cuda")).to(dtype), 1e-5
     out = torch.full((rows, n), float("nan"), dtype=dtype, device="cuda")
     normed = torch.full((rows, k), float("nan"), dtype=dtype, device="cuda") if side else None
-    decode_linear(x, w, b, r, ln=norm, activation=act, out=out, x_norm_out=normed)
+    decode_linear(x, fragment_layout(w) if fragments else w, b, r, ln=norm, activation=act, out=out,
+                  x_norm_out=normed)
     ref, ref_norm = reference(x, w, b, r, norm, act, dtype)
     assert not out.isnan().any(), "an output element was not written"
     err = ((out.double() - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-30)).max().item()
@@ -159,3 +161,64 @@ def test_decode_linear_refuses_bad_input():
     gamma = torch.ones(513, device="cuda")[1:]   # 4 bytes past an allocation: the kernel reads 16-byte vectors
     with pytest.raises(InputError, match="ln gamma"):
         decode_linear(x, w, ln=(gamma, torch.zeros(512, device="cuda"), 1e-5))
+
+
+# ---- the fragment-order kernel (weights from fragment_layout) ----------------------------------------
+
+def fragment_reference(w):
+    """fragment_layout's order by torch's view and permute: [N/16][K/16][lane (g, t)][8], element j = 2 *
+    register + e of lane (g, t): feature g + 8 * (register % 2), k = 8 * (register // 2) + 2t + e."""
+    n, k = w.shape
+    # w[tile, fh, g, step, kh, t, e] -> [tile, step, g, t, kh, fh, e]
+    return w.view(n // 16, 2, 8, k // 16, 2, 4, 2).permute(0, 3, 2, 5, 4, 1, 6).reshape(n // 16, k // 16, 32, 8)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("k,n", [(128, 16), (512, 1536), (1024, 3072)])
+def test_fragment_layout_matches_the_permutation(seed, dtype, k, n):
+    w = torch.randn(n, k, generator=torch.Generator(device="cuda").manual_seed(seed), device="cuda").to(dtype)
+    frag = fragment_layout(w)
+    assert isinstance(frag, FragmentWeight) and frag.shape == (n, k)
+    assert torch.equal(frag.data, fragment_reference(w))
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8])
+# Marian's, NLLB's and BART-base's widths (768: 6 mma steps a warp, not a multiple of the 16 in flight),
+# and a padded vocabulary projection (3632 blocks: many more than resident)
+@pytest.mark.parametrize("k,n", [(512, 1536), (1024, 4096), (4096, 1024), (2048, 512), (768, 3072), (512, 58112)])
+def test_decode_linear_fragments_match_float64(seed, dtype, rows, k, n):
+    run(seed, dtype, rows, k, n, bias=True, residual=False, ln=False, act=None, fragments=True)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("act", list(ACTS), ids=str)
+@pytest.mark.parametrize("rows", [1, 4, 8])
+def test_decode_linear_fragments_fused_layernorm_activation_residual(seed, dtype, act, rows):
+    run(seed, dtype, rows, 1024, 3072, bias=True, residual=True, ln=True, act=act, side=True, fragments=True)
+    run(seed + 1, dtype, rows, 512, 2048, bias=False, residual=False, ln=True, act=act, fragments=True)
+
+
+def test_decode_linear_fragments_residual_in_place(seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(4, 1024, generator=g, device="cuda").half()
+    w = (torch.randn(1024, 1024, generator=g, device="cuda") / 32).half()
+    acc = torch.randn(4, 1024, generator=g, device="cuda").half()
+    expected = acc.double() + x.double() @ w.double().t()
+    decode_linear(x, fragment_layout(w), residual=acc, out=acc)
+    torch.testing.assert_close(acc.double(), expected, rtol=4e-3, atol=4e-3)
+
+
+def test_decode_linear_fragments_refuse_bad_input():
+    w = torch.zeros(64, 512, device="cuda").half()
+    frag = fragment_layout(w)
+    with pytest.raises(InputError, match="FragmentWeight takes 1 to 8 rows"):
+        decode_linear(torch.zeros(9, 512, device="cuda").half(), frag)
+    with pytest.raises(InputError, match="in_features 256"):
+        decode_linear(torch.zeros(4, 256, device="cuda").half(), frag)
+    with pytest.raises(InputError, match="weight"):
+        decode_linear(torch.zeros(4, 512, device="cuda").bfloat16(), frag)
+    with pytest.raises(InputError, match="multiple of 128"):
+        fragment_layout(torch.zeros(64, 520, device="cuda").half())
+    with pytest.raises(InputError, match="weight"):
+        fragment_layout(torch.zeros(64, 512, device="cuda"))

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <string>
 
 #include "decoder/cross_attention.h"
 #include "decoder/decode_linear.h"
@@ -45,6 +46,48 @@ bool aligned4(const void* p) { return reinterpret_cast<uintptr_t>(p) % 4 == 0; }
 padfree_status launched(const char* what, cudaError_t err) {
     if (err != cudaSuccess) return padfree::cuda_failure(what, err);
     return padfree::check_launch(what);
+}
+
+// What the decode_linear entry points check alike past their shapes: the activation and the LayerNorm's
+// arguments; then (rows and out_features non-zero) the pointers, their alignment and overlaps.
+padfree_status check_decode_linear_options(const char* what, int32_t activation, const void* ln_gamma,
+                                           const void* ln_beta, float eps, const void* x_norm_out) {
+    using namespace padfree;
+    PADFREE_REQUIRE(activation >= 0 && activation <= 4, what,
+                    ": activation must be 0 (none), 1 (relu), 2 (gelu), 3 (gelu_tanh) or 4 (silu), got ", activation);
+    PADFREE_REQUIRE((ln_gamma == nullptr) == (ln_beta == nullptr), what,
+                    ": ln_gamma and ln_beta come together (or neither)");
+    PADFREE_REQUIRE(x_norm_out == nullptr || ln_gamma != nullptr, what, ": x_norm_out needs ln_gamma/ln_beta");
+    if (ln_gamma != nullptr) PADFREE_CHECK(check_eps(eps));
+    return PADFREE_OK;
+}
+
+padfree_status check_decode_linear_tensors(const char* what, const void* x, const void* weight, const void* bias,
+                                           const void* residual, const void* ln_gamma, const void* ln_beta,
+                                           int32_t rows, int32_t in_features, int32_t out_features, int64_t element,
+                                           const void* out, const void* x_norm_out) {
+    using namespace padfree;
+    auto named = [&](const char* tensor) { return std::string(what) + ": " + tensor; };
+    PADFREE_CHECK(check_tensor(x, named("x").c_str()));
+    PADFREE_CHECK(check_tensor(weight, named("weight").c_str()));
+    PADFREE_CHECK(check_tensor(out, named("out").c_str()));
+    auto element_aligned = [&](const void* p) { return reinterpret_cast<uintptr_t>(p) % element == 0; };
+    PADFREE_REQUIRE(element_aligned(bias) && element_aligned(residual),
+                    what, ": bias and residual must be aligned to the dtype");
+    // read and written as 16-byte vectors
+    PADFREE_CHECK(check_optional_tensor(ln_gamma, named("ln_gamma").c_str()));
+    PADFREE_CHECK(check_optional_tensor(ln_beta, named("ln_beta").c_str()));
+    PADFREE_CHECK(check_optional_tensor(x_norm_out, named("x_norm_out").c_str()));
+    const int64_t x_bytes = static_cast<int64_t>(rows) * in_features * element;
+    const int64_t o_bytes = static_cast<int64_t>(rows) * out_features * element;
+    PADFREE_REQUIRE(disjoint(out, o_bytes, x, x_bytes), what, ": out must not overlap x");
+    PADFREE_REQUIRE(residual == nullptr || residual == out || disjoint(residual, o_bytes, out, o_bytes),
+                    what, ": residual must be out itself or not overlap it");
+    if (x_norm_out != nullptr) {
+        PADFREE_REQUIRE(disjoint(x_norm_out, x_bytes, x, x_bytes), what, ": x_norm_out must not overlap x");
+        PADFREE_REQUIRE(disjoint(x_norm_out, x_bytes, out, o_bytes), what, ": x_norm_out must not overlap out");
+    }
+    return PADFREE_OK;
 }
 
 }  // namespace
@@ -156,13 +199,7 @@ padfree_status padfree_decode_linear(const void* x, const void* weight, const vo
                     kDecodeLinearMmaMaxRows, "], got ", rows);
     PADFREE_CHECK(check_width("decode_linear: in_features", in_features, 0));
     PADFREE_REQUIRE(out_features >= 0, "decode_linear: out_features must be >= 0, got ", out_features);
-    PADFREE_REQUIRE(activation >= 0 && activation <= 4,
-                    "decode_linear: activation must be 0 (none), 1 (relu), 2 (gelu), 3 (gelu_tanh) or 4 (silu), got ",
-                    activation);
-    PADFREE_REQUIRE((ln_gamma == nullptr) == (ln_beta == nullptr),
-                    "decode_linear: ln_gamma and ln_beta come together (or neither)");
-    PADFREE_REQUIRE(x_norm_out == nullptr || ln_gamma != nullptr, "decode_linear: x_norm_out needs ln_gamma/ln_beta");
-    if (ln_gamma != nullptr) PADFREE_CHECK(check_eps(eps));
+    PADFREE_CHECK(check_decode_linear_options("decode_linear", activation, ln_gamma, ln_beta, eps, x_norm_out));
     const int64_t element = dtype == PADFREE_FLOAT32 ? 4 : 2;
     if (rows <= kDecodeLinearMaxRows) {  // the CUDA-core kernel
         int32_t staged = 1;
@@ -193,28 +230,62 @@ padfree_status padfree_decode_linear(const void* x, const void* weight, const vo
                         " rows need compute capability 9.0 or newer (thread-block clusters); use a GEMM");
     }
     if (rows == 0 || out_features == 0) return PADFREE_OK;
-    PADFREE_CHECK(check_tensor(x, "decode_linear: x"));
-    PADFREE_CHECK(check_tensor(weight, "decode_linear: weight"));
-    PADFREE_CHECK(check_tensor(out, "decode_linear: out"));
-    auto element_aligned = [&](const void* p) { return reinterpret_cast<uintptr_t>(p) % element == 0; };
-    PADFREE_REQUIRE(element_aligned(bias) && element_aligned(residual),
-                    "decode_linear: bias and residual must be aligned to the dtype");
-    // read and written as 16-byte vectors
-    PADFREE_CHECK(check_optional_tensor(ln_gamma, "decode_linear: ln_gamma"));
-    PADFREE_CHECK(check_optional_tensor(ln_beta, "decode_linear: ln_beta"));
-    PADFREE_CHECK(check_optional_tensor(x_norm_out, "decode_linear: x_norm_out"));
-    const int64_t x_bytes = static_cast<int64_t>(rows) * in_features * element;
-    const int64_t o_bytes = static_cast<int64_t>(rows) * out_features * element;
-    PADFREE_REQUIRE(disjoint(out, o_bytes, x, x_bytes), "decode_linear: out must not overlap x");
-    PADFREE_REQUIRE(residual == nullptr || residual == out || disjoint(residual, o_bytes, out, o_bytes),
-                    "decode_linear: residual must be out itself or not overlap it");
-    if (x_norm_out != nullptr) {
-        PADFREE_REQUIRE(disjoint(x_norm_out, x_bytes, x, x_bytes), "decode_linear: x_norm_out must not overlap x");
-        PADFREE_REQUIRE(disjoint(x_norm_out, x_bytes, out, o_bytes), "decode_linear: x_norm_out must not overlap out");
-    }
+    PADFREE_CHECK(check_decode_linear_tensors("decode_linear", x, weight, bias, residual, ln_gamma, ln_beta, rows,
+                                              in_features, out_features, element, out, x_norm_out));
     DecodeLinearArgs args{x, weight, bias, residual, ln_gamma, ln_beta, out, x_norm_out, rows, in_features,
                           out_features, eps, static_cast<DecodeActivation>(activation)};
     return launched("decode_linear", launch_decode_linear(args, dtype, as_cuda_stream(stream)));
+    PADFREE_CAPI_GUARD_END
+}
+
+padfree_status padfree_decode_linear_fragment_layout(const void* weight, int32_t out_features, int32_t in_features,
+                                                    padfree_dtype dtype, void* out, padfree_stream stream) {
+    PADFREE_CAPI_GUARD_BEGIN
+    using namespace padfree;
+    PADFREE_CHECK(check_dtype(dtype));
+    PADFREE_REQUIRE(dtype != PADFREE_FLOAT32, "decode_linear_fragment_layout: float16 or bfloat16 weights, got float32");
+    PADFREE_REQUIRE(in_features > 0 && in_features % kDecodeLinearFragmentsInMultiple == 0,
+                    "decode_linear_fragment_layout: in_features must be a positive multiple of ",
+                    kDecodeLinearFragmentsInMultiple, ", got ", in_features);
+    PADFREE_REQUIRE(out_features >= 0 && out_features % kDecodeLinearFragmentsOutMultiple == 0,
+                    "decode_linear_fragment_layout: out_features must be a multiple of ",
+                    kDecodeLinearFragmentsOutMultiple, ", got ", out_features);
+    if (out_features == 0) return PADFREE_OK;
+    PADFREE_CHECK(check_tensor(weight, "decode_linear_fragment_layout: weight"));
+    PADFREE_CHECK(check_tensor(out, "decode_linear_fragment_layout: out"));
+    const int64_t bytes = int64_t{out_features} * in_features * 2;
+    PADFREE_REQUIRE(disjoint(out, bytes, weight, bytes), "decode_linear_fragment_layout: out must not overlap weight");
+    return launched("decode_linear_fragment_layout",
+                    launch_decode_linear_fragment_layout(weight, out, out_features, in_features, as_cuda_stream(stream)));
+    PADFREE_CAPI_GUARD_END
+}
+
+padfree_status padfree_decode_linear_fragments(const void* x, const void* weight_fragments, const void* bias,
+                                              const void* residual, const void* ln_gamma, const void* ln_beta,
+                                              float eps, int32_t activation, int32_t rows, int32_t in_features,
+                                              int32_t out_features, padfree_dtype dtype, void* out, void* x_norm_out,
+                                              padfree_stream stream) {
+    PADFREE_CAPI_GUARD_BEGIN
+    using namespace padfree;
+    PADFREE_CHECK(check_dtype(dtype));
+    PADFREE_REQUIRE(dtype != PADFREE_FLOAT32, "decode_linear_fragments: float16 or bfloat16, got float32");
+    PADFREE_REQUIRE(rows >= 0 && rows <= kDecodeLinearMaxRows, "decode_linear_fragments: rows must be in [0, ",
+                    kDecodeLinearMaxRows, "], got ", rows);
+    PADFREE_REQUIRE(decode_linear_fragments_takes(in_features),
+                    "decode_linear_fragments: in_features must be one of 512, 768, 1024, 1536, 2048, 3072, 4096, got ",
+                    in_features, "; use decode_linear");
+    PADFREE_REQUIRE(out_features >= 0 && out_features % kDecodeLinearFragmentsOutMultiple == 0,
+                    "decode_linear_fragments: out_features must be a multiple of ", kDecodeLinearFragmentsOutMultiple,
+                    ", got ", out_features);
+    PADFREE_CHECK(check_decode_linear_options("decode_linear_fragments", activation, ln_gamma, ln_beta, eps, x_norm_out));
+    PADFREE_REQUIRE(decode_linear_fragments_supported(),
+                    "decode_linear_fragments: needs compute capability 8.0 or newer (mma.sync); use decode_linear");
+    if (rows == 0 || out_features == 0) return PADFREE_OK;
+    PADFREE_CHECK(check_decode_linear_tensors("decode_linear_fragments", x, weight_fragments, bias, residual, ln_gamma,
+                                              ln_beta, rows, in_features, out_features, 2, out, x_norm_out));
+    DecodeLinearArgs args{x, weight_fragments, bias, residual, ln_gamma, ln_beta, out, x_norm_out, rows, in_features,
+                          out_features, eps, static_cast<DecodeActivation>(activation)};
+    return launched("decode_linear_fragments", launch_decode_linear_fragments(args, dtype, as_cuda_stream(stream)));
     PADFREE_CAPI_GUARD_END
 }
 

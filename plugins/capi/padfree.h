@@ -379,6 +379,27 @@ PADFREE_API padfree_status padfree_decode_linear(const void* x, const void* weig
                                                 int32_t out_features, padfree_dtype dtype, void* out,
                                                 void* x_norm_out, padfree_stream stream);
 
+/* decode_linear for 1 to 8 rows of float16 / bfloat16 on tensor cores with the weight in fragment order
+ * (kernels/decoder/decode_linear_fragments.cu; compute capability 8.0+): the same operation, arguments and
+ * rules as padfree_decode_linear, with weight_fragments the output of padfree_decode_linear_fragment_layout
+ * for its [out_features, in_features] weight. in_features a multiple of 128, out_features of 16; rows x
+ * (in_features + 8) elements, the LayerNorm's parameters and 4 KB within 200 KB. At 1-8 rows it streams the
+ * weights with one load and one mma per 256 of them (decode_linear: CUDA cores at 1-4 rows). */
+PADFREE_API padfree_status padfree_decode_linear_fragments(const void* x, const void* weight_fragments,
+                                                          const void* bias, const void* residual,
+                                                          const void* ln_gamma, const void* ln_beta, float eps,
+                                                          int32_t activation, int32_t rows, int32_t in_features,
+                                                          int32_t out_features, padfree_dtype dtype, void* out,
+                                                          void* x_norm_out, padfree_stream stream);
+
+/* weight [out_features, in_features] (nn.Linear's layout, float16 / bfloat16, 16-byte aligned) -> out, the
+ * same elements in mma.sync A-fragment order ([out / 16][in / 16][32 lanes][8]: lane (g, t) holds features
+ * g, g + 8 at k = 2t, 2t + 1, 2t + 8, 2t + 9 of each 16 x 16 block), for padfree_decode_linear_fragments.
+ * in_features a multiple of 128, out_features of 16; out must not overlap weight. Done once, at load. */
+PADFREE_API padfree_status padfree_decode_linear_fragment_layout(const void* weight, int32_t out_features,
+                                                                int32_t in_features, padfree_dtype dtype, void* out,
+                                                                padfree_stream stream);
+
 /* A decode step's input rows (kernels/decoder/step_embedding.cu):
  *   out[r] = LN(round(round(word_emb[tokens[r]] * embed_scale) + positions[p(r)]))
  * rounded to the dtype after the multiply and the add (as HF's ops in the model dtype); the LayerNorm

@@ -88,10 +88,36 @@ inline int64_t decode_linear_mma_shared_bytes(int32_t rows, int32_t in_features,
                                    in_features, layernorm);
 }
 
+// 1 to 8 rows of float16 / bfloat16 on tensor cores with the weight in fragment order
+// (decode_linear_fragments.cu; compute capability 8.0+): in_features one of the widths the kernel is
+// built for (decode_linear_fragments_takes; the layout itself takes any multiple of 128), out_features a
+// multiple of 16. Its shared memory: the staged rows (padded by 8 elements), the LayerNorm's parameters
+// and the warps' partial sums (at most ~86 KB: 8 rows of 4096).
+constexpr int32_t kDecodeLinearFragmentsInMultiple = 128;
+constexpr int32_t kDecodeLinearFragmentsOutMultiple = 16;
+// The in_features built: the hidden and FFN widths of the usual Marian, BART, mBART and NLLB / M2M100
+// sizes (a warp's step count, in_features / 128, is a template parameter: decode_linear_fragments.cu).
+inline bool decode_linear_fragments_takes(int32_t in_features) {
+    switch (in_features) {
+        case 512: case 768: case 1024: case 1536: case 2048: case 3072: case 4096: return true;
+        default: return false;
+    }
+}
+
+constexpr int64_t decode_linear_fragments_shared_bytes(int32_t rows, int32_t in_features, bool layernorm) {
+    return int64_t{rows} * (in_features + 8) * 2 + (layernorm ? 4 * int64_t{in_features} : 0) + 8 * 32 * 4 * 4;
+}
+
 cudaError_t launch_decode_linear(const DecodeLinearArgs& args, padfree_dtype dtype, cudaStream_t stream);
 // The tensor-core kernel (rows 9 to 64, 16-bit types; launch_decode_linear dispatches to it) and
 // whether the current device runs it (compute capability 9.0+: thread-block clusters).
 bool decode_linear_mma_supported();
 cudaError_t launch_decode_linear_mma(const DecodeLinearArgs& args, padfree_dtype dtype, cudaStream_t stream);
+// The fragment-order kernel (args.weight in that order) and its layout: weight [out_features,
+// in_features] (a 16-bit type) -> out, the same bytes in fragment order.
+bool decode_linear_fragments_supported();
+cudaError_t launch_decode_linear_fragments(const DecodeLinearArgs& args, padfree_dtype dtype, cudaStream_t stream);
+cudaError_t launch_decode_linear_fragment_layout(const void* weight, void* out, int32_t out_features,
+                                                 int32_t in_features, cudaStream_t stream);
 
 }  // namespace padfree

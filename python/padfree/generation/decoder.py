@@ -109,6 +109,9 @@ class Decoder:
         # activation and residual as one decode_linear kernel (logits_few_rows) where that is the faster
         # kernel
         self.few_rows = ops.decode_linear_fits(self.rows, stack, weights.spec)
+        # up to 8 rows in float16 / bfloat16: the layers' weights in fragment order (decode_linear's
+        # tensor-core kernel for few rows; ops.fragments), made once per weights
+        self.fragments = ops.weight_fragments(weights, self.rows) if self.few_rows else {}
         self._pays: dict[tuple, bool] = {}      # (in_features, out_features, LayerNorm) -> decode_linear
         fold = weights.spec.pre_ln and ops.skip_layernorm is not None
         self.bias_sums = folded_bias_sums(stack, dtype) if fold else None
@@ -269,12 +272,13 @@ class Decoder:
                 residual: torch.Tensor | None = None, ln: tuple | None = None, activation: str | None = None,
                 x_norm_out: torch.Tensor | None = None) -> torch.Tensor:
         """act(LN(x) W^T + bias) + residual: one decode_linear where it is the faster kernel for this
-        layer, else the GEMM with torch's ops around it (past 8 rows the widest layers: the output
-        projection, NLLB's fc1 at 16 rows). x_norm_out (LN(x), written by the kernel) only where it pays:
-        the caller normalizes first otherwise."""
+        layer (on the weight's fragment-order copy where there is one), else the GEMM with torch's ops
+        around it (past 8 rows the widest layers: the output projection, NLLB's fc1 at 16 rows).
+        x_norm_out (LN(x), written by the kernel) only where it pays: the caller normalizes first
+        otherwise."""
         if self._decode_linear_pays(x, weight, ln=ln is not None):
-            return self.ops.decode_linear(x, weight, bias, residual, ln=ln, activation=activation,
-                                          x_norm_out=x_norm_out)
+            return self.ops.decode_linear(x, self.fragments.get(id(weight), weight), bias, residual, ln=ln,
+                                          activation=activation, x_norm_out=x_norm_out)
         assert x_norm_out is None, "x_norm_out is decode_linear's: normalize before a GEMM instead"
         if ln is not None:
             x = F.layer_norm(x, (x.shape[-1],), ln[0], ln[1], ln[2])

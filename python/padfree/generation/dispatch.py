@@ -29,10 +29,13 @@ CONTRACT_OPS = {
 ENCODER_OPS = {"attention_varlen": "padfree_attention_varlen"}
 # kernels that fuse what the caller otherwise does in torch ops, which are their reference: the searches'
 # per-step bookkeeping (beam_search.py, sampling.py), the decoder's bias + residual + LayerNorm and its
-# step embedding (decoder.py); the attribute is None where the kernel does not run
+# step embedding (decoder.py); the attribute is None where the kernel does not run. fragment_layout: the
+# few-row step's weights in fragment order for decode_linear's fragment kernel (weight_fragments; where it
+# does not run, decode_linear reads the nn.Linear weights)
 FUSED_OPS = {"beam_search_step": "padfree_beam_search_step", "greedy_step": "padfree_greedy_step",
              "skip_layernorm": "padfree_skip_layernorm", "decode_linear": "padfree_decode_linear",
-             "decoder_step_embedding": "padfree_decoder_step_embedding"}
+             "decoder_step_embedding": "padfree_decoder_step_embedding",
+             "fragment_layout": "padfree_decode_linear_fragments"}
 
 
 def _kernel_unavailable(name: str, symbol: str, device: torch.device) -> tuple[Callable | None, str]:
@@ -161,6 +164,28 @@ class DecoderOps:
             widths = {stack.hidden} | {layer.ffn.fc2_weight.shape[1] for layer in stack.layers}
             return all(decode_linear_fits(rows, width, dtype) for width in widths)
         return decode_linear_pays(rows, stack.hidden, 3 * stack.hidden, dtype, ln=True)
+
+    def fragments_run(self, rows: int, dtype: torch.dtype) -> bool:
+        """Whether a step of `rows` hypotheses multiplies in fragment order (weight_fragments)."""
+        from ..ops.fragments import FRAGMENTS_MAX_ROWS
+        return (getattr(self, "fragment_layout", None) is not None and getattr(self, "decode_linear", None) is not None
+                and rows <= FRAGMENTS_MAX_ROWS and dtype in (torch.float16, torch.bfloat16))
+
+    def weight_fragments(self, weights, rows: int) -> dict:
+        """id(weight) -> its fragment-order copy for each of weights.step_linear_weights() the fragment kernel
+        takes (ops.fragments.fragments_fit): made once per weights and kept there (weights.fragments); {}
+        where a step of `rows` does not use them (fragments_run)."""
+        if not self.fragments_run(rows, weights.dtype):
+            return {}
+        if weights.fragments is None:
+            from ..ops.fragments import FRAGMENTS_MAX_ROWS, fragments_fit
+            made = {}
+            with torch.cuda.device(self.device):
+                for w in weights.step_linear_weights():
+                    if fragments_fit(FRAGMENTS_MAX_ROWS, w.shape[1], w.shape[0], w.dtype, self.device):
+                        made[id(w)] = self.fragment_layout(w)
+            weights.fragments = made
+        return weights.fragments
 
     def beam_search_workspace(self, batch: int, beams: int, max_length: int,
                               indir_len: int) -> tuple[torch.Tensor, int]:

@@ -106,7 +106,8 @@ def check_source_lengths(sources: list[list[int]], vocab: int, encoder_positions
 def estimate_bytes(weights: Seq2SeqWeights, batch: int, total_tokens: int, max_seqlen: int, rows: int,
                    capacity: int) -> int:
     """An upper estimate of the device memory one generate() call allocates besides the weights: K/V caches,
-    the packed cross-attention memory, encoder activations and one step's logits and their fp32 copies.
+    the packed cross-attention memory, encoder activations, one step's logits and their fp32 copies, and
+    (once, at up to 8 rows) the layers' weights in fragment order.
     The packed rows are the decode state's bucket (token_bucket), which the memory and, on CUDA, the
     encoder's graph hold."""
     element = torch.empty((), dtype=weights.dtype).element_size()
@@ -120,7 +121,11 @@ def estimate_bytes(weights: Seq2SeqWeights, batch: int, total_tokens: int, max_s
     encoder = tokens * (3 * hidden + ffn + 2 * hidden) * element * 2
     attention = batch * weights.encoder.num_heads * max_seqlen * max_seqlen * 4 * 2
     step = rows * vocab * (element + 4 * 4) + rows * (3 * hidden + ffn) * element * 2
-    return caches + memory + encoder + attention + step
+    # a few-row step's first call lays the layers' weights out in fragment order (weights.fragments), once
+    fragments = 0
+    if rows <= 8 and weights.fragments is None and element == 2:
+        fragments = sum(w.numel() * element for w in weights.step_linear_weights())
+    return caches + memory + encoder + attention + step + fragments
 
 
 def free_device_bytes(device: torch.device) -> int | None:

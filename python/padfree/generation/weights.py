@@ -104,6 +104,11 @@ class Seq2SeqWeights:
     # 64 (zeros) and a bias with -inf there; None: lm_head and logits_bias as they are
     output_weight: torch.Tensor | None = None
     output_bias: torch.Tensor | None = None
+    # id(weight) -> its copy in mma fragment order (ops.fragments), for each of step_linear_weights() the
+    # fragment kernel takes: made by the first step of at most 8 rows (DecoderOps.weight_fragments) and
+    # kept, since the weights of a step past 8 rows (GEMMs) are still read in nn.Linear's layout; None: not
+    # made yet
+    fragments: dict | None = None
 
     @property
     def step_lm_head(self) -> torch.Tensor:
@@ -130,6 +135,13 @@ class Seq2SeqWeights:
     @property
     def target_vocab_size(self) -> int:
         return self.lm_head.shape[0]
+
+    def step_linear_weights(self) -> list[torch.Tensor]:
+        """The decoder layers' weights a step multiplies, layer by layer: fused QKV, self-attention output,
+        cross-attention Q and output, fc1, fc2 (not the cross-attention K/V, computed once per batch)."""
+        return [w for layer in self.decoder.layers
+                for w in (layer.self_attn.qkv_weight, layer.self_attn.out_weight, layer.cross_attn.q_weight,
+                          layer.cross_attn.out_weight, layer.ffn.fc1_weight, layer.ffn.fc2_weight)]
 
     def decoder_bytes(self) -> int:
         """Bytes of the decoder weights one step reads (layers, LM head, bias; not the embedding table)."""

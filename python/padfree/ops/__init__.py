@@ -15,6 +15,7 @@ from .decoder import (  # noqa: F401
 )
 from .decoding import beam_reorder_cache_indir, log_softmax_topk  # noqa: F401
 from .embedding import embedding_layernorm  # noqa: F401
+from .fragments import FragmentWeight, fragment_layout  # noqa: F401
 from .graph_guard import GuardedGraph  # noqa: F401
 from .inputs import PaddedInputPacker, pack_padded_inputs, padded_input_stats, stream_synchronize  # noqa: F401
 from .layernorm import layernorm, skip_layernorm  # noqa: F401

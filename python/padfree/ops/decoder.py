@@ -25,6 +25,7 @@ from ._tensors import (
     ptr,
     stream_handle,
 )
+from .fragments import FRAGMENTS_IN_FEATURES, FRAGMENTS_MAX_ROWS, FragmentWeight, fragments_fit
 
 HEAD_DIMS = (64, 128)  # the head sizes kernels/decoder instantiates
 
@@ -267,7 +268,7 @@ def _checked_ln(ln: tuple | None, like: torch.Tensor, width: int) -> tuple:
     return gamma, beta, eps
 
 
-def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+def decode_linear(x: torch.Tensor, weight: torch.Tensor | FragmentWeight, bias: torch.Tensor | None = None,
                   residual: torch.Tensor | None = None, ln: tuple | None = None, activation: str | None = None,
                   out: torch.Tensor | None = None, x_norm_out: torch.Tensor | None = None) -> torch.Tensor:
     """out = act(LN(x) W^T + bias) + residual for a decode step's few rows (padfree.h: padfree_decode_linear).
@@ -276,14 +277,29 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     [rows, out_features] (may be `out`), ln = (gamma, beta, eps) normalizing each x row first,
     activation None / "relu" / "gelu" / "gelu_tanh" / "silu"; x_norm_out [rows, in]: also write LN(x)
     (a post-LN sublayer's residual). One dtype for all; in a multiple of 8.
+
+    weight may be a FragmentWeight (ops.fragments.fragment_layout of it; 1-8 rows of float16 / bfloat16,
+    ops.fragments.fragments_fit): the same layer on the fragment-order kernel.
     """
     check_float(x, "x")
     if x.dim() != 2:
         raise InputError(f"x: expected [rows, in_features], got shape {list(x.shape)}")
     rows, in_features = x.shape
-    check_float(weight, "weight", like=x, shape=(None, in_features))
-    out_features = weight.shape[0]
-    if not decode_linear_fits(rows, in_features, x.dtype, ln=ln is not None):
+    kernel, weight_data = "padfree_decode_linear", weight
+    if isinstance(weight, FragmentWeight):
+        out_features = weight.shape[0]
+        check(weight.data, "weight", dtype=x.dtype, device=x.device)
+        if weight.shape[1] != in_features:
+            raise InputError(f"weight: a FragmentWeight of {list(weight.shape)} for x of in_features {in_features}")
+        if not fragments_fit(rows, in_features, out_features, x.dtype, x.device):
+            raise InputError(f"x: a FragmentWeight takes 1 to {FRAGMENTS_MAX_ROWS} rows in float16 / bfloat16 on "
+                             f"compute capability 8.0+ with in_features one of {FRAGMENTS_IN_FEATURES}, got {rows} "
+                             f"x {in_features} {x.dtype}; use the nn.Linear weight")
+        kernel, weight_data = "padfree_decode_linear_fragments", weight.data
+    else:
+        check_float(weight, "weight", like=x, shape=(None, in_features))
+        out_features = weight.shape[0]
+    if kernel == "padfree_decode_linear" and not decode_linear_fits(rows, in_features, x.dtype, ln=ln is not None):
         raise InputError(f"x: decode_linear takes 1 to {DECODE_LINEAR_MAX_ROWS} rows with in_features a multiple of 8 "
                          f"and rows x in_features within {DECODE_LINEAR_MAX_STAGE_BYTES} bytes ((rows + 2) x "
                          f"in_features within {DECODE_LINEAR_MAX_SHARED_BYTES} with ln), or up to "
@@ -305,7 +321,7 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     out = output(out, (rows, out_features), x)
     if _overlaps(out, x) or (x_norm_out is not None and (_overlaps(x_norm_out, x) or _overlaps(x_norm_out, out))):
         raise InputError("out and x_norm_out must not overlap x or each other")
-    call_kernel("padfree_decode_linear", x.device, ptr(x), ptr(weight), ptr(bias), ptr(residual), ptr(gamma),
+    call_kernel(kernel, x.device, ptr(x), ptr(weight_data), ptr(bias), ptr(residual), ptr(gamma),
                 ptr(beta), float(eps), ACTIVATIONS[activation], rows, in_features, out_features,
                 dtype_code(x, "x"), ptr(out), ptr(x_norm_out), stream_handle(x.device))
     return out

@@ -1,0 +1,185 @@
+// A decode step's linear layers for up to 8 rows in float16 / bfloat16 on tensor cores, with the weight
+// laid out once, at load time, in the order an mma.sync's A fragments are read (decode_linear's fusions:
+// the input's LayerNorm, bias, activation, residual; the weights requested before the PDL wait).
+//
+// Why a second layout: at 1-8 rows a step's linear layer is a weight stream with a little arithmetic per
+// byte, and what bounds it (KERNELS.md) is the instructions around the stream and the round trips after
+// the wait. In nn.Linear's layout a lane's m16n8k16 A fragment is four 4-byte pieces from two weight
+// rows: either CUDA cores (a conversion and `rows` FMAs per element; decode_linear.cu at 1-4 rows) or
+// copies and permutes around each mma. In fragment order ([out / 16][in / 16][32 lanes][8 elements]:
+// each lane's fragment contiguous) one 16-byte load and one mma cover 256 weights for any row count up
+// to 8 (mma's N; rows past `rows` are zeros). H200, the 72 projections of an NLLB-600M-size step as one
+// graph (bench/decode_linear_phases.py's chain), us: 1 row 243 -> 234, 2 rows 271 -> 247, 4 rows
+// 313 -> 274 against decode_linear.cu.
+//
+// A block: 8 warps on 16 output features, each warp an eighth of in_features (in_features / 128 mma
+// steps); its first kPre fragments are loaded before the wait, the rest as those are consumed. After the
+// wait the rows are staged in shared memory (padded rows: the B-fragment loads of 8 rows fall on
+// distinct banks) and LayerNorm'd there, the warps multiply, and their partial sums meet in shared
+// memory in warp order (no timing in the sum) for the epilogue, one output per thread.
+#include "decode_linear.h"
+#include "decode_linear.cuh"
+
+#include "../attention/attention_ptx.cuh"
+#include "common.cuh"
+
+#include <algorithm>
+#include <atomic>
+
+namespace padfree {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * kWarpSize;
+constexpr int kFeatures = 16;  // output features per block: an mma's M
+constexpr int kStep = 16;      // in_features per mma
+constexpr int kPre = 16;       // fragments (16 bytes each) a lane holds in flight
+constexpr int kPad = 8;        // elements past each staged row
+// the most any launch takes (8 rows of 4096 with a LayerNorm), within what an sm_80 block may opt into
+static_assert(decode_linear_fragments_shared_bytes(kDecodeLinearMaxRows, 4096, true) <= 163 * 1024);
+
+// W [N, K] -> [N / 16][K / 16][32][8]: lane (g, t) = (lane / 4, lane % 4) of an m16n8k16's A fragment
+// holds features g, g + 8 of the tile at k = 2t, 2t + 1 (registers 0, 1) and 2t + 8, 2t + 9 (2, 3).
+__global__ void fragment_layout_kernel(const uint16_t* w, uint16_t* out, int N, int K) {
+    const int64_t total = static_cast<int64_t>(N) * K;
+    const int steps = K / kStep;
+    for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+         i += int64_t{gridDim.x} * blockDim.x) {
+        const int j = static_cast<int>(i % 8), lane = static_cast<int>(i / 8 % 32);
+        const int64_t fragment = i / 256;  // tile * steps + step
+        const int step = static_cast<int>(fragment % steps);
+        const int64_t tile = fragment / steps;
+        const int g = lane / 4, t = lane % 4, reg = j / 2;
+        const int f = g + (reg % 2) * 8, k = 2 * t + (reg / 2) * 8 + j % 2;
+        out[i] = w[(tile * kFeatures + f) * K + step * kStep + k];
+    }
+}
+
+// kSteps: a warp's mma steps (in_features / 128), a compile-time count so that the loop below unrolls
+// whole: with a runtime count the compiler loaded each refill into a spare register and moved it into
+// its slot after the step's mma, and that move waited for the load, one DRAM round trip per step (NLLB's
+// fc2, 32 steps: 11 us against decode_linear's 4.6, H200).
+template <typename T, int kSteps>
+__global__ void __launch_bounds__(kThreads, 2) decode_linear_fragments_kernel(DecodeLinearArgs a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    extern __shared__ __align__(16) unsigned char smem[];
+    constexpr int V = vec_size<T>();
+    constexpr int steps = kSteps;
+    const int K = a.in_features, M = a.rows, ld = K + kPad, kvecs = K / V;
+    T* xs = reinterpret_cast<T*>(smem);                                                 // [M][ld]
+    float* part = reinterpret_cast<float*>(smem + static_cast<size_t>(M) * ld * sizeof(T));  // [kWarps][32][4]
+    T* ln_params = reinterpret_cast<T*>(part + kWarps * kWarpSize * 4);                 // gamma, beta [K] each
+    const int tid = threadIdx.x, warp = tid / kWarpSize, lane = tid % kWarpSize;
+    const int g = lane / 4, t = lane % 4, tile = blockIdx.x;
+    const uint4* wp = static_cast<const uint4*>(a.weight) +
+                      (static_cast<int64_t>(tile) * (K / kStep) + static_cast<int64_t>(warp) * steps) * kWarpSize + lane;
+
+    // the weights and the LayerNorm's parameters are not the producer's output: requested before the wait
+    uint4 ring[kPre];
+#pragma unroll
+    for (int u = 0; u < kPre; ++u)
+        if (u < steps) ring[u] = __ldcs(wp + u * kWarpSize);  // read once a step: evict-first
+    if (a.ln_gamma != nullptr)
+        for (int v = tid; v < kvecs; v += kThreads) {
+            store_vec(ln_params + v * V, load_vec(static_cast<const T*>(a.ln_gamma) + v * V));
+            store_vec(ln_params + K + v * V, load_vec(static_cast<const T*>(a.ln_beta) + v * V));
+        }
+    wait_on_producer();
+
+    // the rows, all in flight at once
+    const T* x = static_cast<const T*>(a.x);
+    for (int i = tid; i < M * kvecs; i += kThreads) {
+        const int r = i / kvecs, v = i % kvecs;
+        attention_detail::cp_async_16_full(attention_detail::smem_addr(xs + r * ld + v * V), x + static_cast<int64_t>(i) * V);
+    }
+    attention_detail::cp_async_commit();
+    attention_detail::cp_async_wait<0>();
+    __syncthreads();
+    if (a.ln_gamma != nullptr) {
+        // each row normalized in place; block 0 also writes it out for a post-LN residual
+        decode_linear_detail::layernorm_staged_rows(xs, ld, M, K, ln_params, ln_params + K, a.eps,
+                                                    tile == 0 ? static_cast<T*>(a.x_norm_out) : nullptr, warp,
+                                                    kWarps, lane);
+        __syncthreads();
+    }
+    // every block of a layer's grid (up to 2 an SM) is resident: the next kernel may start its weights
+    allow_consumers();
+
+    // B = x^T: lane (g, t) reads row g at k = 2t, 2t + 1 and 2t + 8, 2t + 9 of each step. Two
+    // accumulators alternate, so that consecutive mma's do not wait on each other.
+    float c0[4] = {0.f, 0.f, 0.f, 0.f}, c1[4] = {0.f, 0.f, 0.f, 0.f};
+    const T* xrow = xs + g * ld + warp * steps * kStep + 2 * t;
+#pragma unroll
+    for (int s = 0; s < steps; ++s) {
+        const uint4 w = ring[s % kPre];
+        if (s + kPre < steps) ring[s % kPre] = __ldcs(wp + (s + kPre) * kWarpSize);
+        uint32_t b0 = 0u, b1 = 0u;
+        if (g < M) {
+            b0 = *reinterpret_cast<const uint32_t*>(xrow + s * kStep);
+            b1 = *reinterpret_cast<const uint32_t*>(xrow + s * kStep + 8);
+        }
+        const uint32_t frag[4] = {w.x, w.y, w.z, w.w};
+        attention_detail::MmaOp<T>::run(s % 2 == 0 ? c0 : c1, frag, b0, b1);
+    }
+    // c[0], c[1]: feature g, rows 2t and 2t + 1; c[2], c[3]: feature g + 8
+    *reinterpret_cast<float4*>(part + (warp * kWarpSize + lane) * 4) =
+        make_float4(c0[0] + c1[0], c0[1] + c1[1], c0[2] + c1[2], c0[3] + c1[3]);
+    __syncthreads();
+    if (tid < kFeatures * M) {
+        const int f = tid / M, m = tid % M;
+        const int src = ((f % 8) * 4 + m / 2) * 4 + (f >= 8 ? 2 : 0) + m % 2;
+        float y = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) y += part[w * kWarpSize * 4 + src];
+        decode_linear_detail::store_output<T>(a, y, m, tile * kFeatures + f);
+    }
+#endif
+}
+
+// One instantiation's launch: a grid of a block per 16 output features; above 48 KB of shared memory the
+// kernel opts in (once per instantiation and new maximum: the record is this function's own).
+template <typename T, int kSteps>
+cudaError_t launch_steps(const DecodeLinearArgs& a, cudaStream_t stream) {
+    const size_t smem =
+        static_cast<size_t>(decode_linear_fragments_shared_bytes(a.rows, a.in_features, a.ln_gamma != nullptr));
+    auto kernel = decode_linear_fragments_kernel<T, kSteps>;
+    static std::atomic<size_t> opted_in{48 * 1024};
+    if (const cudaError_t err = decode_linear_detail::opt_in_shared_memory(kernel, smem, opted_in); err != cudaSuccess)
+        return err;
+    return launch_kernel(kernel, dim3(a.out_features / kFeatures), dim3(kThreads), smem, stream, a);
+}
+
+}  // namespace
+
+bool decode_linear_fragments_supported() { return current_compute_capability() >= 80; }
+
+cudaError_t launch_decode_linear_fragment_layout(const void* weight, void* out, int32_t out_features,
+                                                 int32_t in_features, cudaStream_t stream) {
+    if (out_features == 0) return cudaSuccess;
+    const int64_t total = static_cast<int64_t>(out_features) * in_features;
+    const int blocks = static_cast<int>(std::min<int64_t>((total + 255) / 256, 4096));
+    return launch_kernel(fragment_layout_kernel, dim3(blocks), dim3(256), 0, stream,
+                         static_cast<const uint16_t*>(weight), static_cast<uint16_t*>(out), out_features, in_features);
+}
+
+cudaError_t launch_decode_linear_fragments(const DecodeLinearArgs& args, padfree_dtype dtype, cudaStream_t stream) {
+    if (args.rows == 0 || args.out_features == 0) return cudaSuccess;
+    auto typed = [&](auto tag) -> cudaError_t {
+        using T = typename decltype(tag)::type;
+        switch (args.in_features / (kStep * kWarps)) {
+            case 4: return launch_steps<T, 4>(args, stream);
+            case 6: return launch_steps<T, 6>(args, stream);
+            case 8: return launch_steps<T, 8>(args, stream);
+            case 12: return launch_steps<T, 12>(args, stream);
+            case 16: return launch_steps<T, 16>(args, stream);
+            case 24: return launch_steps<T, 24>(args, stream);
+            case 32: return launch_steps<T, 32>(args, stream);
+            default: return cudaErrorInvalidValue;  // decode_linear_fragments_takes (the C ABI checks it)
+        }
+    };
+    if (dtype == PADFREE_FLOAT16) return typed(TypeTag<__half>{});
+    if (dtype == PADFREE_BFLOAT16) return typed(TypeTag<__nv_bfloat16>{});
+    return cudaErrorInvalidValue;
+}
+
+}  // namespace padfree
