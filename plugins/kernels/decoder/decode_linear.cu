@@ -139,6 +139,18 @@ __device__ __forceinline__ void load_weight_chunk(Vec<T> (&w)[kFeaturesPerWarp][
     }
 }
 
+// The fused epilogue of output (m, n), either path: bias, activation, residual, rounded to T.
+template <typename T>
+__device__ __forceinline__ void store_output(const DecodeLinearArgs& a, float y, int m, int n) {
+    const T* bias = static_cast<const T*>(a.bias);
+    const T* residual = static_cast<const T*>(a.residual);
+    if (bias != nullptr) y += to_float(bias[n]);
+    y = decode_linear_detail::activate(y, a.activation);
+    const int64_t at = static_cast<int64_t>(m) * a.out_features + n;
+    if (residual != nullptr) y += to_float(residual[at]);
+    static_cast<T*>(a.out)[at] = from_float<T>(y);
+}
+
 // The products on tensor cores (5-8 rows, 16-bit types): the block's 8 features are an mma.sync
 // m16n8k16's M (rows 8-15 repeat them and are dropped) and the staged rows its N; the warps split
 // in_features, 32 at a time (two mma's), and add their partial sums through shared memory in warp
@@ -221,7 +233,7 @@ __device__ __forceinline__ void tile_products(const DecodeLinearArgs& a, const T
                 float y = part[0][f][m];
 #pragma unroll
                 for (int q = 1; q < kWarps; ++q) y += part[q][f][m];  // in warp order: no timing in the sum
-                decode_linear_detail::store_output<T>(a, y, m, n);
+                store_output<T>(a, y, m, n);
             }
         }
         __syncthreads();  // part is the next tile's
@@ -408,7 +420,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
             const int index = owner_index<kCount>(lane);
             const bool first = (lane & (kWarpSize / kCount - 1)) == 0;
             const int f = index / kRows, m = index % kRows, n = n0 + f;
-            if (first && m < M && n < N) decode_linear_detail::store_output<T>(a, sums[0], m, n);
+            if (first && m < M && n < N) store_output<T>(a, sums[0], m, n);
         }
     }
 }

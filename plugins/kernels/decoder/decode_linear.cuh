@@ -1,7 +1,7 @@
 // What decode_linear's kernels share (decode_linear.cu: CUDA cores, up to 8 rows;
 // decode_linear_fragments.cu: tensor cores on fragment-ordered weights, up to 8 rows;
-// decode_linear_mma.cu: tensor cores, 9 to 64 rows): the fused epilogue, a LayerNorm's passes over the
-// x rows a block stages in shared memory, and the opt-in to that shared memory.
+// decode_linear_mma.cu: tensor cores, 9 to 64 rows): the fused epilogue's activation, a LayerNorm's
+// passes over the x rows a block stages in shared memory, and the opt-in to that shared memory.
 #pragma once
 
 #include <atomic>
@@ -23,19 +23,6 @@ __device__ __forceinline__ float activate(float y, DecodeActivation act) {
         case DecodeActivation::kSilu: return y / (1.f + __expf(-y));
         default: return y;
     }
-}
-
-// The fused epilogue of output (m, n) of a linear layer that stores one element per thread: bias,
-// activation, residual, rounded to T.
-template <typename T>
-__device__ __forceinline__ void store_output(const DecodeLinearArgs& a, float y, int m, int n) {
-    const T* bias = static_cast<const T*>(a.bias);
-    const T* residual = static_cast<const T*>(a.residual);
-    if (bias != nullptr) y += to_float(bias[n]);
-    y = activate(y, a.activation);
-    const int64_t at = static_cast<int64_t>(m) * a.out_features + n;
-    if (residual != nullptr) y += to_float(residual[at]);
-    static_cast<T*>(a.out)[at] = from_float<T>(y);
 }
 
 // A LayerNorm's two passes over a staged row, as partial sums for the caller to reduce across its

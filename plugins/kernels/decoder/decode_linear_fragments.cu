@@ -84,15 +84,24 @@ __global__ void __launch_bounds__(kThreads, 2) decode_linear_fragments_kernel(De
             store_vec(ln_params + v * V, load_vec(static_cast<const T*>(a.ln_gamma) + v * V));
             store_vec(ln_params + K + v * V, load_vec(static_cast<const T*>(a.ln_beta) + v * V));
         }
+    // this thread's output (feature f of the tile, row m) and what its epilogue adds, requested now so
+    // that neither is a round trip after the products: the bias (a parameter: before the wait) and the
+    // residual (after it), kept unconverted until the epilogue so that nothing waits for them here
+    const bool outputs = tid < kFeatures * M;
+    const int f_out = tid / M, m_out = tid % M, n_out = tile * kFeatures + f_out;
+    const int64_t at = static_cast<int64_t>(m_out) * a.out_features + n_out;
+    T bias = from_float<T>(0.f), residual = from_float<T>(0.f);
+    if (outputs && a.bias != nullptr) bias = static_cast<const T*>(a.bias)[n_out];
     wait_on_producer();
 
-    // the rows, all in flight at once
+    // the rows, all in flight at once, then the residual
     const T* x = static_cast<const T*>(a.x);
     for (int i = tid; i < M * kvecs; i += kThreads) {
         const int r = i / kvecs, v = i % kvecs;
         attention_detail::cp_async_16_full(attention_detail::smem_addr(xs + r * ld + v * V), x + static_cast<int64_t>(i) * V);
     }
     attention_detail::cp_async_commit();
+    if (outputs && a.residual != nullptr) residual = static_cast<const T*>(a.residual)[at];
     attention_detail::cp_async_wait<0>();
     __syncthreads();
     if (a.ln_gamma != nullptr) {
@@ -125,13 +134,14 @@ __global__ void __launch_bounds__(kThreads, 2) decode_linear_fragments_kernel(De
     *reinterpret_cast<float4*>(part + (warp * kWarpSize + lane) * 4) =
         make_float4(c0[0] + c1[0], c0[1] + c1[1], c0[2] + c1[2], c0[3] + c1[3]);
     __syncthreads();
-    if (tid < kFeatures * M) {
-        const int f = tid / M, m = tid % M;
-        const int src = ((f % 8) * 4 + m / 2) * 4 + (f >= 8 ? 2 : 0) + m % 2;
+    if (outputs) {
+        const int src = ((f_out % 8) * 4 + m_out / 2) * 4 + (f_out >= 8 ? 2 : 0) + m_out % 2;
         float y = 0.f;
 #pragma unroll
         for (int w = 0; w < kWarps; ++w) y += part[w * kWarpSize * 4 + src];
-        decode_linear_detail::store_output<T>(a, y, m, tile * kFeatures + f);
+        y = decode_linear_detail::activate(y + to_float(bias), a.activation);
+        if (a.residual != nullptr) y += to_float(residual);
+        static_cast<T*>(a.out)[at] = from_float<T>(y);
     }
 #endif
 }
