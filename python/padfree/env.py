@@ -38,7 +38,8 @@ _VARIABLES = (
     Variable("PADFREE_COUNTER_MEMSETS", "choice", None, "diagnostic", "python",
              "keep: captured forwards keep cuBLASLt's workspace memsets instead of dropping them (A/B runs)"),
     Variable("PADFREE_GENERATION_TORCH_OPS", "text", None, "diagnostic", "python",
-             "comma-separated generation ops (e.g. decoder_step_embedding) that run their torch reference (A/B runs)"),
+             "comma-separated generation ops (e.g. decoder_step_embedding; fragment_layout: decode_linear on the "
+             "nn.Linear weights) that run their torch reference (A/B runs)"),
     Variable("PADFREE_ATTENTION_PATH", "choice", None, "diagnostic", "kernels",
              "resident|tiled|wgmma|tma|held forces the attention kernel's path where it can run (bench/attention.py)"),
     Variable("PADFREE_ATTENTION_ORDER", "choice", None, "diagnostic", "kernels",
