@@ -106,13 +106,15 @@ def test_decode_linear_tensor_cores_fused_layernorm_activation_residual(seed, dt
     run(seed + 1, dtype, rows, 512, 2048, bias=False, residual=False, ln=True, act=act)
 
 
-def test_decode_linear_tensor_cores_residual_in_place(seed):
+# the cluster's tensor cores (48 rows) and the fragment kernel (4 rows) with out as the residual
+@pytest.mark.parametrize("rows, fragments", [(48, False), (4, True)], ids=["cluster", "fragments"])
+def test_decode_linear_tensor_cores_residual_in_place(seed, rows, fragments):
     g = torch.Generator(device="cuda").manual_seed(seed)
-    x = torch.randn(48, 1024, generator=g, device="cuda").half()
+    x = torch.randn(rows, 1024, generator=g, device="cuda").half()
     w = (torch.randn(1024, 1024, generator=g, device="cuda") / 32).half()
-    acc = torch.randn(48, 1024, generator=g, device="cuda").half()
+    acc = torch.randn(rows, 1024, generator=g, device="cuda").half()
     expected = acc.double() + x.double() @ w.double().t()
-    decode_linear(x, w, residual=acc, out=acc)
+    decode_linear(x, fragment_layout(w) if fragments else w, residual=acc, out=acc)
     torch.testing.assert_close(acc.double(), expected, rtol=4e-3, atol=4e-3)
 
 
@@ -197,16 +199,6 @@ def test_decode_linear_fragments_match_float64(seed, dtype, rows, k, n):
 def test_decode_linear_fragments_fused_layernorm_activation_residual(seed, dtype, act, rows):
     run(seed, dtype, rows, 1024, 3072, bias=True, residual=True, ln=True, act=act, side=True, fragments=True)
     run(seed + 1, dtype, rows, 512, 2048, bias=False, residual=False, ln=True, act=act, fragments=True)
-
-
-def test_decode_linear_fragments_residual_in_place(seed):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    x = torch.randn(4, 1024, generator=g, device="cuda").half()
-    w = (torch.randn(1024, 1024, generator=g, device="cuda") / 32).half()
-    acc = torch.randn(4, 1024, generator=g, device="cuda").half()
-    expected = acc.double() + x.double() @ w.double().t()
-    decode_linear(x, fragment_layout(w), residual=acc, out=acc)
-    torch.testing.assert_close(acc.double(), expected, rtol=4e-3, atol=4e-3)
 
 
 def test_decode_linear_fragments_refuse_bad_input():
