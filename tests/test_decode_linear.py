@@ -5,7 +5,7 @@ CUDA cores, 8 on tensor cores in float16 / bfloat16 and CUDA cores in float32; 9
 tensor cores in float16 / bfloat16: 16, 32 and 64 staged rows, partly filled), output
 widths that leave a partial tile (features past N never written), the widths of Marian (512, 2048) and
 NLLB (1024, 4096) and a vocabulary projection (many tiles per block). The fragment-order kernel
-(1 to 8 rows, weights from fragment_layout) the same way, and its layout against a torch permutation."""
+(1 to 16 rows, weights from fragment_layout) the same way, and its layout against a torch permutation."""
 from __future__ import annotations
 
 import math
@@ -106,8 +106,9 @@ def test_decode_linear_tensor_cores_fused_layernorm_activation_residual(seed, dt
     run(seed + 1, dtype, rows, 512, 2048, bias=False, residual=False, ln=True, act=act)
 
 
-# the cluster's tensor cores (48 rows) and the fragment kernel (4 rows) with out as the residual
-@pytest.mark.parametrize("rows, fragments", [(48, False), (4, True)], ids=["cluster", "fragments"])
+# the cluster's tensor cores (48 rows) and the fragment kernel (4, 16 rows) with out as the residual
+@pytest.mark.parametrize("rows, fragments", [(48, False), (4, True), (16, True)],
+                         ids=["cluster", "fragments4", "fragments16"])
 def test_decode_linear_tensor_cores_residual_in_place(seed, rows, fragments):
     g = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(rows, 1024, generator=g, device="cuda").half()
@@ -185,7 +186,7 @@ def test_fragment_layout_matches_the_permutation(seed, dtype, k, n):
 
 
 @pytest.mark.parametrize("dtype", HALF, ids=str)
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 9, 12, 16])   # 9-16: a second row tile
 # Marian's, NLLB's and BART-base's widths (768: 6 mma steps a warp, not a multiple of the 16 in flight),
 # and a padded vocabulary projection (3632 blocks: many more than resident)
 @pytest.mark.parametrize("k,n", [(512, 1536), (1024, 4096), (4096, 1024), (2048, 512), (768, 3072), (512, 58112)])
@@ -195,7 +196,7 @@ def test_decode_linear_fragments_match_float64(seed, dtype, rows, k, n):
 
 @pytest.mark.parametrize("dtype", HALF, ids=str)
 @pytest.mark.parametrize("act", list(ACTS), ids=str)
-@pytest.mark.parametrize("rows", [1, 4, 8])
+@pytest.mark.parametrize("rows", [1, 4, 8, 11, 16])
 def test_decode_linear_fragments_fused_layernorm_activation_residual(seed, dtype, act, rows):
     run(seed, dtype, rows, 1024, 3072, bias=True, residual=True, ln=True, act=act, side=True, fragments=True)
     run(seed + 1, dtype, rows, 512, 2048, bias=False, residual=False, ln=True, act=act, fragments=True)
@@ -204,8 +205,8 @@ def test_decode_linear_fragments_fused_layernorm_activation_residual(seed, dtype
 def test_decode_linear_fragments_refuse_bad_input():
     w = torch.zeros(64, 512, device="cuda").half()
     frag = fragment_layout(w)
-    with pytest.raises(InputError, match="FragmentWeight takes 1 to 8 rows"):
-        decode_linear(torch.zeros(9, 512, device="cuda").half(), frag)
+    with pytest.raises(InputError, match="FragmentWeight takes 1 to 16 rows"):
+        decode_linear(torch.zeros(17, 512, device="cuda").half(), frag)
     with pytest.raises(InputError, match="in_features 256"):
         decode_linear(torch.zeros(4, 256, device="cuda").half(), frag)
     with pytest.raises(InputError, match="weight"):

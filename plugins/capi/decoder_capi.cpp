@@ -269,8 +269,8 @@ padfree_status padfree_decode_linear_fragments(const void* x, const void* weight
     using namespace padfree;
     PADFREE_CHECK(check_dtype(dtype));
     PADFREE_REQUIRE(dtype != PADFREE_FLOAT32, "decode_linear_fragments: float16 or bfloat16, got float32");
-    PADFREE_REQUIRE(rows >= 0 && rows <= kDecodeLinearMaxRows, "decode_linear_fragments: rows must be in [0, ",
-                    kDecodeLinearMaxRows, "], got ", rows);
+    PADFREE_REQUIRE(rows >= 0 && rows <= kDecodeLinearFragmentsMaxRows,
+                    "decode_linear_fragments: rows must be in [0, ", kDecodeLinearFragmentsMaxRows, "], got ", rows);
     PADFREE_REQUIRE(decode_linear_fragments_takes(in_features),
                     "decode_linear_fragments: in_features must be one of 512, 768, 1024, 1536, 2048, 3072, 4096, got ",
                     in_features, "; use decode_linear");

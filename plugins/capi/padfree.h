@@ -379,12 +379,13 @@ PADFREE_API padfree_status padfree_decode_linear(const void* x, const void* weig
                                                 int32_t out_features, padfree_dtype dtype, void* out,
                                                 void* x_norm_out, padfree_stream stream);
 
-/* decode_linear for 1 to 8 rows of float16 / bfloat16 on tensor cores with the weight in fragment order
+/* decode_linear for 1 to 16 rows of float16 / bfloat16 on tensor cores with the weight in fragment order
  * (kernels/decoder/decode_linear_fragments.cu; compute capability 8.0+): the same operation, arguments and
  * rules as padfree_decode_linear, with weight_fragments the output of padfree_decode_linear_fragment_layout
- * for its [out_features, in_features] weight. in_features a multiple of 128, out_features of 16; rows x
- * (in_features + 8) elements, the LayerNorm's parameters and 4 KB within 200 KB. At 1-8 rows it streams the
- * weights with one load and one mma per 256 of them (decode_linear: CUDA cores at 1-4 rows). */
+ * for its [out_features, in_features] weight. in_features one of 512, 768, 1024, 1536, 2048, 3072, 4096
+ * (else PADFREE_ERROR_INVALID_ARGUMENT: use padfree_decode_linear), out_features a multiple of 16. It
+ * streams the weights with one 16-byte load per 256 of them and one mma per 8 rows (decode_linear: CUDA
+ * cores at 1-4 rows). */
 PADFREE_API padfree_status padfree_decode_linear_fragments(const void* x, const void* weight_fragments,
                                                           const void* bias, const void* residual,
                                                           const void* ln_gamma, const void* ln_beta, float eps,

@@ -88,11 +88,12 @@ inline int64_t decode_linear_mma_shared_bytes(int32_t rows, int32_t in_features,
                                    in_features, layernorm);
 }
 
-// 1 to 8 rows of float16 / bfloat16 on tensor cores with the weight in fragment order
+// 1 to 16 rows of float16 / bfloat16 on tensor cores with the weight in fragment order
 // (decode_linear_fragments.cu; compute capability 8.0+): in_features one of the widths the kernel is
 // built for (decode_linear_fragments_takes; the layout itself takes any multiple of 128), out_features a
 // multiple of 16. Its shared memory: the staged rows (padded by 8 elements), the LayerNorm's parameters
-// and the warps' partial sums (at most ~86 KB: 8 rows of 4096).
+// and the warps' partial sums (at most ~155 KB: 16 rows of 4096).
+constexpr int32_t kDecodeLinearFragmentsMaxRows = 16;
 constexpr int32_t kDecodeLinearFragmentsInMultiple = 128;
 constexpr int32_t kDecodeLinearFragmentsOutMultiple = 16;
 // The in_features built: the hidden and FFN widths of the usual Marian, BART, mBART and NLLB / M2M100
@@ -105,7 +106,8 @@ inline bool decode_linear_fragments_takes(int32_t in_features) {
 }
 
 constexpr int64_t decode_linear_fragments_shared_bytes(int32_t rows, int32_t in_features, bool layernorm) {
-    return int64_t{rows} * (in_features + 8) * 2 + (layernorm ? 4 * int64_t{in_features} : 0) + 8 * 32 * 4 * 4;
+    return int64_t{rows} * (in_features + 8) * 2 + (layernorm ? 4 * int64_t{in_features} : 0) +
+           8 * 32 * 4 * 4 * (rows > 8 ? 2 : 1);
 }
 
 cudaError_t launch_decode_linear(const DecodeLinearArgs& args, padfree_dtype dtype, cudaStream_t stream);

@@ -1,4 +1,4 @@
-// A decode step's linear layers for up to 8 rows in float16 / bfloat16 on tensor cores, with the weight
+// A decode step's linear layers for up to 16 rows in float16 / bfloat16 on tensor cores, with the weight
 // laid out once, at load time, in the order an mma.sync's A fragments are read (decode_linear's fusions:
 // the input's LayerNorm, bias, activation, residual; the weights requested before the PDL wait).
 //
@@ -8,7 +8,7 @@
 // rows: either CUDA cores (a conversion and `rows` FMAs per element; decode_linear.cu at 1-4 rows) or
 // copies and permutes around each mma. In fragment order ([out / 16][in / 16][32 lanes][8 elements]:
 // each lane's fragment contiguous) one 16-byte load and one mma cover 256 weights for any row count up
-// to 8 (mma's N; rows past `rows` are zeros). H200, the 72 projections of an NLLB-600M-size step as one
+// to 8 (mma's N; rows past `rows` are zeros), two mma's up to 16. H200, the 72 projections of an NLLB-600M-size step as one
 // graph (bench/decode_linear_phases.py's chain), us: 1 row 243 -> 234, 2 rows 271 -> 247, 4 rows
 // 313 -> 274 against decode_linear.cu.
 //
@@ -16,7 +16,8 @@
 // steps); its first kPre fragments are loaded before the wait, the rest as those are consumed. After the
 // wait the rows are staged in shared memory (padded rows: the B-fragment loads of 8 rows fall on
 // distinct banks) and LayerNorm'd there, the warps multiply, and their partial sums meet in shared
-// memory in warp order (no timing in the sum) for the epilogue, one output per thread.
+// memory in warp order (no timing in the sum) for the epilogue, one output per thread. Rows 9-16 take
+// a second row tile: each fragment meets rows g and g + 8 of the lane.
 #include "decode_linear.h"
 #include "decode_linear.cuh"
 
@@ -35,8 +36,8 @@ constexpr int kFeatures = 16;  // output features per block: an mma's M
 constexpr int kStep = 16;      // in_features per mma
 constexpr int kPre = 16;       // fragments (16 bytes each) a lane holds in flight
 constexpr int kPad = 8;        // elements past each staged row
-// the most any launch takes (8 rows of 4096 with a LayerNorm), within what an sm_80 block may opt into
-static_assert(decode_linear_fragments_shared_bytes(kDecodeLinearMaxRows, 4096, true) <= 163 * 1024);
+// the most any launch takes (16 rows of 4096 with a LayerNorm), within what an sm_80 block may opt into
+static_assert(decode_linear_fragments_shared_bytes(kDecodeLinearFragmentsMaxRows, 4096, true) <= 163 * 1024);
 
 // W [N, K] -> [N / 16][K / 16][32][8]: lane (g, t) = (lane / 4, lane % 4) of an m16n8k16's A fragment
 // holds features g, g + 8 of the tile at k = 2t, 2t + 1 (registers 0, 1) and 2t + 8, 2t + 9 (2, 3).
@@ -59,7 +60,8 @@ __global__ void fragment_layout_kernel(const uint16_t* w, uint16_t* out, int N, 
 // whole: with a runtime count the compiler loaded each refill into a spare register and moved it into
 // its slot after the step's mma, and that move waited for the load, one DRAM round trip per step (NLLB's
 // fc2, 32 steps: 11 us against decode_linear's 4.6, H200).
-template <typename T, int kSteps>
+// kRowTiles: 1 (up to 8 rows) or 2 (9-16 rows).
+template <typename T, int kSteps, int kRowTiles>
 __global__ void __launch_bounds__(kThreads, 2) decode_linear_fragments_kernel(DecodeLinearArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     extern __shared__ __align__(16) unsigned char smem[];
@@ -67,8 +69,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_linear_fragments_kernel(De
     constexpr int steps = kSteps;
     const int K = a.in_features, M = a.rows, ld = K + kPad, kvecs = K / V;
     T* xs = reinterpret_cast<T*>(smem);                                                 // [M][ld]
-    float* part = reinterpret_cast<float*>(smem + static_cast<size_t>(M) * ld * sizeof(T));  // [kWarps][32][4]
-    T* ln_params = reinterpret_cast<T*>(part + kWarps * kWarpSize * 4);                 // gamma, beta [K] each
+    float* part = reinterpret_cast<float*>(smem + static_cast<size_t>(M) * ld * sizeof(T));  // [kWarps][32][tiles][4]
+    T* ln_params = reinterpret_cast<T*>(part + kWarps * kWarpSize * 4 * kRowTiles);     // gamma, beta [K] each
     const int tid = threadIdx.x, warp = tid / kWarpSize, lane = tid % kWarpSize;
     const int g = lane / 4, t = lane % 4, tile = blockIdx.x;
     const uint4* wp = static_cast<const uint4*>(a.weight) +
@@ -114,31 +116,38 @@ __global__ void __launch_bounds__(kThreads, 2) decode_linear_fragments_kernel(De
     // every block of a layer's grid (up to 2 an SM) is resident: the next kernel may start its weights
     allow_consumers();
 
-    // B = x^T: lane (g, t) reads row g at k = 2t, 2t + 1 and 2t + 8, 2t + 9 of each step. Two
-    // accumulators alternate, so that consecutive mma's do not wait on each other.
-    float c0[4] = {0.f, 0.f, 0.f, 0.f}, c1[4] = {0.f, 0.f, 0.f, 0.f};
+    // B = x^T: lane (g, t) reads rows g (and g + 8) at k = 2t, 2t + 1 and 2t + 8, 2t + 9 of each step.
+    // Two accumulators per row tile alternate, so that consecutive mma's do not wait on each other.
+    float c[kRowTiles][2][4] = {};
     const T* xrow = xs + g * ld + warp * steps * kStep + 2 * t;
 #pragma unroll
     for (int s = 0; s < steps; ++s) {
         const uint4 w = ring[s % kPre];
         if (s + kPre < steps) ring[s % kPre] = __ldcs(wp + (s + kPre) * kWarpSize);
-        uint32_t b0 = 0u, b1 = 0u;
-        if (g < M) {
-            b0 = *reinterpret_cast<const uint32_t*>(xrow + s * kStep);
-            b1 = *reinterpret_cast<const uint32_t*>(xrow + s * kStep + 8);
-        }
         const uint32_t frag[4] = {w.x, w.y, w.z, w.w};
-        attention_detail::MmaOp<T>::run(s % 2 == 0 ? c0 : c1, frag, b0, b1);
+#pragma unroll
+        for (int j = 0; j < kRowTiles; ++j) {
+            uint32_t b0 = 0u, b1 = 0u;
+            if (g + 8 * j < M) {
+                b0 = *reinterpret_cast<const uint32_t*>(xrow + 8 * j * ld + s * kStep);
+                b1 = *reinterpret_cast<const uint32_t*>(xrow + 8 * j * ld + s * kStep + 8);
+            }
+            attention_detail::MmaOp<T>::run(c[j][s % 2], frag, b0, b1);
+        }
     }
-    // c[0], c[1]: feature g, rows 2t and 2t + 1; c[2], c[3]: feature g + 8
-    *reinterpret_cast<float4*>(part + (warp * kWarpSize + lane) * 4) =
-        make_float4(c0[0] + c1[0], c0[1] + c1[1], c0[2] + c1[2], c0[3] + c1[3]);
+    // c[j][.][0], [1]: feature g, rows 8j + 2t and + 1; [2], [3]: feature g + 8
+#pragma unroll
+    for (int j = 0; j < kRowTiles; ++j)
+        *reinterpret_cast<float4*>(part + ((warp * kWarpSize + lane) * kRowTiles + j) * 4) =
+            make_float4(c[j][0][0] + c[j][1][0], c[j][0][1] + c[j][1][1], c[j][0][2] + c[j][1][2],
+                        c[j][0][3] + c[j][1][3]);
     __syncthreads();
     if (outputs) {
-        const int src = ((f_out % 8) * 4 + m_out / 2) * 4 + (f_out >= 8 ? 2 : 0) + m_out % 2;
+        const int mm = m_out % 8;
+        const int src = (((f_out % 8) * 4 + mm / 2) * kRowTiles + m_out / 8) * 4 + (f_out >= 8 ? 2 : 0) + mm % 2;
         float y = 0.f;
 #pragma unroll
-        for (int w = 0; w < kWarps; ++w) y += part[w * kWarpSize * 4 + src];
+        for (int w = 0; w < kWarps; ++w) y += part[w * kWarpSize * 4 * kRowTiles + src];
         y = decode_linear_detail::activate(y + to_float(bias), a.activation);
         if (a.residual != nullptr) y += to_float(residual);
         static_cast<T*>(a.out)[at] = from_float<T>(y);
@@ -148,15 +157,20 @@ __global__ void __launch_bounds__(kThreads, 2) decode_linear_fragments_kernel(De
 
 // One instantiation's launch: a grid of a block per 16 output features; above 48 KB of shared memory the
 // kernel opts in (once per instantiation and new maximum: the record is this function's own).
-template <typename T, int kSteps>
-cudaError_t launch_steps(const DecodeLinearArgs& a, cudaStream_t stream) {
+template <typename T, int kSteps, int kRowTiles>
+cudaError_t launch_tiles(const DecodeLinearArgs& a, cudaStream_t stream) {
     const size_t smem =
         static_cast<size_t>(decode_linear_fragments_shared_bytes(a.rows, a.in_features, a.ln_gamma != nullptr));
-    auto kernel = decode_linear_fragments_kernel<T, kSteps>;
+    auto kernel = decode_linear_fragments_kernel<T, kSteps, kRowTiles>;
     static std::atomic<size_t> opted_in{48 * 1024};
     if (const cudaError_t err = decode_linear_detail::opt_in_shared_memory(kernel, smem, opted_in); err != cudaSuccess)
         return err;
     return launch_kernel(kernel, dim3(a.out_features / kFeatures), dim3(kThreads), smem, stream, a);
+}
+
+template <typename T, int kSteps>
+cudaError_t launch_steps(const DecodeLinearArgs& a, cudaStream_t stream) {
+    return a.rows <= 8 ? launch_tiles<T, kSteps, 1>(a, stream) : launch_tiles<T, kSteps, 2>(a, stream);
 }
 
 }  // namespace

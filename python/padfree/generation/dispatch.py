@@ -166,10 +166,12 @@ class DecoderOps:
         return decode_linear_pays(rows, stack.hidden, 3 * stack.hidden, dtype, ln=True)
 
     def fragments_run(self, rows: int, dtype: torch.dtype) -> bool:
-        """Whether a step of `rows` hypotheses multiplies in fragment order (weight_fragments)."""
-        from ..ops.fragments import FRAGMENTS_MAX_ROWS
+        """Whether a step of `rows` hypotheses multiplies in fragment order (weight_fragments): up to 8 rows,
+        where it measured faster; at 9-16, which the kernel takes too, the steps were mixed against the
+        cluster kernel and cuBLAS (KERNELS.md)."""
+        from ..ops.decoder import DECODE_LINEAR_MAX_ROWS
         return (getattr(self, "fragment_layout", None) is not None and getattr(self, "decode_linear", None) is not None
-                and rows <= FRAGMENTS_MAX_ROWS and dtype in (torch.float16, torch.bfloat16))
+                and rows <= DECODE_LINEAR_MAX_ROWS and dtype in (torch.float16, torch.bfloat16))
 
     def weight_fragments(self, weights, rows: int) -> dict:
         """id(weight) -> its fragment-order copy for each of weights.step_linear_weights() the fragment kernel
@@ -178,11 +180,11 @@ class DecoderOps:
         if not self.fragments_run(rows, weights.dtype):
             return {}
         if weights.fragments is None:
-            from ..ops.fragments import FRAGMENTS_MAX_ROWS, fragments_fit
+            from ..ops.fragments import fragments_fit
             made = {}
             with torch.cuda.device(self.device):
                 for w in weights.step_linear_weights():
-                    if fragments_fit(FRAGMENTS_MAX_ROWS, w.shape[1], w.shape[0], w.dtype, self.device):
+                    if fragments_fit(1, w.shape[1], w.shape[0], w.dtype, self.device):
                         made[id(w)] = self.fragment_layout(w)
             weights.fragments = made
         return weights.fragments

@@ -278,7 +278,7 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor | FragmentWeight, bias: 
     activation None / "relu" / "gelu" / "gelu_tanh" / "silu"; x_norm_out [rows, in]: also write LN(x)
     (a post-LN sublayer's residual). One dtype for all; in a multiple of 8.
 
-    weight may be a FragmentWeight (ops.fragments.fragment_layout of it; 1-8 rows of float16 / bfloat16,
+    weight may be a FragmentWeight (ops.fragments.fragment_layout of it; 1-16 rows of float16 / bfloat16,
     ops.fragments.fragments_fit): the same layer on the fragment-order kernel.
     """
     check_float(x, "x")

@@ -1,10 +1,10 @@
 """A linear layer's weight in mma.sync A-fragment order, for decode_linear's few-row tensor-core kernel
 (padfree.h: padfree_decode_linear_fragment_layout, padfree_decode_linear_fragments).
 
-At 1-8 rows a decode step's linear layer streams its weights with little arithmetic per byte; in
+At 1-16 rows a decode step's linear layer streams its weights with little arithmetic per byte; in
 nn.Linear's layout a lane's tensor-core fragment is four pieces of two weight rows, in fragment order it
 is one 16-byte load (kernels/decoder/decode_linear_fragments.cu says why and what it measured). The
-layout is made once, at load, beside the nn.Linear weight (which GEMMs past 8 rows still read).
+layout is made once, at load, beside the nn.Linear weight (which GEMMs past 16 rows still read).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch
 
 from ._tensors import InputError, call_kernel, check, check_aligned, dtype_code, ptr, stream_handle
 
-FRAGMENTS_MAX_ROWS = 8                      # kernels/decoder/decode_linear.h: kDecodeLinearMaxRows
+FRAGMENTS_MAX_ROWS = 16                     # kernels/decoder/decode_linear.h: kDecodeLinearFragmentsMaxRows
 FRAGMENTS_IN_MULTIPLE = 128                 # kDecodeLinearFragmentsInMultiple (the layout)
 FRAGMENTS_IN_FEATURES = (512, 768, 1024, 1536, 2048, 3072, 4096)  # decode_linear_fragments_takes (the kernel)
 FRAGMENTS_OUT_MULTIPLE = 16                 # kDecodeLinearFragmentsOutMultiple
