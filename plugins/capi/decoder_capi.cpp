@@ -243,7 +243,8 @@ padfree_status padfree_decode_linear_fragment_layout(const void* weight, int32_t
     PADFREE_CAPI_GUARD_BEGIN
     using namespace padfree;
     PADFREE_CHECK(check_dtype(dtype));
-    PADFREE_REQUIRE(dtype != PADFREE_FLOAT32, "decode_linear_fragment_layout: float16 or bfloat16 weights, got float32");
+    PADFREE_REQUIRE(dtype != PADFREE_FLOAT32,
+                    "decode_linear_fragment_layout: float16 or bfloat16 weights, got float32");
     PADFREE_REQUIRE(in_features > 0 && in_features % kDecodeLinearFragmentsInMultiple == 0,
                     "decode_linear_fragment_layout: in_features must be a positive multiple of ",
                     kDecodeLinearFragmentsInMultiple, ", got ", in_features);
@@ -255,8 +256,9 @@ padfree_status padfree_decode_linear_fragment_layout(const void* weight, int32_t
     PADFREE_CHECK(check_tensor(out, "decode_linear_fragment_layout: out"));
     const int64_t bytes = int64_t{out_features} * in_features * 2;
     PADFREE_REQUIRE(disjoint(out, bytes, weight, bytes), "decode_linear_fragment_layout: out must not overlap weight");
-    return launched("decode_linear_fragment_layout",
-                    launch_decode_linear_fragment_layout(weight, out, out_features, in_features, as_cuda_stream(stream)));
+    const cudaError_t err =
+        launch_decode_linear_fragment_layout(weight, out, out_features, in_features, as_cuda_stream(stream));
+    return launched("decode_linear_fragment_layout", err);
     PADFREE_CAPI_GUARD_END
 }
 
@@ -277,7 +279,8 @@ padfree_status padfree_decode_linear_fragments(const void* x, const void* weight
     PADFREE_REQUIRE(out_features >= 0 && out_features % kDecodeLinearFragmentsOutMultiple == 0,
                     "decode_linear_fragments: out_features must be a multiple of ", kDecodeLinearFragmentsOutMultiple,
                     ", got ", out_features);
-    PADFREE_CHECK(check_decode_linear_options("decode_linear_fragments", activation, ln_gamma, ln_beta, eps, x_norm_out));
+    PADFREE_CHECK(
+        check_decode_linear_options("decode_linear_fragments", activation, ln_gamma, ln_beta, eps, x_norm_out));
     PADFREE_REQUIRE(decode_linear_fragments_supported(),
                     "decode_linear_fragments: needs compute capability 8.0 or newer (mma.sync); use decode_linear");
     if (rows == 0 || out_features == 0) return PADFREE_OK;

@@ -8,9 +8,10 @@
 // rows: either CUDA cores (a conversion and `rows` FMAs per element; decode_linear.cu at 1-4 rows) or
 // copies and permutes around each mma. In fragment order ([out / 16][in / 16][32 lanes][8 elements]:
 // each lane's fragment contiguous) one 16-byte load and one mma cover 256 weights for any row count up
-// to 8 (mma's N; rows past `rows` are zeros), two mma's up to 16. H200, the 72 projections of an NLLB-600M-size step as one
-// graph (bench/decode_linear_phases.py's chain), us: 1 row 243 -> 234, 2 rows 271 -> 247, 4 rows
-// 313 -> 274 against decode_linear.cu.
+// to 8 (mma's N; rows past `rows` are zeros), two mma's up to 16. H200, the 72 projections of an
+// NLLB-600M-size step as one CUDA graph (bench/decode_linear_phases.py's chain, this kernel's
+// prototype), us: 1 row 243 -> 234, 2 rows 271 -> 247, 4 rows 313 -> 274 against decode_linear.cu;
+// steps in KERNELS.md.
 //
 // A block: 8 warps on 16 output features, each warp an eighth of in_features (in_features / 128 mma
 // steps); its first kPre fragments are loaded before the wait, the rest as those are consumed. After the
@@ -42,6 +43,7 @@ static_assert(decode_linear_fragments_shared_bytes(kDecodeLinearFragmentsMaxRows
 // W [N, K] -> [N / 16][K / 16][32][8]: lane (g, t) = (lane / 4, lane % 4) of an m16n8k16's A fragment
 // holds features g, g + 8 of the tile at k = 2t, 2t + 1 (registers 0, 1) and 2t + 8, 2t + 9 (2, 3).
 __global__ void fragment_layout_kernel(const uint16_t* w, uint16_t* out, int N, int K) {
+    wait_on_producer();  // the weight may be the previous kernel's output (a cast)
     const int64_t total = static_cast<int64_t>(N) * K;
     const int steps = K / kStep;
     for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
@@ -73,8 +75,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_linear_fragments_kernel(De
     T* ln_params = reinterpret_cast<T*>(part + kWarps * kWarpSize * 4 * kRowTiles);     // gamma, beta [K] each
     const int tid = threadIdx.x, warp = tid / kWarpSize, lane = tid % kWarpSize;
     const int g = lane / 4, t = lane % 4, tile = blockIdx.x;
-    const uint4* wp = static_cast<const uint4*>(a.weight) +
-                      (static_cast<int64_t>(tile) * (K / kStep) + static_cast<int64_t>(warp) * steps) * kWarpSize + lane;
+    const int64_t fragment0 = static_cast<int64_t>(tile) * (K / kStep) + static_cast<int64_t>(warp) * steps;
+    const uint4* wp = static_cast<const uint4*>(a.weight) + fragment0 * kWarpSize + lane;  // this warp's first
 
     // the weights and the LayerNorm's parameters are not the producer's output: requested before the wait
     uint4 ring[kPre];
@@ -100,7 +102,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_linear_fragments_kernel(De
     const T* x = static_cast<const T*>(a.x);
     for (int i = tid; i < M * kvecs; i += kThreads) {
         const int r = i / kvecs, v = i % kvecs;
-        attention_detail::cp_async_16_full(attention_detail::smem_addr(xs + r * ld + v * V), x + static_cast<int64_t>(i) * V);
+        attention_detail::cp_async_16_full(attention_detail::smem_addr(xs + r * ld + v * V),
+                                           x + static_cast<int64_t>(i) * V);
     }
     attention_detail::cp_async_commit();
     if (outputs && a.residual != nullptr) residual = static_cast<const T*>(a.residual)[at];
