@@ -288,7 +288,8 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor | FragmentWeight, bias: 
     kernel, weight_data = "padfree_decode_linear", weight
     if isinstance(weight, FragmentWeight):
         out_features = weight.shape[0]
-        check(weight.data, "weight", dtype=x.dtype, device=x.device)
+        check(weight.data, "weight", dtype=x.dtype, shape=(None, None, 32, 8), device=x.device)
+        check_aligned(weight.data, "weight")
         if weight.shape[1] != in_features:
             raise InputError(f"weight: a FragmentWeight of {list(weight.shape)} for x of in_features {in_features}")
         if not fragments_fit(rows, in_features, out_features, x.dtype, x.device):
