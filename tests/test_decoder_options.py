@@ -159,6 +159,23 @@ def test_cache_that_does_not_fit_is_refused_before_allocation(monkeypatch):
     assert needed > cache_bytes(gen.weights, 256, 64) > 0
 
 
+@pytest.mark.parametrize("fits_at_first", [True, False])
+def test_free_memory_is_queried_once_unless_kept_states_are_given_back(monkeypatch, fits_at_first):
+    """One free-memory query where the call fits; where it does not and states are kept, they are given
+    back (Runner.clear) and the memory queried again before the call is refused or run."""
+    model, gen = generator()
+    gen.generate(sources(model), max_new_tokens=3)      # keeps this bucket's state
+    assert gen.runner.states
+    answers = [1 << 50] if fits_at_first else [10_000, 1 << 50]
+    queries, cleared = [], []
+    monkeypatch.setattr(inputs, "free_device_bytes", lambda device: queries.append(device) or answers[len(queries) - 1])
+    clear = gen.runner.clear
+    monkeypatch.setattr(gen.runner, "clear", lambda: cleared.append(1) or clear())
+    out = gen.generate(sources(model), max_new_tokens=3)
+    assert out.shape[0] == len(sources(model))
+    assert len(queries) == len(answers) and len(cleared) == (0 if fits_at_first else 1)
+
+
 def _model(family, **overrides):
     torch.manual_seed(0)
     with warnings.catch_warnings():

@@ -115,9 +115,11 @@ class Seq2SeqGenerator:
         lengths = [len(s) for s in sources]
         needed = inputs.estimate_bytes(self.weights, len(sources), sum(lengths), max(lengths), rows,
                                        options.max_length - 1)
-        if self.runner.states and not inputs.fits(needed, inputs.free_device_bytes(self.device)):
+        free = inputs.free_device_bytes(self.device)    # one query (tens of us of host time) where it fits
+        if self.runner.states and not inputs.fits(needed, free):
             self.runner.clear()     # the kept states' buffers are the first memory to give back
-        inputs.check_memory(needed, self.device, inputs.free_device_bytes(self.device))
+            free = inputs.free_device_bytes(self.device)
+        inputs.check_memory(needed, self.device, free)
         with torch.inference_mode():
             return self._run(sources, options)
 
