@@ -145,6 +145,52 @@ def test_bad_inputs_fail_before_device_work(monkeypatch):
     assert calls == []
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32], ids=str)
+def test_a_padded_tensor_packs_as_its_source_lists(seed, dtype):
+    """packed_sources on a padded tensor (packed by its mask, checked on the packed ids) against the list path
+    (source_lists, then PackedSources.from_lists): the same ids, cu_seqlens and lengths; pad positions
+    holding ids outside the vocabulary are not sources and are not refused."""
+    from padfree.generation.encoder import PackedSources
+    model, gen = generator()
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 20, (7,), generator=g)
+    ids = torch.randint(3, model.config.vocab_size, (7, int(lengths.max())), generator=g).to(dtype)
+    mask = (torch.arange(ids.shape[1])[None, :] < lengths[:, None]).long()
+    ids[mask == 0] = -7       # never read: outside the mask
+    packed = inputs.packed_sources(ids, mask, gen.weights, 30)
+    listed = PackedSources.from_lists(inputs.source_lists(ids, mask), "cpu")
+    assert packed.ids.dtype == torch.long and torch.equal(packed.ids, listed.ids)
+    assert torch.equal(packed.cu_seqlens, listed.cu_seqlens) and packed.lengths == listed.lengths
+    unmasked = inputs.packed_sources(ids[:, :1].abs(), None, gen.weights, 30)
+    assert unmasked.lengths == [1] * 7 and torch.equal(unmasked.ids, ids[:, 0].abs().long())
+
+
+def test_a_padded_tensor_is_refused_as_its_source_lists_are(seed):
+    """Each bad tensor input gets the list path's message, naming the same source."""
+    model, gen = generator()
+    vocab = model.config.vocab_size
+    ids = torch.full((3, 6), 5)
+    mask = torch.tensor([[1] * 6, [1] * 4 + [0] * 2, [1] * 2 + [0] * 4])
+    for row, col, bad in [(1, 3, vocab), (2, 0, -1), (0, 5, vocab + 9)]:
+        wrong = ids.clone()
+        wrong[row, col] = bad
+        with pytest.raises(InputError, match=rf"input_ids\[{row}\]: token id {bad} is outside the vocabulary"):
+            inputs.packed_sources(wrong, mask, gen.weights, 10)
+        with pytest.raises(InputError, match=rf"input_ids\[{row}\]: token id {bad} is outside the vocabulary"):
+            gen.generate(wrong, attention_mask=mask, max_new_tokens=3)
+    long_ids = torch.full((2, 70), 5)
+    long_mask = torch.ones(2, 70, dtype=torch.long)
+    long_mask[0, 60:] = 0
+    with pytest.raises(InputError, match=r"input_ids\[1\]: 70 tokens, but the model's position table holds 64"):
+        inputs.packed_sources(long_ids, long_mask, gen.weights, 10)
+    with pytest.raises(InputError, match=r"input_ids\[1\]: the source is empty"):
+        inputs.packed_sources(ids, torch.tensor([[1] * 6, [0] * 6, [1] * 6]), gen.weights, 10)
+    with pytest.raises(InputError, match="the batch is empty"):
+        inputs.packed_sources(torch.zeros(0, 4, dtype=torch.long), None, gen.weights, 10)
+    with pytest.raises(InputError, match="max_length=100"):
+        inputs.packed_sources(ids, mask, gen.weights, 100)
+
+
 def test_cache_that_does_not_fit_is_refused_before_allocation(monkeypatch):
     model, gen = generator()
     import padfree.generation.generator as generator_module

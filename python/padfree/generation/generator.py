@@ -109,11 +109,11 @@ class Seq2SeqGenerator:
         if input_ids is None:
             input_ids = kwargs.pop("inputs", None)
         options = self.resolve(generation_config, **kwargs)
-        sources = inputs.source_lists(input_ids, attention_mask)
-        inputs.check_lengths(sources, self.weights, options.max_length)
-        rows = len(sources) * options.rows_per_source
-        lengths = [len(s) for s in sources]
-        needed = inputs.estimate_bytes(self.weights, len(sources), sum(lengths), max(lengths), rows,
+        # on the host: the encoder graph stages from there; Runner.load moves them to the device where the
+        # encoder runs eagerly
+        packed = inputs.packed_sources(input_ids, attention_mask, self.weights, options.max_length)
+        rows = packed.batch * options.rows_per_source
+        needed = inputs.estimate_bytes(self.weights, packed.batch, packed.total_tokens, packed.max_seqlen, rows,
                                        options.max_length - 1)
         free = inputs.free_device_bytes(self.device)    # one query (tens of us of host time) where it fits
         if self.runner.states and not inputs.fits(needed, free):
@@ -121,13 +121,7 @@ class Seq2SeqGenerator:
             free = inputs.free_device_bytes(self.device)
         inputs.check_memory(needed, self.device, free)
         with torch.inference_mode():
-            return self._run(sources, options)
-
-    def _run(self, sources: list[list[int]], options: GenerationOptions):
-        # on the host: the encoder graph stages from there; Runner.load moves them to the device where
-        # the encoder runs eagerly
-        packed = PackedSources.from_lists(sources, "cpu")
-        return decode(self.runner, packed, lambda p: encode(self.weights, self.ops, p), options)
+            return decode(self.runner, packed, lambda p: encode(self.weights, self.ops, p), options)
 
 
 def _keywords_key(kwargs: dict) -> tuple | None:
