@@ -1,6 +1,7 @@
 """Checks that turn bad torch tensors into clear exceptions before they reach a kernel."""
 from __future__ import annotations
 
+import functools
 import operator
 from typing import Sequence
 
@@ -95,6 +96,12 @@ _get_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_d
 def current_device() -> int:
     """The current CUDA device's index."""
     return _get_device()
+
+
+@functools.lru_cache(maxsize=None)
+def device_capability(device_index: int) -> tuple[int, int]:
+    """The GPU's compute capability, queried once per device (kernel choices read it on the call path)."""
+    return torch.cuda.get_device_capability(device_index)
 
 
 def stream_handle(device: torch.device) -> int:

@@ -20,6 +20,7 @@ from ._tensors import (
     check_aligned,
     check_float,
     check_int32,
+    device_capability,
     dtype_code,
     output,
     ptr,
@@ -213,12 +214,6 @@ def decode_linear_mma_shared_bytes(rows: int, in_features: int, ln: bool) -> int
     return (64 + staged) * (slice_ + 8) * 2 + (4 * slice_ if ln else 0) + 64 * staged * 4 + stats
 
 
-@functools.lru_cache(maxsize=None)
-def _clusters(device_index: int) -> bool:
-    """Whether the GPU runs thread-block clusters (compute capability 9.0+)."""
-    return torch.cuda.get_device_capability(device_index) >= (9, 0)
-
-
 def decode_linear_fits(rows: int, in_features: int, dtype: torch.dtype, ln: bool = True) -> bool:
     """Whether decode_linear takes rows x in_features, with a LayerNorm on x where ln (else the caller runs
     a GEMM): up to 8 rows in one block's tiles (CUDA cores; 5-8 rows of the 16-bit types on tensor cores),
@@ -233,7 +228,7 @@ def decode_linear_fits(rows: int, in_features: int, dtype: torch.dtype, ln: bool
     return (rows <= DECODE_LINEAR_MMA_MAX_ROWS and dtype in (torch.float16, torch.bfloat16)
             and in_features % DECODE_LINEAR_MMA_IN_MULTIPLE == 0
             and in_features // _mma_split(in_features) <= DECODE_LINEAR_MMA_MAX_SLICE
-            and torch.cuda.is_available() and _clusters(torch.cuda.current_device())
+            and torch.cuda.is_available() and device_capability(torch.cuda.current_device()) >= (9, 0)
             and decode_linear_mma_shared_bytes(rows, in_features, ln) <= DECODE_LINEAR_MMA_MAX_SHARED_BYTES)
 
 
@@ -300,16 +295,15 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor | FragmentWeight, bias: 
     else:
         check_float(weight, "weight", like=x, shape=(None, in_features))
         out_features = weight.shape[0]
-    if kernel == "padfree_decode_linear" and not decode_linear_fits(rows, in_features, x.dtype, ln=ln is not None):
-        raise InputError(f"x: decode_linear takes 1 to {DECODE_LINEAR_MAX_ROWS} rows with in_features a multiple of 8 "
-                         f"and rows x in_features within {DECODE_LINEAR_MAX_STAGE_BYTES} bytes ((rows + 2) x "
-                         f"in_features within {DECODE_LINEAR_MAX_SHARED_BYTES} with ln), or up to "
-                         f"{DECODE_LINEAR_MMA_MAX_ROWS} rows in float16 / bfloat16 on compute capability 9.0+ with "
-                         f"in_features a multiple of {DECODE_LINEAR_MMA_IN_MULTIPLE} up to "
-                         f"{DECODE_LINEAR_MMA_MAX_IN} ({DECODE_LINEAR_MMA_MAX_IN // 2} unless a multiple of 256) and "
-                         f"their staging within "
-                         f"{DECODE_LINEAR_MMA_MAX_SHARED_BYTES} bytes, got {rows} x {in_features} {x.dtype}; "
-                         "use a GEMM")
+        if not decode_linear_fits(rows, in_features, x.dtype, ln=ln is not None):
+            raise InputError(f"x: decode_linear takes 1 to {DECODE_LINEAR_MAX_ROWS} rows with in_features a multiple "
+                             f"of 8 and rows x in_features within {DECODE_LINEAR_MAX_STAGE_BYTES} bytes ((rows + 2) x "
+                             f"in_features within {DECODE_LINEAR_MAX_SHARED_BYTES} with ln), or up to "
+                             f"{DECODE_LINEAR_MMA_MAX_ROWS} rows in float16 / bfloat16 on compute capability 9.0+ with "
+                             f"in_features a multiple of {DECODE_LINEAR_MMA_IN_MULTIPLE} up to "
+                             f"{DECODE_LINEAR_MMA_MAX_IN} ({DECODE_LINEAR_MMA_MAX_IN // 2} unless a multiple of 256) "
+                             f"and their staging within {DECODE_LINEAR_MMA_MAX_SHARED_BYTES} bytes, got {rows} x "
+                             f"{in_features} {x.dtype}; use a GEMM")
     check(bias, "bias", dtype=x.dtype, shape=(out_features,), device=x.device, optional=True)
     check(residual, "residual", dtype=x.dtype, shape=(rows, out_features), device=x.device, optional=True)
     if activation not in ACTIVATIONS:

@@ -8,11 +8,9 @@ layout is made once, at load, beside the nn.Linear weight (which GEMMs past 16 r
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from ._tensors import InputError, call_kernel, check, check_aligned, dtype_code, ptr, stream_handle
+from ._tensors import InputError, call_kernel, check, check_aligned, device_capability, dtype_code, ptr, stream_handle
 
 FRAGMENTS_MAX_ROWS = 16                     # kernels/decoder/decode_linear.h: kDecodeLinearFragmentsMaxRows
 FRAGMENTS_IN_MULTIPLE = 128                 # kDecodeLinearFragmentsInMultiple (the layout)
@@ -46,12 +44,6 @@ class FragmentWeight:
         return f"FragmentWeight(shape={list(self.shape)}, dtype={self.dtype}, device={self.device})"
 
 
-@functools.lru_cache(maxsize=None)
-def _mma_sync(device_index: int) -> bool:
-    """Whether the GPU runs mma.sync's 16-bit m16n8k16 (compute capability 8.0+)."""
-    return torch.cuda.get_device_capability(device_index) >= (8, 0)
-
-
 def fragments_fit(rows: int, in_features: int, out_features: int, dtype: torch.dtype,
                   device: torch.device | None = None) -> bool:
     """Whether the fragment kernel takes this layer on `device` (the current CUDA device when None)."""
@@ -59,7 +51,7 @@ def fragments_fit(rows: int, in_features: int, out_features: int, dtype: torch.d
             and out_features % FRAGMENTS_OUT_MULTIPLE == 0 and torch.cuda.is_available()):
         return False
     index = device.index if device is not None and device.index is not None else torch.cuda.current_device()
-    return _mma_sync(index)
+    return device_capability(index) >= (8, 0)     # mma.sync's 16-bit m16n8k16
 
 
 def fragment_layout(weight: torch.Tensor) -> FragmentWeight:
