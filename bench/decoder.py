@@ -190,7 +190,9 @@ def main():
             for rows in args.rows:
                 for name, k, n, ln, residual, act in linear_shapes(model, heads * head_dim, FFN[model], vocab):
                     for impl in LINEAR_IMPLS:
-                        if impl == "fragments" and not ops.fragments.fragments_fit(rows, k, n, dtype):
+                        if impl == "fragments" and not ops.fragments.fragments_fit(rows, k, n, dtype, ln=ln):
+                            continue
+                        if impl == "decode_linear" and not ops.decoder.decode_linear_fits(rows, k, dtype, ln=ln):
                             continue
                         report(f"{name} rows {rows:2d} {impl}",
                                *bench_linear(rows, k, n, dtype, ln=ln, residual=residual, act=act, impl=impl))

@@ -5,7 +5,7 @@ CUDA cores, 8 on tensor cores in float16 / bfloat16 and CUDA cores in float32; 9
 tensor cores in float16 / bfloat16: 16, 32 and 64 staged rows, partly filled), output
 widths that leave a partial tile (features past N never written), the widths of Marian (512, 2048) and
 NLLB (1024, 4096) and a vocabulary projection (many tiles per block). The fragment-order kernel
-(1 to 16 rows, weights from fragment_layout) the same way, and its layout against a torch permutation."""
+(1 to 64 rows, weights from fragment_layout) the same way, and its layout against a torch permutation."""
 from __future__ import annotations
 
 import math
@@ -20,6 +20,7 @@ if not torch.cuda.is_available():
 
 from padfree.ops import FragmentWeight, InputError, decode_linear, fragment_layout  # noqa: E402
 from padfree.ops.decoder import decode_linear_fits  # noqa: E402
+from padfree.ops.fragments import fragments_fit  # noqa: E402
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # relative error of a row against the float64 reference: float32 accumulates in a different order; the
@@ -107,8 +108,8 @@ def test_decode_linear_tensor_cores_fused_layernorm_activation_residual(seed, dt
 
 
 # the cluster's tensor cores (48 rows) and the fragment kernel (4, 16 rows) with out as the residual
-@pytest.mark.parametrize("rows, fragments", [(48, False), (4, True), (16, True)],
-                         ids=["cluster", "fragments4", "fragments16"])
+@pytest.mark.parametrize("rows, fragments", [(48, False), (4, True), (16, True), (64, True)],
+                         ids=["cluster", "fragments4", "fragments16", "fragments64"])
 def test_decode_linear_tensor_cores_residual_in_place(seed, rows, fragments):
     g = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(rows, 1024, generator=g, device="cuda").half()
@@ -194,9 +195,24 @@ def test_decode_linear_fragments_match_float64(seed, dtype, rows, k, n):
     run(seed, dtype, rows, k, n, bias=True, residual=False, ln=False, act=None, fragments=True)
 
 
+# 17-64 rows: a cluster of 2 (up to 32 rows) or 4 blocks sharing the rows, partly filled ones; widths up to
+# what a cluster's rows fit (3072 at 32 rows, 1536 at 64), 1040 features (a block's second tile past
+# them), a padded vocabulary projection (many clusters)
+MANY_ROWS = [(rows, k, n) for rows in (17, 24, 32, 33, 47, 64)
+             for k, n in ((512, 1536), (1024, 4096), (768, 3072), (1024, 1040), (512, 58112), (1536, 1024),
+                          (2048, 512), (3072, 1024))
+             if k <= (3072 if rows <= 32 else 1536)]
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("rows,k,n", MANY_ROWS)
+def test_decode_linear_fragments_many_rows_match_float64(seed, dtype, rows, k, n):
+    run(seed, dtype, rows, k, n, bias=True, residual=True, ln=False, act=None, fragments=True)
+
+
 @pytest.mark.parametrize("dtype", HALF, ids=str)
 @pytest.mark.parametrize("act", list(ACTS), ids=str)
-@pytest.mark.parametrize("rows", [1, 4, 8, 11, 16])
+@pytest.mark.parametrize("rows", [1, 4, 8, 11, 16, 29, 40, 64])
 def test_decode_linear_fragments_fused_layernorm_activation_residual(seed, dtype, act, rows):
     run(seed, dtype, rows, 1024, 3072, bias=True, residual=True, ln=True, act=act, side=True, fragments=True)
     run(seed + 1, dtype, rows, 512, 2048, bias=False, residual=False, ln=True, act=act, fragments=True)
@@ -205,8 +221,13 @@ def test_decode_linear_fragments_fused_layernorm_activation_residual(seed, dtype
 def test_decode_linear_fragments_refuse_bad_input():
     w = torch.zeros(64, 512, device="cuda").half()
     frag = fragment_layout(w)
-    with pytest.raises(InputError, match="FragmentWeight takes 1 to 16 rows"):
-        decode_linear(torch.zeros(17, 512, device="cuda").half(), frag)
+    with pytest.raises(InputError, match="FragmentWeight takes 1 to 64 rows"):
+        decode_linear(torch.zeros(65, 512, device="cuda").half(), frag)
+    # 64 rows of 2048 (a cluster's 256 KB) fit no GPU's shared memory
+    wide = fragment_layout(torch.zeros(64, 2048, device="cuda").half())
+    assert not fragments_fit(64, 2048, 64, torch.float16)
+    with pytest.raises(InputError, match="shared memory"):
+        decode_linear(torch.zeros(64, 2048, device="cuda").half(), wide)
     with pytest.raises(InputError, match="in_features 256"):
         decode_linear(torch.zeros(4, 256, device="cuda").half(), frag)
     with pytest.raises(InputError, match="weight"):

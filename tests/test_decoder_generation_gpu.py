@@ -238,6 +238,31 @@ def test_half_precision_share_equal_to_hf_fp32(family, dtype):
         assert any(state.decoder.few_rows and state.decoder.rows == 32 for state in gen.runner.states.values())
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fragment_steps_share_equal_to_hf_fp32(family, monkeypatch):
+    """Steps of 4, 16, 32 and 64 hypotheses with every linear layer the fragment kernel takes on it
+    (PADFREE_FRAGMENT_ROWS=64; widths it is built for: d_model 512, FFN 2048; past 16 rows the cluster
+    kernel, 64 rows up to 1536 wide), float16 against HF float32 as the test above."""
+    monkeypatch.setenv("PADFREE_FRAGMENT_ROWS", "64")
+    model = build(family, d_model=512, heads=8, ffn=2048, layers=(6, 6)).to("cuda")
+    gen = pt.from_hf(model, dtype=torch.float16, device="cuda")
+    if gen.ops.sources["fragment_layout"] != "kernel":
+        pytest.skip(f"fragment_layout: {gen.ops.sources['fragment_layout']}")
+    fill = fill_value(model)
+    for count, beams in ((1, 4), (16, 1), (32, 1), (16, 4)):
+        sources = random_sources(model.config, count, seed=count + beams)
+        ref = hf_generate(model, sources, num_beams=beams, max_new_tokens=16).cpu()
+        out = gen.generate(sources, num_beams=beams, max_new_tokens=16).cpu()
+        width = max(ref.shape[1], out.shape[1])
+        ref, out = (torch.nn.functional.pad(t, (0, width - t.shape[1]), value=fill) for t in (ref, out))
+        share = float((ref == out).all(dim=1).float().mean())
+        print(f"float16 fragments {family} {count}x{beams}: {share:.2f} of sequences equal to HF fp32")
+        assert share >= 0.5, f"{count}x{beams}: {share:.2f}"
+        rows = count * beams
+        assert any(state.decoder.rows == rows and state.decoder.few_rows and state.decoder.fragments
+                   for state in gen.runner.states.values()), f"{count}x{beams}: not on the fragment kernel"
+
+
 # ---------------------------------------------------------------- CUDA graphs
 
 def _outputs(gen, sources, **options):

@@ -283,6 +283,10 @@ padfree_status padfree_decode_linear_fragments(const void* x, const void* weight
         check_decode_linear_options("decode_linear_fragments", activation, ln_gamma, ln_beta, eps, x_norm_out));
     PADFREE_REQUIRE(decode_linear_fragments_supported(),
                     "decode_linear_fragments: needs compute capability 8.0 or newer (mma.sync); use decode_linear");
+    PADFREE_REQUIRE(decode_linear_fragments_fits(rows, in_features, ln_gamma != nullptr),
+                    "decode_linear_fragments: ", rows, " rows of ", in_features,
+                    " do not fit this GPU's shared memory (ops.fragments.fragments_fit says what does); use "
+                    "decode_linear");
     if (rows == 0 || out_features == 0) return PADFREE_OK;
     PADFREE_CHECK(check_decode_linear_tensors("decode_linear_fragments", x, weight_fragments, bias, residual, ln_gamma,
                                               ln_beta, rows, in_features, out_features, 2, out, x_norm_out));

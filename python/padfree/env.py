@@ -40,6 +40,9 @@ _VARIABLES = (
     Variable("PADFREE_GENERATION_TORCH_OPS", "text", None, "diagnostic", "python",
              "comma-separated generation ops (e.g. decoder_step_embedding; fragment_layout: decode_linear on the "
              "nn.Linear weights) that run their torch reference (A/B runs)"),
+    Variable("PADFREE_FRAGMENT_ROWS", "text", None, "diagnostic", "python",
+             "the most rows (1-64) a generation step runs its linear layers in fragment order for (default: "
+             "padfree.generation.dispatch.FRAGMENT_STEP_ROWS; A/B runs)"),
     Variable("PADFREE_ATTENTION_PATH", "choice", None, "diagnostic", "kernels",
              "resident|tiled|wgmma|tma|held forces the attention kernel's path where it can run (bench/attention.py)"),
     Variable("PADFREE_ATTENTION_ORDER", "choice", None, "diagnostic", "kernels",

@@ -88,12 +88,13 @@ inline int64_t decode_linear_mma_shared_bytes(int32_t rows, int32_t in_features,
                                    in_features, layernorm);
 }
 
-// 1 to 16 rows of float16 / bfloat16 on tensor cores with the weight in fragment order
+// 1 to 64 rows of float16 / bfloat16 on tensor cores with the weight in fragment order
 // (decode_linear_fragments.cu; compute capability 8.0+): in_features one of the widths the kernel is
 // built for (decode_linear_fragments_takes; the layout itself takes any multiple of 128), out_features a
-// multiple of 16. Its shared memory: the staged rows (padded by 8 elements), the LayerNorm's parameters
-// and the warps' partial sums (at most ~155 KB: 16 rows of 4096).
-constexpr int32_t kDecodeLinearFragmentsMaxRows = 16;
+// multiple of 16; past 16 rows compute capability 9.0+ (thread-block clusters). Its shared memory: the
+// rows (padded by 8 elements), the LayerNorm's parameters and the warps' partial sums (~155 KB for 16
+// rows of 4096; 64 rows fit up to 1536 wide on sm_90: decode_linear_fragments_fits).
+constexpr int32_t kDecodeLinearFragmentsMaxRows = 64;
 constexpr int32_t kDecodeLinearFragmentsInMultiple = 128;
 constexpr int32_t kDecodeLinearFragmentsOutMultiple = 16;
 // The in_features built: the hidden and FFN widths of the usual Marian, BART, mBART and NLLB / M2M100
@@ -105,9 +106,18 @@ inline bool decode_linear_fragments_takes(int32_t in_features) {
     }
 }
 
+// 17-64 rows (a cluster of 2 or 4 blocks, 16 rows each): the rows' space, which the partial sums reuse
+// (8 warps x 32 lanes x 2 fragment rows x 2 * cluster row tiles x 4, padded by 4 floats a lane).
+constexpr int64_t decode_linear_fragments_cluster_rows_bytes(int32_t cluster, int32_t in_features) {
+    const int64_t rows = int64_t{16} * cluster * (in_features + 8) * 2;
+    const int64_t part = int64_t{8} * 32 * (2 * 2 * cluster * 4 + 4) * 4;
+    return rows > part ? rows : part;
+}
+
 constexpr int64_t decode_linear_fragments_shared_bytes(int32_t rows, int32_t in_features, bool layernorm) {
-    return int64_t{rows} * (in_features + 8) * 2 + (layernorm ? 4 * int64_t{in_features} : 0) +
-           8 * 32 * 4 * 4 * (rows > 8 ? 2 : 1);
+    const int64_t ln = layernorm ? 4 * int64_t{in_features} : 0;
+    if (rows > 16) return decode_linear_fragments_cluster_rows_bytes(rows <= 32 ? 2 : 4, in_features) + ln;
+    return int64_t{rows} * (in_features + 8) * 2 + ln + 8 * 32 * 4 * 4 * (rows > 8 ? 2 : 1);
 }
 
 cudaError_t launch_decode_linear(const DecodeLinearArgs& args, padfree_dtype dtype, cudaStream_t stream);
@@ -118,6 +128,8 @@ cudaError_t launch_decode_linear_mma(const DecodeLinearArgs& args, padfree_dtype
 // The fragment-order kernel (args.weight in that order) and its layout: weight [out_features,
 // in_features] (a 16-bit type) -> out, the same bytes in fragment order.
 bool decode_linear_fragments_supported();
+// Whether a launch's shared memory (decode_linear_fragments_shared_bytes) fits the current device's.
+bool decode_linear_fragments_fits(int32_t rows, int32_t in_features, bool layernorm);
 cudaError_t launch_decode_linear_fragments(const DecodeLinearArgs& args, padfree_dtype dtype, cudaStream_t stream);
 cudaError_t launch_decode_linear_fragment_layout(const void* weight, void* out, int32_t out_features,
                                                  int32_t in_features, cudaStream_t stream);

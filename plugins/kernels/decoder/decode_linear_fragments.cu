@@ -19,11 +19,21 @@
 // distinct banks) and LayerNorm'd there, the warps multiply, and their partial sums meet in shared
 // memory in warp order (no timing in the sum) for the epilogue, one output per thread. Rows 9-16 take
 // a second row tile: each fragment meets rows g and g + 8 of the lane.
+//
+// 17-64 rows (sm_90): a cluster of 2 or 4 blocks shares the rows. Staged whole by every block of 16
+// features, 64 rows are 4x a 1024-wide layer's weights in L2 reads, and the measured kernel took 3x
+// cuBLAS's time (H200, NLLB's QKV at 64 rows 31.4 us against 9.8, KERNELS.md). Here each block of the
+// cluster stages 16 of the rows, LayerNorms them, and writes them into its peers' shared memory
+// (distributed shared memory: the rows cross L2 once per cluster, and each row is normalized once per
+// cluster rather than by every block), then computes 32 features (two fragment rows a warp, each x
+// fragment meeting both) over all the rows.
 #include "decode_linear.h"
 #include "decode_linear.cuh"
 
 #include "../attention/attention_ptx.cuh"
 #include "common.cuh"
+
+#include <cooperative_groups.h>
 
 #include <algorithm>
 #include <atomic>
@@ -37,8 +47,9 @@ constexpr int kFeatures = 16;  // output features per block: an mma's M
 constexpr int kStep = 16;      // in_features per mma
 constexpr int kPre = 16;       // fragments (16 bytes each) a lane holds in flight
 constexpr int kPad = 8;        // elements past each staged row
-// the most any launch takes (16 rows of 4096 with a LayerNorm), within what an sm_80 block may opt into
-static_assert(decode_linear_fragments_shared_bytes(kDecodeLinearFragmentsMaxRows, 4096, true) <= 163 * 1024);
+// up to 16 rows every width built fits what an sm_80 block may opt into (16 rows of 4096 with a
+// LayerNorm); past 16 rows, where the device has room (decode_linear_fragments_fits)
+static_assert(decode_linear_fragments_shared_bytes(16, 4096, true) <= 163 * 1024);
 
 // W [N, K] -> [N / 16][K / 16][32][8]: lane (g, t) = (lane / 4, lane % 4) of an m16n8k16's A fragment
 // holds features g, g + 8 of the tile at k = 2t, 2t + 1 (registers 0, 1) and 2t + 8, 2t + 9 (2, 3).
@@ -158,6 +169,162 @@ __global__ void __launch_bounds__(kThreads, 2) decode_linear_fragments_kernel(De
 #endif
 }
 
+// kCluster (2 or 4): the blocks that share the rows, 16 each (17-32 and 33-64 rows). A block computes
+// 32 features; the grid is padded to whole clusters, and a block past the features still stages its
+// rows for its peers.
+template <typename T, int kSteps, int kCluster>
+__global__ void __launch_bounds__(kThreads, 1) decode_linear_fragments_cluster_kernel(DecodeLinearArgs a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    namespace cg = cooperative_groups;
+    extern __shared__ __align__(16) unsigned char smem[];
+    constexpr int V = vec_size<T>();
+    constexpr int steps = kSteps;
+    constexpr int kTiles = 2;                      // fragment rows (16 features each) a warp multiplies
+    constexpr int kRowTiles = 2 * kCluster;        // row tiles of 8
+    constexpr int kFrags = kTiles * steps;         // a lane's fragments, tile-fastest
+    constexpr int kRing = kFrags < kPre ? kFrags : kPre;
+    constexpr int kOutputs = kTiles * kFeatures * kRowTiles * 8 / kThreads;  // a thread's, at most
+    cg::cluster_group cluster = cg::this_cluster();
+    const int rank = static_cast<int>(cluster.block_rank());
+    const int K = a.in_features, M = a.rows, N = a.out_features, ld = K + kPad, kvecs = K / V;
+    const int r0 = rank * 16, own = max(0, min(16, M - r0));  // this block's rows
+    T* xs = reinterpret_cast<T*>(smem);                        // [16 * kCluster][ld]
+    float* part = reinterpret_cast<float*>(smem);              // after the products, in place of xs
+    T* ln_params = reinterpret_cast<T*>(smem + decode_linear_fragments_cluster_rows_bytes(kCluster, K));
+    const int tid = threadIdx.x, warp = tid / kWarpSize, lane = tid % kWarpSize;
+    const int g = lane / 4, t = lane % 4;
+    const int tile0 = blockIdx.x * kTiles, tiles = max(0, min(kTiles, N / kFeatures - tile0));
+    const int64_t tile_frags = K / kStep;  // fragments per fragment row
+    const uint4* wp = static_cast<const uint4*>(a.weight) +
+                      (static_cast<int64_t>(tile0) * tile_frags + static_cast<int64_t>(warp) * steps) * kWarpSize +
+                      lane;
+    auto weight_at = [&](int u) {  // fragment u: tile u % kTiles, step u / kTiles (zeros past the features)
+        const int j = u % kTiles;
+        return j < tiles ? __ldcs(wp + (j * tile_frags + u / kTiles) * kWarpSize) : make_uint4(0u, 0u, 0u, 0u);
+    };
+
+    // before the wait: the weights, the LayerNorm's parameters and the bias
+    uint4 ring[kRing];
+#pragma unroll
+    for (int u = 0; u < kRing; ++u) ring[u] = weight_at(u);
+    if (a.ln_gamma != nullptr)
+        for (int v = tid; v < kvecs; v += kThreads) {
+            store_vec(ln_params + v * V, load_vec(static_cast<const T*>(a.ln_gamma) + v * V));
+            store_vec(ln_params + K + v * V, load_vec(static_cast<const T*>(a.ln_beta) + v * V));
+        }
+    // this thread's outputs: feature f_out of the block, rows 8i + m_lo (a warp: 4 features x 8 rows)
+    const int f_out = tid / 8 % (kTiles * kFeatures), m_lo = tid % 8;
+    const int n_out = tile0 * kFeatures + f_out;
+    const bool feature_in = f_out < tiles * kFeatures;
+    T bias = from_float<T>(0.f);
+    if (feature_in && a.bias != nullptr) bias = static_cast<const T*>(a.bias)[n_out];
+    wait_on_producer();
+
+    // this block's rows, then their residual elements, then (LayerNorm) the rows normalized in place;
+    // the first cluster writes them out for a post-LN residual
+    const T* x = static_cast<const T*>(a.x) + static_cast<int64_t>(r0) * K;
+    for (int i = tid; i < own * kvecs; i += kThreads) {
+        const int r = i / kvecs, v = i % kvecs;
+        attention_detail::cp_async_16_full(attention_detail::smem_addr(xs + (r0 + r) * ld + v * V),
+                                           x + static_cast<int64_t>(i) * V);
+    }
+    attention_detail::cp_async_commit();
+    T residual[kOutputs];
+#pragma unroll
+    for (int i = 0; i < kOutputs; ++i) {
+        const int m = 8 * i + m_lo;
+        residual[i] = feature_in && m < M && a.residual != nullptr
+                          ? static_cast<const T*>(a.residual)[static_cast<int64_t>(m) * N + n_out]
+                          : from_float<T>(0.f);
+    }
+    attention_detail::cp_async_wait<0>();
+    __syncthreads();
+    if (a.ln_gamma != nullptr) {
+        T* side = blockIdx.x < kCluster && a.x_norm_out != nullptr
+                      ? static_cast<T*>(a.x_norm_out) + static_cast<int64_t>(r0) * K : nullptr;
+        decode_linear_detail::layernorm_staged_rows(xs + r0 * ld, ld, own, K, ln_params, ln_params + K, a.eps, side,
+                                                    warp, kWarps, lane);
+        __syncthreads();
+    }
+    // into the peers' shared memory, each vector read once and written to every peer; the cluster
+    // barrier (release / acquire) makes every block's rows visible to all
+    for (int i = tid; i < own * kvecs; i += kThreads) {
+        const int r = i / kvecs, v = i % kvecs;
+        const int at = (r0 + r) * ld + v * V;
+        const Vec<T> xv = load_vec(xs + at);
+#pragma unroll
+        for (int q = 1; q < kCluster; ++q) store_vec(cluster.map_shared_rank(xs, (rank + q) % kCluster) + at, xv);
+    }
+    cluster.sync();
+    allow_consumers();
+
+    // B = x^T as in the kernel above; each x fragment meets both fragment rows
+    float c[kTiles][kRowTiles][4] = {};
+    const T* xrow = xs + g * ld + warp * steps * kStep + 2 * t;
+#pragma unroll
+    for (int s = 0; s < steps; ++s) {
+        uint32_t frag[kTiles][4];
+#pragma unroll
+        for (int j = 0; j < kTiles; ++j) {
+            const int u = s * kTiles + j;
+            const uint4 w = ring[u % kRing];
+            if (u + kRing < kFrags) ring[u % kRing] = weight_at(u + kRing);
+            frag[j][0] = w.x, frag[j][1] = w.y, frag[j][2] = w.z, frag[j][3] = w.w;
+        }
+#pragma unroll
+        for (int rt = 0; rt < kRowTiles; ++rt) {
+            uint32_t b0 = 0u, b1 = 0u;
+            if (g + 8 * rt < M) {
+                b0 = *reinterpret_cast<const uint32_t*>(xrow + 8 * rt * ld + s * kStep);
+                b1 = *reinterpret_cast<const uint32_t*>(xrow + 8 * rt * ld + s * kStep + 8);
+            }
+#pragma unroll
+            for (int j = 0; j < kTiles; ++j) attention_detail::MmaOp<T>::run(c[j][rt], frag[j], b0, b1);
+        }
+    }
+    // the partial sums over the rows' space (every warp is past its reads of it): [warp][lane][tile][row
+    // tile][4], a lane's run padded by 4 floats so that the epilogue's reads spread over the banks
+    constexpr int kLaneFloats = kTiles * kRowTiles * 4 + 4;
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j)
+#pragma unroll
+        for (int rt = 0; rt < kRowTiles; ++rt)
+            *reinterpret_cast<float4*>(part + (warp * kWarpSize + lane) * kLaneFloats + (j * kRowTiles + rt) * 4) =
+                make_float4(c[j][rt][0], c[j][rt][1], c[j][rt][2], c[j][rt][3]);
+    __syncthreads();
+    if (feature_in) {
+        const int j = f_out / kFeatures, f = f_out % kFeatures;
+#pragma unroll
+        for (int i = 0; i < kOutputs; ++i) {
+            const int m = 8 * i + m_lo;
+            if (m >= M) break;
+            // c[.][i][0], [1]: feature g, rows 2t and + 1 of row tile i; [2], [3]: feature g + 8
+            const int src = ((f % 8) * 4 + m_lo / 2) * kLaneFloats + (j * kRowTiles + i) * 4 + (f >= 8 ? 2 : 0) +
+                            m_lo % 2;
+            float y = 0.f;
+#pragma unroll
+            for (int w = 0; w < kWarps; ++w) y += part[w * kWarpSize * kLaneFloats + src];
+            y = decode_linear_detail::activate(y + to_float(bias), a.activation);
+            if (a.residual != nullptr) y += to_float(residual[i]);
+            static_cast<T*>(a.out)[static_cast<int64_t>(m) * N + n_out] = from_float<T>(y);
+        }
+    }
+#endif
+}
+
+template <typename T, int kSteps, int kCluster>
+cudaError_t launch_cluster(const DecodeLinearArgs& a, cudaStream_t stream) {
+    const size_t smem =
+        static_cast<size_t>(decode_linear_fragments_shared_bytes(a.rows, a.in_features, a.ln_gamma != nullptr));
+    auto kernel = decode_linear_fragments_cluster_kernel<T, kSteps, kCluster>;
+    static std::atomic<size_t> opted_in{48 * 1024};
+    if (const cudaError_t err = decode_linear_detail::opt_in_shared_memory(kernel, smem, opted_in); err != cudaSuccess)
+        return err;
+    const int blocks = ceil_div(ceil_div(a.out_features, 2 * kFeatures), kCluster) * kCluster;
+    return launch_kernel_clustered(kernel, dim3(blocks), dim3(kThreads), kCluster, smem, stream, a);
+}
+
 // One instantiation's launch: a grid of a block per 16 output features; above 48 KB of shared memory the
 // kernel opts in (once per instantiation and new maximum: the record is this function's own).
 template <typename T, int kSteps, int kRowTiles>
@@ -173,12 +340,30 @@ cudaError_t launch_tiles(const DecodeLinearArgs& a, cudaStream_t stream) {
 
 template <typename T, int kSteps>
 cudaError_t launch_steps(const DecodeLinearArgs& a, cudaStream_t stream) {
-    return a.rows <= 8 ? launch_tiles<T, kSteps, 1>(a, stream) : launch_tiles<T, kSteps, 2>(a, stream);
+    if (a.rows <= 8) return launch_tiles<T, kSteps, 1>(a, stream);
+    if (a.rows <= 16) return launch_tiles<T, kSteps, 2>(a, stream);
+    // the clusters' rows fit an sm_90 block's 227 KB up to 3072 wide (32 rows) and 1536 (64 rows): the
+    // wider ones are not built (decode_linear_fragments_fits refuses them first)
+    constexpr int kWidth = kSteps * kStep * kWarps;
+    constexpr int64_t kSm90Bytes = 227 * 1024;
+    if (a.rows <= 32) {
+        if constexpr (decode_linear_fragments_shared_bytes(32, kWidth, true) <= kSm90Bytes)
+            return launch_cluster<T, kSteps, 2>(a, stream);
+    } else if constexpr (decode_linear_fragments_shared_bytes(64, kWidth, true) <= kSm90Bytes) {
+        return launch_cluster<T, kSteps, 4>(a, stream);
+    }
+    return cudaErrorInvalidValue;
 }
 
 }  // namespace
 
 bool decode_linear_fragments_supported() { return current_compute_capability() >= 80; }
+
+bool decode_linear_fragments_fits(int32_t rows, int32_t in_features, bool layernorm) {
+    if (rows > 16 && current_compute_capability() < 90) return false;  // thread-block clusters
+    return decode_linear_fragments_shared_bytes(rows, in_features, layernorm) <=
+           current_device_value<query_smem_per_block_optin>();
+}
 
 cudaError_t launch_decode_linear_fragment_layout(const void* weight, void* out, int32_t out_features,
                                                  int32_t in_features, cudaStream_t stream) {

@@ -20,7 +20,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..ops.decoder import decode_linear_pays
 from .dispatch import DecoderOps
 from .encoder import PackedSources
 from .layers import (
@@ -105,14 +104,14 @@ class Decoder:
         heads, head_dim = stack.num_heads, stack.head_dim
         self.ws_self = ops.workspace("decoder_self_attention", self.rows, heads, head_dim, capacity)
         self.ws_cross = ops.workspace("cross_attention", self.rows, heads, head_dim, max_seqlen)
-        # few rows (1x4, 4x4; dispatch.decode_linear_fits): each linear layer with its LayerNorm, bias,
+        # few rows (1x4, 4x4; DecoderOps.decode_linear_fits): each linear layer with its LayerNorm, bias,
         # activation and residual as one decode_linear kernel (logits_few_rows) where that is the faster
         # kernel
         self.few_rows = ops.decode_linear_fits(self.rows, stack, weights.spec)
-        # up to 8 rows in float16 / bfloat16: the layers' weights in fragment order (decode_linear's
-        # tensor-core kernel for few rows; ops.fragments), made once per weights
+        # up to DecoderOps.fragment_step_rows rows in float16 / bfloat16: the layers' weights in fragment
+        # order (decode_linear's tensor-core kernel for few rows; ops.fragments), made once per weights
         self.fragments = ops.weight_fragments(weights, self.rows) if self.few_rows else {}
-        self._pays: dict[tuple, bool] = {}      # (in_features, out_features, LayerNorm) -> decode_linear
+        self._pays: dict[tuple, object] = {}    # (id(weight), LayerNorm) -> what decode_linear reads, or None
         fold = weights.spec.pre_ln and ops.skip_layernorm is not None
         self.bias_sums = folded_bias_sums(stack, dtype) if fold else None
 
@@ -260,13 +259,20 @@ class Decoder:
         return linear(x, w.step_lm_head, ln=(last.weight, last.bias, last.eps))
 
     def _decode_linear_pays(self, x: torch.Tensor, weight: torch.Tensor, ln: bool) -> bool:
-        """Whether decode_linear is the faster kernel for this layer (ops.decoder.decode_linear_pays), decided
-        once per shape."""
-        key = (x.shape[1], weight.shape[0], ln)
-        pays = self._pays.get(key)
-        if pays is None:
-            pays = self._pays[key] = decode_linear_pays(self.rows, *key[:2], x.dtype, ln=ln)
-        return pays
+        """Whether a decode_linear kernel is the faster one for this layer (_kernel_weight)."""
+        return self._kernel_weight(x, weight, ln) is not None
+
+    def _kernel_weight(self, x: torch.Tensor, weight: torch.Tensor, ln: bool):
+        """What decode_linear reads for this layer: its fragment-order copy where the fragment kernel takes
+        the step's rows, else the nn.Linear weight where decode_linear is the faster kernel
+        (DecoderOps.step_linear_choice), else None (a GEMM); decided once per layer."""
+        key = (id(weight), ln)
+        if key not in self._pays:
+            fragments = self.fragments.get(id(weight))
+            choice = self.ops.step_linear_choice(self.rows, x.shape[1], weight.shape[0], x.dtype, ln=ln,
+                                                 fragments=fragments is not None)
+            self._pays[key] = {"fragments": fragments, "decode_linear": weight}.get(choice)
+        return self._pays[key]
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                 residual: torch.Tensor | None = None, ln: tuple | None = None, activation: str | None = None,
@@ -276,9 +282,10 @@ class Decoder:
         around it (past 8 rows the widest layers: the output projection, NLLB's fc1 at 16 rows).
         x_norm_out (LN(x), written by the kernel) only where it pays: the caller normalizes first
         otherwise."""
-        if self._decode_linear_pays(x, weight, ln=ln is not None):
-            return self.ops.decode_linear(x, self.fragments.get(id(weight), weight), bias, residual, ln=ln,
-                                          activation=activation, x_norm_out=x_norm_out)
+        kernel_weight = self._kernel_weight(x, weight, ln=ln is not None)
+        if kernel_weight is not None:
+            return self.ops.decode_linear(x, kernel_weight, bias, residual, ln=ln, activation=activation,
+                                          x_norm_out=x_norm_out)
         assert x_norm_out is None, "x_norm_out is decode_linear's: normalize before a GEMM instead"
         if ln is not None:
             x = F.layer_norm(x, (x.shape[-1],), ln[0], ln[1], ln[2])

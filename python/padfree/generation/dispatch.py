@@ -19,6 +19,13 @@ from . import reference_ops
 
 log = logging.getLogger(__name__)
 
+# The most rows a step runs its linear layers in fragment order for (DecoderOps.fragment_step_rows): up
+# to 16, where whole steps measured faster than on decode_linear's CUDA-core and cluster kernels and
+# cuBLAS (H200: 1-8 rows 6-13 %, Marian at 16 rows 7-9 %; KERNELS.md). The kernel takes up to 64 rows
+# (17-64 on a thread-block cluster, faster than cuBLAS per layer at 32 rows), but whole steps of 32 rows
+# were within the run-to-run spread and steps of 64 rows 7-38 % slower; PADFREE_FRAGMENT_ROWS tries it.
+FRAGMENT_STEP_ROWS = 16
+
 # contract op -> the C symbol its padfree.ops binding calls (the library must export it)
 CONTRACT_OPS = {
     "decoder_self_attention": "padfree_decoder_self_attention",
@@ -150,12 +157,26 @@ class DecoderOps:
             return None
         return kernel
 
+    def fragment_step_rows(self) -> int:
+        """The most rows a step multiplies in fragment order (FRAGMENT_STEP_ROWS; PADFREE_FRAGMENT_ROWS)."""
+        value = env.get("PADFREE_FRAGMENT_ROWS")
+        if value is None:
+            return FRAGMENT_STEP_ROWS
+        try:
+            rows = int(value)
+        except ValueError:
+            rows = 0
+        if not 1 <= rows <= 64:
+            raise ValueError(f"PADFREE_FRAGMENT_ROWS: expected a row count in [1, 64], got {value!r}")
+        return rows
+
     def decode_linear_fits(self, rows: int, stack, spec) -> bool:
         """Whether the decoder's step for `rows` hypotheses runs its linear layers as decode_linear (post-LN
         models with a final LayerNorm after the last sublayer's are left to the GEMM path): up to 8 rows
-        where the kernel takes every layer's input width; past 8 (tensor cores) where it is the faster
-        kernel for the fused QKV projection (ops.decoder.decode_linear_pays; the layers it is not the
-        faster one for are GEMMs: Decoder._linear)."""
+        where the kernel takes every layer's input width; past 8 (tensor cores) where the fragment kernel
+        takes the fused QKV projection at this row count (fragments_run) or decode_linear is the faster
+        kernel for it (ops.decoder.decode_linear_pays; the layers neither takes are GEMMs:
+        Decoder._linear)."""
         if getattr(self, "decode_linear", None) is None or (not spec.pre_ln and stack.final_layer_norm is not None):
             return False
         from ..ops.decoder import DECODE_LINEAR_MAX_ROWS, decode_linear_fits, decode_linear_pays
@@ -163,15 +184,33 @@ class DecoderOps:
         if rows <= DECODE_LINEAR_MAX_ROWS:
             widths = {stack.hidden} | {layer.ffn.fc2_weight.shape[1] for layer in stack.layers}
             return all(decode_linear_fits(rows, width, dtype) for width in widths)
+        if self.fragments_run(rows, dtype):
+            from ..ops.fragments import fragments_fit
+            if fragments_fit(rows, stack.hidden, 3 * stack.hidden, dtype, self.device):
+                return True
         return decode_linear_pays(rows, stack.hidden, 3 * stack.hidden, dtype, ln=True)
 
+    def step_linear_choice(self, rows: int, in_features: int, out_features: int, dtype: torch.dtype, *, ln: bool,
+                           fragments: bool) -> str | None:
+        """How a step of `rows` runs this linear layer: "fragments" (decode_linear on its fragment-order copy,
+        where there is one, `fragments`, and past 8 rows where the fragment kernel's shared memory holds
+        the rows), "decode_linear" (on the nn.Linear weight, where it is the faster kernel:
+        ops.decoder.decode_linear_pays), or None (a GEMM)."""
+        from ..ops.decoder import DECODE_LINEAR_MAX_ROWS, decode_linear_pays
+        if fragments:
+            if rows <= DECODE_LINEAR_MAX_ROWS:
+                return "fragments"
+            from ..ops.fragments import fragments_fit
+            if fragments_fit(rows, in_features, out_features, dtype, self.device, ln=ln):
+                return "fragments"
+        return "decode_linear" if decode_linear_pays(rows, in_features, out_features, dtype, ln=ln) else None
+
     def fragments_run(self, rows: int, dtype: torch.dtype) -> bool:
-        """Whether a step of `rows` hypotheses multiplies in fragment order (weight_fragments): up to 8 rows,
-        where it measured faster; at 9-16, which the kernel takes too, the steps were mixed against the
-        cluster kernel and cuBLAS (KERNELS.md)."""
-        from ..ops.decoder import DECODE_LINEAR_MAX_ROWS
+        """Whether a step of `rows` hypotheses multiplies in fragment order (weight_fragments): up to
+        fragment_step_rows() rows (the layers whose rows fit the kernel's shared memory; the others are
+        GEMMs: Decoder._linear)."""
         return (getattr(self, "fragment_layout", None) is not None and getattr(self, "decode_linear", None) is not None
-                and rows <= DECODE_LINEAR_MAX_ROWS and dtype in (torch.float16, torch.bfloat16))
+                and rows <= self.fragment_step_rows() and dtype in (torch.float16, torch.bfloat16))
 
     def weight_fragments(self, weights, rows: int) -> dict:
         """id(weight) -> its fragment-order copy for each of weights.step_linear_weights() the fragment kernel

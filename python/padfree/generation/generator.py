@@ -114,7 +114,7 @@ class Seq2SeqGenerator:
         packed = inputs.packed_sources(input_ids, attention_mask, self.weights, options.max_length)
         rows = packed.batch * options.rows_per_source
         needed = inputs.estimate_bytes(self.weights, packed.batch, packed.total_tokens, packed.max_seqlen, rows,
-                                       options.max_length - 1)
+                                       options.max_length - 1, self.ops.fragment_step_rows())
         free = inputs.free_device_bytes(self.device)    # one query (tens of us of host time) where it fits
         if self.runner.states and not inputs.fits(needed, free):
             self.runner.clear()     # the kept states' buffers are the first memory to give back

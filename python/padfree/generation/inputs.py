@@ -12,6 +12,7 @@ import torch
 
 from ..ops._tensors import InputError
 from .decoder import cache_bytes, token_bucket
+from .dispatch import FRAGMENT_STEP_ROWS
 from .encoder import PackedSources
 from .weights import Seq2SeqWeights
 
@@ -152,10 +153,10 @@ def _check_positions(lengths: list[int], encoder_positions: int | None, decoder_
 
 
 def estimate_bytes(weights: Seq2SeqWeights, batch: int, total_tokens: int, max_seqlen: int, rows: int,
-                   capacity: int) -> int:
+                   capacity: int, fragment_rows: int = FRAGMENT_STEP_ROWS) -> int:
     """An upper estimate of the device memory one generate() call allocates besides the weights: K/V caches,
     the packed cross-attention memory, encoder activations, one step's logits and their fp32 copies, and
-    (once, at up to 8 rows) the layers' weights in fragment order.
+    (once, at up to fragment_rows rows: DecoderOps.fragment_step_rows) the layers' weights in fragment order.
     The packed rows are the decode state's bucket (token_bucket), which the memory and, on CUDA, the
     encoder's graph hold."""
     element = torch.empty((), dtype=weights.dtype).element_size()
@@ -171,7 +172,7 @@ def estimate_bytes(weights: Seq2SeqWeights, batch: int, total_tokens: int, max_s
     step = rows * vocab * (element + 4 * 4) + rows * (3 * hidden + ffn) * element * 2
     # a few-row step's first call lays the layers' weights out in fragment order (weights.fragments), once
     fragments = 0
-    if rows <= 8 and weights.fragments is None and element == 2:
+    if rows <= fragment_rows and weights.fragments is None and element == 2:
         fragments = sum(w.numel() * element for w in weights.step_linear_weights())
     return caches + memory + encoder + attention + step + fragments
 

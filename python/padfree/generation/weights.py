@@ -105,9 +105,9 @@ class Seq2SeqWeights:
     output_weight: torch.Tensor | None = None
     output_bias: torch.Tensor | None = None
     # id(weight) -> its copy in mma fragment order (ops.fragments), for each of step_linear_weights() the
-    # fragment kernel takes: made by the first step of at most 8 rows (DecoderOps.weight_fragments) and
-    # kept, since the weights of a step past 8 rows (GEMMs) are still read in nn.Linear's layout; None: not
-    # made yet
+    # fragment kernel takes: made by the first step that uses them (DecoderOps.weight_fragments: up to
+    # DecoderOps.fragment_step_rows rows) and kept, since larger steps (GEMMs) still read the weights in
+    # nn.Linear's layout; None: not made yet
     fragments: dict | None = None
 
     @property

@@ -273,7 +273,7 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor | FragmentWeight, bias: 
     activation None / "relu" / "gelu" / "gelu_tanh" / "silu"; x_norm_out [rows, in]: also write LN(x)
     (a post-LN sublayer's residual). One dtype for all; in a multiple of 8.
 
-    weight may be a FragmentWeight (ops.fragments.fragment_layout of it; 1-16 rows of float16 / bfloat16,
+    weight may be a FragmentWeight (ops.fragments.fragment_layout of it; 1-64 rows of float16 / bfloat16,
     ops.fragments.fragments_fit): the same layer on the fragment-order kernel.
     """
     check_float(x, "x")
@@ -287,10 +287,11 @@ def decode_linear(x: torch.Tensor, weight: torch.Tensor | FragmentWeight, bias: 
         check_aligned(weight.data, "weight")
         if weight.shape[1] != in_features:
             raise InputError(f"weight: a FragmentWeight of {list(weight.shape)} for x of in_features {in_features}")
-        if not fragments_fit(rows, in_features, out_features, x.dtype, x.device):
+        if not fragments_fit(rows, in_features, out_features, x.dtype, x.device, ln=ln is not None):
             raise InputError(f"x: a FragmentWeight takes 1 to {FRAGMENTS_MAX_ROWS} rows in float16 / bfloat16 on "
-                             f"compute capability 8.0+ with in_features one of {FRAGMENTS_IN_FEATURES}, got {rows} "
-                             f"x {in_features} {x.dtype}; use the nn.Linear weight")
+                             f"compute capability 8.0+ with in_features one of {FRAGMENTS_IN_FEATURES} (and rows x "
+                             f"in_features within the GPU's shared memory), got {rows} x {in_features} {x.dtype}; "
+                             f"use the nn.Linear weight")
         kernel, weight_data = "padfree_decode_linear_fragments", weight.data
     else:
         check_float(weight, "weight", like=x, shape=(None, in_features))
