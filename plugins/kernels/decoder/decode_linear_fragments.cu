@@ -203,6 +203,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_linear_fragments_cluster_k
         return j < tiles ? __ldcs(wp + (j * tile_frags + u / kTiles) * kWarpSize) : make_uint4(0u, 0u, 0u, 0u);
     };
 
+    // a block writes into its peers' shared memory only once they run: this arrival, and the wait
+    // before the first remote store, overlap with everything between
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
     // before the wait: the weights, the LayerNorm's parameters and the bias
     uint4 ring[kRing];
 #pragma unroll
@@ -248,6 +251,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_linear_fragments_cluster_k
     }
     // into the peers' shared memory, each vector read once and written to every peer; the cluster
     // barrier (release / acquire) makes every block's rows visible to all
+    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
     for (int i = tid; i < own * kvecs; i += kThreads) {
         const int r = i / kvecs, v = i % kvecs;
         const int at = (r0 + r) * ld + v * V;
