@@ -14,12 +14,15 @@ once (its beams share them in L2), the top-k every logit once, a linear layer it
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import statistics
 
 import torch
 
 from padfree import ops
+from padfree.bench import record
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CALLS = 20
 REPS = 20
@@ -178,7 +181,10 @@ def main():
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     copy = copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}  copy {copy:.0f} GB/s (read + write)  dtype {args.dtype}")
-    results = {"device": torch.cuda.get_device_name(), "copy_GBps": copy, "rows": []}
+    results = {"benchmark": "decode_linear against cuBLAS" if args.linear else "decoder kernels against copy",
+               "device": torch.cuda.get_device_name(), "dtype": args.dtype, **record.provenance(ROOT),
+               "timing": f"CUDA graph of {CALLS} calls cycling through input sets, median of {REPS} replays",
+               "copy_GBps": copy, "rows": []}
 
     def report(name, ms, nbytes):
         gbps = nbytes / ms / 1e6
@@ -197,8 +203,7 @@ def main():
                         report(f"{name} rows {rows:2d} {impl}",
                                *bench_linear(rows, k, n, dtype, ln=ln, residual=residual, act=act, impl=impl))
         if args.out:
-            with open(args.out, "w") as f:
-                json.dump(results, f, indent=1)
+            record.write(results, args.out)
         return
     for model, (heads, head_dim, vocab) in MODELS.items():
         for rows in (4, 16, 64, 256):
@@ -207,8 +212,7 @@ def main():
             report(f"{model} cross rows {rows:3d} src {SOURCE_LEN}", *bench_cross(heads, head_dim, rows, dtype))
             report(f"{model} topk  rows {rows:3d} V {vocab} k {2 * NUM_BEAMS}", *bench_topk(vocab, rows, dtype))
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=1)
+        record.write(results, args.out)
 
 
 if __name__ == "__main__":
