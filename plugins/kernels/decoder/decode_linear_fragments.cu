@@ -69,6 +69,16 @@ __global__ void fragment_layout_kernel(const uint16_t* w, uint16_t* out, int N, 
     }
 }
 
+// Lane (g, t)'s B fragment (x^T) of row tile `tile` at mma step s, from the staged rows: row 8 tile + g at
+// k = 2t, 2t + 1 (b0) and 2t + 8, 2t + 9 (b1), xrow being the lane's row g at 2t of its warp's first
+// step; zeros for a row past the launch's (`in` false).
+template <typename T>
+__device__ __forceinline__ void x_fragment(const T* xrow, int ld, int tile, int s, bool in, uint32_t& b0,
+                                           uint32_t& b1) {
+    b0 = in ? *reinterpret_cast<const uint32_t*>(xrow + 8 * tile * ld + s * kStep) : 0u;
+    b1 = in ? *reinterpret_cast<const uint32_t*>(xrow + 8 * tile * ld + s * kStep + 8) : 0u;
+}
+
 // kSteps: a warp's mma steps (in_features / 128), a compile-time count so that the loop below unrolls
 // whole: with a runtime count the compiler loaded each refill into a spare register and moved it into
 // its slot after the step's mma, and that move waited for the load, one DRAM round trip per step (NLLB's
@@ -141,11 +151,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_linear_fragments_kernel(De
         const uint32_t frag[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
         for (int j = 0; j < kRowTiles; ++j) {
-            uint32_t b0 = 0u, b1 = 0u;
-            if (g + 8 * j < M) {
-                b0 = *reinterpret_cast<const uint32_t*>(xrow + 8 * j * ld + s * kStep);
-                b1 = *reinterpret_cast<const uint32_t*>(xrow + 8 * j * ld + s * kStep + 8);
-            }
+            uint32_t b0, b1;
+            x_fragment(xrow, ld, j, s, g + 8 * j < M, b0, b1);
             attention_detail::MmaOp<T>::run(c[j][s % 2], frag, b0, b1);
         }
     }
@@ -277,11 +284,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_linear_fragments_cluster_k
         }
 #pragma unroll
         for (int rt = 0; rt < kRowTiles; ++rt) {
-            uint32_t b0 = 0u, b1 = 0u;
-            if (g + 8 * rt < M) {
-                b0 = *reinterpret_cast<const uint32_t*>(xrow + 8 * rt * ld + s * kStep);
-                b1 = *reinterpret_cast<const uint32_t*>(xrow + 8 * rt * ld + s * kStep + 8);
-            }
+            uint32_t b0, b1;
+            x_fragment(xrow, ld, rt, s, g + 8 * rt < M, b0, b1);
 #pragma unroll
             for (int j = 0; j < kTiles; ++j) attention_detail::MmaOp<T>::run(c[j][rt], frag[j], b0, b1);
         }
@@ -317,28 +321,32 @@ __global__ void __launch_bounds__(kThreads, 1) decode_linear_fragments_cluster_k
 #endif
 }
 
+// The launch's shared memory, which kKernel opts into above 48 KB (once per instantiation and new
+// maximum: the record is kKernel's own, a static of this template's instantiation for it; keyed by the
+// kernel's type instead, every instantiation would share one, and bf16 launches after fp16 ones failed).
+template <auto kKernel>
+cudaError_t opt_in(const DecodeLinearArgs& a, size_t& smem) {
+    static std::atomic<size_t> opted_in{48 * 1024};
+    smem = static_cast<size_t>(decode_linear_fragments_shared_bytes(a.rows, a.in_features, a.ln_gamma != nullptr));
+    return decode_linear_detail::opt_in_shared_memory(kKernel, smem, opted_in);
+}
+
+// 17-64 rows: a block per 32 output features, whole clusters.
 template <typename T, int kSteps, int kCluster>
 cudaError_t launch_cluster(const DecodeLinearArgs& a, cudaStream_t stream) {
-    const size_t smem =
-        static_cast<size_t>(decode_linear_fragments_shared_bytes(a.rows, a.in_features, a.ln_gamma != nullptr));
-    auto kernel = decode_linear_fragments_cluster_kernel<T, kSteps, kCluster>;
-    static std::atomic<size_t> opted_in{48 * 1024};
-    if (const cudaError_t err = decode_linear_detail::opt_in_shared_memory(kernel, smem, opted_in); err != cudaSuccess)
-        return err;
+    constexpr auto kernel = decode_linear_fragments_cluster_kernel<T, kSteps, kCluster>;
+    size_t smem = 0;
+    if (const cudaError_t err = opt_in<kernel>(a, smem); err != cudaSuccess) return err;
     const int blocks = ceil_div(ceil_div(a.out_features, 2 * kFeatures), kCluster) * kCluster;
     return launch_kernel_clustered(kernel, dim3(blocks), dim3(kThreads), kCluster, smem, stream, a);
 }
 
-// One instantiation's launch: a grid of a block per 16 output features; above 48 KB of shared memory the
-// kernel opts in (once per instantiation and new maximum: the record is this function's own).
+// Up to 16 rows: a block per 16 output features.
 template <typename T, int kSteps, int kRowTiles>
 cudaError_t launch_tiles(const DecodeLinearArgs& a, cudaStream_t stream) {
-    const size_t smem =
-        static_cast<size_t>(decode_linear_fragments_shared_bytes(a.rows, a.in_features, a.ln_gamma != nullptr));
-    auto kernel = decode_linear_fragments_kernel<T, kSteps, kRowTiles>;
-    static std::atomic<size_t> opted_in{48 * 1024};
-    if (const cudaError_t err = decode_linear_detail::opt_in_shared_memory(kernel, smem, opted_in); err != cudaSuccess)
-        return err;
+    constexpr auto kernel = decode_linear_fragments_kernel<T, kSteps, kRowTiles>;
+    size_t smem = 0;
+    if (const cudaError_t err = opt_in<kernel>(a, smem); err != cudaSuccess) return err;
     return launch_kernel(kernel, dim3(a.out_features / kFeatures), dim3(kThreads), smem, stream, a);
 }
 
