@@ -111,7 +111,7 @@ class Decoder:
         # up to DecoderOps.fragment_step_rows rows in float16 / bfloat16: the layers' weights in fragment
         # order (decode_linear's tensor-core kernel for few rows; ops.fragments), made once per weights
         self.fragments = ops.weight_fragments(weights, self.rows) if self.few_rows else {}
-        self._pays: dict[tuple, object] = {}    # (id(weight), LayerNorm) -> what decode_linear reads, or None
+        self._kernel_weights: dict[tuple, object] = {}  # (id(weight), LayerNorm) -> what decode_linear reads
         fold = weights.spec.pre_ln and ops.skip_layernorm is not None
         self.bias_sums = folded_bias_sums(stack, dtype) if fold else None
 
@@ -267,19 +267,20 @@ class Decoder:
         the step's rows, else the nn.Linear weight where decode_linear is the faster kernel
         (DecoderOps.step_linear_choice), else None (a GEMM); decided once per layer."""
         key = (id(weight), ln)
-        if key not in self._pays:
+        if key not in self._kernel_weights:
             fragments = self.fragments.get(id(weight))
             choice = self.ops.step_linear_choice(self.rows, x.shape[1], weight.shape[0], x.dtype, ln=ln,
                                                  fragments=fragments is not None)
-            self._pays[key] = {"fragments": fragments, "decode_linear": weight}.get(choice)
-        return self._pays[key]
+            self._kernel_weights[key] = {"fragments": fragments, "decode_linear": weight}.get(choice)
+        return self._kernel_weights[key]
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                 residual: torch.Tensor | None = None, ln: tuple | None = None, activation: str | None = None,
                 x_norm_out: torch.Tensor | None = None) -> torch.Tensor:
         """act(LN(x) W^T + bias) + residual: one decode_linear where it is the faster kernel for this
-        layer (on the weight's fragment-order copy where there is one), else the GEMM with torch's ops
-        around it (past 8 rows the widest layers: the output projection, NLLB's fc1 at 16 rows).
+        layer (on the weight's fragment-order copy where the fragment kernel takes the step's rows), else
+        the GEMM with torch's ops around it (the output projection past 8 rows; past the fragment rows the
+        layers the cluster kernel does not pay for).
         x_norm_out (LN(x), written by the kernel) only where it pays: the caller normalizes first
         otherwise."""
         kernel_weight = self._kernel_weight(x, weight, ln=ln is not None)
