@@ -421,3 +421,21 @@ def test_bench_generate_quick_runs_on_cpu(tmp_path):
     report = json.loads(out.read_text())
     assert report["rows"] and all("padfree_ms" in row for row in report["rows"])
     assert report["command"] and report["device"] == "cpu"
+
+
+def test_bench_generate_ab_quick_runs_on_cpu(tmp_path):
+    """bench/generate_ab.py: both configurations timed per shape, and a variable padfree.env does not define
+    refused in one line."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = os.path.join(root, "bench", "generate_ab.py")
+    out = tmp_path / "ab.json"
+    proc = subprocess.run([sys.executable, script, "--quick", "--b", "PADFREE_FRAGMENT_ROWS=4", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    import json
+    report = json.loads(out.read_text())
+    assert report["b"] == {"PADFREE_FRAGMENT_ROWS": "4"} and report["device"] == "cpu" and report["command"]
+    assert report["rows"] and all(row["a_ms_per_step"] > 0 and row["b_ms_per_step"] > 0 for row in report["rows"])
+    bad = subprocess.run([sys.executable, script, "--quick", "--b", "PADFREE_NO_SUCH=1"], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2 and "PADFREE_NO_SUCH=1" in bad.stderr.strip().splitlines()[-1]
