@@ -99,9 +99,16 @@ def current_device() -> int:
 
 
 @functools.lru_cache(maxsize=None)
+def device_properties(device_index: int):
+    """The GPU's properties (torch.cuda.get_device_properties), queried once per device: kernel choices read
+    its compute capability and shared memory on the call path."""
+    return torch.cuda.get_device_properties(device_index)
+
+
 def device_capability(device_index: int) -> tuple[int, int]:
-    """The GPU's compute capability, queried once per device (kernel choices read it on the call path)."""
-    return torch.cuda.get_device_capability(device_index)
+    """The GPU's compute capability (major, minor)."""
+    props = device_properties(device_index)
+    return props.major, props.minor
 
 
 def stream_handle(device: torch.device) -> int:

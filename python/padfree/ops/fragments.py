@@ -8,11 +8,19 @@ layout is made once, at load, beside the nn.Linear weight (which the GEMMs of la
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 
-from ._tensors import InputError, call_kernel, check, check_aligned, device_capability, dtype_code, ptr, stream_handle
+from ._tensors import (
+    InputError,
+    call_kernel,
+    check,
+    check_aligned,
+    device_capability,
+    device_properties,
+    dtype_code,
+    ptr,
+    stream_handle,
+)
 
 FRAGMENTS_MAX_ROWS = 64                     # kernels/decoder/decode_linear.h: kDecodeLinearFragmentsMaxRows
 FRAGMENTS_IN_MULTIPLE = 128                 # kDecodeLinearFragmentsInMultiple (the layout)
@@ -67,12 +75,7 @@ def fragments_fit(rows: int, in_features: int, out_features: int, dtype: torch.d
     index = device.index if device is not None and device.index is not None else torch.cuda.current_device()
     # mma.sync's 16-bit m16n8k16; past 16 rows thread-block clusters
     return (device_capability(index) >= ((9, 0) if rows > 16 else (8, 0))
-            and fragments_shared_bytes(rows, in_features, ln) <= _smem_optin(index))
-
-
-@functools.lru_cache(maxsize=None)
-def _smem_optin(index: int) -> int:
-    return torch.cuda.get_device_properties(index).shared_memory_per_block_optin
+            and fragments_shared_bytes(rows, in_features, ln) <= device_properties(index).shared_memory_per_block_optin)
 
 
 def fragment_layout(weight: torch.Tensor) -> FragmentWeight:
