@@ -2,7 +2,9 @@
 
 Why in one process: on an H200, two processes running the same NLLB-size configuration measured steps up to
 20 % apart (medians of 9-11 calls, each tight within its process), more than most changes being judged;
-alternating the calls of both configurations in one process moves both columns alike.
+alternating the calls of both configurations in one process moves both columns alike. (padfree.bench.timing
+times columns in blocks instead, since a call inherits the clock its predecessor left: there the columns are
+different workloads; here both are the same model and shapes, so each inherits a like clock.)
 
 A configuration is a set of PADFREE_* variables (padfree.env; docs/ENVIRONMENT.md), in force while its
 generator is made and while each of its decode states is made (its first calls at a shape):
@@ -21,7 +23,6 @@ import functools
 import os
 import statistics
 import sys
-import time
 
 import torch
 
@@ -58,21 +59,6 @@ def environment(settings: dict[str, str]):
                 os.environ[name] = value
 
 
-def timed_call(call, device: torch.device) -> float:
-    """ms of one call: CUDA events on the current stream, or perf_counter on the CPU."""
-    if device.type != "cuda":
-        start = time.perf_counter()
-        call()
-        return (time.perf_counter() - start) * 1e3
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    call()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--a", type=configuration, default={}, help="configuration a: NAME=VALUE,... (default: none)")
@@ -96,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",") if s]
     configs = {"a": args.a, "b": args.b}
     import padfree.torch as pt
-    from padfree.bench import record
+    from padfree.bench import record, timing
     from padfree.generation.inputs import padded_batch
     rows = []
     for name in [m for m in args.models.split(",") if m]:
@@ -118,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
                             call()
                 for r in range(args.rounds):
                     for key in ("a", "b") if r % 2 == 0 else ("b", "a"):
-                        times[key].append(timed_call(calls[key], device) / args.new_tokens)
+                        ms = timing.samples_ms(calls[key], reps=1, warmup=0, cuda=device.type == "cuda")[0]
+                        times[key].append(ms / args.new_tokens)
             med = {key: statistics.median(v) for key, v in times.items()}
             row = {"model": name, "batch": batch, "beams": beams, "new_tokens": args.new_tokens,
                    "a_ms_per_step": med["a"], "b_ms_per_step": med["b"], "b_over_a": med["b"] / med["a"],
