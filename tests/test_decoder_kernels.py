@@ -194,7 +194,7 @@ def cross_reference(q, q_bias, kv, lengths, num_beams, num_heads, scale):
     x = q.double() + (q_bias.double() if q_bias is not None else 0)
     outs, start = [], 0
     for s, n in enumerate(lengths):
-        k, v = kv[start:start + n].double().view(n, 2, num_heads, -1).unbind(1)  # [n, H, D]
+        k, v = kv[start:start + n].double().view(n, 2, num_heads, hidden // num_heads).unbind(1)  # [n, H, D]
         qs = x[s * num_beams:(s + 1) * num_beams].view(num_beams, num_heads, -1)
         scores = torch.einsum("bhd,nhd->bhn", qs, k) * scale
         outs.append(torch.einsum("bhn,nhd->bhd", scores.softmax(-1), v).reshape(num_beams, hidden))
@@ -215,14 +215,24 @@ CROSS_CASES = [
     ([40, 9], 6, 4, 128, 64),              # 6 beams, head_dim 128
     ([700, 20], 4, 16, 64, 700),           # 4 beams, few rows over long sources: split
     ([300, 7, 64], 3, 8, 64, 300),         # 3 beams
+    ([65, 0, 1, 128, 64], 5, 16, 64, 128), # an empty source; 65 and 128 keys: two passes of 64
+    ([33] * 40, 2, 8, 64, 33),             # 2 beams, more sources than SMs' worth of items
 ]
+
+# the cross-attention's paths (PADFREE_CROSS_ATTENTION_PATH): the kernel's own choice, the beams of a
+# source together on tensor cores wherever that path runs (16-bit, head_dim 64, 2-16 beams), a warp
+# per row and head
+CROSS_PATHS = ["auto", "beams", "rows"]
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", CROSS_CASES, ids=lambda c: f"n{len(c[0])}x{c[1]}_h{c[2]}x{c[3]}_max{c[4]}")
-def test_cross_attention(seed, dtype, case):
+@pytest.mark.parametrize("path", CROSS_PATHS)
+def test_cross_attention(seed, dtype, case, path, monkeypatch):
     lengths, num_beams, heads, head_dim, max_seqlen = case
+    if path != "auto":
+        monkeypatch.setenv("PADFREE_CROSS_ATTENTION_PATH", path)
     gen = _gen(seed)
     hidden = heads * head_dim
     total = sum(lengths)

@@ -47,6 +47,8 @@ _VARIABLES = (
              "resident|tiled|wgmma|tma|held forces the attention kernel's path where it can run (bench/attention.py)"),
     Variable("PADFREE_ATTENTION_ORDER", "choice", None, "diagnostic", "kernels",
              "tiles|heads|sequences forces the attention grid's order (A/B runs)"),
+    Variable("PADFREE_CROSS_ATTENTION_PATH", "choice", None, "diagnostic", "kernels",
+             "beams|rows forces the decoder cross-attention's path where it can run (A/B runs, tests)"),
     Variable("PADFREE_ROW_ORDER", "choice", None, "diagnostic", "kernels",
              "forward|reverse forces the order in which the row-wise kernels walk their rows (A/B runs)"),
     Variable("PADFREE_SEED", "text", None, "test hook", "tests",

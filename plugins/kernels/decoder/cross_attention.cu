@@ -1,8 +1,13 @@
 // Cross-attention over the packed encoder output (decoder_attention.cuh): the beams of one source
 // read that source's K/V rows in place (no per-beam copy); their CTAs are neighbours in the grid
-// (x = row), so the rows one beam brings into L2 serve the others.
+// (x = row), so the rows one beam brings into L2 serve the others. Where the sources' beams are many
+// items, their source's keys are read once per head on tensor cores instead (cross_attention_beams.cuh).
 #include "cross_attention.h"
 
+#include <cstdlib>
+#include <cstring>
+
+#include "cross_attention_beams.cuh"
 #include "decoder_attention.cuh"
 
 namespace padfree {
@@ -11,8 +16,14 @@ int64_t cross_attention_workspace_bytes(int32_t rows, int32_t num_heads, int32_t
     return decoder::workspace_bytes(rows, num_heads, head_dim, max_seqlen);
 }
 
+// PADFREE_CROSS_ATTENTION_PATH=beams|rows overrides the choice where the path can run (A/B runs, tests).
 cudaError_t launch_cross_attention(const CrossAttentionArgs& args, void* workspace, int64_t workspace_bytes,
                                    padfree_dtype dtype, cudaStream_t stream) {
+    const char* path = std::getenv("PADFREE_CROSS_ATTENTION_PATH");
+    const bool rows_forced = path != nullptr && std::strcmp(path, "rows") == 0;
+    const bool beams_forced = path != nullptr && std::strcmp(path, "beams") == 0;
+    if (!rows_forced && decoder::cross_attention_beams_takes(args, dtype, decoder::current_sms(), beams_forced))
+        return decoder::launch_cross_attention_beams(args, dtype, stream);
     const int64_t row_heads = static_cast<int64_t>(args.rows) * args.num_heads;
     decoder::DecoderAttentionArgs a{};
     a.splits = decoder::fitting_splits(row_heads, args.max_seqlen, args.head_dim,
