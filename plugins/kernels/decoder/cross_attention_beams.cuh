@@ -64,6 +64,27 @@ __global__ void __launch_bounds__(kBeamsWarps * kWarpSize) cross_attention_beams
     const int n = min(min(max(a.cu_seqlens[s + 1], start), a.total_tokens) - start, a.max_seqlen);
     const T* kv = static_cast<const T*>(a.kv_mem) + static_cast<int64_t>(start) * 2 * hidden + head * D;
 
+    // A chunk's K and V rows into shared memory (16 bytes a copy, 8 a row), rows past the source zeroed:
+    // their probabilities are 0, and 0 * garbage could be NaN. The first chunk is requested before Q, so
+    // that its round trip and Q's overlap.
+    auto stage = [&](int c0) {
+        const int keys = min(C, n - c0);
+        for (int i = lane; i < C * (D / 8); i += kWarpSize) {
+            const int r = i / (D / 8), c = (i % (D / 8)) * 8;
+            const uint32_t ks = smem_addr(k_s + r * ld + c), vs = smem_addr(v_s + r * ld + c);
+            if (r < keys) {
+                const T* src = kv + static_cast<int64_t>(c0 + r) * 2 * hidden + c;
+                cp_async_16_full(ks, src);
+                cp_async_16_full(vs, src + hidden);
+            } else {
+                st_shared_zero_16(ks);
+                st_shared_zero_16(vs);
+            }
+        }
+        cp_async_commit();
+    };
+    if (n > 0) stage(0);
+
     // Q of beams g and g + 8 as A fragments (pre-scaled into base 2, bias added, rounded to T): for k-step
     // kk, registers (row g, dims 16kk + 2t, +1), (row g + 8, same), (row g, + 8), (row g + 8, + 8)
     uint32_t qa[D / 16][4];
@@ -105,22 +126,10 @@ __global__ void __launch_bounds__(kBeamsWarps * kWarpSize) cross_attention_beams
     float o[D / 8][4] = {};
     for (int c0 = 0; c0 < n; c0 += C) {
         const int keys = min(C, n - c0);
-        // the chunk's K and V rows (16 bytes a copy, 8 a row); rows past the source zeroed: their
-        // probabilities are 0, and 0 * garbage could be NaN
-        __syncwarp();
-        for (int i = lane; i < C * (D / 8); i += kWarpSize) {
-            const int r = i / (D / 8), c = (i % (D / 8)) * 8;
-            const uint32_t ks = smem_addr(k_s + r * ld + c), vs = smem_addr(v_s + r * ld + c);
-            if (r < keys) {
-                const T* src = kv + static_cast<int64_t>(c0 + r) * 2 * hidden + c;
-                cp_async_16_full(ks, src);
-                cp_async_16_full(vs, src + hidden);
-            } else {
-                st_shared_zero_16(ks);
-                st_shared_zero_16(vs);
-            }
+        if (c0 > 0) {
+            __syncwarp();  // every lane is done with the previous chunk
+            stage(c0);
         }
-        cp_async_commit();
         cp_async_wait<0>();
         __syncwarp();
 
