@@ -210,13 +210,13 @@ CROSS_CASES = [
     ([512, 3, 100], 1, 16, 64, 1024),      # max_seqlen past the longest; few rows: split
     ([1000, 999], 2, 2, 128, 1000),        # long sources over many splits
     ([64] * 16, 16, 16, 64, 64),           # 256 rows
-    ([64] * 64, 4, 16, 64, 64),            # 256 rows of 4 beams (NLLB 64x4): the 64-register variant
+    ([64] * 64, 4, 16, 64, 64),            # 256 rows of 4 beams (NLLB 64x4): beams path; rows: the 64-register variant
     ([20] * 64, 4, 12, 128, 20),           # the 64-register variant, head_dim 128
     ([40, 9], 6, 4, 128, 64),              # 6 beams, head_dim 128
     ([700, 20], 4, 16, 64, 700),           # 4 beams, few rows over long sources: split
     ([300, 7, 64], 3, 8, 64, 300),         # 3 beams
     ([65, 0, 1, 128, 64], 5, 16, 64, 128), # an empty source; 65 and 128 keys: two passes of 64
-    ([33] * 40, 2, 8, 64, 33),             # 2 beams, more sources than SMs' worth of items
+    ([33] * 40, 2, 8, 64, 33),             # 2 beams, 320 (source, head) items: the beams path by default
 ]
 
 # the cross-attention's paths (PADFREE_CROSS_ATTENTION_PATH): the kernel's own choice, the beams of a
