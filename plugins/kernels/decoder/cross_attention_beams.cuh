@@ -26,22 +26,8 @@ constexpr int kBeamsChunk = 64;              // keys a pass
 constexpr int kBeamsLd = kBeamsD + 8;        // padded smem row: ldmatrix's 8 rows fall on distinct banks
 constexpr int kBeamsMaxBeams = 16;           // the mma's M
 
-struct CrossBeamsArgs {
-    const void* q;
-    const void* q_bias;
-    const void* kv_mem;
-    const int32_t* cu_seqlens;
-    void* out;
-    int32_t batch;
-    int32_t num_beams;
-    int32_t total_tokens;
-    int32_t max_seqlen;
-    int32_t num_heads;
-    float scale_log2;
-};
-
 template <typename T>
-__global__ void __launch_bounds__(kBeamsWarps * kWarpSize) cross_attention_beams_kernel(CrossBeamsArgs a) {
+__global__ void __launch_bounds__(kBeamsWarps * kWarpSize) cross_attention_beams_kernel(CrossAttentionArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     using namespace attention_detail;
     using Mma = MmaOp<T>;
@@ -56,6 +42,7 @@ __global__ void __launch_bounds__(kBeamsWarps * kWarpSize) cross_attention_beams
     }
     const int s = static_cast<int>(item / a.num_heads), head = static_cast<int>(item % a.num_heads);
     const int hidden = a.num_heads * D, B = a.num_beams;
+    const float scale_log2 = a.softmax_scale * kLog2e;
     T* k_s = kv_s[warp][0];
     T* v_s = kv_s[warp][1];
     wait_on_producer();
@@ -110,7 +97,7 @@ __global__ void __launch_bounds__(kBeamsWarps * kWarpSize) cross_attention_beams
                             v.y += b.y;
                         }
                     }
-                    qa[kk][half + 2 * hi] = Mma::pack(v.x * a.scale_log2, v.y * a.scale_log2);
+                    qa[kk][half + 2 * hi] = Mma::pack(v.x * scale_log2, v.y * scale_log2);
                 }
             }
         }
@@ -223,13 +210,11 @@ inline bool cross_attention_beams_takes(const CrossAttentionArgs& args, padfree_
 
 inline cudaError_t launch_cross_attention_beams(const CrossAttentionArgs& args, padfree_dtype dtype,
                                                 cudaStream_t stream) {
-    CrossBeamsArgs a{args.q, args.q_bias, args.kv_mem, args.cu_seqlens, args.out, args.batch, args.num_beams,
-                     args.total_tokens, args.max_seqlen, args.num_heads, args.softmax_scale * kLog2e};
     const int64_t items = static_cast<int64_t>(args.batch) * args.num_heads;
     const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(items, kBeamsWarps)));
     if (dtype == PADFREE_FLOAT16)
-        return launch_kernel(cross_attention_beams_kernel<__half>, grid, dim3(kBeamsWarps * kWarpSize), 0, stream, a);
-    return launch_kernel(cross_attention_beams_kernel<__nv_bfloat16>, grid, dim3(kBeamsWarps * kWarpSize), 0, stream, a);
+        return launch_kernel(cross_attention_beams_kernel<__half>, grid, dim3(kBeamsWarps * kWarpSize), 0, stream, args);
+    return launch_kernel(cross_attention_beams_kernel<__nv_bfloat16>, grid, dim3(kBeamsWarps * kWarpSize), 0, stream, args);
 }
 
 }  // namespace decoder
