@@ -263,6 +263,32 @@ def test_fragment_steps_share_equal_to_hf_fp32(family, monkeypatch):
                    for state in gen.runner.states.values()), f"{count}x{beams}: not on the fragment kernel"
 
 
+@pytest.mark.parametrize("family", ["m2m100", "mbart"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_decode_gemm_steps_share_equal_to_hf_fp32(family, dtype, monkeypatch):
+    """Pre-LN steps on decode_gemm (the LayerNorms folded into the weights): 16x4 and 32x1 by default,
+    1x4 and 4x4 with PADFREE_DECODE_GEMM=1, in the half types against HF float32 as the tests above."""
+    model = build(family, **GPU_MODEL).to("cuda")
+    fill = fill_value(model)
+    for forced, shapes in ((None, ((16, 4), (32, 1))), ("1", ((1, 4), (4, 4)))):
+        if forced is not None:
+            monkeypatch.setenv("PADFREE_DECODE_GEMM", forced)
+        gen = pt.from_hf(model, dtype=dtype, device="cuda")
+        if gen.ops.sources["decode_gemm"] != "kernel" or gen.ops.decode_gemm_layers(gen.weights, 64) is None:
+            pytest.skip(f"decode_gemm does not run here ({gen.ops.sources['decode_gemm']})")
+        for count, beams in shapes:
+            sources = random_sources(model.config, count, seed=count + beams)
+            ref = hf_generate(model, sources, num_beams=beams, max_new_tokens=16).cpu()
+            out = gen.generate(sources, num_beams=beams, max_new_tokens=16).cpu()
+            width = max(ref.shape[1], out.shape[1])
+            ref, out = (torch.nn.functional.pad(t, (0, width - t.shape[1]), value=fill) for t in (ref, out))
+            share = float((ref == out).all(dim=1).float().mean())
+            print(f"{dtype} decode_gemm {family} {count}x{beams}: {share:.2f} of sequences equal to HF fp32")
+            assert share >= 0.5, f"{count}x{beams}: {share:.2f}"
+            assert any(state.decoder.rows == count * beams and state.decoder.gemm_layers is not None
+                       for state in gen.runner.states.values()), f"{count}x{beams}: not on decode_gemm"
+
+
 # ---------------------------------------------------------------- CUDA graphs
 
 def _outputs(gen, sources, **options):

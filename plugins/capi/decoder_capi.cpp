@@ -8,6 +8,7 @@
 #include <string>
 
 #include "decoder/cross_attention.h"
+#include "decoder/decode_gemm.h"
 #include "decoder/decode_linear.h"
 #include "decoder/self_attention.h"
 #include "decoder/step_embedding.h"
@@ -185,6 +186,36 @@ padfree_status padfree_decoder_cross_attention(const void* q, const void* q_bias
                             num_heads, head_dim, softmax_scale};
     return launched("decoder_cross_attention",
                     launch_cross_attention(args, workspace, workspace_bytes, dtype, as_cuda_stream(stream)));
+    PADFREE_CAPI_GUARD_END
+}
+
+padfree_status padfree_decode_gemm(const void* x, const void* weight, const void* bias, const void* residual,
+                                  const float* ln_colsum, float eps, int32_t activation, int32_t rows,
+                                  int32_t in_features, int32_t out_features, padfree_dtype dtype, void* out,
+                                  padfree_stream stream) {
+    PADFREE_CAPI_GUARD_BEGIN
+    using namespace padfree;
+    PADFREE_CHECK(check_dtype(dtype));
+    PADFREE_REQUIRE(dtype != PADFREE_FLOAT32, "decode_gemm: float16 or bfloat16 (tensor cores), got float32; use a GEMM");
+    PADFREE_REQUIRE(rows >= 0 && rows <= kDecodeGemmMaxRows, "decode_gemm: rows must be in [0, ", kDecodeGemmMaxRows,
+                    "], got ", rows);
+    PADFREE_REQUIRE(in_features >= 64 && decode_gemm_split(in_features) != 0, "decode_gemm: in_features must be a ",
+                    "multiple of 64 that 1, 2, 4 or 8 blocks split into slices of at most ", kDecodeGemmMaxSlice,
+                    " (up to ", kDecodeGemmMaxSplit * kDecodeGemmMaxSlice, "), got ", in_features, "; use a GEMM");
+    PADFREE_REQUIRE(out_features >= 0 && out_features % kDecodeGemmTileN == 0, "decode_gemm: out_features must be ",
+                    "a multiple of ", kDecodeGemmTileN, ", got ", out_features, "; use a GEMM");
+    PADFREE_CHECK(check_decode_linear_options("decode_gemm", activation, nullptr, nullptr, 0.f, nullptr));
+    if (ln_colsum != nullptr) PADFREE_CHECK(check_eps(eps));
+    if (!decode_gemm_supported())
+        return fail(PADFREE_ERROR_UNSUPPORTED, "decode_gemm: needs compute capability 9.0 and the library's sm_90a ",
+                    "code; use a GEMM");
+    if (rows == 0 || out_features == 0) return PADFREE_OK;
+    PADFREE_CHECK(check_decode_linear_tensors("decode_gemm", x, weight, bias, residual, nullptr, nullptr, rows,
+                                              in_features, out_features, 2, out, nullptr));
+    PADFREE_CHECK(check_optional_tensor(ln_colsum, "decode_gemm: ln_colsum"));
+    const DecodeGemmArgs args{x, weight, bias, residual, ln_colsum, out, rows, in_features, out_features, eps,
+                              static_cast<DecodeActivation>(activation)};
+    return launched("decode_gemm", launch_decode_gemm(args, dtype, as_cuda_stream(stream)));
     PADFREE_CAPI_GUARD_END
 }
 

@@ -37,7 +37,7 @@ extern "C" {
  * 11: sentence pooling (padfree_sequence_pool). 12: beam_search_step's and greedy_step's flag_bytes
  * (int32 flags for TensorRT's PadfreeBeamSearchStep and PadfreeGreedyStep).
  * (New functions, such as the decoder's, add to a version without bumping it.) */
-#define PADFREE_ABI_VERSION 12
+#define PADFREE_ABI_VERSION 13
 
 typedef enum padfree_status {
     PADFREE_OK = 0,
@@ -400,6 +400,23 @@ PADFREE_API padfree_status padfree_decode_linear_fragments(const void* x, const 
 PADFREE_API padfree_status padfree_decode_linear_fragment_layout(const void* weight, int32_t out_features,
                                                                 int32_t in_features, padfree_dtype dtype, void* out,
                                                                 padfree_stream stream);
+
+/* A decode step's linear layer for 1 to 64 rows on Hopper's wgmma with the LayerNorm folded into the
+ * weight (kernels/decoder/decode_gemm.cu):
+ *   out = act(y) + residual,  y = x W^T + bias                              (ln_colsum NULL)
+ *                             y = rstd * (x W^T - mean * ln_colsum) + bias  (ln_colsum given)
+ * mean and rstd: each x row's LayerNorm statistics (float32, eps). With W = W0 diag(gamma), ln_colsum =
+ * W 1 and bias = b0 + W0 beta this is act(LN(x) W0^T + b0) + residual. x [rows, in_features], weight
+ * [out_features, in_features], bias [out_features], residual [rows, out_features] (may be out itself),
+ * out [rows, out_features]: float16 or bfloat16, 16-byte aligned; ln_colsum [out_features] float32.
+ * in_features a multiple of 64 that 1, 2, 4 or 8 blocks split into slices of at most 512 (up to 4096),
+ * out_features a multiple of 32; compute capability 9.0 with the library's sm_90a code (else
+ * PADFREE_ERROR_UNSUPPORTED: use a GEMM). out must not overlap x. */
+PADFREE_API padfree_status padfree_decode_gemm(const void* x, const void* weight, const void* bias,
+                                              const void* residual, const float* ln_colsum, float eps,
+                                              int32_t activation, int32_t rows, int32_t in_features,
+                                              int32_t out_features, padfree_dtype dtype, void* out,
+                                              padfree_stream stream);
 
 /* A decode step's input rows (kernels/decoder/step_embedding.cu):
  *   out[r] = LN(round(round(word_emb[tokens[r]] * embed_scale) + positions[p(r)]))

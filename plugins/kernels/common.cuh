@@ -325,6 +325,17 @@ constexpr auto query_l2_bytes = query_attribute<cudaDevAttrL2CacheSize>;
 // The current device's compute capability as 10 * major + minor (0 where it cannot be read).
 inline int current_compute_capability() { return current_device_value<query_compute_capability>(); }
 
+// Whether the library's wgmma kernels run on the current device: the library holds sm_90a code
+// (CMakeLists.txt defines PADFREE_HAS_SM90A only when it holds no plain sm_90 code the driver could
+// load instead) and the device is compute capability 9.0 (wgmma is not in later chips' instruction sets).
+inline bool wgmma_available() {
+#if defined(PADFREE_HAS_SM90A)
+    return current_compute_capability() == 90;
+#else
+    return false;
+#endif
+}
+
 // Whether a grid of `ctas` takes at most `waves` waves of ctas_per_sm CTAs on every SM of the current
 // device (false where the SM count cannot be read).
 inline bool fits_waves(int64_t ctas, int ctas_per_sm, double waves = 1.0) {

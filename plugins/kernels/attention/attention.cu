@@ -40,17 +40,6 @@ constexpr int kWgmmaMinBlocks = 4;
 template <int HD>
 using HeldBiasConfig = WgmmaConfig<HD, 64, 2, kWgmmaMinBlocks, true, true, true>;
 
-// The wgmma kernel runs where the library holds sm_90a code (CMakeLists.txt defines
-// PADFREE_HAS_SM90A only when it holds no plain sm_90 code the driver could load instead) and the
-// device is compute capability 9.0 (wgmma is not in later chips' instruction sets).
-bool wgmma_available() {
-#if defined(PADFREE_HAS_SM90A)
-    return current_compute_capability() == 90;
-#else
-    return false;
-#endif
-}
-
 // PADFREE_ATTENTION_PATH=resident|tiled|wgmma|tma|held overrides the choice, so that a benchmark can
 // time every path on one build ("resident" only where the sequences fit it; "wgmma", "tma" and "held"
 // where they run: the wgmma kernel loading by cp.async, or at head_dim 32 and 64 by tensor copies,

@@ -1,7 +1,7 @@
-// The Hopper instructions the wgmma attention kernel is built from: warpgroup matrix multiply
-// (wgmma.mma_async, A in registers, B from shared memory through a descriptor) and the fences and
-// waits around it. They exist on sm_90a only: call them from code compiled under
-// PADFREE_WGMMA_DEVICE.
+// The Hopper instructions the wgmma kernels are built from (the attention kernel, decode_gemm): warpgroup
+// matrix multiply (wgmma.mma_async, A in registers or shared memory, B from shared memory through a
+// descriptor) and the fences and waits around it. They exist on sm_90a only: call them from code
+// compiled under PADFREE_WGMMA_DEVICE.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -121,6 +121,26 @@ __device__ __forceinline__ void wgmma_m64n32k16(float (&d)[16], const uint32_t (
     }
 }
 
+#define PADFREE_WGMMA_M64N32K16_SS(TYPE)                                                               \
+    asm volatile(                                                                                      \
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                                   \
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32." TYPE "." TYPE " " PADFREE_WGMMA_D16              \
+        ", %16, %17, p, 1, 1, 0, 0;\n}\n"                                                               \
+        : PADFREE_WGMMA_D16_OPERANDS(d)                                                                \
+        : "l"(a_desc), "l"(b_desc), "r"(accumulate))
+
+// d[64 x 32] (+)= a[64 x 16] . b[16 x 32] with both operands in shared memory, K-major (a's rows and
+// b^T's rows contiguous along k): decode_gemm's x rows and weight rows as stored. d as above.
+template <typename T>
+__device__ __forceinline__ void wgmma_m64n32k16_ss(float (&d)[16], uint64_t a_desc, uint64_t b_desc, int accumulate) {
+    if constexpr (std::is_same_v<T, __half>) {
+        PADFREE_WGMMA_M64N32K16_SS("f16");
+    } else {
+        PADFREE_WGMMA_M64N32K16_SS("bf16");
+    }
+}
+
+#undef PADFREE_WGMMA_M64N32K16_SS
 #undef PADFREE_WGMMA_M64N32K16_RS
 #undef PADFREE_WGMMA_M64N64K16_RS
 #undef PADFREE_WGMMA_D16_OPERANDS

@@ -107,12 +107,15 @@ class Decoder:
         # few rows (1x4, 4x4; DecoderOps.decode_linear_fits): each linear layer with its LayerNorm, bias,
         # activation and residual as one decode_linear kernel (logits_few_rows) where that is the faster
         # kernel
-        self.few_rows = ops.decode_linear_fits(self.rows, stack, weights.spec)
+        # pre-LN steps of 17-64 rows (16x4, 64x1): each linear layer one decode_gemm with the LayerNorm
+        # before it folded in (DecoderOps.decode_gemm_layers), else None
+        self.gemm_layers = ops.decode_gemm_layers(weights, self.rows)
+        self.few_rows = self.gemm_layers is None and ops.decode_linear_fits(self.rows, stack, weights.spec)
         # up to DecoderOps.fragment_step_rows rows in float16 / bfloat16: the layers' weights in fragment
         # order (decode_linear's tensor-core kernel for few rows; ops.fragments), made once per weights
         self.fragments = ops.weight_fragments(weights, self.rows) if self.few_rows else {}
         self._kernel_weights: dict[tuple, object] = {}  # (id(weight), LayerNorm) -> what decode_linear reads
-        fold = weights.spec.pre_ln and ops.skip_layernorm is not None
+        fold = weights.spec.pre_ln and ops.skip_layernorm is not None and self.gemm_layers is None
         self.bias_sums = folded_bias_sums(stack, dtype) if fold else None
 
     @property
@@ -173,6 +176,8 @@ class Decoder:
         token at position `step` of every hypothesis)."""
         if self.few_rows:
             return self.logits_few_rows(tokens)
+        if self.gemm_layers is not None:
+            return self.logits_decode_gemm(tokens)
         w, spec = self.weights, self.weights.spec
         stack = w.decoder
         x = self._embed(tokens)
@@ -214,6 +219,29 @@ class Decoder:
         elif sums is not None:
             x = x + sums[last]
         return F.linear(x, w.step_lm_head)      # [rows, V'] (weights.pad_output_projection)
+
+    def logits_decode_gemm(self, tokens: torch.Tensor) -> torch.Tensor:
+        """logits() for a pre-LN step as 8 kernels a layer: each linear layer one decode_gemm with the
+        LayerNorm before it folded in (its statistics taken beside the products: no LayerNorm kernel) and
+        the bias, activation and residual in its epilogue, the residual accumulated in place (x is this
+        step's own activation); the two attentions between, their biases already added. The final
+        LayerNorm and the output projection as logits() runs them."""
+        w = self.weights
+        stack = w.decoder
+        gemm = self.ops.decode_gemm
+        heads = stack.num_heads
+        x = self._embed(tokens)
+        for i, g in enumerate(self.gemm_layers):
+            o = self.ops.decoder_self_attention(gemm(x, g.qkv), self.k_cache[i], self.v_cache[i], self.indir,
+                                                self.step, heads, softmax_scale=1.0, workspace=self.ws_self)
+            x = gemm(o, g.out, residual=x, out=x)
+            o = self.ops.cross_attention(gemm(x, g.q), self.kv_mem[i], self.cu_seqlens, self.max_seqlen,
+                                         self.rows_per_source, heads, softmax_scale=1.0, workspace=self.ws_cross)
+            x = gemm(o, g.cross_out, residual=x, out=x)
+            x = gemm(gemm(x, g.fc1, activation=w.activation), g.fc2, residual=x, out=x)
+        if stack.final_layer_norm is not None:
+            x = layer_norm(x, stack.final_layer_norm)
+        return F.linear(x, w.step_lm_head)
 
     def logits_few_rows(self, tokens: torch.Tensor) -> torch.Tensor:
         """logits() as 8 kernels per layer: each linear layer one decode_linear with the LayerNorm before

@@ -26,6 +26,35 @@ log = logging.getLogger(__name__)
 # were within the run-to-run spread and steps of 64 rows 7-38 % slower; PADFREE_FRAGMENT_ROWS tries it.
 FRAGMENT_STEP_ROWS = 16
 
+# The rows a pre-LN step runs its linear layers as decode_gemm for (DecoderOps.decode_gemm_layers): from
+# past the few-row kernels' range to the kernel's 64.
+DECODE_GEMM_ROWS = (FRAGMENT_STEP_ROWS + 1, 64)
+
+
+class GemmLayer:
+    """A pre-LN decoder layer's six linear layers folded for decode_gemm (ops.decode_gemm.fold_layernorm):
+    QKV, cross Q and fc1 with the LayerNorm before each folded in, and their biases (the attention kernels
+    then add none); the output projections and fc2 as they are."""
+
+    __slots__ = ("qkv", "out", "q", "cross_out", "fc1", "fc2")
+
+    @staticmethod
+    def fold(layer) -> "GemmLayer":
+        from ..ops.decode_gemm import fold_layernorm
+
+        def ln(weights):
+            return weights.weight, weights.bias, weights.eps
+        attn, cross, f = layer.self_attn, layer.cross_attn, layer.ffn
+        g = GemmLayer()
+        g.qkv = fold_layernorm(attn.qkv_weight, attn.qkv_bias, ln(attn.ln))
+        g.out = fold_layernorm(attn.out_weight, attn.out_bias, None)
+        g.q = fold_layernorm(cross.q_weight, cross.q_bias, ln(cross.ln))
+        g.cross_out = fold_layernorm(cross.out_weight, cross.out_bias, None)
+        g.fc1 = fold_layernorm(f.fc1_weight, f.fc1_bias, ln(f.ln))
+        g.fc2 = fold_layernorm(f.fc2_weight, f.fc2_bias, None)
+        return g
+
+
 # contract op -> the C symbol its padfree.ops binding calls (the library must export it)
 CONTRACT_OPS = {
     "decoder_self_attention": "padfree_decoder_self_attention",
@@ -42,7 +71,7 @@ ENCODER_OPS = {"attention_varlen": "padfree_attention_varlen"}
 FUSED_OPS = {"beam_search_step": "padfree_beam_search_step", "greedy_step": "padfree_greedy_step",
              "skip_layernorm": "padfree_skip_layernorm", "decode_linear": "padfree_decode_linear",
              "decoder_step_embedding": "padfree_decoder_step_embedding",
-             "fragment_layout": "padfree_decode_linear_fragments"}
+             "fragment_layout": "padfree_decode_linear_fragments", "decode_gemm": "padfree_decode_gemm"}
 
 
 def _kernel_unavailable(name: str, symbol: str, device: torch.device) -> tuple[Callable | None, str]:
@@ -227,6 +256,28 @@ class DecoderOps:
                         made[id(w)] = self.fragment_layout(w)
             weights.fragments = made
         return weights.fragments
+
+    def decode_gemm_layers(self, weights, rows: int) -> list | None:
+        """Per decoder layer, its linear layers folded for decode_gemm (GemmLayer), where a step of `rows`
+        runs them that way: pre-LN models in float16 / bfloat16 on 17-64 rows (DECODE_GEMM_ROWS; fewer run
+        the fragment kernel; PADFREE_DECODE_GEMM=0 turns it off, =1 takes it from 1 row) whose every layer
+        decode_gemm takes; else None (GEMMs). Made once per weights and kept there (weights.folded)."""
+        from ..ops.decode_gemm import decode_gemm_fits
+        choice = env.get("PADFREE_DECODE_GEMM")
+        if choice not in (None, "0", "1"):
+            raise ValueError(f"PADFREE_DECODE_GEMM: expected 0 or 1, got {choice!r}")
+        low = 1 if choice == "1" else DECODE_GEMM_ROWS[0]
+        stack = weights.decoder
+        if (getattr(self, "decode_gemm", None) is None or choice == "0" or not weights.spec.pre_ln
+                or not low <= rows <= DECODE_GEMM_ROWS[1]):
+            return None
+        shapes = {(w.shape[1], w.shape[0]) for w in weights.step_linear_weights()}
+        if not all(decode_gemm_fits(rows, k, n, weights.dtype, self.device) for k, n in shapes):
+            return None
+        if weights.folded is None:
+            with torch.cuda.device(self.device):
+                weights.folded = [GemmLayer.fold(layer) for layer in stack.layers]
+        return weights.folded
 
     def beam_search_workspace(self, batch: int, beams: int, max_length: int,
                               indir_len: int) -> tuple[torch.Tensor, int]:

@@ -109,6 +109,9 @@ class Seq2SeqWeights:
     # DecoderOps.fragment_step_rows rows) and kept, since larger steps (GEMMs) still read the weights in
     # nn.Linear's layout; None: not made yet
     fragments: dict | None = None
+    # per decoder layer, its linear layers folded for decode_gemm (DecoderOps.decode_gemm_layers: pre-LN
+    # steps of 9-64 rows), made by the first step that uses them and kept; None: not made yet
+    folded: list | None = None
 
     @property
     def step_lm_head(self) -> torch.Tensor:

@@ -7,6 +7,7 @@ from . import graph_edges  # noqa: F401
 from ._tensors import InputError  # noqa: F401
 from .activation import bias_gelu  # noqa: F401
 from .attention import attention_varlen  # noqa: F401
+from .decode_gemm import decode_gemm  # noqa: F401
 from .decoder import (  # noqa: F401
     cross_attention,
     decode_linear,

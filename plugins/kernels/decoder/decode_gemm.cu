@@ -1,0 +1,340 @@
+// decode_gemm (decode_gemm.h): a decode step's linear layer for up to 64 rows on wgmma, for the steps of
+// 9-64 rows (16x4, 64x1), whose layers cuBLASLt runs at ~0.5 TB/s of weights as full dependencies (its
+// kernels start nothing before the previous kernel ends), each pre-LN layer behind a LayerNorm kernel.
+//
+// A block owns 32 output features and one slice of in_features (at most 512: a cluster of 1-8 blocks
+// splits wider inputs), and holds both operands whole in shared memory (x's 64 rows: 64 KB, the
+// weights: 32 KB; two blocks an SM):
+// - The weights are no kernel's output: thread 0 requests them by tensor copies before the block waits
+//   on its producer (PDL), so they stream while the previous kernel runs; the block lets its own
+//   consumers launch at once (allow_consumers), so the next layer's weights do the same.
+// - After the wait, x's slice arrives as 64-wide chunks (one 128-byte-swizzled box of 64 rows each,
+//   rows past `rows` zero-filled), each on its own barrier: a chunk's four m64n32k16 wgmmas (both
+//   operands from shared memory, K-major, as stored) start as soon as it lands.
+// - The LayerNorm is folded (decode_gemm.h): while the tensor cores run, each thread sums half of one
+//   row of the chunk and its squares (a 128-byte row's sum does not depend on its swizzle), so the
+//   statistics cost no pass of their own and the products need no normalized copy of x.
+// - The blocks of a cluster add their partial products and statistics through distributed shared
+//   memory in rank order (the result does not depend on timing), each finishing 1 / split of the
+//   outputs with the epilogue (bias, the LayerNorm's two terms, activation, residual).
+#include "decode_gemm.h"
+
+#include <cooperative_groups.h>
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <atomic>
+
+#include "../attention/attention_ptx.cuh"
+#include "../graphs/driver_entry.h"
+#include "../ptx/tma_ptx.cuh"
+#include "../ptx/wgmma_ptx.cuh"
+#include "common.cuh"
+#include "decode_linear.cuh"
+
+namespace padfree {
+namespace {
+
+namespace cg = cooperative_groups;
+using namespace attention_detail;
+
+constexpr int kRows = kDecodeGemmMaxRows;
+constexpr int kTileN = kDecodeGemmTileN;
+constexpr int kChunk = 64;                                // in_features per box: one 128-byte swizzle row
+constexpr int kMaxChunks = kDecodeGemmMaxSlice / kChunk;  // 8
+constexpr int kThreads = 128;                             // one warpgroup
+constexpr int kAcc = kRows * kTileN / kThreads;           // accumulators a thread: 16
+#ifndef PADFREE_DECODE_GEMM_SETS
+#define PADFREE_DECODE_GEMM_SETS 4
+#endif
+constexpr int kSets = PADFREE_DECODE_GEMM_SETS;           // independent accumulator sets (a chunk's k16 steps)
+constexpr uint32_t kXChunkBytes = kRows * kChunk * 2;
+constexpr uint32_t kWChunkBytes = kTileN * kChunk * 2;
+constexpr uint32_t kXBytes = kMaxChunks * kXChunkBytes;
+constexpr uint32_t kWBytes = kMaxChunks * kWChunkBytes;
+constexpr uint32_t kPartBytes = kAcc * kThreads * 4;  // the partial products, [value pair][thread]
+constexpr uint32_t kStatBytes = kRows * 8;            // the rows' partial (sum, sum of squares)
+constexpr uint32_t kBarBytes = (1 + kMaxChunks) * 8;  // the weights' barrier, then one a chunk of x
+constexpr uint32_t kSmemBytes = 1024 + kXBytes + kWBytes + kPartBytes + kStatBytes + kBarBytes;  // 1024: alignment
+static_assert(kAcc % 2 == 0 && kAcc / kDecodeGemmMaxSplit >= 2, "each block finishes whole column pairs");
+
+struct Params {
+    const void* bias;
+    const void* residual;
+    const float* ln_colsum;
+    void* out;
+    int32_t rows;
+    int32_t in_features;
+    int32_t out_features;
+    int32_t chunks;  // 64-wide chunks in a block's slice
+    float eps;
+    DecodeActivation activation;
+};
+
+template <typename T>
+using Pair = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+
+template <typename T>
+__device__ __forceinline__ float2 pair_to_float(Pair<T> v) {
+    if constexpr (std::is_same_v<T, __half>) return __half22float2(v); else return __bfloat1622float2(v);
+}
+template <typename T>
+__device__ __forceinline__ Pair<T> pair_from_float(float2 v) {
+    if constexpr (std::is_same_v<T, __half>) return __float22half2_rn(v); else return __float22bfloat162_rn(v);
+}
+
+// Accumulator value i of thread (warp, lane) in wgmma's m64nN layout: row warp * 16 + lane / 4 (+ 8 for
+// i % 4 >= 2), column 8 * (i / 4) + 2 * (lane % 4) + i % 2.
+__device__ __forceinline__ int value_row(int i, int warp, int lane) { return warp * 16 + lane / 4 + (i % 4 >= 2 ? 8 : 0); }
+__device__ __forceinline__ int value_col(int i, int lane) { return 8 * (i / 4) + 2 * (lane % 4); }
+
+// kSplit: the blocks of a cluster (in_features split over them; 1: no cluster).
+template <typename T, int kSplit>
+__global__ void __launch_bounds__(kThreads, 2)
+    decode_gemm_kernel(const Params p, const __grid_constant__ CUtensorMap x_map,
+                       const __grid_constant__ CUtensorMap w_map) {
+#if defined(PADFREE_WGMMA_DEVICE)
+    constexpr int kPairs = kAcc / 2 / kSplit;  // column pairs a thread finishes
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const uint32_t raw = smem_addr(smem_raw);
+    const uint32_t sx = (raw + 1023u) & ~1023u;  // the 128-byte swizzle's 1024-byte atoms
+    unsigned char* base = smem_raw + (sx - raw);
+    const uint32_t sw = sx + kXBytes;
+    float2* part = reinterpret_cast<float2*>(base + kXBytes + kWBytes);  // [kAcc / 2][kThreads]
+    float2* stats = reinterpret_cast<float2*>(base + kXBytes + kWBytes + kPartBytes);
+    const uint32_t w_bar = sx + kXBytes + kWBytes + kPartBytes + kStatBytes;
+
+    const int rank = kSplit == 1 ? 0 : static_cast<int>(cg::this_cluster().block_rank());
+    const int n0 = static_cast<int>(blockIdx.x) / kSplit * kTileN;
+    const int k0 = rank * p.chunks * kChunk;
+    const int tid = threadIdx.x, warp = tid / kWarpSize, lane = tid % kWarpSize;
+    const bool ln = p.ln_colsum != nullptr;
+
+    if (tid == 0) {
+        for (int b = 0; b <= p.chunks; ++b) mbarrier_init(w_bar + 8u * b, 1);
+        fence_mbarrier_init();
+    }
+    __syncthreads();
+    if (tid == 0) {
+        mbarrier_expect_bytes(w_bar, p.chunks * kWChunkBytes);
+        for (int j = 0; j < p.chunks; ++j) tma_load_2d(sw + j * kWChunkBytes, &w_map, k0 + j * kChunk, n0, w_bar);
+    }
+    // This block's share of the epilogue: values [v0, v0 + 2 kPairs) of every thread, as column pairs
+    // (value i, i + 1: columns c, c + 1 of one row); their column parameters are weights too, loaded
+    // before the wait.
+    const int v0 = rank * 2 * kPairs;
+    float2 colsum[kPairs], bias[kPairs];
+#pragma unroll
+    for (int u = 0; u < kPairs; ++u) {
+        const int col = n0 + value_col(v0 + 2 * u, lane);
+        colsum[u] = ln ? *reinterpret_cast<const float2*>(p.ln_colsum + col) : make_float2(0.f, 0.f);
+        bias[u] = p.bias != nullptr
+                      ? pair_to_float<T>(*reinterpret_cast<const Pair<T>*>(static_cast<const T*>(p.bias) + col))
+                      : make_float2(0.f, 0.f);
+    }
+    allow_consumers();
+    wait_on_producer();
+
+    if (tid == 0) {
+        for (int j = 0; j < p.chunks; ++j) {
+            mbarrier_expect_bytes(w_bar + 8u * (1 + j), kXChunkBytes);
+            tma_load_2d(sx + j * kXChunkBytes, &x_map, k0 + j * kChunk, 0, w_bar + 8u * (1 + j));
+        }
+    }
+    // the residual (a producer's output) in flight while the products run
+    float2 residual[kPairs];
+#pragma unroll
+    for (int u = 0; u < kPairs; ++u) {
+        residual[u] = make_float2(0.f, 0.f);
+        const int i = v0 + 2 * u, row = value_row(i, warp, lane);
+        if (p.residual != nullptr && row < p.rows)
+            residual[u] = pair_to_float<T>(*reinterpret_cast<const Pair<T>*>(
+                static_cast<const T*>(p.residual) + static_cast<int64_t>(row) * p.out_features + n0 + value_col(i, lane)));
+    }
+
+    // one accumulator set per k16 step of a chunk: consecutive wgmmas are independent, so the tensor
+    // cores overlap them instead of waiting out each one's latency (n32 tiles are short)
+    float acc[kSets][kAcc];
+#pragma unroll
+    for (int s = 0; s < kSets; ++s)
+#pragma unroll
+        for (int i = 0; i < kAcc; ++i) acc[s][i] = 0.f;
+    const uint64_t a_desc = swizzled_descriptor<128>(sx, 0);
+    const uint64_t b_desc = swizzled_descriptor<128>(sw, 0);
+    // row statistics: lane l reads 16 bytes (l % 8) of rows 16 warp + 4 q + l / 8, q < 4, of each chunk (a
+    // quarter-warp reads one whole 128-byte row: no bank conflicts; a row's sum does not depend on its
+    // swizzle)
+    float sum[4] = {0.f, 0.f, 0.f, 0.f}, squares[4] = {0.f, 0.f, 0.f, 0.f};
+    mbarrier_wait(w_bar, 0);
+    for (int j = 0; j < p.chunks; ++j) {
+        mbarrier_wait(w_bar + 8u * (1 + j), 0);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kChunk / 16; ++kk)
+            wgmma_m64n32k16_ss<T>(acc[kk % kSets], descriptor_at(a_desc, j * kXChunkBytes + kk * 32),
+                                  descriptor_at(b_desc, j * kWChunkBytes + kk * 32), 1);
+        wgmma_commit();
+        if (ln) {
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                const uint4 w = *reinterpret_cast<const uint4*>(base + j * kXChunkBytes +
+                                                                (16 * warp + 4 * q + lane / 8) * 128 + (lane % 8) * 16);
+                const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float2 f = pair_to_float<T>(*reinterpret_cast<const Pair<T>*>(&words[e]));
+                    sum[q] += f.x + f.y;
+                    squares[q] = fmaf(f.x, f.x, fmaf(f.y, f.y, squares[q]));
+                }
+            }
+        }
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int s = 0; s < kSets; ++s) keep_registers(acc[s]);
+#pragma unroll
+    for (int s = 1; s < kSets; ++s)
+#pragma unroll
+        for (int i = 0; i < kAcc; ++i) acc[0][i] += acc[s][i];
+
+    if (ln) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+#pragma unroll
+            for (int m = 1; m < 8; m *= 2) {
+                sum[q] += __shfl_xor_sync(0xffffffffu, sum[q], m);
+                squares[q] += __shfl_xor_sync(0xffffffffu, squares[q], m);
+            }
+            if (lane % 8 == 0) stats[16 * warp + 4 * q + lane / 8] = make_float2(sum[q], squares[q]);
+        }
+    }
+    // Every partial value a thread finishes is gathered into registers before any is used: the peers'
+    // values come through generic pointers, which the compiler cannot tell from `out`, so loads left
+    // after a store would wait for it.
+    float2 y[kPairs][kSplit];
+    float2 st[2][kSplit];  // the statistics of this thread's two rows (value_row: +0, +8)
+    if constexpr (kSplit == 1) {
+#pragma unroll
+        for (int u = 0; u < kPairs; ++u) y[u][0] = make_float2(acc[0][2 * u], acc[0][2 * u + 1]);
+        __syncthreads();  // the statistics
+        if (ln) {
+            st[0][0] = stats[value_row(0, warp, lane)];
+            st[1][0] = stats[value_row(2, warp, lane)];
+        }
+    } else {
+        cg::cluster_group cluster = cg::this_cluster();
+#pragma unroll
+        for (int i = 0; i < kAcc; i += 2) part[(i / 2) * kThreads + tid] = make_float2(acc[0][i], acc[0][i + 1]);
+        cluster.sync();
+#pragma unroll
+        for (int q = 0; q < kSplit; ++q) {
+            const float2* peer = cluster.map_shared_rank(part, q);
+#pragma unroll
+            for (int u = 0; u < kPairs; ++u) y[u][q] = peer[(v0 / 2 + u) * kThreads + tid];
+            if (ln) {
+                const float2* peer_stats = cluster.map_shared_rank(stats, q);
+                st[0][q] = peer_stats[value_row(0, warp, lane)];
+                st[1][q] = peer_stats[value_row(2, warp, lane)];
+            }
+        }
+    }
+
+    T* out = static_cast<T*>(p.out);
+    const float inv_k = 1.f / static_cast<float>(p.in_features);
+    float mean[2] = {0.f, 0.f}, rstd[2] = {1.f, 1.f};
+    if (ln) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float2 t = st[h][0];
+#pragma unroll
+            for (int q = 1; q < kSplit; ++q) t = make_float2(t.x + st[h][q].x, t.y + st[h][q].y);
+            mean[h] = t.x * inv_k;
+            rstd[h] = rsqrtf(fmaxf(t.y * inv_k - mean[h] * mean[h], 0.f) + p.eps);
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < kPairs; ++u) {
+        const int i = v0 + 2 * u, row = value_row(i, warp, lane), h = i % 4 >= 2;
+        float2 v = y[u][0];
+#pragma unroll
+        for (int q = 1; q < kSplit; ++q) v = make_float2(v.x + y[u][q].x, v.y + y[u][q].y);  // rank order
+        if (ln) {  // selects, not an index: h is a runtime value where kPairs is odd
+            const float m = h ? mean[1] : mean[0], r = h ? rstd[1] : rstd[0];
+            v.x = r * (v.x - m * colsum[u].x);
+            v.y = r * (v.y - m * colsum[u].y);
+        }
+        v.x = decode_linear_detail::activate(v.x + bias[u].x, p.activation) + residual[u].x;
+        v.y = decode_linear_detail::activate(v.y + bias[u].y, p.activation) + residual[u].y;
+        if (row < p.rows)
+            *reinterpret_cast<Pair<T>*>(out + static_cast<int64_t>(row) * p.out_features + n0 + value_col(i, lane)) =
+                pair_from_float<T>(v);
+    }
+    // no block exits while a peer may still read its shared memory: the reads are done (their values are
+    // in registers), so the arrival need not order this block's stores (relaxed)
+    if constexpr (kSplit > 1)
+        asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;" ::: "memory");
+#endif
+}
+
+// `tensor` [rows, cols] (16-bit, rows of cols * 2 bytes) as 64-column x box_rows boxes with the
+// 128-byte swizzle wgmma reads, rows past the end zero-filled. False where the driver cannot make it.
+bool tensor_map(CUtensorMap* map, const void* tensor, int64_t rows, int64_t cols, uint32_t box_rows,
+                padfree_dtype dtype) {
+    static const auto encode = driver_entry<PFN_cuTensorMapEncodeTiled_v12000>("cuTensorMapEncodeTiled", 12000);
+    if (encode == nullptr) return false;
+    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+    const cuuint64_t row_bytes[1] = {static_cast<cuuint64_t>(cols) * 2};
+    const cuuint32_t box[2] = {kChunk, box_rows};
+    const cuuint32_t element_strides[2] = {1, 1};
+    const CUtensorMapDataType type =
+        dtype == PADFREE_BFLOAT16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    return encode(map, type, 2, const_cast<void*>(tensor), dims, row_bytes, box, element_strides,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <typename T, int kSplit>
+cudaError_t launch_split(const DecodeGemmArgs& a, padfree_dtype dtype, cudaStream_t stream) {
+    CUtensorMap x_map{}, w_map{};
+    if (!tensor_map(&x_map, a.x, a.rows, a.in_features, kRows, dtype) ||
+        !tensor_map(&w_map, a.weight, a.out_features, a.in_features, kTileN, dtype))
+        return cudaErrorNotSupported;
+    auto kernel = decode_gemm_kernel<T, kSplit>;
+    static std::atomic<size_t> opted_in{48 * 1024};
+    if (const cudaError_t err = decode_linear_detail::opt_in_shared_memory(kernel, kSmemBytes, opted_in);
+        err != cudaSuccess)
+        return err;
+    const Params p{a.bias, a.residual, a.ln_colsum, a.out, a.rows, a.in_features, a.out_features,
+                   a.in_features / kSplit / kChunk, a.eps, a.activation};
+    const dim3 grid(static_cast<unsigned>(a.out_features / kTileN * kSplit));
+    return launch_kernel_clustered(kernel, grid, dim3(kThreads), static_cast<unsigned>(kSplit), kSmemBytes, stream,
+                                   p, x_map, w_map);
+}
+
+template <typename T>
+cudaError_t launch_typed(const DecodeGemmArgs& a, int32_t split, padfree_dtype dtype, cudaStream_t stream) {
+    switch (split) {
+        case 1: return launch_split<T, 1>(a, dtype, stream);
+        case 2: return launch_split<T, 2>(a, dtype, stream);
+        case 4: return launch_split<T, 4>(a, dtype, stream);
+        default: return launch_split<T, 8>(a, dtype, stream);
+    }
+}
+
+}  // namespace
+
+bool decode_gemm_supported() { return wgmma_available(); }
+
+cudaError_t launch_decode_gemm(const DecodeGemmArgs& args, padfree_dtype dtype, cudaStream_t stream) {
+    if (args.rows == 0 || args.out_features == 0) return cudaSuccess;
+    const int32_t split = decode_gemm_split(args.in_features);
+    if (args.rows < 0 || args.rows > kRows || split == 0 || args.out_features % kTileN != 0 || !decode_gemm_supported())
+        return cudaErrorInvalidValue;
+    switch (dtype) {
+        case PADFREE_FLOAT16: return launch_typed<__half>(args, split, dtype, stream);
+        case PADFREE_BFLOAT16: return launch_typed<__nv_bfloat16>(args, split, dtype, stream);
+        default: return cudaErrorInvalidValue;
+    }
+}
+
+}  // namespace padfree

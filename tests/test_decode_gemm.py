@@ -1,0 +1,99 @@
+"""decode_gemm (padfree.ops.decode_gemm): a decode step's linear layer on Hopper's wgmma with the input's
+LayerNorm folded into the weight, against a float64 torch reference of the unfolded layer (LayerNorm,
+linear, bias, activation, residual) on fresh random data. Outputs are poisoned first, and the rows past
+`rows` of the buffer `out` is a view of must stay as they were. Shapes: every cluster split (in_features
+512, 1024, 2048, 4096; 768 and 1536 as slices of six chunks), Marian's and NLLB's widths, 1 to 64 rows."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU (decode_gemm)", allow_module_level=True)
+
+from padfree.ops import InputError  # noqa: E402
+from padfree.ops.decode_gemm import decode_gemm, decode_gemm_fits, fold_layernorm  # noqa: E402
+
+if not decode_gemm_fits(64, 1024, 1024, torch.float16, torch.device("cuda")):
+    pytest.skip("decode_gemm runs on compute capability 9.0 with the library's sm_90a code",
+                allow_module_level=True)
+
+HALF = [torch.float16, torch.bfloat16]
+# relative error of a row against the float64 reference (the reference rounds the LayerNorm's output
+# to the dtype, as HF's is; the kernel rounds the folded weight and bias instead)
+TOLERANCE = {torch.float16: 4e-3, torch.bfloat16: 3e-2}
+ACTS = {None: lambda y: y, "relu": torch.relu, "gelu": torch.nn.functional.gelu,
+        "gelu_tanh": lambda y: torch.nn.functional.gelu(y, approximate="tanh"), "silu": torch.nn.functional.silu}
+
+
+def reference(x, w, bias, residual, ln, act, dtype):
+    h = x.double()
+    if ln is not None:
+        gamma, beta, eps = ln
+        h = torch.nn.functional.layer_norm(h, (h.shape[-1],), gamma.double(), beta.double(), eps).to(dtype).double()
+    y = h @ w.double().t()
+    if bias is not None:
+        y = y + bias.double()
+    y = ACTS[act](y)
+    return y if residual is None else y + residual.double()
+
+
+def run(seed, dtype, rows, k, n, *, bias, residual, ln, act):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = (torch.randn(rows, k, generator=g, device="cuda") * 2 + 0.5).to(dtype)
+    w = (torch.randn(n, k, generator=g, device="cuda") / math.sqrt(k)).to(dtype)
+    b = torch.randn(n, generator=g, device="cuda").to(dtype) if bias else None
+    r = torch.randn(rows, n, generator=g, device="cuda").to(dtype) if residual else None
+    norm = None
+    if ln:
+        norm = ((1 + 0.2 * torch.randn(k, generator=g, device="cuda")).to(dtype),
+                (0.1 * torch.randn(k, generator=g, device="cuda")).to(dtype), 1e-5)
+    buffer = torch.full((rows + 3, n), float("nan"), dtype=dtype, device="cuda")
+    out = buffer[:rows]
+    decode_gemm(x, fold_layernorm(w, b, norm), residual=r, activation=act, out=out)
+    ref = reference(x, w, b, r, norm, act, dtype)
+    assert not out.isnan().any(), "an output element was not written"
+    assert buffer[rows:].isnan().all(), "a row past `rows` was written"
+    err = ((out.double() - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-30)).max().item()
+    assert err < TOLERANCE[dtype], f"relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("rows", [1, 9, 16, 17, 40, 64])
+@pytest.mark.parametrize("k,n", [(512, 1536), (1024, 3072), (1024, 4096), (4096, 1024), (2048, 512), (768, 3072),
+                                 (1536, 64)])
+def test_decode_gemm_matches_float64(seed, dtype, rows, k, n):
+    run(seed, dtype, rows, k, n, bias=True, residual=False, ln=False, act=None)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("act", list(ACTS), ids=str)
+@pytest.mark.parametrize("rows", [12, 64])
+def test_decode_gemm_folded_layernorm_activation_residual(seed, dtype, act, rows):
+    run(seed, dtype, rows, 1024, 3072, bias=True, residual=True, ln=True, act=act)
+    run(seed + 1, dtype, rows, 512, 2048, bias=False, residual=False, ln=True, act=act)
+    run(seed + 2, dtype, rows, 4096, 1024, bias=True, residual=True, ln=True, act=act)
+
+
+def test_decode_gemm_residual_in_place(seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(64, 1024, generator=g, device="cuda").half()
+    w = (torch.randn(1024, 1024, generator=g, device="cuda") / 32).half()
+    b = torch.randn(1024, generator=g, device="cuda").half()
+    acc = torch.randn(64, 1024, generator=g, device="cuda").half()
+    expected = acc.double() + x.double() @ w.double().t() + b.double()
+    decode_gemm(x, fold_layernorm(w, b, None), residual=acc, out=acc)
+    torch.testing.assert_close(acc.double(), expected, rtol=4e-3, atol=4e-3)
+
+
+def test_decode_gemm_refuses_bad_input():
+    def zeros(*shape, dtype=torch.float16):
+        return torch.zeros(*shape, dtype=dtype, device="cuda")
+    for rows, k, n, dtype, what in [(65, 1024, 64, torch.float16, "65 x 1024"), (4, 1024, 64, torch.float32, "float32"),
+                                    (4, 1000, 64, torch.float16, "4 x 1000"), (4, 1024, 40, torch.float16, "-> 40")]:
+        with pytest.raises(InputError, match=what):
+            decode_gemm(zeros(rows, k, dtype=dtype), fold_layernorm(zeros(n, k, dtype=dtype), None, None))
