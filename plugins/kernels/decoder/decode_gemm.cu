@@ -50,11 +50,12 @@ constexpr int kAcc = kRows * kTileN / kThreads;           // accumulators a thre
 constexpr int kSets = PADFREE_DECODE_GEMM_SETS;           // independent accumulator sets (a chunk's k16 steps)
 constexpr uint32_t kXChunkBytes = kRows * kChunk * 2;
 constexpr uint32_t kWChunkBytes = kTileN * kChunk * 2;
-constexpr uint32_t kXBytes = kMaxChunks * kXChunkBytes;
+constexpr int kStages = 4;                                // x chunks in flight: a ring of shared buffers
+constexpr uint32_t kXBytes = kStages * kXChunkBytes;
 constexpr uint32_t kWBytes = kMaxChunks * kWChunkBytes;
 constexpr uint32_t kPartBytes = kAcc * kThreads * 4;  // the partial products, [value pair][thread]
 constexpr uint32_t kStatBytes = kRows * 8;            // the rows' partial (sum, sum of squares)
-constexpr uint32_t kBarBytes = (1 + kMaxChunks) * 8;  // the weights' barrier, then one a chunk of x
+constexpr uint32_t kBarBytes = (1 + kStages) * 8;    // the weights' barrier, then one a stage of x
 constexpr uint32_t kSmemBytes = 1024 + kXBytes + kWBytes + kPartBytes + kStatBytes + kBarBytes;  // 1024: alignment
 static_assert(kAcc % 2 == 0 && kAcc / kDecodeGemmMaxSplit >= 2, "each block finishes whole column pairs");
 
@@ -90,7 +91,7 @@ __device__ __forceinline__ int value_col(int i, int lane) { return 8 * (i / 4) +
 
 // kSplit: the blocks of a cluster (in_features split over them; 1: no cluster).
 template <typename T, int kSplit>
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(kThreads, kDecodeGemmBlocksPerSm)
     decode_gemm_kernel(const Params p, const __grid_constant__ CUtensorMap x_map,
                        const __grid_constant__ CUtensorMap w_map) {
 #if defined(PADFREE_WGMMA_DEVICE)
@@ -111,7 +112,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     const bool ln = p.ln_colsum != nullptr;
 
     if (tid == 0) {
-        for (int b = 0; b <= p.chunks; ++b) mbarrier_init(w_bar + 8u * b, 1);
+        for (int b = 0; b <= kStages; ++b) mbarrier_init(w_bar + 8u * b, 1);
         fence_mbarrier_init();
     }
     __syncthreads();
@@ -132,14 +133,17 @@ __global__ void __launch_bounds__(kThreads, 2)
                       ? pair_to_float<T>(*reinterpret_cast<const Pair<T>*>(static_cast<const T*>(p.bias) + col))
                       : make_float2(0.f, 0.f);
     }
+    // chunk j of this block's slice of x into its stage of the ring (thread 0)
+    auto load_x = [&](int j) {
+        const uint32_t bar = w_bar + 8u * (1 + j % kStages);
+        mbarrier_expect_bytes(bar, kXChunkBytes);
+        tma_load_2d(sx + (j % kStages) * kXChunkBytes, &x_map, k0 + j * kChunk, 0, bar);
+    };
     allow_consumers();
     wait_on_producer();
 
     if (tid == 0) {
-        for (int j = 0; j < p.chunks; ++j) {
-            mbarrier_expect_bytes(w_bar + 8u * (1 + j), kXChunkBytes);
-            tma_load_2d(sx + j * kXChunkBytes, &x_map, k0 + j * kChunk, 0, w_bar + 8u * (1 + j));
-        }
+        for (int j = 0; j < min(p.chunks, kStages); ++j) load_x(j);
     }
     // the residual (a producer's output) in flight while the products run
     float2 residual[kPairs];
@@ -167,17 +171,18 @@ __global__ void __launch_bounds__(kThreads, 2)
     float sum[4] = {0.f, 0.f, 0.f, 0.f}, squares[4] = {0.f, 0.f, 0.f, 0.f};
     mbarrier_wait(w_bar, 0);
     for (int j = 0; j < p.chunks; ++j) {
-        mbarrier_wait(w_bar + 8u * (1 + j), 0);
+        const uint32_t stage = (j % kStages) * kXChunkBytes;
+        mbarrier_wait(w_bar + 8u * (1 + j % kStages), (j / kStages) & 1);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kChunk / 16; ++kk)
-            wgmma_m64n32k16_ss<T>(acc[kk % kSets], descriptor_at(a_desc, j * kXChunkBytes + kk * 32),
+            wgmma_m64n32k16_ss<T>(acc[kk % kSets], descriptor_at(a_desc, stage + kk * 32),
                                   descriptor_at(b_desc, j * kWChunkBytes + kk * 32), 1);
         wgmma_commit();
         if (ln) {
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
-                const uint4 w = *reinterpret_cast<const uint4*>(base + j * kXChunkBytes +
+                const uint4 w = *reinterpret_cast<const uint4*>(base + stage +
                                                                 (16 * warp + 4 * q + lane / 8) * 128 + (lane % 8) * 16);
                 const uint32_t words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
@@ -187,6 +192,13 @@ __global__ void __launch_bounds__(kThreads, 2)
                     squares[q] = fmaf(f.x, f.x, fmaf(f.y, f.y, squares[q]));
                 }
             }
+        }
+        if (j >= 1 && j - 1 + kStages < p.chunks) {
+            // once chunk j - 1's products are done (chunk j's run on) and every thread has summed its
+            // rows, its stage takes chunk j - 1 + kStages
+            wgmma_wait<1>();
+            __syncthreads();
+            if (tid == 0) load_x(j - 1 + kStages);
         }
     }
     wgmma_wait<0>();

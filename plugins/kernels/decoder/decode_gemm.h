@@ -35,6 +35,9 @@ constexpr int32_t kDecodeGemmMaxRows = 64;     // wgmma's M; fewer rows arrive a
 constexpr int32_t kDecodeGemmTileN = 32;       // output features per block
 constexpr int32_t kDecodeGemmMaxSlice = 512;   // in_features per block: split over a cluster beyond
 constexpr int32_t kDecodeGemmMaxSplit = 8;
+// Blocks an SM holds (shared memory ~74 KB a block): a third, so that the next kernel's blocks find room
+// while this one runs and request their weights early.
+constexpr int32_t kDecodeGemmBlocksPerSm = 3;
 
 // Blocks in_features is split over (1, 2, 4 or 8: the fewest with a slice of whole 64-wide chunks up to
 // kDecodeGemmMaxSlice), or 0 where none is.
