@@ -1,22 +1,26 @@
 // decode_gemm (decode_gemm.h): a decode step's linear layer for up to 64 rows on wgmma, for the steps of
-// 9-64 rows (16x4, 64x1), whose layers cuBLASLt runs at ~0.5 TB/s of weights as full dependencies (its
-// kernels start nothing before the previous kernel ends), each pre-LN layer behind a LayerNorm kernel.
+// 17-64 rows (16x4, 64x1), whose layers cuBLASLt runs as full dependencies (its kernels start nothing
+// before the previous kernel ends), each pre-LN layer behind a LayerNorm kernel.
 //
 // A block owns 32 output features and one slice of in_features (at most 512: a cluster of 1-8 blocks
-// splits wider inputs), and holds both operands whole in shared memory (x's 64 rows: 64 KB, the
-// weights: 32 KB; two blocks an SM):
+// splits wider inputs). Shared memory holds the block's weights whole (32 KB) and x's 64 rows as a ring
+// of four 64-wide chunks (32 KB): ~74 KB, three blocks an SM, so that the next kernel's blocks become
+// resident while this one runs.
 // - The weights are no kernel's output: thread 0 requests them by tensor copies before the block waits
 //   on its producer (PDL), so they stream while the previous kernel runs; the block lets its own
 //   consumers launch at once (allow_consumers), so the next layer's weights do the same.
-// - After the wait, x's slice arrives as 64-wide chunks (one 128-byte-swizzled box of 64 rows each,
-//   rows past `rows` zero-filled), each on its own barrier: a chunk's four m64n32k16 wgmmas (both
-//   operands from shared memory, K-major, as stored) start as soon as it lands.
-// - The LayerNorm is folded (decode_gemm.h): while the tensor cores run, each thread sums half of one
-//   row of the chunk and its squares (a 128-byte row's sum does not depend on its swizzle), so the
-//   statistics cost no pass of their own and the products need no normalized copy of x.
+// - After the wait, x's slice arrives chunk by chunk (one 128-byte-swizzled box of 64 rows each, rows
+//   past `rows` zero-filled), each stage on its own barrier: a chunk's four m64n32k16 wgmmas (both
+//   operands from shared memory, K-major, as stored) start as soon as it lands, into four accumulator
+//   sets (consecutive wgmmas independent), and a stage is refilled once its chunk's products are done.
+// - The LayerNorm is folded (decode_gemm.h): while the tensor cores run, the threads sum the chunk's
+//   rows and their squares (a quarter-warp reads one whole 128-byte row: no bank conflicts, and a row's
+//   sum does not depend on its swizzle), so the statistics cost no pass of their own and the products
+//   need no normalized copy of x.
 // - The blocks of a cluster add their partial products and statistics through distributed shared
 //   memory in rank order (the result does not depend on timing), each finishing 1 / split of the
-//   outputs with the epilogue (bias, the LayerNorm's two terms, activation, residual).
+//   outputs with the epilogue (bias, the LayerNorm's two terms, activation, residual); every remote
+//   value is gathered before any store.
 #include "decode_gemm.h"
 
 #include <cooperative_groups.h>
@@ -44,10 +48,7 @@ constexpr int kChunk = 64;                                // in_features per box
 constexpr int kMaxChunks = kDecodeGemmMaxSlice / kChunk;  // 8
 constexpr int kThreads = 128;                             // one warpgroup
 constexpr int kAcc = kRows * kTileN / kThreads;           // accumulators a thread: 16
-#ifndef PADFREE_DECODE_GEMM_SETS
-#define PADFREE_DECODE_GEMM_SETS 4
-#endif
-constexpr int kSets = PADFREE_DECODE_GEMM_SETS;           // independent accumulator sets (a chunk's k16 steps)
+constexpr int kSets = 4;                                  // independent accumulator sets (a chunk's k16 steps)
 constexpr uint32_t kXChunkBytes = kRows * kChunk * 2;
 constexpr uint32_t kWChunkBytes = kTileN * kChunk * 2;
 constexpr int kStages = 4;                                // x chunks in flight: a ring of shared buffers
