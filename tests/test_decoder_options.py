@@ -205,6 +205,22 @@ def test_cache_that_does_not_fit_is_refused_before_allocation(monkeypatch):
     assert needed > cache_bytes(gen.weights, 256, 64) > 0
 
 
+def test_memory_estimate_counts_the_folded_weights_of_pre_ln_steps():
+    """A pre-LN 16-bit step of 17-64 rows makes LayerNorm-folded copies of QKV, cross Q and fc1 (decode_gemm)
+    at its first call: the estimate counts them until they exist, and not at other row counts."""
+    from padfree.generation.weights import extract
+    model = build("m2m100")
+    weights = extract(model, pt.from_hf(model, dtype=torch.float32, device="cpu").spec, torch.float16, "cpu")
+    folded = sum(w.numel() * 2 + w.shape[0] * 4 for layer in weights.decoder.layers
+                 for w in (layer.self_attn.qkv_weight, layer.cross_attn.q_weight, layer.ffn.fc1_weight))
+    for rows, counted in ((32, True), (64, True), (16, False), (256, False)):
+        before = inputs.estimate_bytes(weights, 8, 8 * 20, 20, rows, 30)
+        weights.folded = []
+        after = inputs.estimate_bytes(weights, 8, 8 * 20, 20, rows, 30)
+        weights.folded = None
+        assert before - after == (folded if counted else 0), rows
+
+
 @pytest.mark.parametrize("fits_at_first", [True, False])
 def test_free_memory_is_queried_once_unless_kept_states_are_given_back(monkeypatch, fits_at_first):
     """One free-memory query where the call fits; where it does not and states are kept, they are given

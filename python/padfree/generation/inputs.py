@@ -12,7 +12,7 @@ import torch
 
 from ..ops._tensors import InputError
 from .decoder import cache_bytes, token_bucket
-from .dispatch import FRAGMENT_STEP_ROWS
+from .dispatch import DECODE_GEMM_ROWS, FRAGMENT_STEP_ROWS
 from .encoder import PackedSources
 from .weights import Seq2SeqWeights
 
@@ -156,7 +156,8 @@ def estimate_bytes(weights: Seq2SeqWeights, batch: int, total_tokens: int, max_s
                    capacity: int, fragment_rows: int = FRAGMENT_STEP_ROWS) -> int:
     """An upper estimate of the device memory one generate() call allocates besides the weights: K/V caches,
     the packed cross-attention memory, encoder activations, one step's logits and their fp32 copies, and
-    (once, at up to fragment_rows rows: DecoderOps.fragment_step_rows) the layers' weights in fragment order.
+    (once, at up to fragment_rows rows: DecoderOps.fragment_step_rows) the layers' weights in fragment order,
+    or (once, pre-LN at DECODE_GEMM_ROWS) the LayerNorm-folded copies decode_gemm reads.
     The packed rows are the decode state's bucket (token_bucket), which the memory and, on CUDA, the
     encoder's graph hold."""
     element = torch.empty((), dtype=weights.dtype).element_size()
@@ -174,7 +175,14 @@ def estimate_bytes(weights: Seq2SeqWeights, batch: int, total_tokens: int, max_s
     fragments = 0
     if rows <= fragment_rows and weights.fragments is None and element == 2:
         fragments = sum(w.numel() * element for w in weights.step_linear_weights())
-    return caches + memory + encoder + attention + step + fragments
+    # a pre-LN step of DECODE_GEMM_ROWS folds the LayerNorms into copies of the weights after them
+    # (weights.folded: QKV, cross Q, fc1, and their column sums in float32), once
+    folded = 0
+    if (DECODE_GEMM_ROWS[0] <= rows <= DECODE_GEMM_ROWS[1] and weights.spec.pre_ln and weights.folded is None
+            and element == 2):
+        folded = sum(w.numel() * element + w.shape[0] * 4 for layer in weights.decoder.layers
+                     for w in (layer.self_attn.qkv_weight, layer.cross_attn.q_weight, layer.ffn.fc1_weight))
+    return caches + memory + encoder + attention + step + fragments + folded
 
 
 def free_device_bytes(device: torch.device) -> int | None:
