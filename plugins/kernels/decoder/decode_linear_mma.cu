@@ -37,9 +37,9 @@ namespace {
 
 namespace cg = cooperative_groups;
 using attention_detail::MmaOp;
-using decode_linear_detail::cluster_sum;
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // the kernel's body is sm_90's only
+using decode_linear_detail::cluster_sum;
 constexpr int kChunk = 32;                           // in_features per step: two mma's k
 constexpr int kVec = 8;                              // 16-bit values per 16-byte vector
 constexpr int kMinSplit = 4, kMaxSplit = 8;
