@@ -6,6 +6,8 @@ linear, bias, activation, residual) on fresh random data. Outputs are poisoned f
 from __future__ import annotations
 
 import math
+import os
+import sys
 
 import pytest
 import torch
@@ -22,24 +24,20 @@ if not decode_gemm_fits(64, 1024, 1024, torch.float16, torch.device("cuda")):
     pytest.skip("decode_gemm runs on compute capability 9.0 with the library's sm_90a code",
                 allow_module_level=True)
 
-HALF = [torch.float16, torch.bfloat16]
-# relative error of a row against the float64 reference (the reference rounds the LayerNorm's output
-# to the dtype, as HF's is; the kernel rounds the folded weight and bias instead)
-TOLERANCE = {torch.float16: 4e-3, torch.bfloat16: 3e-2}
-ACTS = {None: lambda y: y, "relu": torch.relu, "gelu": torch.nn.functional.gelu,
-        "gelu_tanh": lambda y: torch.nn.functional.gelu(y, approximate="tanh"), "silu": torch.nn.functional.silu}
+sys.path.insert(0, os.path.dirname(__file__))
+from test_decode_linear import (  # noqa: E402
+    ACTS,
+    HALF,
+    TOLERANCE,
+    reference as linear_reference,  # noqa: E402
+)
+
+# TOLERANCE: the reference rounds the LayerNorm's output to the dtype, as HF's is; decode_gemm rounds the
+# folded weight and bias instead
 
 
 def reference(x, w, bias, residual, ln, act, dtype):
-    h = x.double()
-    if ln is not None:
-        gamma, beta, eps = ln
-        h = torch.nn.functional.layer_norm(h, (h.shape[-1],), gamma.double(), beta.double(), eps).to(dtype).double()
-    y = h @ w.double().t()
-    if bias is not None:
-        y = y + bias.double()
-    y = ACTS[act](y)
-    return y if residual is None else y + residual.double()
+    return linear_reference(x, w, bias, residual, ln, act, dtype)[0]
 
 
 def run(seed, dtype, rows, k, n, *, bias, residual, ln, act):

@@ -218,20 +218,22 @@ def test_fp32_few_rows_generation_matches_hf(family):
     assert all(state.decoder.few_rows for state in gen.runner.states.values())
 
 
+def share_equal_to_hf(model, gen, sources, beams: int) -> float:
+    """The share of sources whose padfree sequence (16 new tokens) equals HF float32's."""
+    ref = hf_generate(model, sources, num_beams=beams, max_new_tokens=16).cpu()
+    out = gen.generate(sources, num_beams=beams, max_new_tokens=16).cpu()
+    width = max(ref.shape[1], out.shape[1])
+    ref, out = (torch.nn.functional.pad(t, (0, width - t.shape[1]), value=fill_value(model)) for t in (ref, out))
+    return float((ref == out).all(dim=1).float().mean())
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_share_equal_to_hf_fp32(family, dtype):
     model = build(family, **GPU_MODEL).to("cuda")
     gen = pt.from_hf(model, dtype=dtype, device="cuda")
     sources = random_sources(model.config, 32, seed=9)
-    fill = fill_value(model)
-    shares = {}
-    for beams in (1, 4):
-        ref = hf_generate(model, sources, num_beams=beams, max_new_tokens=16).cpu()
-        out = gen.generate(sources, num_beams=beams, max_new_tokens=16).cpu()
-        width = max(ref.shape[1], out.shape[1])
-        ref, out = (torch.nn.functional.pad(t, (0, width - t.shape[1]), value=fill) for t in (ref, out))
-        shares[beams] = float((ref == out).all(dim=1).float().mean())
+    shares = {beams: share_equal_to_hf(model, gen, sources, beams) for beams in (1, 4)}
     print(f"{dtype} share {family}: greedy {shares[1]:.2f}, beam4 {shares[4]:.2f} of sequences equal to HF fp32")
     assert min(shares.values()) >= 0.5
     if gen.ops.sources["decode_linear"] == "kernel":   # greedy's 32 rows ran on decode_linear's tensor cores
@@ -248,14 +250,8 @@ def test_fragment_steps_share_equal_to_hf_fp32(family, monkeypatch):
     gen = pt.from_hf(model, dtype=torch.float16, device="cuda")
     if gen.ops.sources["fragment_layout"] != "kernel":
         pytest.skip(f"fragment_layout: {gen.ops.sources['fragment_layout']}")
-    fill = fill_value(model)
     for count, beams in ((1, 4), (16, 1), (32, 1), (16, 4)):
-        sources = random_sources(model.config, count, seed=count + beams)
-        ref = hf_generate(model, sources, num_beams=beams, max_new_tokens=16).cpu()
-        out = gen.generate(sources, num_beams=beams, max_new_tokens=16).cpu()
-        width = max(ref.shape[1], out.shape[1])
-        ref, out = (torch.nn.functional.pad(t, (0, width - t.shape[1]), value=fill) for t in (ref, out))
-        share = float((ref == out).all(dim=1).float().mean())
+        share = share_equal_to_hf(model, gen, random_sources(model.config, count, seed=count + beams), beams)
         print(f"float16 fragments {family} {count}x{beams}: {share:.2f} of sequences equal to HF fp32")
         assert share >= 0.5, f"{count}x{beams}: {share:.2f}"
         rows = count * beams
@@ -269,7 +265,6 @@ def test_decode_gemm_steps_share_equal_to_hf_fp32(family, dtype, monkeypatch):
     """Pre-LN steps on decode_gemm (the LayerNorms folded into the weights): 16x4 and 32x1 by default,
     1x4 and 4x4 with PADFREE_DECODE_GEMM=1, in the half types against HF float32 as the tests above."""
     model = build(family, **GPU_MODEL).to("cuda")
-    fill = fill_value(model)
     for forced, shapes in ((None, ((16, 4), (32, 1))), ("1", ((1, 4), (4, 4)))):
         if forced is not None:
             monkeypatch.setenv("PADFREE_DECODE_GEMM", forced)
@@ -277,12 +272,7 @@ def test_decode_gemm_steps_share_equal_to_hf_fp32(family, dtype, monkeypatch):
         if gen.ops.sources["decode_gemm"] != "kernel" or gen.ops.decode_gemm_layers(gen.weights, 64) is None:
             pytest.skip(f"decode_gemm does not run here ({gen.ops.sources['decode_gemm']})")
         for count, beams in shapes:
-            sources = random_sources(model.config, count, seed=count + beams)
-            ref = hf_generate(model, sources, num_beams=beams, max_new_tokens=16).cpu()
-            out = gen.generate(sources, num_beams=beams, max_new_tokens=16).cpu()
-            width = max(ref.shape[1], out.shape[1])
-            ref, out = (torch.nn.functional.pad(t, (0, width - t.shape[1]), value=fill) for t in (ref, out))
-            share = float((ref == out).all(dim=1).float().mean())
+            share = share_equal_to_hf(model, gen, random_sources(model.config, count, seed=count + beams), beams)
             print(f"{dtype} decode_gemm {family} {count}x{beams}: {share:.2f} of sequences equal to HF fp32")
             assert share >= 0.5, f"{count}x{beams}: {share:.2f}"
             assert any(state.decoder.rows == count * beams and state.decoder.gemm_layers is not None
