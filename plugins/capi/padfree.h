@@ -37,7 +37,7 @@ extern "C" {
  * 11: sentence pooling (padfree_sequence_pool). 12: beam_search_step's and greedy_step's flag_bytes
  * (int32 flags for TensorRT's PadfreeBeamSearchStep and PadfreeGreedyStep).
  * (New functions, such as the decoder's, add to a version without bumping it.) */
-#define PADFREE_ABI_VERSION 13
+#define PADFREE_ABI_VERSION 12
 
 typedef enum padfree_status {
     PADFREE_OK = 0,
