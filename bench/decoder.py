@@ -1,6 +1,7 @@
 """Achieved bandwidth of the decoder kernels (one decoding step) against a device-to-device copy, and
-decode_linear (on nn.Linear weights and on their fragment-order copies) against cuBLAS (torch's F.linear,
-with torch's LayerNorm where the kernel fuses one).
+decode_linear (on nn.Linear weights and on their fragment-order copies) and decode_gemm (the LayerNorm
+folded into the weight; compute capability 9.0) against cuBLAS (torch's F.linear, with torch's LayerNorm
+where the kernel fuses one).
 
 Each kernel is captured CALLS times into a CUDA graph cycling through input sets (up to ~200 MB, so
 repeated calls do not just re-read L2), and the median replay over REPS, divided by CALLS, is the
@@ -21,6 +22,7 @@ import torch
 
 from padfree import ops
 from padfree.bench import record
+from padfree.ops.decode_gemm import decode_gemm_fits, fold_layernorm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -128,13 +130,14 @@ def bench_topk(vocab, rows, dtype):
     return ms, rows * padded * elt
 
 
-LINEAR_IMPLS = ("decode_linear", "fragments", "cublas+torch")
+LINEAR_IMPLS = ("decode_linear", "fragments", "decode_gemm", "cublas+torch")
 
 
 def bench_linear(rows, k, n, dtype, *, ln, residual, act, impl):
     """One linear layer of a decode step: decode_linear (LayerNorm, bias, activation and residual
-    fused) on the nn.Linear weight or ("fragments") on its fragment-order copy, or ("cublas+torch")
-    cuBLAS's GEMM with torch's LayerNorm / bias / activation / residual ops."""
+    fused) on the nn.Linear weight or ("fragments") on its fragment-order copy, decode_gemm on the layer
+    fold_layernorm makes, or ("cublas+torch") cuBLAS's GEMM with torch's LayerNorm / bias / activation /
+    residual ops."""
     elt = torch.finfo(dtype).bits // 8
     fns = []
     for _ in range(sets_for(n * k * elt)):
@@ -151,6 +154,11 @@ def bench_linear(rows, k, n, dtype, *, ln, residual, act, impl):
                 if act is not None:
                     y = torch.nn.functional.relu(y)
                 return y + r if r is not None else y
+        elif impl == "decode_gemm":
+            folded = fold_layernorm(w, b, norm if ln else None)
+
+            def fn(x=x, layer=folded, r=r, out=out):
+                return ops.decode_gemm(x, layer, residual=r, activation=act, out=out)
         else:
             weight = ops.fragment_layout(w) if impl == "fragments" else w
 
@@ -174,14 +182,15 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out")
     parser.add_argument("--dtype", default="fp16", choices=["fp16", "bf16", "fp32"])
-    parser.add_argument("--linear", action="store_true", help="decode_linear against cuBLAS instead")
+    parser.add_argument("--linear", action="store_true", help="decode_linear and decode_gemm against cuBLAS instead")
     parser.add_argument("--rows", type=lambda v: [int(r) for r in v.split(",")], default=[1, 4, 8],
                         help="--linear's row counts, comma-separated")
     args = parser.parse_args()
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     copy = copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}  copy {copy:.0f} GB/s (read + write)  dtype {args.dtype}")
-    results = {"benchmark": "decode_linear against cuBLAS" if args.linear else "decoder kernels against copy",
+    benchmark = "decode_linear and decode_gemm against cuBLAS" if args.linear else "decoder kernels against copy"
+    results = {"benchmark": benchmark,
                "device": torch.cuda.get_device_name(), "dtype": args.dtype, **record.provenance(ROOT),
                "timing": f"CUDA graph of {CALLS} calls cycling through input sets, median of {REPS} replays",
                "copy_GBps": copy, "rows": []}
@@ -199,6 +208,8 @@ def main():
                         if impl == "fragments" and not ops.fragments.fragments_fit(rows, k, n, dtype, ln=ln):
                             continue
                         if impl == "decode_linear" and not ops.decoder.decode_linear_fits(rows, k, dtype, ln=ln):
+                            continue
+                        if impl == "decode_gemm" and not decode_gemm_fits(rows, k, n, dtype, torch.device("cuda")):
                             continue
                         report(f"{name} rows {rows:2d} {impl}",
                                *bench_linear(rows, k, n, dtype, ln=ln, residual=residual, act=act, impl=impl))
