@@ -522,6 +522,35 @@ def test_decode_linear_fragment_layout_refuses(over, fragments):
     expect_invalid("padfree_decode_linear_fragment_layout", tuple(args.values()), *fragments)
 
 
+# ---- decode_gemm -----------------------------------------------------------------------------------
+
+def _decode_gemm_args(**over):
+    return _args(dict(x=A, weight=A, bias=None, residual=None, ln_colsum=None, eps=1e-5, activation=0, rows=64,
+                      in_features=1024, out_features=3072, dtype=F16, out=A + 0x1000000), over)
+
+
+@pytest.mark.parametrize("over, fragments", [
+    (dict(dtype=F32), ["decode_gemm: float16 or bfloat16 (tensor cores), got float32; use a GEMM"]),
+    (dict(rows=65), ["decode_gemm: rows must be in [0, 64], got 65"]),
+    (dict(in_features=1000), ["in_features must be a multiple of 64 that 1, 2, 4 or 8 blocks split", "got 1000"]),
+    (dict(in_features=8192), ["slices of at most 512 (up to 4096), got 8192"]),
+    (dict(out_features=40), ["out_features must be a multiple of 32, got 40"]),
+    (dict(activation=5), ["decode_gemm: activation must be 0 (none)", "5"]),
+    (dict(ln_colsum=A, eps=-1.0), ["eps"]),
+])
+def test_decode_gemm_refuses(over, fragments):
+    expect_invalid("padfree_decode_gemm", _decode_gemm_args(**over), *fragments)
+
+
+def test_decode_gemm_is_refused_as_unsupported_without_hopper():
+    """Shapes it takes, no rows (launches nothing): OK on compute capability 9.0 with the library's sm_90a
+    code, else PADFREE_ERROR_UNSUPPORTED by name, the caller's signal to run a GEMM."""
+    status, message = raw("padfree_decode_gemm", *_decode_gemm_args(rows=0))
+    if status == 0:
+        pytest.skip("this GPU runs decode_gemm")
+    assert status == _lib.STATUS_UNSUPPORTED and "decode_gemm: needs compute capability 9.0" in message, message
+
+
 def test_decode_linear_past_8_rows_refused_without_clusters():
     import torch
     if torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0):

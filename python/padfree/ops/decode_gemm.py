@@ -27,46 +27,33 @@ from ._tensors import (
 from .decoder import ACTIVATIONS
 
 MAX_ROWS = 64            # kernels/decoder/decode_gemm.h: kDecodeGemmMaxRows
-TILE_N = 32              # kDecodeGemmTileN: out_features a multiple of it
-MAX_SLICE = 512          # kDecodeGemmMaxSlice
-MAX_SPLIT = 8            # kDecodeGemmMaxSplit
 _DTYPES = (torch.float16, torch.bfloat16)
 
 
-def split(in_features: int) -> int:
-    """decode_gemm.h's decode_gemm_split: the blocks in_features is split over (0: none takes it)."""
-    s = 1
-    while s <= MAX_SPLIT:
-        if in_features % (64 * s) == 0 and in_features // s <= MAX_SLICE:
-            return s
-        s *= 2
-    return 0
-
-
 @functools.cache
-def supported(device_index: int) -> bool:
-    """Whether the library runs decode_gemm on this CUDA device (compute capability 9.0 and the library's
-    sm_90a code): a call with no rows, which checks that and launches nothing."""
-    from .._lib import KernelUnsupportedError
-    if device_capability(device_index) != (9, 0):
-        return False
+def refusal(in_features: int, out_features: int, dtype: torch.dtype, device_index: int) -> str:
+    """Why the library's decode_gemm does not take [in_features] -> [out_features] in `dtype` on this CUDA
+    device, or "" where it does: a call with no rows, which checks the shapes, the compute capability and
+    the library's sm_90a code, and launches nothing. The rules live in the C ABI alone (decode_gemm.h)."""
+    from .._lib import KernelArgumentError, KernelUnsupportedError
+    device = torch.device("cuda", device_index)
     try:
-        with torch.cuda.device(device_index):
-            call_kernel("padfree_decode_gemm", torch.device("cuda", device_index), None, None, None, None, None,
-                        0.0, 0, 0, 64, TILE_N, 1, None, stream_handle(torch.device("cuda", device_index)))
-    except KernelUnsupportedError:
-        return False
-    return True
+        call_kernel("padfree_decode_gemm", device, None, None, None, None, None, 0.0, 0, 0, in_features,
+                    out_features, dtype_code(torch.empty(0, dtype=dtype), "x"), None, stream_handle(device))
+    except (KernelArgumentError, KernelUnsupportedError) as e:
+        return str(e)
+    return ""
 
 
 def decode_gemm_fits(rows: int, in_features: int, out_features: int, dtype: torch.dtype,
                      device: torch.device) -> bool:
-    """Whether decode_gemm takes this layer on `device` (supported: compute capability 9.0 and the library's
-    sm_90a code)."""
+    """Whether decode_gemm takes this layer on `device` (refusal: the shapes, compute capability 9.0 and the
+    library's sm_90a code)."""
     device = torch.device(device)
-    return (1 <= rows <= MAX_ROWS and dtype in _DTYPES and in_features >= 64 and split(in_features) > 0
-            and out_features > 0 and out_features % TILE_N == 0 and device.type == "cuda"
-            and supported(device.index if device.index is not None else torch.cuda.current_device()))
+    if not (1 <= rows <= MAX_ROWS and dtype in _DTYPES and device.type == "cuda"):
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return device_capability(index) == (9, 0) and not refusal(in_features, out_features, dtype, index)
 
 
 @dataclass(frozen=True)
@@ -104,10 +91,12 @@ def decode_gemm(x: torch.Tensor, layer: FoldedLinear, residual: torch.Tensor | N
     check_float(layer.weight, "weight", like=x, shape=(None, in_features))
     out_features = layer.weight.shape[0]
     if not decode_gemm_fits(rows, in_features, out_features, x.dtype, x.device):
-        raise InputError(f"x: decode_gemm takes 1 to {MAX_ROWS} rows of float16 / bfloat16 on compute capability 9.0 "
-                         f"with in_features a multiple of 64 split into slices of at most {MAX_SLICE} by 1, 2, 4 or "
-                         f"8 blocks and out_features a multiple of {TILE_N}, got {rows} x {in_features} -> "
-                         f"{out_features} {x.dtype}; use a GEMM")
+        index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+        why = (refusal(in_features, out_features, x.dtype, index) if x.dtype in _DTYPES and 1 <= rows <= MAX_ROWS
+               else "")
+        raise InputError(f"x: decode_gemm takes 1 to {MAX_ROWS} rows of float16 / bfloat16 on compute capability 9.0, "
+                         f"got {rows} x {in_features} -> {out_features} {x.dtype}" + (f" ({why})" if why else "")
+                         + "; use a GEMM")
     check(layer.bias, "bias", dtype=x.dtype, shape=(out_features,), device=x.device, optional=True)
     check(layer.colsum, "colsum", dtype=torch.float32, shape=(out_features,), device=x.device, optional=True)
     check(residual, "residual", dtype=x.dtype, shape=(rows, out_features), device=x.device, optional=True)
