@@ -73,16 +73,10 @@ struct Params {
     DecodeActivation activation;
 };
 
+// Two adjacent 16-bit values as floats and back (MmaOp<T>::unpack / pack: one 32-bit word, rounded to nearest).
 template <typename T>
-using Pair = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
-
-template <typename T>
-__device__ __forceinline__ float2 pair_to_float(Pair<T> v) {
-    if constexpr (std::is_same_v<T, __half>) return __half22float2(v); else return __bfloat1622float2(v);
-}
-template <typename T>
-__device__ __forceinline__ Pair<T> pair_from_float(float2 v) {
-    if constexpr (std::is_same_v<T, __half>) return __float22half2_rn(v); else return __float22bfloat162_rn(v);
+__device__ __forceinline__ float2 load_pair(const void* base, int64_t index) {
+    return MmaOp<T>::unpack(*reinterpret_cast<const uint32_t*>(static_cast<const T*>(base) + index));
 }
 
 // Accumulator value i of thread (warp, lane) in wgmma's m64nN layout: row warp * 16 + lane / 4 (+ 8 for
@@ -130,9 +124,7 @@ __global__ void __launch_bounds__(kThreads, kDecodeGemmBlocksPerSm)
     for (int u = 0; u < kPairs; ++u) {
         const int col = n0 + value_col(v0 + 2 * u, lane);
         colsum[u] = ln ? *reinterpret_cast<const float2*>(p.ln_colsum + col) : make_float2(0.f, 0.f);
-        bias[u] = p.bias != nullptr
-                      ? pair_to_float<T>(*reinterpret_cast<const Pair<T>*>(static_cast<const T*>(p.bias) + col))
-                      : make_float2(0.f, 0.f);
+        bias[u] = p.bias != nullptr ? load_pair<T>(p.bias, col) : make_float2(0.f, 0.f);
     }
     // chunk j of this block's slice of x into its stage of the ring (thread 0)
     auto load_x = [&](int j) {
@@ -153,8 +145,7 @@ __global__ void __launch_bounds__(kThreads, kDecodeGemmBlocksPerSm)
         residual[u] = make_float2(0.f, 0.f);
         const int i = v0 + 2 * u, row = value_row(i, warp, lane);
         if (p.residual != nullptr && row < p.rows)
-            residual[u] = pair_to_float<T>(*reinterpret_cast<const Pair<T>*>(
-                static_cast<const T*>(p.residual) + static_cast<int64_t>(row) * p.out_features + n0 + value_col(i, lane)));
+            residual[u] = load_pair<T>(p.residual, static_cast<int64_t>(row) * p.out_features + n0 + value_col(i, lane));
     }
 
     // one accumulator set per k16 step of a chunk: consecutive wgmmas are independent, so the tensor
@@ -188,7 +179,7 @@ __global__ void __launch_bounds__(kThreads, kDecodeGemmBlocksPerSm)
                 const uint32_t words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    const float2 f = pair_to_float<T>(*reinterpret_cast<const Pair<T>*>(&words[e]));
+                    const float2 f = MmaOp<T>::unpack(words[e]);
                     sum[q] += f.x + f.y;
                     squares[q] = fmaf(f.x, f.x, fmaf(f.y, f.y, squares[q]));
                 }
@@ -279,8 +270,8 @@ __global__ void __launch_bounds__(kThreads, kDecodeGemmBlocksPerSm)
         v.x = decode_linear_detail::activate(v.x + bias[u].x, p.activation) + residual[u].x;
         v.y = decode_linear_detail::activate(v.y + bias[u].y, p.activation) + residual[u].y;
         if (row < p.rows)
-            *reinterpret_cast<Pair<T>*>(out + static_cast<int64_t>(row) * p.out_features + n0 + value_col(i, lane)) =
-                pair_from_float<T>(v);
+            *reinterpret_cast<uint32_t*>(out + static_cast<int64_t>(row) * p.out_features + n0 + value_col(i, lane)) =
+                MmaOp<T>::pack(v.x, v.y);
     }
     // no block exits while a peer may still read its shared memory: the reads are done (their values are
     // in registers), so the arrival need not order this block's stores (relaxed)
