@@ -156,19 +156,22 @@ class Decoder:
         positions = self.step.long().expand(self.rows)
         return embed(stack, tokens, position_rows(w.spec, w.pad_token_id, positions, tokens), self.positions)
 
-    def _self_attention(self, i: int, qkv: torch.Tensor) -> torch.Tensor:
-        """Layer i's masked self-attention over its cache for this step's fused QKV (bias not yet added)."""
+    def _self_attention(self, i: int, qkv: torch.Tensor, biased: bool = False) -> torch.Tensor:
+        """Layer i's masked self-attention over its cache for this step's fused QKV (its bias added here,
+        unless `biased`: the projection added it)."""
         attn = self.weights.decoder.layers[i].self_attn
         return self.ops.decoder_self_attention(qkv, self.k_cache[i], self.v_cache[i], self.indir, self.step,
-                                               self.weights.decoder.num_heads, qkv_bias=attn.qkv_bias,
+                                               self.weights.decoder.num_heads,
+                                               qkv_bias=None if biased else attn.qkv_bias,
                                                softmax_scale=1.0, workspace=self.ws_self)
 
-    def _cross_attention(self, i: int, q: torch.Tensor) -> torch.Tensor:
-        """Layer i's cross-attention over the packed sources' K/V for this step's Q (bias not yet added)."""
+    def _cross_attention(self, i: int, q: torch.Tensor, biased: bool = False) -> torch.Tensor:
+        """Layer i's cross-attention over the packed sources' K/V for this step's Q (its bias added here,
+        unless `biased`: the projection added it)."""
         cross = self.weights.decoder.layers[i].cross_attn
         return self.ops.cross_attention(q, self.kv_mem[i], self.cu_seqlens, self.max_seqlen, self.rows_per_source,
-                                        self.weights.decoder.num_heads, q_bias=cross.q_bias, softmax_scale=1.0,
-                                        workspace=self.ws_cross)
+                                        self.weights.decoder.num_heads, q_bias=None if biased else cross.q_bias,
+                                        softmax_scale=1.0, workspace=self.ws_cross)
 
     def logits(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits [rows, V'] (weights' dtype, bias not added; V' = weights.step_lm_head's rows, the padded
@@ -229,14 +232,11 @@ class Decoder:
         w = self.weights
         stack = w.decoder
         gemm = self.ops.decode_gemm
-        heads = stack.num_heads
         x = self._embed(tokens)
         for i, g in enumerate(self.gemm_layers):
-            o = self.ops.decoder_self_attention(gemm(x, g.qkv), self.k_cache[i], self.v_cache[i], self.indir,
-                                                self.step, heads, softmax_scale=1.0, workspace=self.ws_self)
+            o = self._self_attention(i, gemm(x, g.qkv), biased=True)
             x = gemm(o, g.out, residual=x, out=x)
-            o = self.ops.cross_attention(gemm(x, g.q), self.kv_mem[i], self.cu_seqlens, self.max_seqlen,
-                                         self.rows_per_source, heads, softmax_scale=1.0, workspace=self.ws_cross)
+            o = self._cross_attention(i, gemm(x, g.q), biased=True)
             x = gemm(o, g.cross_out, residual=x, out=x)
             x = gemm(gemm(x, g.fc1, activation=w.activation), g.fc2, residual=x, out=x)
         if stack.final_layer_norm is not None:
