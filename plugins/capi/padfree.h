@@ -349,7 +349,11 @@ PADFREE_API padfree_status padfree_decoder_cross_attention_workspace_size(int32_
  * cu_seqlens: [batch + 1] int32; row r attends over kv_mem rows cu_seqlens[s] .. cu_seqlens[s + 1] - 1,
  *             s = r / num_beams (in place: the beams of a source share its rows)
  * out:        [batch * num_beams, H, D]
- * Source lengths are at most max_seqlen (longer ones are cut there); an empty source gives zeros. */
+ * Source lengths are at most max_seqlen (longer ones are cut there); an empty source gives zeros.
+ * kv_mem and cu_seqlens are read before the kernel waits on the kernel before it (programmatic dependent
+ * launch), so that their first round trip overlaps the kernel computing q: no kernel that may still run
+ * when this one starts may write them (write them before the decode steps, as the encoder's K/V are, or
+ * behind a full stream dependency: an event, a copy, a graph launch). */
 PADFREE_API padfree_status padfree_decoder_cross_attention(const void* q, const void* q_bias, const void* kv_mem,
                                                            const int32_t* cu_seqlens, int32_t batch,
                                                            int32_t num_beams, int64_t total_tokens,
@@ -411,7 +415,9 @@ PADFREE_API padfree_status padfree_decode_linear_fragment_layout(const void* wei
  * out [rows, out_features]: float16 or bfloat16, 16-byte aligned; ln_colsum [out_features] float32.
  * in_features a multiple of 64 that 1, 2, 4 or 8 blocks split into slices of at most 512 (up to 4096),
  * out_features a multiple of 32; compute capability 9.0 with the library's sm_90a code (else
- * PADFREE_ERROR_UNSUPPORTED: use a GEMM). out must not overlap x. */
+ * PADFREE_ERROR_UNSUPPORTED: use a GEMM). out must not overlap x. weight, bias and ln_colsum are read
+ * before the kernel waits on the kernel before it (programmatic dependent launch): no kernel that may still
+ * run when this one starts may write them (as for cross-attention's kv_mem). */
 PADFREE_API padfree_status padfree_decode_gemm(const void* x, const void* weight, const void* bias,
                                               const void* residual, const float* ln_colsum, float eps,
                                               int32_t activation, int32_t rows, int32_t in_features,

@@ -45,8 +45,10 @@ __global__ void __launch_bounds__(kBeamsWarps * kWarpSize) cross_attention_beams
     const float scale_log2 = a.softmax_scale * kLog2e;
     T* k_s = kv_s[warp][0];
     T* v_s = kv_s[warp][1];
-    wait_on_producer();
 
+    // The encoder's K/V and cu_seqlens are read before the wait on the previous kernel (PDL; the C ABI
+    // states the rule: no kernel still running writes them), so the first chunk's round trip overlaps the
+    // kernel computing Q (NLLB 16x4 on an H200: 0.763 -> 0.742 ms a step).
     const int start = min(max(a.cu_seqlens[s], 0), a.total_tokens);
     const int n = min(min(max(a.cu_seqlens[s + 1], start), a.total_tokens) - start, a.max_seqlen);
     const T* kv = static_cast<const T*>(a.kv_mem) + static_cast<int64_t>(start) * 2 * hidden + head * D;
@@ -71,6 +73,7 @@ __global__ void __launch_bounds__(kBeamsWarps * kWarpSize) cross_attention_beams
         cp_async_commit();
     };
     if (n > 0) stage(0);
+    wait_on_producer();
 
     // Q of beams g and g + 8 as A fragments (pre-scaled into base 2, bias added, rounded to T): for k-step
     // kk, registers (row g, dims 16kk + 2t, +1), (row g + 8, same), (row g, + 8), (row g + 8, + 8)
