@@ -17,10 +17,11 @@
 //   rows and their squares (a quarter-warp reads one whole 128-byte row: no bank conflicts, and a row's
 //   sum does not depend on its swizzle), so the statistics cost no pass of their own and the products
 //   need no normalized copy of x.
-// - The blocks of a cluster add their partial products and statistics through distributed shared
-//   memory in rank order (the result does not depend on timing), each finishing 1 / split of the
-//   outputs with the epilogue (bias, the LayerNorm's two terms, activation, residual); every remote
-//   value is gathered before any store.
+// - The blocks of a cluster exchange their partial products and statistics by pushing them into each
+//   other's shared memory (st.async, counted on the receiver's mbarrier): each block waits for the data
+//   it finishes, not for a cluster barrier and then remote loads. It adds them in rank order (the result
+//   does not depend on timing) and finishes 1 / split of the outputs with the epilogue (bias, the
+//   LayerNorm's two terms, activation, residual).
 #include "decode_gemm.h"
 
 #include <cooperative_groups.h>
@@ -54,11 +55,37 @@ constexpr uint32_t kWChunkBytes = kTileN * kChunk * 2;
 constexpr int kStages = 4;                                // x chunks in flight: a ring of shared buffers
 constexpr uint32_t kXBytes = kStages * kXChunkBytes;
 constexpr uint32_t kWBytes = kMaxChunks * kWChunkBytes;
-constexpr uint32_t kPartBytes = kAcc * kThreads * 4;  // the partial products, [value pair][thread]
-constexpr uint32_t kStatBytes = kRows * 8;            // the rows' partial (sum, sum of squares)
-constexpr uint32_t kBarBytes = (1 + kStages) * 8;    // the weights' barrier, then one a stage of x
-constexpr uint32_t kSmemBytes = 1024 + kXBytes + kWBytes + kPartBytes + kStatBytes + kBarBytes;  // 1024: alignment
+constexpr uint32_t kStatBytes = kRows * 8;            // the rows' (sum, sum of squares) over a slice
+constexpr uint32_t kBarBytes = (2 + kStages) * 8;    // the weights' barrier, one a stage of x, the peers' pushes
 static_assert(kAcc % 2 == 0 && kAcc / kDecodeGemmMaxSplit >= 2, "each block finishes whole column pairs");
+
+// Shared memory of a kSplit cluster's block: x's ring and the weights (1024-byte aligned for the swizzle),
+// the peers' partial products of this block's share ([peer slot][thread][pair], a slot per other rank),
+// this block's row statistics, the barriers, and with a LayerNorm the peers' row statistics.
+template <int kSplit>
+struct Smem {
+    static constexpr uint32_t kPairs = kAcc / 2 / kSplit;  // column pairs a thread finishes
+    static constexpr uint32_t kRecvBytes = (kSplit - 1) * kThreads * kPairs * 8;
+    static constexpr uint32_t kRecv = kXBytes + kWBytes, kStats = kRecv + kRecvBytes, kBars = kStats + kStatBytes;
+    static constexpr uint32_t kRecvStats = kBars + kBarBytes;
+    static constexpr uint32_t bytes(bool ln) { return 1024 + kRecvStats + (ln ? (kSplit - 1) * kStatBytes : 0); }
+};
+
+// st.async: a store into a peer block's shared memory (a cluster address, mapa) that counts its bytes on
+// the peer's mbarrier, so the peer waits for the data itself instead of the cluster for a barrier.
+__device__ __forceinline__ uint32_t peer_address(uint32_t local, int rank) {
+    uint32_t remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(rank));
+    return remote;
+}
+__device__ __forceinline__ void push_v4(uint32_t remote, float a, float b, float c, float d, uint32_t remote_bar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];\n"
+                 ::"r"(remote), "f"(a), "f"(b), "f"(c), "f"(d), "r"(remote_bar) : "memory");
+}
+__device__ __forceinline__ void push_v2(uint32_t remote, float a, float b, uint32_t remote_bar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];\n"
+                 ::"r"(remote), "f"(a), "f"(b), "r"(remote_bar) : "memory");
+}
 
 struct Params {
     const void* bias;
@@ -90,15 +117,18 @@ __global__ void __launch_bounds__(kThreads, kDecodeGemmBlocksPerSm)
     decode_gemm_kernel(const Params p, const __grid_constant__ CUtensorMap x_map,
                        const __grid_constant__ CUtensorMap w_map) {
 #if defined(PADFREE_WGMMA_DEVICE)
-    constexpr int kPairs = kAcc / 2 / kSplit;  // column pairs a thread finishes
+    using S = Smem<kSplit>;
+    constexpr int kPairs = S::kPairs;
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const uint32_t raw = smem_addr(smem_raw);
     const uint32_t sx = (raw + 1023u) & ~1023u;  // the 128-byte swizzle's 1024-byte atoms
     unsigned char* base = smem_raw + (sx - raw);
     const uint32_t sw = sx + kXBytes;
-    float2* part = reinterpret_cast<float2*>(base + kXBytes + kWBytes);  // [kAcc / 2][kThreads]
-    float2* stats = reinterpret_cast<float2*>(base + kXBytes + kWBytes + kPartBytes);
-    const uint32_t w_bar = sx + kXBytes + kWBytes + kPartBytes + kStatBytes;
+    const float2* recv = reinterpret_cast<const float2*>(base + S::kRecv);
+    float2* stats = reinterpret_cast<float2*>(base + S::kStats);
+    const float2* recv_stats = reinterpret_cast<const float2*>(base + S::kRecvStats);
+    const uint32_t w_bar = sx + S::kBars;
+    const uint32_t recv_bar = w_bar + 8u * (1 + kStages);
 
     const int rank = kSplit == 1 ? 0 : static_cast<int>(cg::this_cluster().block_rank());
     const int n0 = static_cast<int>(blockIdx.x) / kSplit * kTileN;
@@ -107,11 +137,16 @@ __global__ void __launch_bounds__(kThreads, kDecodeGemmBlocksPerSm)
     const bool ln = p.ln_colsum != nullptr;
 
     if (tid == 0) {
-        for (int b = 0; b <= kStages; ++b) mbarrier_init(w_bar + 8u * b, 1);
+        for (int b = 0; b <= kStages + 1; ++b) mbarrier_init(w_bar + 8u * b, 1);
         fence_mbarrier_init();
     }
     __syncthreads();
+    // The peers push into this block's shared memory once its barriers exist: the cluster barrier's
+    // arrival here, its wait before this block's own first push.
+    if constexpr (kSplit > 1) asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
     if (tid == 0) {
+        if constexpr (kSplit > 1)  // what the other ranks push: their partials of this share, their row sums
+            mbarrier_expect_bytes(recv_bar, (kSplit - 1) * (kThreads * kPairs * 8 + (ln ? kStatBytes : 0)));
         mbarrier_expect_bytes(w_bar, p.chunks * kWChunkBytes);
         for (int j = 0; j < p.chunks; ++j) tma_load_2d(sw + j * kWChunkBytes, &w_map, k0 + j * kChunk, n0, w_bar);
     }
@@ -201,6 +236,30 @@ __global__ void __launch_bounds__(kThreads, kDecodeGemmBlocksPerSm)
 #pragma unroll
         for (int i = 0; i < kAcc; ++i) acc[0][i] += acc[s][i];
 
+    // The cluster's exchange: each block pushes every other rank its partial products of that rank's
+    // share (its column pairs [q kPairs, (q + 1) kPairs) of every thread) and its rows' statistics
+    // (st.async, counted on the receiver's barrier), then waits for what the others push it: no cluster
+    // barrier between the products and the epilogue, and no remote loads after one. The receiver keeps a
+    // slot per other rank and adds them in rank order, so the result does not depend on timing.
+    if constexpr (kSplit > 1) asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+    auto slot_of = [](int source, int receiver) { return source < receiver ? source : source - 1; };
+    if constexpr (kSplit > 1) {
+#pragma unroll
+        for (int q = 0; q < kSplit; ++q) {
+            if (q == rank) continue;
+            const uint32_t dst = peer_address(
+                sx + S::kRecv + ((slot_of(rank, q) * kThreads + tid) * kPairs) * 8u, q);
+            const uint32_t bar = peer_address(recv_bar, q);
+#pragma unroll
+            for (int u = 0; u < kPairs; u += 2) {
+                const int i = 2 * (q * kPairs + u);
+                if constexpr (kPairs % 2 == 0)
+                    push_v4(dst + 8u * u, acc[0][i], acc[0][i + 1], acc[0][i + 2], acc[0][i + 3], bar);
+                else
+                    push_v2(dst + 8u * u, acc[0][i], acc[0][i + 1], bar);
+            }
+        }
+    }
     if (ln) {
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
@@ -209,37 +268,34 @@ __global__ void __launch_bounds__(kThreads, kDecodeGemmBlocksPerSm)
                 sum[q] += __shfl_xor_sync(0xffffffffu, sum[q], m);
                 squares[q] += __shfl_xor_sync(0xffffffffu, squares[q], m);
             }
-            if (lane % 8 == 0) stats[16 * warp + 4 * q + lane / 8] = make_float2(sum[q], squares[q]);
+            const int row = 16 * warp + 4 * q + lane / 8;
+            if (lane % 8 == 0) {
+                stats[row] = make_float2(sum[q], squares[q]);
+#pragma unroll
+                for (int r = 0; r < kSplit; ++r) {
+                    if (r == rank) continue;
+                    push_v2(peer_address(sx + S::kRecvStats + (slot_of(rank, r) * kRows + row) * 8u, r), sum[q],
+                            squares[q], peer_address(recv_bar, r));
+                }
+            }
         }
     }
-    // Every partial value a thread finishes is gathered into registers before any is used: the peers'
-    // values come through generic pointers, which the compiler cannot tell from `out`, so loads left
-    // after a store would wait for it.
     float2 y[kPairs][kSplit];
     float2 st[2][kSplit];  // the statistics of this thread's two rows (value_row: +0, +8)
-    if constexpr (kSplit == 1) {
+    __syncthreads();  // this block's statistics
+    if constexpr (kSplit > 1) mbarrier_wait(recv_bar, 0);
 #pragma unroll
-        for (int u = 0; u < kPairs; ++u) y[u][0] = make_float2(acc[0][2 * u], acc[0][2 * u + 1]);
-        __syncthreads();  // the statistics
-        if (ln) {
-            st[0][0] = stats[value_row(0, warp, lane)];
-            st[1][0] = stats[value_row(2, warp, lane)];
+    for (int q = 0; q < kSplit; ++q) {
+        const int slot = slot_of(q, rank);
+#pragma unroll
+        for (int u = 0; u < kPairs; ++u) {
+            const int i = 2 * (q * kPairs + u);  // = v0 + 2 u where q is this rank: a constant index
+            y[u][q] = q == rank ? make_float2(acc[0][i], acc[0][i + 1]) : recv[(slot * kThreads + tid) * kPairs + u];
         }
-    } else {
-        cg::cluster_group cluster = cg::this_cluster();
-#pragma unroll
-        for (int i = 0; i < kAcc; i += 2) part[(i / 2) * kThreads + tid] = make_float2(acc[0][i], acc[0][i + 1]);
-        cluster.sync();
-#pragma unroll
-        for (int q = 0; q < kSplit; ++q) {
-            const float2* peer = cluster.map_shared_rank(part, q);
-#pragma unroll
-            for (int u = 0; u < kPairs; ++u) y[u][q] = peer[(v0 / 2 + u) * kThreads + tid];
-            if (ln) {
-                const float2* peer_stats = cluster.map_shared_rank(stats, q);
-                st[0][q] = peer_stats[value_row(0, warp, lane)];
-                st[1][q] = peer_stats[value_row(2, warp, lane)];
-            }
+        if (ln) {
+            const float2* from = q == rank ? stats : recv_stats + slot * kRows;
+            st[0][q] = from[value_row(0, warp, lane)];
+            st[1][q] = from[value_row(2, warp, lane)];
         }
     }
 
@@ -273,10 +329,8 @@ __global__ void __launch_bounds__(kThreads, kDecodeGemmBlocksPerSm)
             *reinterpret_cast<uint32_t*>(out + static_cast<int64_t>(row) * p.out_features + n0 + value_col(i, lane)) =
                 MmaOp<T>::pack(v.x, v.y);
     }
-    // no block exits while a peer may still read its shared memory: the reads are done (their values are
-    // in registers), so the arrival need not order this block's stores (relaxed)
-    if constexpr (kSplit > 1)
-        asm volatile("barrier.cluster.arrive.relaxed.aligned;\nbarrier.cluster.wait.aligned;" ::: "memory");
+    // No barrier before exit: the peers only write into this block's shared memory, and it has waited for
+    // every byte of that.
 #endif
 }
 
@@ -304,14 +358,14 @@ cudaError_t launch_split(const DecodeGemmArgs& a, padfree_dtype dtype, cudaStrea
         !tensor_map(&w_map, a.weight, a.out_features, a.in_features, kTileN, dtype))
         return cudaErrorNotSupported;
     auto kernel = decode_gemm_kernel<T, kSplit>;
+    const uint32_t smem = Smem<kSplit>::bytes(a.ln_colsum != nullptr);
     static std::atomic<size_t> opted_in{48 * 1024};
-    if (const cudaError_t err = decode_linear_detail::opt_in_shared_memory(kernel, kSmemBytes, opted_in);
-        err != cudaSuccess)
+    if (const cudaError_t err = decode_linear_detail::opt_in_shared_memory(kernel, smem, opted_in); err != cudaSuccess)
         return err;
     const Params p{a.bias, a.residual, a.ln_colsum, a.out, a.rows, a.in_features, a.out_features,
                    a.in_features / kSplit / kChunk, a.eps, a.activation};
     const dim3 grid(static_cast<unsigned>(a.out_features / kTileN * kSplit));
-    return launch_kernel_clustered(kernel, grid, dim3(kThreads), static_cast<unsigned>(kSplit), kSmemBytes, stream,
+    return launch_kernel_clustered(kernel, grid, dim3(kThreads), static_cast<unsigned>(kSplit), smem, stream,
                                    p, x_map, w_map);
 }
 
