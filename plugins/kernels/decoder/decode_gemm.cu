@@ -71,6 +71,7 @@ struct Smem {
     static constexpr uint32_t bytes(bool ln) { return 1024 + kRecvStats + (ln ? (kSplit - 1) * kStatBytes : 0); }
 };
 
+#if defined(PADFREE_WGMMA_DEVICE)  // the kernel's code (sm_90a); other targets compile its body out
 // st.async: a store into a peer block's shared memory (a cluster address, mapa) that counts its bytes on
 // the peer's mbarrier, so the peer waits for the data itself instead of the cluster for a barrier.
 __device__ __forceinline__ uint32_t peer_address(uint32_t local, int rank) {
@@ -86,6 +87,7 @@ __device__ __forceinline__ void push_v2(uint32_t remote, float a, float b, uint3
     asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];\n"
                  ::"r"(remote), "f"(a), "f"(b), "r"(remote_bar) : "memory");
 }
+#endif
 
 struct Params {
     const void* bias;
