@@ -83,7 +83,9 @@ def decode_gemm(x: torch.Tensor, layer: FoldedLinear, residual: torch.Tensor | N
                 activation: str | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """out = act(LN(x) W^T + b) + residual for the layer fold_layernorm made (without its LayerNorm where
     layer.colsum is None). x [rows, in] float16 / bfloat16 (decode_gemm_fits), residual [rows, out] (may be
-    `out`), activation None / "relu" / "gelu" / "gelu_tanh" / "silu"."""
+    `out`), activation None / "relu" / "gelu" / "gelu_tanh" / "silu". The layer's tensors are read before
+    the kernel waits on the previous one (PDL): no kernel still running may write them (fold_layernorm's
+    copies are made once, before)."""
     check_float(x, "x")
     if x.dim() != 2:
         raise InputError(f"x: expected [rows, in_features], got shape {list(x.shape)}")

@@ -149,6 +149,8 @@ def cross_attention(q: torch.Tensor, kv_mem: torch.Tensor, cu_seqlens: torch.Ten
                 the caller checks them (they live on the device); an empty source gives zeros, a longer
                 one is cut at max_seqlen.
     workspace:  as for decoder_self_attention.
+    kv_mem and cu_seqlens are read before the kernel waits on the previous one (PDL): no kernel still
+    running may write them (compute them before the decode steps, as generation does).
     Returns out [rows, hidden].
     """
     check(q, "q", shape=(None, None))
