@@ -4,8 +4,6 @@
 // passes over the x rows a block stages in shared memory, and the opt-in to that shared memory.
 #pragma once
 
-#include <cooperative_groups.h>
-
 #include <atomic>
 
 #include "common.cuh"
@@ -88,28 +86,6 @@ __device__ __forceinline__ void layernorm_staged_rows(T* xs, int64_t ld, int row
         }
     }
 }
-
-__device__ __forceinline__ float add(float a, float b) { return a + b; }
-__device__ __forceinline__ float2 add(float2 a, float2 b) { return make_float2(a.x + b.x, a.y + b.y); }
-__device__ __forceinline__ float4 add(float4 a, float4 b) {
-    return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
-}
-
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // thread-block clusters
-// The sum over a cluster's first `split` (<= kMaxSplit) blocks, in rank order, of the value at `p` in each
-// block's shared memory: every remote load issued before the first add (a loop over a runtime count would
-// wait for each in turn), and a fixed order, so that the sum does not depend on timing. sm_90+.
-template <int kMaxSplit, typename V>
-__device__ __forceinline__ V cluster_sum(cooperative_groups::cluster_group& cluster, V* p, int split) {
-    V v[kMaxSplit];
-#pragma unroll
-    for (int q = 0; q < kMaxSplit; ++q) v[q] = q < split ? *cluster.map_shared_rank(p, q) : V{};
-    V sum = v[0];
-#pragma unroll
-    for (int q = 1; q < kMaxSplit; ++q) sum = add(sum, v[q]);
-    return sum;
-}
-#endif
 
 // Raises `kernel`'s dynamic shared memory limit to smem where a launch needs more than it has opted into
 // so far (opted_in: the kernel's own record, raised to the most any launch has needed; a benign race:

@@ -39,11 +39,28 @@ namespace cg = cooperative_groups;
 using attention_detail::MmaOp;
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900  // the kernel's body is sm_90's only
-using decode_linear_detail::cluster_sum;
 constexpr int kChunk = 32;                           // in_features per step: two mma's k
 constexpr int kVec = 8;                              // 16-bit values per 16-byte vector
 constexpr int kMinSplit = 4, kMaxSplit = 8;
 constexpr int kMaxStagedRows = kDecodeLinearMmaMaxRows;  // the row statistics' room (decode_linear_mma_bytes)
+
+__device__ __forceinline__ float add(float a, float b) { return a + b; }
+__device__ __forceinline__ float4 add(float4 a, float4 b) {
+    return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+}
+
+// The sum over the cluster's blocks (rank order) of the value at `p` in each block's shared memory: every
+// remote load issued before the first add (a loop over a runtime count would wait for each in turn).
+template <typename V>
+__device__ __forceinline__ V cluster_sum(cg::cluster_group& cluster, V* p, int split) {
+    V v[kMaxSplit];
+#pragma unroll
+    for (int q = 0; q < kMaxSplit; ++q) v[q] = q < split ? *cluster.map_shared_rank(p, q) : V{};
+    V sum = v[0];
+#pragma unroll
+    for (int q = 1; q < kMaxSplit; ++q) sum = add(sum, v[q]);
+    return sum;
+}
 #endif
 
 // kRowTiles: the staged rows / 8 (2, 4 or 8); rows past a.rows are zero and never stored. kWarps: 4, 8
@@ -154,7 +171,7 @@ __global__ void __launch_bounds__(kWarps * kWarpSize, 16 / kWarps) decode_linear
         for (int o = kTpr / 2; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
         if (j == 0) row_sum[m] = s;
         cluster.sync();
-        if (threadIdx.x < kRows) row_mean[threadIdx.x] = cluster_sum<kMaxSplit>(cluster, row_sum + threadIdx.x, split) / K;
+        if (threadIdx.x < kRows) row_mean[threadIdx.x] = cluster_sum(cluster, row_sum + threadIdx.x, split) / K;
         __syncthreads();
         s = decode_linear_detail::staged_row_squares(row, j, vecs, kTpr, row_mean[m]);
 #pragma unroll
@@ -162,7 +179,7 @@ __global__ void __launch_bounds__(kWarps * kWarpSize, 16 / kWarps) decode_linear
         if (j == 0) row_squares[m] = s;
         cluster.sync();
         if (threadIdx.x < kRows)
-            row_rstd[threadIdx.x] = rsqrtf(cluster_sum<kMaxSplit>(cluster, row_squares + threadIdx.x, split) / K + a.eps);
+            row_rstd[threadIdx.x] = rsqrtf(cluster_sum(cluster, row_squares + threadIdx.x, split) / K + a.eps);
         __syncthreads();
         // the slice normalized in place, rounded to T; the first cluster also writes it out for a
         // post-LN residual
@@ -215,7 +232,7 @@ __global__ void __launch_bounds__(kWarps * kWarpSize, 16 / kWarps) decode_linear
     for (int u = 0; u < kMaxGroups; ++u) {
         const OutputGroup o = output_group(u);
         if (!o.in) continue;
-        const float4 y4 = cluster_sum<kMaxSplit>(cluster, reinterpret_cast<float4*>(part + o.f * kRows + o.m0), split);
+        const float4 y4 = cluster_sum(cluster, reinterpret_cast<float4*>(part + o.f * kRows + o.m0), split);
         const float y[4] = {y4.x, y4.y, y4.z, y4.w};
 #pragma unroll
         for (int e = 0; e < 4; ++e)
