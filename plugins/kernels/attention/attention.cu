@@ -10,9 +10,6 @@
 #include "attention_tc.cuh"
 #include "attention_wgmma.cuh"
 #include "common.cuh"
-#include "graphs/driver_entry.h"
-
-#include <cudaTypedefs.h>
 
 namespace padfree {
 namespace {
@@ -132,20 +129,10 @@ cudaError_t launch_tiles(void (*kernel)(AttentionArgs, Extra...), AttentionArgs 
 template <int HD>
 bool qkv_tensor_map(const AttentionArgs& args, padfree_dtype dtype, CUtensorMap* map) {
     static_assert(HD == 32 || HD == 64, "one box row spans one swizzle row");
-    static const auto encode =
-        driver_entry<PFN_cuTensorMapEncodeTiled_v12000>("cuTensorMapEncodeTiled", 12000);
-    if (encode == nullptr || args.total_rows <= 0) return false;
-    const cuuint64_t width = 3ull * static_cast<cuuint64_t>(args.num_heads) * HD;
-    const cuuint64_t dims[2] = {width, static_cast<cuuint64_t>(args.total_rows)};
-    const cuuint64_t row_bytes[1] = {width * 2};
-    const cuuint32_t box[2] = {HD, 64};
+    if (args.total_rows <= 0) return false;
     constexpr CUtensorMapSwizzle kSwizzle = HD == 32 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B;
-    const cuuint32_t element_strides[2] = {1, 1};
-    const CUtensorMapDataType type =
-        dtype == PADFREE_BFLOAT16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-    return encode(map, type, 2, const_cast<void*>(args.qkv), dims, row_bytes, box, element_strides,
-                  CU_TENSOR_MAP_INTERLEAVE_NONE, kSwizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+    return tensor_map_2d(map, args.qkv, static_cast<uint64_t>(args.total_rows),
+                         3ull * static_cast<uint64_t>(args.num_heads) * HD, HD, 64, kSwizzle, dtype);
 }
 
 // Head_dim 64: sequences that fit one 128-key tile take a single-buffered configuration (40 KB of

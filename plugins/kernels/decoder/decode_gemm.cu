@@ -26,12 +26,10 @@
 
 #include <cooperative_groups.h>
 #include <cuda.h>
-#include <cudaTypedefs.h>
 
 #include <atomic>
 
 #include "../attention/attention_ptx.cuh"
-#include "../graphs/driver_entry.h"
 #include "../ptx/tma_ptx.cuh"
 #include "../ptx/wgmma_ptx.cuh"
 #include "common.cuh"
@@ -336,28 +334,13 @@ __global__ void __launch_bounds__(kThreads, kDecodeGemmBlocksPerSm)
 #endif
 }
 
-// `tensor` [rows, cols] (16-bit, rows of cols * 2 bytes) as 64-column x box_rows boxes with the
-// 128-byte swizzle wgmma reads, rows past the end zero-filled. False where the driver cannot make it.
-bool tensor_map(CUtensorMap* map, const void* tensor, int64_t rows, int64_t cols, uint32_t box_rows,
-                padfree_dtype dtype) {
-    static const auto encode = driver_entry<PFN_cuTensorMapEncodeTiled_v12000>("cuTensorMapEncodeTiled", 12000);
-    if (encode == nullptr) return false;
-    const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
-    const cuuint64_t row_bytes[1] = {static_cast<cuuint64_t>(cols) * 2};
-    const cuuint32_t box[2] = {kChunk, box_rows};
-    const cuuint32_t element_strides[2] = {1, 1};
-    const CUtensorMapDataType type =
-        dtype == PADFREE_BFLOAT16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-    return encode(map, type, 2, const_cast<void*>(tensor), dims, row_bytes, box, element_strides,
-                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
 template <typename T, int kSplit>
 cudaError_t launch_split(const DecodeGemmArgs& a, padfree_dtype dtype, cudaStream_t stream) {
     CUtensorMap x_map{}, w_map{};
-    if (!tensor_map(&x_map, a.x, a.rows, a.in_features, kRows, dtype) ||
-        !tensor_map(&w_map, a.weight, a.out_features, a.in_features, kTileN, dtype))
+    // x and the weight as 64-column boxes with the 128-byte swizzle wgmma reads (x's rows past `rows` zeros)
+    if (!tensor_map_2d(&x_map, a.x, a.rows, a.in_features, kChunk, kRows, CU_TENSOR_MAP_SWIZZLE_128B, dtype) ||
+        !tensor_map_2d(&w_map, a.weight, a.out_features, a.in_features, kChunk, kTileN, CU_TENSOR_MAP_SWIZZLE_128B,
+                       dtype))
         return cudaErrorNotSupported;
     auto kernel = decode_gemm_kernel<T, kSplit>;
     const uint32_t smem = Smem<kSplit>::bytes(a.ln_colsum != nullptr);

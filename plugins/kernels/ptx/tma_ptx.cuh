@@ -1,14 +1,38 @@
-// The Hopper bulk-copy instructions the TMA variant of the wgmma attention kernel loads with: a 2D
-// tensor copy (cp.async.bulk.tensor) from global into shared memory that signals an mbarrier with
-// its byte count, and the mbarrier's init, expect and wait. sm_90 and later; call them from code
-// compiled under PADFREE_WGMMA_DEVICE (wgmma_ptx.cuh), where the kernel that uses them is.
+// The Hopper bulk-copy instructions the wgmma kernels (the attention's TMA variant, decode_gemm) load
+// with: a 2D tensor copy (cp.async.bulk.tensor) from global into shared memory that signals an mbarrier
+// with its byte count, and the mbarrier's init, expect and wait. sm_90 and later; call them from code
+// compiled under PADFREE_WGMMA_DEVICE (wgmma_ptx.cuh), where the kernel that uses them is. On the host,
+// the tensor map such a copy reads.
 #pragma once
 
 #include <cuda.h>
+#include <cudaTypedefs.h>
 
 #include <cstdint>
 
+#include "../graphs/driver_entry.h"
+#include "padfree.h"
+
 namespace padfree {
+
+// `tensor` [rows, cols] of 16-bit values (rows of cols * 2 bytes) as boxes of box_cols x box_rows with
+// `swizzle`, the layout the kernel's shared memory reads; rows past the end read as zeros. False where
+// the driver cannot make the map.
+inline bool tensor_map_2d(CUtensorMap* map, const void* tensor, uint64_t rows, uint64_t cols, uint32_t box_cols,
+                          uint32_t box_rows, CUtensorMapSwizzle swizzle, padfree_dtype dtype) {
+    static const auto encode = driver_entry<PFN_cuTensorMapEncodeTiled_v12000>("cuTensorMapEncodeTiled", 12000);
+    if (encode == nullptr) return false;
+    const cuuint64_t dims[2] = {cols, rows};
+    const cuuint64_t row_bytes[1] = {cols * 2};
+    const cuuint32_t box[2] = {box_cols, box_rows};
+    const cuuint32_t element_strides[2] = {1, 1};
+    const CUtensorMapDataType type =
+        dtype == PADFREE_BFLOAT16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    return encode(map, type, 2, const_cast<void*>(tensor), dims, row_bytes, box, element_strides,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 namespace attention_detail {
 
 // count arrivals complete a phase (one thread arrives with the bytes it expects).
