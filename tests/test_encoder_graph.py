@@ -4,7 +4,9 @@ runs), against the encoder on the sources' rows only, on the CPU in float32 (tor
 Each family (its own position scheme: Marian's, learned with an offset, fairseq's that skip pad
 tokens) at 12 encoder layers, sources of mixed lengths (some with pad ids inside), buckets from the
 fullest call to the emptiest one the bucket takes (the most filler rows). The sources' rows must match;
-every filler row must be finite (a NaN there could reach a source through a masked tile).
+every filler row must be finite (a NaN there could reach a source through a masked tile). The position
+rows, computed from the staged ids and cu_seqlens alone as the graph computes them on the device, must be
+the sources' own (encoder.source_position_rows) and a pad token's at position 0 on the fillers.
 """
 from __future__ import annotations
 
@@ -16,11 +18,15 @@ import torch
 
 import padfree.torch as pt
 from padfree.generation.decoder import seqlen_bucket, token_bucket
-from padfree.generation.encoder import PackedSources, encode, encode_rows
-from padfree.generation.encoder_graph import bucket_floor, bucket_inputs, filler_count
+from padfree.generation.encoder import PackedSources, encode, encode_rows, source_position_rows
+from padfree.generation.encoder_graph import bucket_floor, bucket_inputs, bucket_position_rows, filler_count
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _seq2seq import FAMILIES, build, random_sources  # noqa: E402
+
+# a pad token at position 0, per position scheme (HF: Marian's sinusoid row 0, BART's learned table 2 rows
+# past the position, M2M100's padding_idx row for any pad)
+FILLER_ROW = {"marian": lambda pad: 0, "learned": lambda pad: 2, "fairseq": lambda pad: pad}
 
 
 def test_bucket_floor_is_the_fewest_tokens_of_the_bucket():
@@ -49,13 +55,18 @@ def test_bucket_rows_match_the_sources_rows(family):
         packed = PackedSources.from_lists(sources, torch.device("cpu"))
         tokens, max_seqlen = token_bucket(packed.total_tokens), seqlen_bucket(packed.max_seqlen)
         fillers = filler_count(tokens, packed.batch, max_seqlen)
-        ids_rows, cu = bucket_inputs(gen.weights, packed, tokens, max_seqlen, fillers)
+        ids, cu = bucket_inputs(gen.weights, packed, tokens, max_seqlen, fillers)
         assert int(cu[-1]) == tokens and bool((cu[1:] - cu[:-1]).le(max_seqlen).all())
+        total = packed.total_tokens
+        rows = bucket_position_rows(gen.weights, ids, cu, packed.batch)
+        # the sources' rows where the eager encoder reads them, every filler's pad at position 0
+        assert torch.equal(ids[:total], packed.ids) and bool((ids[total:] == pad).all())
+        assert torch.equal(rows[:total], source_position_rows(gen.weights, packed)), f"{family} {packed.lengths}"
+        assert bool((rows[total:] == FILLER_ROW[gen.weights.spec.positions](pad)).all())
         with torch.inference_mode():
             want = encode(gen.weights, gen.ops, packed)
             got = torch.full((tokens, want.shape[1]), float("nan"))
-            got[:] = encode_rows(gen.weights, gen.ops, ids_rows[0], ids_rows[1], cu, max_seqlen)
-        total = packed.total_tokens
+            got[:] = encode_rows(gen.weights, gen.ops, ids, rows, cu, max_seqlen)
         scale = want.abs().max().item()
         err = (got[:total] - want).abs().max().item()
         assert err <= 1e-5 * max(1.0, scale), f"{family} lengths {packed.lengths}: {err}"

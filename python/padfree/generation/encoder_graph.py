@@ -18,9 +18,10 @@ Rules, and why:
 - On CUDA with padfree's torch decoder this body runs whether or not graphs are on (use_graphs=False
   runs it eagerly), so a graphed call and an eager one compute the same numbers; the CPU encodes the
   sources' rows only (encoder.encode).
-- Its inputs are staged on the host, where the lengths are: ids with their position-table rows, and
-  cu_seqlens with the fillers' bounds, two copies from pinned buffers (written only after the
-  previous call's copies have read them).
+- Its inputs are staged on the host, where the lengths are: the ids and cu_seqlens with the fillers'
+  bounds, two copies from pinned buffers (written only after the previous call's copies have read
+  them). The position-table rows are the body's first work, on the device (bucket_position_rows): a
+  few small kernels in the graph instead of ~35 torch ops on the host, where the GPU waits for them.
 - The position table the body reads is the one it was made with (a fairseq table grows by
   replacement; a captured graph keeps reading the old tensor, which this object holds).
 """
@@ -29,10 +30,10 @@ from __future__ import annotations
 import torch
 
 from .decoder import Decoder, token_bucket
-from .encoder import PackedSources, encode_rows, source_position_rows
+from .encoder import PackedSources, encode_rows
 from .layers import ensure_position_rows, position_rows
 
-__all__ = ["EncoderGraph", "bucket_floor", "bucket_inputs", "filler_count"]
+__all__ = ["EncoderGraph", "bucket_floor", "bucket_inputs", "bucket_position_rows", "filler_count"]
 
 
 def bucket_floor(tokens: int) -> int:
@@ -55,25 +56,39 @@ def filler_count(tokens: int, batch: int, max_seqlen: int) -> int:
 
 def bucket_inputs(weights, sources: PackedSources, tokens: int, max_seqlen: int,
                   fillers: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The encoder's inputs on a bucket's rows, on the sources' device (the host's, as stage() builds
-    them): ids and their position-table rows int64 [2, tokens] (fillers: pad at position 0), and
-    cu_seqlens int32 [batch + 1 + fillers] (the sources', then the fillers' bounds)."""
-    spec, pad = weights.spec, weights.pad_token_id
-    total, batch = sources.total_tokens, sources.batch
+    """The encoder's inputs on a bucket's rows, on the host: ids int64 [tokens] (the fillers' rows pad), and
+    cu_seqlens int32 [batch + 1 + fillers] (the sources', then the fillers' bounds). A handful of host ops:
+    the position rows are bucket_position_rows' work, on the device."""
+    total = sources.total_tokens
     if total > tokens or sources.max_seqlen > max_seqlen or total + fillers * max_seqlen < tokens:
         raise ValueError("bucket_inputs: the sources do not fit the bucket")
-    zero = torch.zeros(1, dtype=torch.long)
-    filler_row = position_rows(spec, pad, zero, torch.full((1,), pad), zero)
-    ids_rows = torch.empty(2, tokens, dtype=torch.long, device=sources.ids.device)
-    ids_rows[0, :total] = sources.ids
-    ids_rows[0, total:] = pad
-    ids_rows[1, :total] = source_position_rows(weights, sources)
-    ids_rows[1, total:] = filler_row.to(ids_rows.device)
-    cu = torch.empty(batch + 1 + fillers, dtype=torch.int32, device=sources.ids.device)
-    cu[:batch + 1] = sources.cu_seqlens
-    bounds = torch.arange(1, fillers + 1, dtype=torch.int32, device=cu.device) * max_seqlen + total
-    cu[batch + 1:] = bounds.clamp_(max=tokens)
-    return ids_rows, cu
+    ids = torch.full((tokens,), weights.pad_token_id, dtype=torch.long)
+    ids[:total] = sources.ids
+    bounds = [min(total + k * max_seqlen, tokens) for k in range(1, fillers + 1)]
+    cu = torch.tensor(sources.cu_seqlens.tolist() + bounds, dtype=torch.int32)
+    return ids, cu
+
+
+def bucket_position_rows(weights, ids: torch.Tensor, cu_seqlens: torch.Tensor, batch: int) -> torch.Tensor:
+    """int64 [tokens]: the position-table row of every bucket row (layers.position_rows: each source token
+    at its position in its source; a filler row, past cu_seqlens[batch], as pad at position 0), from device
+    tensors only (no host read), so that the encoder's graph computes them: staged from the host they
+    were ~35 torch ops a call before the GPU's first work (~250 µs, development host, one call after
+    another)."""
+    spec, pad = weights.spec, weights.pad_token_id
+    index = torch.arange(ids.shape[0], device=ids.device)
+    starts = cu_seqlens.long()
+    # each row's sequence: the last start at or before it (an empty sequence's start equals the next's)
+    start = starts[torch.searchsorted(starts, index, right=True) - 1]
+    rank = None
+    if spec.positions == "fairseq":     # the sequence's non-pad tokens before the row
+        nonpad = (ids != pad).long()
+        before = torch.cumsum(nonpad, 0) - nonpad
+        rank = before - before[start]
+    rows = position_rows(spec, pad, index - start, ids, rank)
+    filler_row = position_rows(spec, pad, torch.zeros(1, dtype=torch.long), torch.full((1,), pad),
+                               torch.zeros(1, dtype=torch.long))
+    return torch.where(index >= starts[batch], int(filler_row), rows)
 
 
 class EncoderGraph:
@@ -87,9 +102,9 @@ class EncoderGraph:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.capture_failed = False
         device = decoder.device
-        self.ids_rows = torch.zeros(2, tokens, dtype=torch.long, device=device)
+        self.ids = torch.zeros(tokens, dtype=torch.long, device=device)
         self.cu_seqlens = torch.zeros(batch + 1 + self.fillers, dtype=torch.int32, device=device)
-        self._staged_ids_rows = torch.zeros(2, tokens, dtype=torch.long, pin_memory=True)
+        self._staged_ids = torch.zeros(tokens, dtype=torch.long, pin_memory=True)
         self._staged_cu = torch.zeros(batch + 1 + self.fillers, dtype=torch.int32, pin_memory=True)
         self._copied = torch.cuda.Event()
         self._copied.record()
@@ -97,22 +112,23 @@ class EncoderGraph:
         self.positions = weights.encoder.positions
 
     def stage(self, sources: PackedSources) -> None:
-        """This call's ids, position rows and cu_seqlens into the body's inputs (enqueued copies)."""
+        """This call's ids and cu_seqlens into the body's inputs (enqueued copies)."""
         host = sources.host or sources
         d = self.decoder
         if host.batch != d.batch:
             raise ValueError("EncoderGraph.stage: the sources do not fit this state's bucket")
-        ids_rows, cu = bucket_inputs(self.weights, host, d.tokens, d.max_seqlen, self.fillers)
+        ids, cu = bucket_inputs(self.weights, host, d.tokens, d.max_seqlen, self.fillers)
         self._copied.synchronize()
-        self._staged_ids_rows.copy_(ids_rows)
+        self._staged_ids.copy_(ids)
         self._staged_cu.copy_(cu)
-        self.ids_rows.copy_(self._staged_ids_rows, non_blocking=True)
+        self.ids.copy_(self._staged_ids, non_blocking=True)
         self.cu_seqlens.copy_(self._staged_cu, non_blocking=True)
         self._copied.record()
 
     def body(self) -> None:
         """The encoder over the bucket's rows and the decoder's cross-attention K/V, cu_seqlens and step."""
         d = self.decoder
-        encoder_out = encode_rows(self.weights, self.ops, self.ids_rows[0], self.ids_rows[1], self.cu_seqlens,
-                                  d.max_seqlen, self.positions)
+        rows = bucket_position_rows(self.weights, self.ids, self.cu_seqlens, d.batch)
+        encoder_out = encode_rows(self.weights, self.ops, self.ids, rows, self.cu_seqlens, d.max_seqlen,
+                                  self.positions)
         d.load_memory(encoder_out, self.cu_seqlens[:d.batch + 1])
