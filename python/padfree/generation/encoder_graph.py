@@ -72,9 +72,8 @@ def bucket_inputs(weights, sources: PackedSources, tokens: int, max_seqlen: int,
 def bucket_position_rows(weights, ids: torch.Tensor, cu_seqlens: torch.Tensor, batch: int) -> torch.Tensor:
     """int64 [tokens]: the position-table row of every bucket row (layers.position_rows: each source token
     at its position in its source; a filler row, past cu_seqlens[batch], as pad at position 0), from device
-    tensors only (no host read), so that the encoder's graph computes them: staged from the host they
-    were ~35 torch ops a call before the GPU's first work (~250 µs, development host, one call after
-    another)."""
+    tensors only (no host read), so that the encoder's graph computes them (the module docstring says
+    why; GENERATION.md has the host times)."""
     spec, pad = weights.spec, weights.pad_token_id
     index = torch.arange(ids.shape[0], device=ids.device)
     starts = cu_seqlens.long()
