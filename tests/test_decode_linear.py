@@ -218,6 +218,16 @@ def test_decode_linear_fragments_fused_layernorm_activation_residual(seed, dtype
     run(seed + 1, dtype, rows, 512, 2048, bias=False, residual=False, ln=True, act=act, fragments=True)
 
 
+# the LayerNorm's two paths in the fragment kernel: rows normalized on their way from registers into
+# shared memory (768, 1024, 1536 wide at up to 8 rows; 768 and 1024 at 9-16) or staged first and
+# normalized there (1536 at 9-16 rows, 2048)
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 13, 16])
+@pytest.mark.parametrize("k", [768, 1536, 2048])
+def test_decode_linear_fragments_layernorm_widths(seed, dtype, rows, k):
+    run(seed, dtype, rows, k, 1024, bias=True, residual=True, ln=True, act="relu", side=True, fragments=True)
+
+
 def test_decode_linear_fragments_refuse_bad_input():
     w = torch.zeros(64, 512, device="cuda").half()
     frag = fragment_layout(w)

@@ -87,6 +87,54 @@ __device__ __forceinline__ void layernorm_staged_rows(T* xs, int64_t ld, int row
     }
 }
 
+// LayerNorm of rows [0, rows) of x ([rows, K] in global memory, K = kVecs * 32 * V) into the staged rows
+// of xs (row stride ld): a warp per row, at most kRowsPerWarp rows a warp, every row's vectors loaded into
+// registers before any is reduced (one L2 round trip, not a staging pass and three passes over shared
+// memory), then the same two-pass float32 arithmetic as layernorm_staged_rows in the same order, so
+// the two give identical rows. side (or null): each normalized row also written there ([rows, K]).
+template <typename T, int kVecs, int kRowsPerWarp>
+__device__ __forceinline__ void layernorm_rows_into(const T* x, T* xs, int64_t ld, int rows, const T* gamma,
+                                                    const T* beta, float eps, T* side, int warp, int warps,
+                                                    int lane) {
+    constexpr int V = vec_size<T>();
+    constexpr int K = kVecs * kWarpSize * V;
+    Vec<T> v[kRowsPerWarp][kVecs];
+#pragma unroll
+    for (int j = 0; j < kRowsPerWarp; ++j) {
+        const int m = warp + j * warps;
+        if (m < rows)
+#pragma unroll
+            for (int i = 0; i < kVecs; ++i) v[j][i] = load_vec(x + static_cast<int64_t>(m) * K + (lane + i * kWarpSize) * V);
+    }
+#pragma unroll
+    for (int j = 0; j < kRowsPerWarp; ++j) {
+        const int m = warp + j * warps;
+        if (m >= rows) break;
+        float s = 0.f;
+#pragma unroll
+        for (int i = 0; i < kVecs; ++i)
+#pragma unroll
+            for (int e = 0; e < V; ++e) s += to_float(v[j][i].v[e]);
+        const float mean = warp_sum(s) / K;
+        float q = 0.f;
+#pragma unroll
+        for (int i = 0; i < kVecs; ++i)
+#pragma unroll
+            for (int e = 0; e < V; ++e) {
+                const float d = to_float(v[j][i].v[e]) - mean;
+                q += d * d;
+            }
+        const float rstd = rsqrtf(warp_sum(q) / K + eps);
+#pragma unroll
+        for (int i = 0; i < kVecs; ++i) {
+            const int at = (lane + i * kWarpSize) * V;
+            const Vec<T> xv = layernorm_vec(v[j][i], mean, rstd, load_vec(gamma + at), load_vec(beta + at));
+            store_vec(xs + static_cast<int64_t>(m) * ld + at, xv);
+            if (side != nullptr) store_vec(side + static_cast<int64_t>(m) * K + at, xv);
+        }
+    }
+}
+
 // Raises `kernel`'s dynamic shared memory limit to smem where a launch needs more than it has opted into
 // so far (opted_in: the kernel's own record, raised to the most any launch has needed; a benign race:
 // every caller sets a value at least its own).
