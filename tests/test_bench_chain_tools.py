@@ -1,5 +1,5 @@
-"""The chain-cost benchmarks (bench/sync_costs.py, bench/decode_linear_phases.py) on a machine without
-a GPU: their CUDA sources compile for sm_90a where nvcc is (decode_linear_phases: with the stamps
+"""The chain-cost benchmarks (bench/sync_costs.py, bench/copy_rates.py, bench/decode_linear_phases.py) on a
+machine without a GPU: their CUDA sources compile for sm_90a where nvcc is (decode_linear_phases: with the stamps
 written into the current decode_linear.cu, so a kernel edit that removes a stamp's place fails here,
 not on the device), and the scripts refuse with a one-line reason instead of failing in the build."""
 from __future__ import annotations
@@ -14,6 +14,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
+import copy_rates  # noqa: E402
 import decode_linear_phases  # noqa: E402
 import sync_costs  # noqa: E402
 
@@ -28,6 +29,12 @@ def _nvcc() -> str:
 def test_sync_costs_compiles_for_hopper(tmp_path):
     proc = subprocess.run([_nvcc(), "-arch=sm_90a", "-O3", "-std=c++17", "-c", sync_costs.SOURCE, "-o",
                            str(tmp_path / "sync_costs.o")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_copy_rates_compiles_for_hopper(tmp_path):
+    proc = subprocess.run([_nvcc(), "-arch=sm_90a", "-O3", "-std=c++17", "-c", copy_rates.SOURCE, "-o",
+                           str(tmp_path / "copy_rates.o")], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
 
 
@@ -55,6 +62,7 @@ def test_decode_linear_phases_parses_the_driver_output():
 
 @pytest.mark.parametrize("script, argv, message", [
     ("sync_costs.py", [], "runs on a CUDA device"),
+    ("copy_rates.py", [], "runs on a CUDA device"),
     ("decode_linear_phases.py", [], "runs on a CUDA device"),
     ("decode_linear_phases.py", ["--rows", "4,9"], "each from 1 to 8"),
     ("decode_linear_phases.py", ["--rows", "four"], "comma-separated integers"),
