@@ -27,6 +27,8 @@ Rules, and why:
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .decoder import Decoder, token_bucket
@@ -85,9 +87,15 @@ def bucket_position_rows(weights, ids: torch.Tensor, cu_seqlens: torch.Tensor, b
         before = torch.cumsum(nonpad, 0) - nonpad
         rank = before - before[start]
     rows = position_rows(spec, pad, index - start, ids, rank)
-    filler_row = position_rows(spec, pad, torch.zeros(1, dtype=torch.long), torch.full((1,), pad),
-                               torch.zeros(1, dtype=torch.long))
-    return torch.where(index >= starts[batch], int(filler_row), rows)
+    return torch.where(index >= starts[batch], _filler_row(spec, pad), rows)
+
+
+@functools.lru_cache(maxsize=None)
+def _filler_row(spec, pad: int) -> int:
+    """The position-table row of a filler row (pad at position 0), by position_rows' own rule; worked out
+    once per family and pad id, since the eager path (use_graphs=False) builds the rows every call."""
+    zero = torch.zeros(1, dtype=torch.long)
+    return int(position_rows(spec, pad, zero, torch.full((1,), pad), zero))
 
 
 class EncoderGraph:
