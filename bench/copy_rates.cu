@@ -19,19 +19,14 @@
 #include <cstdint>
 #include <cstdio>
 
+static constexpr const char* kBenchName = "copy_rates";  // CHECK's messages
+#include "bench_timing.cuh"
+
 namespace {
 
 constexpr size_t kBytes = size_t(512) << 20;
 constexpr int kReps = 5;
 
-#define CHECK(call)                                                                              \
-    do {                                                                                         \
-        const cudaError_t err_ = (call);                                                         \
-        if (err_ != cudaSuccess) {                                                               \
-            std::fprintf(stderr, "copy_rates: %s failed: %s\n", #call, cudaGetErrorString(err_)); \
-            return 1;                                                                            \
-        }                                                                                        \
-    } while (0)
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -95,27 +90,6 @@ __global__ void loads_kernel(const uint4* src, size_t n, unsigned long long* sin
     if (acc == 0x12345678u) *sink = acc;  // keeps the loads
 }
 
-template <typename Launch>
-int best_ms(Launch launch, float* best) {
-    cudaEvent_t e0, e1;
-    CHECK(cudaEventCreate(&e0));
-    CHECK(cudaEventCreate(&e1));
-    CHECK(launch());
-    CHECK(cudaDeviceSynchronize());
-    *best = 1e30f;
-    for (int r = 0; r < kReps; ++r) {
-        CHECK(cudaEventRecord(e0));
-        CHECK(launch());
-        CHECK(cudaEventRecord(e1));
-        CHECK(cudaEventSynchronize(e1));
-        float ms = 0.f;
-        CHECK(cudaEventElapsedTime(&ms, e0, e1));
-        if (ms < *best) *best = ms;
-    }
-    CHECK(cudaEventDestroy(e0));
-    CHECK(cudaEventDestroy(e1));
-    return 0;
-}
 
 }  // namespace
 
@@ -164,7 +138,7 @@ int main() {
             else ring_kernel<false><<<grid, 32, smem>>>(src, map, share, size, slots, sink);
             return cudaGetLastError();
         };
-        if (best_ms(launch, &ms)) return 1;
+        if (best_ms(0, 1, kReps, launch, &ms)) return 1;
         std::printf("%s %.1f\n", name, static_cast<double>(share) * grid / (ms * 1e-3) / 1e9);
         return 0;
     };
@@ -190,7 +164,7 @@ int main() {
             ring_kernel<false><<<1, 32, 1024 + size_k * 1024 + 8>>>(src, map, share, size_k * 1024, 1, sink);
             return cudaGetLastError();
         };
-        if (best_ms(launch, &ms)) return 1;
+        if (best_ms(0, 1, kReps, launch, &ms)) return 1;
         std::printf("%s %.2f\n", name, static_cast<double>(share) / (ms * 1e-3) / 1e9);
     }
     for (int ctas : {1, 4}) {
@@ -199,9 +173,9 @@ int main() {
                              return cudaGetLastError(); };
         auto launch8 = [&] { loads_kernel<8><<<sms * ctas, 256>>>(reinterpret_cast<const uint4*>(src), kBytes / 16, sink);
                              return cudaGetLastError(); };
-        if (best_ms(launch4, &ms)) return 1;
+        if (best_ms(0, 1, kReps, launch4, &ms)) return 1;
         std::printf("loads_u4_c%d %.1f\n", ctas, kBytes / (ms * 1e-3) / 1e9);
-        if (best_ms(launch8, &ms)) return 1;
+        if (best_ms(0, 1, kReps, launch8, &ms)) return 1;
         std::printf("loads_u8_c%d %.1f\n", ctas, kBytes / (ms * 1e-3) / 1e9);
     }
     std::printf("sms %d\n", sms);

@@ -15,38 +15,26 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
-import tempfile
 
-from sync_costs import gpu_arch, nvcc  # bench/: the script's own folder, first on sys.path
+from sync_costs import build_and_run, device_capability, gpu_arch  # bench/: the script's own folder, first on sys.path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SOURCE = os.path.join(ROOT, "bench", "copy_rates.cu")
-
-
-def measure(arch: str) -> dict[str, float]:
-    """Build copy_rates.cu for `arch` (sm_90a) and run it: {case: GB/s, "sms": count}."""
-    with tempfile.TemporaryDirectory() as tmp:
-        binary = os.path.join(tmp, "copy_rates")
-        subprocess.run([nvcc(), f"-arch={arch}", "-O3", "-std=c++17", SOURCE, "-o", binary], check=True)
-        out = subprocess.run([binary], check=True, capture_output=True, text=True).stdout
-    return {name: float(value) for name, value in (line.split() for line in out.splitlines() if line.strip())}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None, help="JSON report (default bench/results/copy-rates-<gpu>.json)")
     args = parser.parse_args(argv)
-    import torch
-    if not torch.cuda.is_available():
-        parser.error("the benchmark runs on a CUDA device")
-    major, minor = torch.cuda.get_device_capability()
+    major, minor = device_capability(parser)
     if (major, minor) != (9, 0):
         parser.error(f"the copies measured are sm_90a's (compute capability 9.0), this GPU has {major}.{minor}")
+    import torch
+
     from padfree.bench import record
     from padfree.bench.timing import gpu_slug
-    values = measure(gpu_arch(major, minor))
+    values = build_and_run(SOURCE, gpu_arch(major, minor))  # {case: GB/s, "sms": count}
     for name, value in values.items():
         print(f"{name:24s} {value:g}")
     device = torch.cuda.get_device_name()

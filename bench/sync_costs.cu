@@ -14,23 +14,19 @@
 
 #include <cstdio>
 
+static constexpr const char* kBenchName = "sync_costs";  // CHECK's messages
+#include "bench_timing.cuh"
+
 namespace cg = cooperative_groups;
 
 namespace {
+
 
 constexpr int kThreads = 128;
 constexpr int kChain = 100;
 constexpr int kIters = 1000;
 constexpr int kReps = 20;
 
-#define CHECK(call)                                                                              \
-    do {                                                                                         \
-        const cudaError_t err_ = (call);                                                         \
-        if (err_ != cudaSuccess) {                                                               \
-            std::fprintf(stderr, "sync_costs: %s failed: %s\n", #call, cudaGetErrorString(err_)); \
-            return 1;                                                                            \
-        }                                                                                        \
-    } while (0)
 
 __global__ void chain_kernel(const float* in, float* out, int n) {
     asm volatile("griddepcontrol.wait;" ::: "memory");  // a no-op when launched without PDL
@@ -65,26 +61,6 @@ __global__ void grid_kernel(float* slots, float* out, int iters) {
     out[blockIdx.x * blockDim.x + threadIdx.x] = acc;
 }
 
-template <typename Launch>
-int best_ms(cudaStream_t s, Launch launch, float* best) {
-    cudaEvent_t e0, e1;
-    CHECK(cudaEventCreate(&e0));
-    CHECK(cudaEventCreate(&e1));
-    for (int w = 0; w < 3; ++w) CHECK(launch());
-    *best = 1e30f;
-    for (int r = 0; r < kReps; ++r) {
-        CHECK(cudaEventRecord(e0, s));
-        CHECK(launch());
-        CHECK(cudaEventRecord(e1, s));
-        CHECK(cudaEventSynchronize(e1));
-        float ms = 0.f;
-        CHECK(cudaEventElapsedTime(&ms, e0, e1));
-        if (ms < *best) *best = ms;
-    }
-    CHECK(cudaEventDestroy(e0));
-    CHECK(cudaEventDestroy(e1));
-    return 0;
-}
 
 }  // namespace
 
@@ -119,7 +95,7 @@ int main() {
         CHECK(cudaStreamEndCapture(s, &graph));
         CHECK(cudaGraphInstantiate(&exec, graph, 0));
         float ms;
-        if (best_ms(s, [&] { return cudaGraphLaunch(exec, s); }, &ms)) return 1;
+        if (best_ms(s, 3, kReps, [&] { return cudaGraphLaunch(exec, s); }, &ms)) return 1;
         std::printf("%s %.3f\n", pdl ? "boundary_pdl_us" : "boundary_us", ms * 1e3f / kChain);
         CHECK(cudaGraphExecDestroy(exec));
         CHECK(cudaGraphDestroy(graph));
@@ -128,8 +104,8 @@ int main() {
     // per barrier: (kIters + 1 iterations - 1 iteration) / (2 kIters barriers), the launch subtracted
     const int cluster_blocks = blocks / 8 * 8;
     float one, many;
-    if (best_ms(s, [&] { cluster_kernel<<<cluster_blocks, kThreads, 0, s>>>(b, 1); return cudaGetLastError(); }, &one) ||
-        best_ms(s, [&] { cluster_kernel<<<cluster_blocks, kThreads, 0, s>>>(b, kIters + 1); return cudaGetLastError(); },
+    if (best_ms(s, 3, kReps, [&] { cluster_kernel<<<cluster_blocks, kThreads, 0, s>>>(b, 1); return cudaGetLastError(); }, &one) ||
+        best_ms(s, 3, kReps, [&] { cluster_kernel<<<cluster_blocks, kThreads, 0, s>>>(b, kIters + 1); return cudaGetLastError(); },
                 &many))
         return 1;
     std::printf("cluster_barrier_us %.3f\n", (many - one) * 1e3f / (2 * kIters));
@@ -138,7 +114,7 @@ int main() {
         void* args[] = {&slots, &b, &iters};
         return cudaLaunchCooperativeKernel(reinterpret_cast<void*>(grid_kernel), dim3(blocks), dim3(kThreads), args, 0, s);
     };
-    if (best_ms(s, [&] { return grid_launch(1); }, &one) || best_ms(s, [&] { return grid_launch(kIters + 1); }, &many))
+    if (best_ms(s, 3, kReps, [&] { return grid_launch(1); }, &one) || best_ms(s, 3, kReps, [&] { return grid_launch(kIters + 1); }, &many))
         return 1;
     std::printf("grid_barrier_us %.3f\n", (many - one) * 1e3f / kIters);
     std::printf("sms %d\n", sms);

@@ -36,28 +36,36 @@ def gpu_arch(major: int, minor: int) -> str:
     return f"sm_{major}{minor}a" if major == 9 else f"sm_{major}{minor}"
 
 
-def measure(arch: str) -> dict[str, float]:
-    """Build sync_costs.cu for `arch` (e.g. sm_90a) and run it: {name: value}."""
+def build_and_run(source: str, arch: str) -> dict[str, float]:
+    """Build a standalone CUDA benchmark (bench/*.cu printing "name value" lines) for `arch` (e.g. sm_90a)
+    and run it: {name: value}."""
     with tempfile.TemporaryDirectory() as tmp:
-        binary = os.path.join(tmp, "sync_costs")
-        subprocess.run([nvcc(), f"-arch={arch}", "-O3", "-std=c++17", SOURCE, "-o", binary], check=True)
+        binary = os.path.join(tmp, os.path.splitext(os.path.basename(source))[0])
+        subprocess.run([nvcc(), f"-arch={arch}", "-O3", "-std=c++17", source, "-o", binary], check=True)
         out = subprocess.run([binary], check=True, capture_output=True, text=True).stdout
     return {name: float(value) for name, value in (line.split() for line in out.splitlines() if line.strip())}
+
+
+def device_capability(parser: argparse.ArgumentParser) -> tuple[int, int]:
+    """The current CUDA device's compute capability, or the parser's one-line error without a device."""
+    import torch
+    if not torch.cuda.is_available():
+        parser.error("the benchmark runs on a CUDA device")
+    return torch.cuda.get_device_capability()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None, help="JSON report (default bench/results/sync-costs-<gpu>.json)")
     args = parser.parse_args(argv)
-    import torch
-    if not torch.cuda.is_available():
-        parser.error("the benchmark runs on a CUDA device")
-    major, minor = torch.cuda.get_device_capability()
+    major, minor = device_capability(parser)
     if major < 9:
         parser.error(f"thread-block clusters need compute capability 9.0+, this GPU has {major}.{minor}")
+    import torch
+
     from padfree.bench import record
     from padfree.bench.timing import gpu_slug
-    values = measure(gpu_arch(major, minor))
+    values = build_and_run(SOURCE, gpu_arch(major, minor))
     for name, value in values.items():
         print(f"{name:20s} {value:g}")
     device = torch.cuda.get_device_name()
