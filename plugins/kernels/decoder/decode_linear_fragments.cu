@@ -16,8 +16,9 @@
 // A block: 8 warps on 16 output features, each warp an eighth of in_features (in_features / 128 mma
 // steps); its first kPre fragments are loaded before the wait, the rest as those are consumed. After the
 // wait the rows are staged in shared memory (padded rows: the B-fragment loads of 8 rows fall on
-// distinct banks) and LayerNorm'd there, the warps multiply, and their partial sums meet in shared
-// memory in warp order (no timing in the sum) for the epilogue, one output per thread. Rows 9-16 take
+// distinct banks), a LayerNorm'd input normalized on its way there from registers, the warps multiply,
+// and their partial sums meet in shared memory in warp order (no timing in the sum) for the epilogue,
+// one output per thread. Rows 9-16 take
 // a second row tile: each fragment meets rows g and g + 8 of the lane.
 //
 // 17-64 rows (sm_90): a cluster of 2 or 4 blocks shares the rows. Staged whole by every block of 16
