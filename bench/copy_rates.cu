@@ -10,39 +10,27 @@
 //                                    operand layout; each box 64 rows of 128 bytes, rows 2 KB apart)
 //   loads_u<unroll>_c<ctas>          16-byte loads by 256 threads, <unroll> in flight a thread
 //   one_bulk_<size>k                 a single CTA on the whole GPU, one copy in flight: one request's rate
-// Best of REPS timed runs (CUDA events). Needs compute capability 9.0 (sm_90a); the tensor map comes from
-// the driver through the runtime (cudaGetDriverEntryPointByVersion), as padfree's own kernels get it.
+// Best of REPS timed runs (CUDA events). Needs compute capability 9.0 (sm_90a). The barriers, the tensor
+// copies and the tensor map are the kernels' own (ptx/tma_ptx.cuh: built with plugins/kernels and
+// plugins/capi on the include path, sync_costs.build_and_run).
 #include <cuda.h>
 #include <cuda_runtime.h>
-#include <cudaTypedefs.h>
 
 #include <cstdint>
 #include <cstdio>
+
+#include "attention/attention_ptx.cuh"
+#include "ptx/tma_ptx.cuh"
 
 static constexpr const char* kBenchName = "copy_rates";  // CHECK's messages
 #include "bench_timing.cuh"
 
 namespace {
 
+using namespace padfree::attention_detail;
+
 constexpr size_t kBytes = size_t(512) << 20;
 constexpr int kReps = 5;
-
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void bar_init(uint32_t bar) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void bar_expect(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void bar_wait(uint32_t bar, uint32_t parity) {
-    uint32_t done = 0;
-    while (!done)
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-}
 
 // copy i of this CTA into slot i % slots: (bulk) bytes [i * size, (i + 1) * size) of its share; (tma) box
 // i of its rows, 16 boxes across a 1024-wide row band of 64 rows
@@ -50,29 +38,26 @@ template <bool kTma>
 __global__ void ring_kernel(const char* src, const __grid_constant__ CUtensorMap map, size_t share, int size,
                             int slots, unsigned long long* sink) {
     extern __shared__ __align__(16) unsigned char smem[];
-    const uint32_t base = (smem_u32(smem) + 1023u) & ~1023u, bars = base + slots * size;  // the swizzle's atoms
+    const uint32_t base = (smem_addr(smem) + 1023u) & ~1023u, bars = base + slots * size;  // the swizzle's atoms
     const int copies = static_cast<int>(share / size);
     if (threadIdx.x != 0) return;
-    for (int s = 0; s < slots; ++s) bar_init(bars + 8 * s);
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    for (int s = 0; s < slots; ++s) mbarrier_init(bars + 8 * s, 1);
+    fence_mbarrier_init();
     const char* mine = src + blockIdx.x * share;
     const int row0 = static_cast<int>(blockIdx.x * (share / 2048));  // tma: this CTA's rows of 1024 fp16
     for (int i = 0; i < copies; ++i) {
         const int s = i % slots;
         const uint32_t bar = bars + 8 * s, dst = base + s * size;
-        if (i >= slots) bar_wait(bar, ((i / slots) - 1) & 1);
-        bar_expect(bar, size);
+        if (i >= slots) mbarrier_wait(bar, ((i / slots) - 1) & 1);
+        mbarrier_expect_bytes(bar, size);
         if constexpr (kTma) {
-            const int col = (i % 16) * 64, row = row0 + (i / 16) * 64;
-            asm volatile(
-                "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
-                ::"r"(dst), "l"(reinterpret_cast<uint64_t>(&map)), "r"(col), "r"(row), "r"(bar) : "memory");
+            tma_load_2d(dst, &map, (i % 16) * 64, row0 + (i / 16) * 64, bar);
         } else {
             asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                          ::"r"(dst), "l"(mine + static_cast<size_t>(i) * size), "r"(size), "r"(bar) : "memory");
         }
     }
-    for (int i = copies > slots ? copies - slots : 0; i < copies; ++i) bar_wait(bars + 8 * (i % slots), (i / slots) & 1);
+    for (int i = copies > slots ? copies - slots : 0; i < copies; ++i) mbarrier_wait(bars + 8 * (i % slots), (i / slots) & 1);
     if (copies < 0) *sink = 0;  // never: keeps the parameter
 }
 
@@ -103,25 +88,10 @@ int main() {
     CHECK(cudaMalloc(&src, kBytes));
     CHECK(cudaMalloc(&sink, 8));
     CHECK(cudaMemset(src, 1, kBytes));
-    CUtensorMap map{};
-    {
-        const cuuint64_t dims[2] = {1024, kBytes / 2048};
-        const cuuint64_t strides[1] = {2048};
-        const cuuint32_t box[2] = {64, 64}, elem[2] = {1, 1};
-        void* fn = nullptr;
-        cudaDriverEntryPointQueryResult found;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found) !=
-                cudaSuccess || found != cudaDriverEntryPointSuccess) {
-            std::fprintf(stderr, "copy_rates: the driver has no cuTensorMapEncodeTiled\n");
-            return 1;
-        }
-        const auto encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-        if (encode(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, src, dims, strides, box, elem,
-                                   CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                   CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
-            std::fprintf(stderr, "copy_rates: cuTensorMapEncodeTiled failed\n");
-            return 1;
-        }
+    CUtensorMap map{};  // the buffer as [kBytes / 2048, 1024] fp16 rows in 64 x 64 boxes, wgmma's swizzle
+    if (!padfree::tensor_map_2d(&map, src, kBytes / 2048, 1024, 64, 64, CU_TENSOR_MAP_SWIZZLE_128B, PADFREE_FLOAT16)) {
+        std::fprintf(stderr, "copy_rates: the driver cannot make the tensor map (cuTensorMapEncodeTiled)\n");
+        return 1;
     }
     CHECK(cudaFuncSetAttribute(ring_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
     CHECK(cudaFuncSetAttribute(ring_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));

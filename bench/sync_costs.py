@@ -36,12 +36,19 @@ def gpu_arch(major: int, minor: int) -> str:
     return f"sm_{major}{minor}a" if major == 9 else f"sm_{major}{minor}"
 
 
+def nvcc_flags(arch: str) -> list[str]:
+    """nvcc's flags for a standalone CUDA benchmark: `arch` (e.g. sm_90a), and the kernel library's headers
+    on the include path (plugins/kernels, plugins/capi), whose PTX helpers a benchmark may use."""
+    return [f"-arch={arch}", "-O3", "-std=c++17", "-I", os.path.join(ROOT, "plugins", "kernels"),
+            "-I", os.path.join(ROOT, "plugins", "capi")]
+
+
 def build_and_run(source: str, arch: str) -> dict[str, float]:
-    """Build a standalone CUDA benchmark (bench/*.cu printing "name value" lines) for `arch` (e.g. sm_90a)
-    and run it: {name: value}."""
+    """Build a standalone CUDA benchmark (bench/*.cu printing "name value" lines) for `arch` and run it:
+    {name: value}."""
     with tempfile.TemporaryDirectory() as tmp:
         binary = os.path.join(tmp, os.path.splitext(os.path.basename(source))[0])
-        subprocess.run([nvcc(), f"-arch={arch}", "-O3", "-std=c++17", source, "-o", binary], check=True)
+        subprocess.run([nvcc(), *nvcc_flags(arch), source, "-o", binary], check=True)
         out = subprocess.run([binary], check=True, capture_output=True, text=True).stdout
     return {name: float(value) for name, value in (line.split() for line in out.splitlines() if line.strip())}
 

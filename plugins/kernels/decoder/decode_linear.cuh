@@ -92,6 +92,9 @@ __device__ __forceinline__ void layernorm_staged_rows(T* xs, int64_t ld, int row
 // registers before any is reduced (one L2 round trip, not a staging pass and three passes over shared
 // memory), then the same two-pass float32 arithmetic as layernorm_staged_rows in the same order, so
 // the two give identical rows. side (or null): each normalized row also written there ([rows, K]).
+// Not layernorm_row.cuh's layernorm_store_row: that one holds the row as float32 (twice the registers
+// of these packed 16-bit vectors, which share the fragment kernel's 128 beside its weight ring) and
+// reads gamma / beta through the read-only path, where these are staged in shared memory.
 template <typename T, int kVecs, int kRowsPerWarp>
 __device__ __forceinline__ void layernorm_rows_into(const T* x, T* xs, int64_t ld, int rows, const T* gamma,
                                                     const T* beta, float eps, T* side, int warp, int warps,
