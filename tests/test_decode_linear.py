@@ -195,6 +195,40 @@ def test_decode_linear_fragments_match_float64(seed, dtype, rows, k, n):
     run(seed, dtype, rows, k, n, bias=True, residual=False, ln=False, act=None, fragments=True)
 
 
+
+def _sm90():
+    return torch.cuda.get_device_capability() >= (9, 0)
+
+
+# The vocabulary projection's stream kernel (decode_linear_stream.cu: 1-8 rows, out_features from 32768 and
+# a multiple of 16, the nn.Linear weight by bulk copies onto tensor cores): Marian's, BART's and NLLB's
+# padded vocabularies (more tiles than warps: a warp's ring refilled many times), 32784 (tiles not a
+# multiple of the warps), every width it is built for, with and without the LayerNorm and the bias.
+STREAM_SHAPES = [(512, 58112), (768, 50304), (1024, 32784), (1024, 256256), (1536, 32768), (2048, 32784)]
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8])
+@pytest.mark.parametrize("k,n", STREAM_SHAPES)
+def test_decode_linear_stream_matches_float64(seed, dtype, rows, k, n):
+    if not _sm90():
+        pytest.skip("the stream kernel runs on sm_90+ (bulk copies)")
+    run(seed, dtype, rows, k, n, bias=(rows % 2 == 1), residual=False, ln=True, act=None, side=(rows == 3))
+    run(seed + 1, dtype, rows, k, n, bias=(rows % 2 == 0), residual=False, ln=False, act=None)
+
+
+def test_decode_linear_stream_is_the_kernel_that_runs(seed):
+    """The shapes above reach decode_linear_stream_kernel (else they tested the CUDA-core kernel)."""
+    if not _sm90():
+        pytest.skip("the stream kernel runs on sm_90+ (bulk copies)")
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run(seed, torch.float16, 4, 1024, 32784, bias=False, residual=False, ln=True, act=None)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events()]
+    assert any("decode_linear_stream_kernel" in name for name in names), sorted(set(names))[:20]
+
+
 # 17-64 rows: a cluster of 2 (up to 32 rows) or 4 blocks sharing the rows, partly filled ones; widths up to
 # what a cluster's rows fit (3072 at 32 rows, 1536 at 64), 1040 features (a block's second tile past
 # them), a padded vocabulary projection (many clusters)

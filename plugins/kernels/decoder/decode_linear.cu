@@ -100,17 +100,6 @@ constexpr bool kArchMma = false;  // the CUDA-core loop serves every instantiati
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define PADFREE_DECODE_LINEAR_BULK 1
 
-// `bytes` from global into shared memory by the copy engine (one instruction for a whole tile, no
-// registers held while it flies), counted on the mbarrier `bar`, marked evict-first in L2: a step reads
-// each weight once. sm_90 and later.
-__device__ __forceinline__ void bulk_load_evict_first(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-    uint64_t policy;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
-        ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(policy)
-        : "memory");
-}
 #endif
 
 // A weight vector read once per step: streamed past L1 and marked evict-first in L2.
@@ -287,7 +276,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
             attention_detail::mbarrier_init(b, 1);
             attention_detail::fence_mbarrier_init();  // published to the block by the barrier after staging x
             attention_detail::mbarrier_expect_bytes(b, bytes);
-            bulk_load_evict_first(attention_detail::smem_addr(wtile),
+            decode_linear_detail::bulk_load_evict_first(attention_detail::smem_addr(wtile),
                                   weight + static_cast<int64_t>(blockIdx.x) * kTile * K, bytes, b);
         }
     } else
@@ -464,6 +453,7 @@ cudaError_t launch_typed(const DecodeLinearArgs& a, cudaStream_t stream) {
 cudaError_t launch_decode_linear(const DecodeLinearArgs& args, padfree_dtype dtype, cudaStream_t stream) {
     if (args.rows == 0 || args.out_features == 0) return cudaSuccess;
     if (args.rows > kDecodeLinearMaxRows) return launch_decode_linear_mma(args, dtype, stream);
+    if (decode_linear_stream_takes(args, dtype)) return launch_decode_linear_stream(args, dtype, stream);
     cudaError_t err = cudaSuccess;
     dispatch_dtype(dtype, [&](auto tag) {
         using T = typename decltype(tag)::type;

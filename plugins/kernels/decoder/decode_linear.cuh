@@ -138,6 +138,20 @@ __device__ __forceinline__ void layernorm_rows_into(const T* x, T* xs, int64_t l
     }
 }
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// `bytes` from global into shared memory by the copy engine (one instruction for a whole tile, no
+// registers held while it flies), counted on the mbarrier `bar`, marked evict-first in L2: a step reads
+// each weight once. sm_90 and later.
+__device__ __forceinline__ void bulk_load_evict_first(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+    uint64_t policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
+        ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "l"(policy)
+        : "memory");
+}
+#endif
+
 // Raises `kernel`'s dynamic shared memory limit to smem where a launch needs more than it has opted into
 // so far (opted_in: the kernel's own record, raised to the most any launch has needed; a benign race:
 // every caller sets a value at least its own).

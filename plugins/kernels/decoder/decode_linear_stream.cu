@@ -1,0 +1,231 @@
+// decode_linear for a vocabulary-sized projection of 1-8 rows (the step's LM head): the weight in
+// nn.Linear's layout streamed through shared memory by bulk copies, the products on tensor cores.
+//
+// Why a kernel of its own: the LM head is the largest single read of a few-row step (NLLB-600M's
+// 256k x 1024 fp16: 525 MB, ~30 % of a 1x4 step) and nothing but a stream. decode_linear.cu's CUDA-core
+// loop reaches ~3.6 TB/s on an H200 for it, its lanes converting and multiplying every element against
+// x re-read from shared memory; bulk copies of 8-32 KB with ~64 KB in flight an SM stream 4.35 TB/s
+// (bench/copy_rates.py). Here the copy engine moves each 16-feature tile (16 whole weight rows: one
+// contiguous range, one copy) into shared memory, and the lanes only feed mma.sync from there.
+//
+// nn.Linear's layout on mma.sync without a fragment-order copy of the weight: a dot product does not
+// depend on the order of its k, so each 32-element chunk of k is read as lane (g, t) = (lane / 4,
+// lane % 4) taking elements [8t, 8t + 8) of weight rows g and g + 8 and of x row g (three 16-byte
+// loads) and feeding two m16n8k16's: elements 8t + {0, 1, 2, 3} as the first's k = {2t, 2t + 1, 2t + 8,
+// 2t + 9} and 8t + {4, ..., 7} as the second's. A and B see the same permutation, so the products are
+// exact dot products over the chunk.
+//
+// A block per SM, 8 warps: all 8 stage the rows (normalized on the way where there is a LayerNorm, as
+// the fragment kernel does); `consumers` of them then each own a ring of `depth` tile slots in shared
+// memory and walk their tiles (warp w of block b: tiles b * consumers + w, then every
+// gridDim.x * consumers on), refilling a slot as soon as they have read it. The first tiles are
+// requested before the PDL wait (the weight is never a step kernel's output).
+#include "decode_linear.h"
+#include "decode_linear.cuh"
+
+#include "../attention/attention_ptx.cuh"
+#include "../ptx/tma_ptx.cuh"
+#include "common.cuh"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+namespace padfree {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * kWarpSize;
+constexpr int kFeatures = 16;                  // a tile's output features: an mma's M
+constexpr int kRows = 8;                       // an mma's N: the rows it takes at most
+constexpr int kXPad = 32;                      // elements past each staged x row: lanes g = 0..7 on distinct banks
+constexpr int kMaxSlots = 16;                  // tile slots a block holds at most (their mbarriers)
+constexpr size_t kMaxSharedBytes = 220 * 1024;  // of the 227 KB an sm_90 block can opt into
+
+struct StreamLayout {
+    int64_t x_bytes, tile_bytes;
+    int consumers, depth;
+};
+
+// The block's shared memory: x rows, then consumers x depth tiles of 16 x in_features, then their
+// mbarriers. As many slots as fit (at most kMaxSlots), over at most 8 consumer warps.
+StreamLayout stream_layout(int32_t in_features, size_t optin) {
+    StreamLayout l{};
+    l.x_bytes = int64_t{kRows} * (in_features + kXPad) * 2;
+    l.tile_bytes = int64_t{kFeatures} * in_features * 2;
+    const int64_t room = static_cast<int64_t>(std::min(kMaxSharedBytes, optin)) - 128 - l.x_bytes - kMaxSlots * 8;
+    const int slots = static_cast<int>(std::min<int64_t>(kMaxSlots, room > 0 ? room / l.tile_bytes : 0));
+    l.consumers = std::min(kWarps, slots);
+    l.depth = l.consumers > 0 ? slots / l.consumers : 0;
+    return l;
+}
+
+template <typename T, int kVecs>
+__global__ void __launch_bounds__(kThreads, 1)
+    decode_linear_stream_kernel(const DecodeLinearArgs a, const int consumers, const int depth) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    using namespace attention_detail;
+    using Mma = MmaOp<T>;
+    constexpr int V = vec_size<T>();
+    constexpr int K = kVecs * kWarpSize * V;
+    constexpr int kChunks = K / 32;
+    constexpr int ld = K + kXPad;
+    constexpr uint32_t kTileBytes = kFeatures * K * 2;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const uint32_t raw = smem_addr(smem_raw);
+    const uint32_t base = (raw + 127u) & ~127u;
+    unsigned char* smem = smem_raw + (base - raw);
+    T* xs = reinterpret_cast<T*>(smem);
+    const uint32_t tiles_at = base + static_cast<uint32_t>(kRows * ld * 2);
+    const uint32_t bars_at = tiles_at + static_cast<uint32_t>(consumers * depth) * kTileBytes;
+    const int tid = threadIdx.x, warp = tid / kWarpSize, lane = tid % kWarpSize;
+    const int g = lane / 4, t = lane % 4;
+    const int M = a.rows;
+    const int tiles = a.out_features / kFeatures;
+    const int first = blockIdx.x * consumers + warp, stride = gridDim.x * consumers;
+    const bool consumer = warp < consumers;
+    const unsigned char* weight = static_cast<const unsigned char*>(a.weight);
+
+    // before the wait: each consumer's first `depth` tiles
+    if (consumer && lane == 0) {
+        for (int s = 0; s < depth; ++s) {
+            const uint32_t bar = bars_at + static_cast<uint32_t>(warp * depth + s) * 8u;
+            mbarrier_init(bar, 1);
+            fence_mbarrier_init();
+            const int tile = first + s * stride;
+            if (tile < tiles) {
+                mbarrier_expect_bytes(bar, kTileBytes);
+                decode_linear_detail::bulk_load_evict_first(tiles_at + static_cast<uint32_t>(warp * depth + s) * kTileBytes,
+                                                            weight + static_cast<int64_t>(tile) * kTileBytes,
+                                                            kTileBytes, bar);
+            }
+        }
+    }
+    allow_consumers();
+    wait_on_producer();
+
+    // the rows (a warp a row), zeros past M
+    const T* x = static_cast<const T*>(a.x);
+    if (a.ln_gamma != nullptr) {
+        decode_linear_detail::layernorm_rows_into<T, kVecs, 1>(x, xs, ld, M, static_cast<const T*>(a.ln_gamma),
+                                                             static_cast<const T*>(a.ln_beta), a.eps,
+                                                             blockIdx.x == 0 ? static_cast<T*>(a.x_norm_out) : nullptr,
+                                                             warp, kWarps, lane);
+    } else if (warp < M) {
+#pragma unroll
+        for (int i = 0; i < kVecs; ++i) {
+            const int at = (lane + i * kWarpSize) * V;
+            store_vec(xs + warp * ld + at, load_vec(x + static_cast<int64_t>(warp) * K + at));
+        }
+    }
+    if (warp >= M)
+        for (int v = lane; v < K / V; v += kWarpSize) *reinterpret_cast<uint4*>(xs + warp * ld + v * V) = uint4{};
+    __syncthreads();
+    if (!consumer) return;
+
+    const T* bias = static_cast<const T*>(a.bias);
+    T* out = static_cast<T*>(a.out);
+    const T* xrow = xs + g * ld + 8 * t;
+    int use = 0;  // tiles this warp has taken: slot use % depth, mbarrier parity (use / depth) % 2
+    for (int tile = first; tile < tiles; tile += stride, ++use) {
+        const int slot = use % depth;
+        const uint32_t bar = bars_at + static_cast<uint32_t>(warp * depth + slot) * 8u;
+        const uint32_t w_at = tiles_at + static_cast<uint32_t>(warp * depth + slot) * kTileBytes;
+        const T* w = reinterpret_cast<const T*>(smem + (w_at - base)) + g * K + 8 * t;
+        mbarrier_wait(bar, static_cast<uint32_t>((use / depth) & 1));
+        float c0[4] = {}, c1[4] = {};
+#pragma unroll 8
+        for (int ch = 0; ch < kChunks; ++ch) {
+            const uint4 lo = *reinterpret_cast<const uint4*>(w + ch * 32);          // row g
+            const uint4 hi = *reinterpret_cast<const uint4*>(w + 8 * K + ch * 32);  // row g + 8
+            const uint4 xv = *reinterpret_cast<const uint4*>(xrow + ch * 32);
+            const uint32_t f0[4] = {lo.x, hi.x, lo.y, hi.y};
+            const uint32_t f1[4] = {lo.z, hi.z, lo.w, hi.w};
+            Mma::run(c0, f0, xv.x, xv.y);
+            Mma::run(c1, f1, xv.z, xv.w);
+        }
+        // every lane's reads of the slot are done before it is refilled (by the async proxy)
+        __syncwarp();
+        const int next = tile + depth * stride;
+        if (lane == 0 && next < tiles) {
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            mbarrier_expect_bytes(bar, kTileBytes);
+            decode_linear_detail::bulk_load_evict_first(w_at, weight + static_cast<int64_t>(next) * kTileBytes,
+                                                        kTileBytes, bar);
+        }
+        // c[0], c[1]: feature g, rows 2t, 2t + 1; c[2], c[3]: feature g + 8
+        const int f = tile * kFeatures + g;
+        const float b0 = bias != nullptr ? to_float(bias[f]) : 0.f;
+        const float b8 = bias != nullptr ? to_float(bias[f + 8]) : 0.f;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int m = 2 * t + (e & 1), feature = f + (e >= 2 ? 8 : 0);
+            if (m < M)
+                out[static_cast<int64_t>(m) * a.out_features + feature] =
+                    from_float<T>(c0[e] + c1[e] + (e >= 2 ? b8 : b0));
+        }
+    }
+#endif
+}
+
+template <typename T, int kVecs>
+cudaError_t launch_width(const DecodeLinearArgs& a, const StreamLayout& l, cudaStream_t stream) {
+    constexpr auto kernel = decode_linear_stream_kernel<T, kVecs>;
+    static std::atomic<size_t> opted_in{48 * 1024};
+    const size_t smem = 128 + static_cast<size_t>(l.x_bytes + l.consumers * l.depth * l.tile_bytes) + kMaxSlots * 8;
+    if (const cudaError_t err = decode_linear_detail::opt_in_shared_memory(kernel, smem, opted_in); err != cudaSuccess)
+        return err;
+    const int tiles = a.out_features / kFeatures;
+    const int sms = current_device_value<query_sm_count>();
+    const int grid = std::max(1, std::min(sms, (tiles + l.consumers - 1) / l.consumers));
+    return launch_kernel(kernel, dim3(grid), dim3(kThreads), smem, stream, a, l.consumers, l.depth);
+}
+
+template <typename T>
+cudaError_t launch_typed(const DecodeLinearArgs& a, const StreamLayout& l, cudaStream_t stream) {
+    switch (a.in_features) {
+        case 512: return launch_width<T, 2>(a, l, stream);
+        case 768: return launch_width<T, 3>(a, l, stream);
+        case 1024: return launch_width<T, 4>(a, l, stream);
+        case 1536: return launch_width<T, 6>(a, l, stream);
+        case 2048: return launch_width<T, 8>(a, l, stream);
+        default: return cudaErrorInvalidValue;
+    }
+}
+
+// PADFREE_DECODE_LINEAR_STREAM=0 keeps these projections on decode_linear.cu's kernels (A/B runs, tests).
+bool stream_allowed() {
+    static const bool allowed = [] {
+        const char* env = std::getenv("PADFREE_DECODE_LINEAR_STREAM");
+        return env == nullptr || std::strcmp(env, "0") != 0;
+    }();
+    return allowed;
+}
+
+}  // namespace
+
+bool decode_linear_stream_takes(const DecodeLinearArgs& a, padfree_dtype dtype) {
+    if (!stream_allowed() || (dtype != PADFREE_FLOAT16 && dtype != PADFREE_BFLOAT16)) return false;
+    if (a.rows < 1 || a.rows > kRows || a.out_features < kDecodeLinearStreamMinOut || a.out_features % kFeatures != 0)
+        return false;
+    if (a.residual != nullptr || a.activation != DecodeActivation::kNone) return false;
+    switch (a.in_features) {
+        case 512: case 768: case 1024: case 1536: case 2048: break;
+        default: return false;
+    }
+    if (current_compute_capability() < 90) return false;
+    const StreamLayout l =
+        stream_layout(a.in_features, static_cast<size_t>(current_device_value<query_smem_per_block_optin>()));
+    return l.consumers >= 2 && l.depth >= 1;
+}
+
+cudaError_t launch_decode_linear_stream(const DecodeLinearArgs& args, padfree_dtype dtype, cudaStream_t stream) {
+    if (!decode_linear_stream_takes(args, dtype)) return cudaErrorInvalidValue;
+    const StreamLayout l =
+        stream_layout(args.in_features, static_cast<size_t>(current_device_value<query_smem_per_block_optin>()));
+    if (dtype == PADFREE_FLOAT16) return launch_typed<__half>(args, l, stream);
+    return launch_typed<__nv_bfloat16>(args, l, stream);
+}
+
+}  // namespace padfree
