@@ -107,7 +107,7 @@ class Decoder:
         # few rows (1x4, 4x4; DecoderOps.decode_linear_fits): each linear layer with its LayerNorm, bias,
         # activation and residual as one decode_linear kernel (logits_few_rows) where that is the faster
         # kernel
-        # pre-LN steps of 17-64 rows (16x4, 64x1): each linear layer one decode_gemm with the LayerNorm
+        # steps of 17-64 rows (16x4, 64x1): each linear layer one decode_gemm, pre-LN with the LayerNorm
         # before it folded in (DecoderOps.decode_gemm_layers), else None
         self.gemm_layers = ops.decode_gemm_layers(weights, self.rows)
         self.few_rows = self.gemm_layers is None and ops.decode_linear_fits(self.rows, stack, weights.spec)
@@ -228,11 +228,13 @@ class Decoder:
         LayerNorm before it folded in (its statistics taken beside the products: no LayerNorm kernel) and
         the bias, activation and residual in its epilogue, the residual accumulated in place (x is this
         step's own activation); the two attentions between, their biases already added. The final
-        LayerNorm and the output projection as logits() runs them."""
+        LayerNorm and the output projection as logits() runs them. Post-LN: _logits_decode_gemm_post_ln."""
         w = self.weights
         stack = w.decoder
         gemm = self.ops.decode_gemm
         x = self._embed(tokens)
+        if not w.spec.pre_ln:
+            return self._logits_decode_gemm_post_ln(x)
         for i, g in enumerate(self.gemm_layers):
             o = self._self_attention(i, gemm(x, g.qkv), biased=True)
             x = gemm(o, g.out, residual=x, out=x)
@@ -241,6 +243,22 @@ class Decoder:
             x = gemm(gemm(x, g.fc1, activation=w.activation), g.fc2, residual=x, out=x)
         if stack.final_layer_norm is not None:
             x = layer_norm(x, stack.final_layer_norm)
+        return F.linear(x, w.step_lm_head)
+
+    def _logits_decode_gemm_post_ln(self, x: torch.Tensor) -> torch.Tensor:
+        """logits_decode_gemm for a post-LN step (no final LayerNorm): the linear layers as decode_gemm's
+        (bias and activation in its epilogue), each sublayer closed by one skip_layernorm kernel of the
+        projection's output and the residual, whose output is the next sublayer's input and residual."""
+        w = self.weights
+        gemm, skip_ln = self.ops.decode_gemm, self.ops.skip_layernorm
+        for i, (g, layer) in enumerate(zip(self.gemm_layers, w.decoder.layers)):
+            attn, cross, f = layer.self_attn, layer.cross_attn, layer.ffn
+            o = self._self_attention(i, gemm(x, g.qkv), biased=True)
+            x = skip_ln(gemm(o, g.out), x, attn.ln.weight, attn.ln.bias, eps=attn.ln.eps)
+            o = self._cross_attention(i, gemm(x, g.q), biased=True)
+            x = skip_ln(gemm(o, g.cross_out), x, cross.ln.weight, cross.ln.bias, eps=cross.ln.eps)
+            h = gemm(x, g.fc1, activation=w.activation)
+            x = skip_ln(gemm(h, g.fc2), x, f.ln.weight, f.ln.bias, eps=f.ln.eps)
         return F.linear(x, w.step_lm_head)
 
     def logits_few_rows(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -26,10 +26,11 @@ log = logging.getLogger(__name__)
 # were within the run-to-run spread and steps of 64 rows 7-38 % slower; PADFREE_FRAGMENT_ROWS tries it.
 FRAGMENT_STEP_ROWS = 16
 
-# The rows a pre-LN step runs its linear layers as decode_gemm for (DecoderOps.decode_gemm_layers): from
-# past the few-row kernels' range to the kernel's 64. Below 17 rows its 64-row tiles are no faster than the
-# fragment kernel (H200, NLLB steps, one process: 1x4 1.21x, 2x4 1.14x, 4x4 1.03x, 12x1 0.96x, within the
-# spread from 12 rows on).
+# The rows a step runs its linear layers as decode_gemm for (DecoderOps.decode_gemm_layers): from past the
+# few-row kernels' range to the kernel's 64 (post-LN Marian-base against cuBLAS with its LayerNorm and
+# activation kernels, H200, ms/step: 8x4 0.305 -> 0.278, 16x4 0.358 -> 0.278, 64x1 0.355 -> 0.275).
+# Below 17 rows its 64-row tiles are no faster than the fragment kernel (H200, NLLB steps, one process:
+# 1x4 1.21x, 2x4 1.14x, 4x4 1.03x, 12x1 0.96x, within the spread from 12 rows on).
 DECODE_GEMM_ROWS = (FRAGMENT_STEP_ROWS + 1, 64)
 
 
@@ -41,11 +42,13 @@ class GemmLayer:
     __slots__ = ("qkv", "out", "q", "cross_out", "fc1", "fc2")
 
     @staticmethod
-    def fold(layer) -> "GemmLayer":
+    def fold(layer, pre_ln: bool = True) -> "GemmLayer":
+        """pre_ln False: a post-LN layer's linear layers as they are (its LayerNorms follow the residual
+        sums, skip_layernorm kernels, and their outputs are the next residuals)."""
         from ..ops.decode_gemm import fold_layernorm
 
         def ln(weights):
-            return weights.weight, weights.bias, weights.eps
+            return (weights.weight, weights.bias, weights.eps) if pre_ln else None
         attn, cross, f = layer.self_attn, layer.cross_attn, layer.ffn
         g = GemmLayer()
         g.qkv = fold_layernorm(attn.qkv_weight, attn.qkv_bias, ln(attn.ln))
@@ -261,24 +264,27 @@ class DecoderOps:
 
     def decode_gemm_layers(self, weights, rows: int) -> list | None:
         """Per decoder layer, its linear layers folded for decode_gemm (GemmLayer), where a step of `rows`
-        runs them that way: pre-LN models in float16 / bfloat16 on 17-64 rows (DECODE_GEMM_ROWS; fewer run
-        the fragment kernel; PADFREE_DECODE_GEMM=0 turns it off, =1 takes it from 1 row) whose every layer
-        decode_gemm takes; else None (GEMMs). Made once per weights and kept there (weights.folded)."""
+        runs them that way: float16 / bfloat16 on 17-64 rows (DECODE_GEMM_ROWS; fewer run the fragment
+        kernel; PADFREE_DECODE_GEMM=0 turns it off, =1 takes it from 1 row), pre-LN models and post-LN ones
+        without a final LayerNorm (the layers unfolded: Decoder._logits_decode_gemm_post_ln), whose every
+        layer decode_gemm takes; else None (GEMMs). Made once per weights and kept there (weights.folded)."""
         from ..ops.decode_gemm import decode_gemm_fits
         choice = env.get("PADFREE_DECODE_GEMM")
         if choice not in (None, "0", "1"):
             raise ValueError(f"PADFREE_DECODE_GEMM: expected 0 or 1, got {choice!r}")
         low = 1 if choice == "1" else DECODE_GEMM_ROWS[0]
         stack = weights.decoder
-        if (getattr(self, "decode_gemm", None) is None or choice == "0" or not weights.spec.pre_ln
-                or not low <= rows <= DECODE_GEMM_ROWS[1]):
+        post_ln_ok = (not weights.spec.pre_ln and stack.final_layer_norm is None
+                      and getattr(self, "skip_layernorm", None) is not None)
+        if (getattr(self, "decode_gemm", None) is None or choice == "0"
+                or not (weights.spec.pre_ln or post_ln_ok) or not low <= rows <= DECODE_GEMM_ROWS[1]):
             return None
         shapes = {(w.shape[1], w.shape[0]) for w in weights.step_linear_weights()}
         if not all(decode_gemm_fits(rows, k, n, weights.dtype, self.device) for k, n in shapes):
             return None
         if weights.folded is None:
             with torch.cuda.device(self.device):
-                weights.folded = [GemmLayer.fold(layer) for layer in stack.layers]
+                weights.folded = [GemmLayer.fold(layer, weights.spec.pre_ln) for layer in stack.layers]
         return weights.folded
 
     def beam_search_workspace(self, batch: int, beams: int, max_length: int,
