@@ -19,7 +19,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU (decode_linear)", allow_module_level=True)
 
 from padfree.ops import FragmentWeight, InputError, decode_linear, fragment_layout  # noqa: E402
-from padfree.ops.decoder import decode_linear_fits  # noqa: E402
+from padfree.ops.decoder import decode_linear_fits, decode_linear_streams  # noqa: E402
 from padfree.ops.fragments import fragments_fit  # noqa: E402
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -200,33 +200,56 @@ def _sm90():
     return torch.cuda.get_device_capability() >= (9, 0)
 
 
-# The vocabulary projection's stream kernel (decode_linear_stream.cu: 1-8 rows, out_features from 32768 and
-# a multiple of 16, the nn.Linear weight by bulk copies onto tensor cores): Marian's, BART's and NLLB's
-# padded vocabularies (more tiles than warps: a warp's ring refilled many times), 32784 (tiles not a
-# multiple of the warps), every width it is built for, with and without the LayerNorm and the bias.
+# The vocabulary projection's stream kernel (decode_linear_stream.cu: 1-16 rows, out_features from 32768
+# and a multiple of 16, the nn.Linear weight by bulk copies onto tensor cores): Marian's, BART's and NLLB's
+# padded vocabularies (more tiles than warps or blocks: slots refilled many times), 32784 (tiles not a
+# multiple of the warps), every width it is built for (past 8 rows up to 1024), with and without the
+# LayerNorm and the bias; 9-16 rows in two row tiles, partly filled. Past 16 rows the cluster kernel runs
+# (decode_linear_streams says no), checked the same way.
 STREAM_SHAPES = [(512, 58112), (768, 50304), (1024, 32784), (1024, 256256), (1536, 32768), (2048, 32784)]
 
 
 @pytest.mark.parametrize("dtype", HALF, ids=str)
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 9, 12, 16, 17])
 @pytest.mark.parametrize("k,n", STREAM_SHAPES)
 def test_decode_linear_stream_matches_float64(seed, dtype, rows, k, n):
     if not _sm90():
         pytest.skip("the stream kernel runs on sm_90+ (bulk copies)")
-    run(seed, dtype, rows, k, n, bias=(rows % 2 == 1), residual=False, ln=True, act=None, side=(rows == 3))
+    if rows > 8 and k > 1024:
+        pytest.skip("past 8 rows the stream kernel takes in_features up to 1024 (the tensor-core kernel runs)")
+    run(seed, dtype, rows, k, n, bias=(rows % 2 == 1), residual=False, ln=True, act=None, side=(rows % 8 == 3))
     run(seed + 1, dtype, rows, k, n, bias=(rows % 2 == 0), residual=False, ln=False, act=None)
 
 
-def test_decode_linear_stream_is_the_kernel_that_runs(seed):
-    """The shapes above reach decode_linear_stream_kernel (else they tested the CUDA-core kernel)."""
+@pytest.mark.parametrize("rows, kernel", [(4, "decode_linear_stream_kernel"),
+                                          (13, "decode_linear_stream_rows_kernel")])
+def test_decode_linear_stream_is_the_kernel_that_runs(seed, rows, kernel):
+    """The shapes above reach the stream kernels (else they tested the CUDA-core or cluster kernel), where
+    decode_linear_streams says they do."""
     if not _sm90():
         pytest.skip("the stream kernel runs on sm_90+ (bulk copies)")
     from torch.profiler import ProfilerActivity, profile
+    assert decode_linear_streams(rows, 1024, 32784, torch.float16)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        run(seed, torch.float16, 4, 1024, 32784, bias=False, residual=False, ln=True, act=None)
+        run(seed, torch.float16, rows, 1024, 32784, bias=False, residual=False, ln=True, act=None)
         torch.cuda.synchronize()
     names = [e.name for e in prof.events()]
-    assert any("decode_linear_stream_kernel" in name for name in names), sorted(set(names))[:20]
+    assert any(kernel + "<" in name for name in names), sorted(set(names))[:20]
+
+
+def test_decode_linear_streams_says_where():
+    """The C ABI's rules: rows 1-16, out_features from 32768 and a multiple of 16, the widths it is built
+    for (1536 and 2048 up to 8 rows), 16-bit types, sm_90."""
+    on = _sm90()
+    assert decode_linear_streams(1, 1024, 256256, torch.float16) == on
+    assert decode_linear_streams(16, 512, 58112, torch.bfloat16) == on
+    assert decode_linear_streams(8, 2048, 32768, torch.float16) == on
+    assert not decode_linear_streams(9, 2048, 32768, torch.float16)
+    assert not decode_linear_streams(17, 1024, 256256, torch.float16)
+    assert not decode_linear_streams(4, 1024, 32767 + 1 - 16, torch.float16)   # below 32768
+    assert not decode_linear_streams(4, 1024, 58101, torch.float16)            # not a multiple of 16
+    assert not decode_linear_streams(4, 1000, 58112, torch.float16)
+    assert not decode_linear_streams(4, 1024, 58112, torch.float32)
 
 
 # 17-64 rows: a cluster of 2 (up to 32 rows) or 4 blocks sharing the rows, partly filled ones; widths up to

@@ -289,6 +289,29 @@ def test_decode_gemm_steps_share_equal_to_hf_fp32(family, dtype, monkeypatch):
                        for state in gen.runner.states.values()), f"{count}x{beams}: not on decode_gemm"
 
 
+@pytest.mark.parametrize("family", ["marian", "m2m100"])
+def test_vocabulary_stream_steps_share_equal_to_hf_fp32(family):
+    """A vocabulary of 40000 at d_model 512: the LM head on decode_linear's stream kernels at 1x4 (4 rows),
+    2x4 (8) and 4x4 (16: the kernel for 9-16 rows), float16 against HF float32."""
+    from padfree.ops.decoder import decode_linear_streams
+    model = build(family, d_model=512, heads=8, ffn=1024, vocab=40000, layers=(2, 2)).to("cuda")
+    gen = pt.from_hf(model, dtype=torch.float16, device="cuda")
+    vocab_rows = gen.weights.step_lm_head.shape[0]
+    if not decode_linear_streams(4, 512, vocab_rows, torch.float16):
+        pytest.skip("decode_linear's stream kernel does not run here (sm_90, the library's kernels)")
+    for count, beams in ((1, 4), (2, 4), (4, 4)):
+        calls = 4 if count == 1 else 1
+        share = sum(share_equal_to_hf(model, gen, random_sources(model.config, count, seed=count + i), beams)
+                    for i in range(calls)) / calls
+        print(f"float16 stream LM head {family} {count}x{beams}: {share:.2f} of sequences equal to HF fp32")
+        assert share >= 0.5, f"{count}x{beams}: {share:.2f}"
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            gen.generate(random_sources(model.config, count, seed=count), num_beams=beams, max_new_tokens=4)
+            torch.cuda.synchronize()
+        assert any("decode_linear_stream" in e.name for e in prof.events()), f"{count}x{beams}: not streamed"
+
+
 # ---------------------------------------------------------------- CUDA graphs
 
 def _outputs(gen, sources, **options):

@@ -269,6 +269,17 @@ padfree_status padfree_decode_linear(const void* x, const void* weight, const vo
     PADFREE_CAPI_GUARD_END
 }
 
+padfree_status padfree_decode_linear_streams(int32_t rows, int32_t in_features, int32_t out_features,
+                                             padfree_dtype dtype, int32_t* streams) {
+    PADFREE_CAPI_GUARD_BEGIN
+    using namespace padfree;
+    PADFREE_REQUIRE(streams != nullptr, "decode_linear_streams: streams must not be NULL");
+    PADFREE_CHECK(check_dtype(dtype));
+    *streams = decode_linear_streams(rows, in_features, out_features, dtype) ? 1 : 0;
+    return PADFREE_OK;
+    PADFREE_CAPI_GUARD_END
+}
+
 padfree_status padfree_decode_linear_fragment_layout(const void* weight, int32_t out_features, int32_t in_features,
                                                     padfree_dtype dtype, void* out, padfree_stream stream) {
     PADFREE_CAPI_GUARD_BEGIN

@@ -37,7 +37,7 @@ extern "C" {
  * 11: sentence pooling (padfree_sequence_pool). 12: beam_search_step's and greedy_step's flag_bytes
  * (int32 flags for TensorRT's PadfreeBeamSearchStep and PadfreeGreedyStep).
  * (New functions, such as the decoder's, add to a version without bumping it.) */
-#define PADFREE_ABI_VERSION 12
+#define PADFREE_ABI_VERSION 13
 
 typedef enum padfree_status {
     PADFREE_OK = 0,
@@ -382,6 +382,15 @@ PADFREE_API padfree_status padfree_decode_linear(const void* x, const void* weig
                                                 float eps, int32_t activation, int32_t rows, int32_t in_features,
                                                 int32_t out_features, padfree_dtype dtype, void* out,
                                                 void* x_norm_out, padfree_stream stream);
+
+/* *streams = 1 where padfree_decode_linear, without activation or residual, streams this projection's
+ * weight through shared memory by bulk copies onto tensor cores on the current device (a vocabulary-sized
+ * output: 1-16 rows, out_features at least 32768 and a multiple of 16, in_features 512, 768 or 1024, up
+ * to 8 rows also 1536 or 2048; float16 / bfloat16; compute capability 9.0+;
+ * kernels/decoder/decode_linear_stream.cu), else 0: where it does, decode_linear is the faster kernel for
+ * such a projection at any of those row counts; where not, a GEMM is. Launches nothing. */
+PADFREE_API padfree_status padfree_decode_linear_streams(int32_t rows, int32_t in_features, int32_t out_features,
+                                                        padfree_dtype dtype, int32_t* streams);
 
 /* decode_linear for 1 to 16 rows of float16 / bfloat16 on tensor cores with the weight in fragment order
  * (kernels/decoder/decode_linear_fragments.cu; compute capability 8.0+): the same operation, arguments and

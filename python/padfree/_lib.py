@@ -12,7 +12,7 @@ from pathlib import Path
 
 from . import env
 
-ABI_VERSION = 12  # must match PADFREE_ABI_VERSION in plugins/capi/padfree.h
+ABI_VERSION = 13  # must match PADFREE_ABI_VERSION in plugins/capi/padfree.h
 
 _p = c_void_p
 _i32p = c_void_p  # device int32 pointers travel as plain addresses
@@ -70,6 +70,7 @@ _SIGNATURES: dict[str, list] = {
                                         _p, _p, _p],
     "padfree_decode_gemm": [_p, _p, _p, _p, _p, c_float, c_int32, c_int32, c_int32, c_int32, c_int, _p, _p],
     "padfree_decode_linear_fragment_layout": [_p, c_int32, c_int32, c_int, _p, _p],
+    "padfree_decode_linear_streams": [c_int32, c_int32, c_int32, c_int, ctypes.POINTER(c_int32)],
     "padfree_decoder_step_embedding": [_p, _i32p, _p, c_int32, c_float, _p, c_int32, c_int32, c_int32, c_int32, _p,
                                        _p, c_float, c_int32, c_int32, c_int, _p, _p],
     "padfree_beam_search_workspace_size": [c_int32, c_int32, c_int32, c_int32, ctypes.POINTER(c_int64),

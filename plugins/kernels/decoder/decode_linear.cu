@@ -452,8 +452,8 @@ cudaError_t launch_typed(const DecodeLinearArgs& a, cudaStream_t stream) {
 
 cudaError_t launch_decode_linear(const DecodeLinearArgs& args, padfree_dtype dtype, cudaStream_t stream) {
     if (args.rows == 0 || args.out_features == 0) return cudaSuccess;
-    if (args.rows > kDecodeLinearMaxRows) return launch_decode_linear_mma(args, dtype, stream);
     if (decode_linear_stream_takes(args, dtype)) return launch_decode_linear_stream(args, dtype, stream);
+    if (args.rows > kDecodeLinearMaxRows) return launch_decode_linear_mma(args, dtype, stream);
     cudaError_t err = cudaSuccess;
     dispatch_dtype(dtype, [&](auto tag) {
         using T = typename decltype(tag)::type;

@@ -121,12 +121,14 @@ constexpr int64_t decode_linear_fragments_shared_bytes(int32_t rows, int32_t in_
 }
 
 cudaError_t launch_decode_linear(const DecodeLinearArgs& args, padfree_dtype dtype, cudaStream_t stream);
-// 1-8 rows of a vocabulary-sized projection (out_features at least kDecodeLinearStreamMinOut, a multiple
-// of 16; in_features 512, 768, 1024, 1536 or 2048; float16 / bfloat16; bias and LayerNorm, no
-// activation or residual; compute capability 9.0+): the weight streamed by bulk copies through shared
-// memory onto tensor cores (decode_linear_stream.cu). launch_decode_linear takes it where it applies
-// (PADFREE_DECODE_LINEAR_STREAM=0: not).
+// 1-16 rows of a vocabulary-sized projection (out_features at least kDecodeLinearStreamMinOut, a multiple
+// of 16; in_features 512, 768 or 1024, and up to 8 rows also 1536 or 2048; float16 / bfloat16; bias and
+// LayerNorm, no activation or residual; compute capability 9.0+): the weight streamed by bulk copies
+// through shared memory onto tensor cores (decode_linear_stream.cu). launch_decode_linear takes it where
+// it applies (decode_linear_streams; PADFREE_DECODE_LINEAR_STREAM=0: nowhere).
 constexpr int32_t kDecodeLinearStreamMinOut = 32768;
+constexpr int32_t kDecodeLinearStreamMaxRows = 16;
+bool decode_linear_streams(int32_t rows, int32_t in_features, int32_t out_features, padfree_dtype dtype);
 bool decode_linear_stream_takes(const DecodeLinearArgs& args, padfree_dtype dtype);
 cudaError_t launch_decode_linear_stream(const DecodeLinearArgs& args, padfree_dtype dtype, cudaStream_t stream);
 // The tensor-core kernel (rows 9 to 64, 16-bit types; launch_decode_linear dispatches to it) and

@@ -20,6 +20,16 @@
 // memory and walk their tiles (warp w of block b: tiles b * consumers + w, then every
 // gridDim.x * consumers on), refilling a slot as soon as they have read it. The first tiles are
 // requested before the PDL wait (the weight is never a step kernel's output).
+//
+// 9-16 rows (in_features 512, 768, 1024): all 8 warps take every tile, each its eighth of in_features,
+// with its slice of every row (normalized) held in registers as mma B fragments (kRowTiles x
+// in_features / 256 x 4 registers), rather than every warp reading whole tiles for its own rows (each
+// slot through shared memory once per warp); the slots form one ring for the block, filled by thread 0;
+// after a tile the warps' partial sums meet in shared memory (double-buffered, one barrier a tile), where
+// 32 lanes a row tile add them in warp order and store the outputs. Built for up to 8 row tiles, it is
+// taken up to 2 (16 rows): at 64 rows (8 row tiles, 128 registers of rows a lane) it was slower than
+// cuBLAS's GEMM (H200, ms/step: NLLB 16x4 0.713 / 0.709 -> 0.719 / 0.724, Marian 16x4 0.263 / 0.268 ->
+// 0.275 / 0.281), its tile's 512 mma's and the barrier after them longer than the tile's copy.
 #include "decode_linear.h"
 #include "decode_linear.cuh"
 
@@ -169,6 +179,224 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
+// ---- 9-16 rows ----------------------------------------------------------------------------------
+
+constexpr int kWideMaxIn = 1024;     // in_features at most (row tiles x in / 256 x 4 B-fragment registers)
+constexpr int kWideMaxSlots = 8;
+
+// Shared memory past the 128-byte alignment: slots, two partial-sum buffers, row statistics, mbarriers.
+struct WideLayout {
+    int64_t tile_bytes, part_bytes;
+    int slots;
+};
+
+WideLayout wide_layout(int32_t in_features, int row_tiles, size_t optin) {
+    WideLayout l{};
+    l.tile_bytes = int64_t{kFeatures} * in_features * 2;
+    l.part_bytes = int64_t{kWarps} * row_tiles * kWarpSize * 4 * 4;
+    const int64_t room = static_cast<int64_t>(std::min(kMaxSharedBytes, optin)) - 128 - 2 * l.part_bytes -
+                         64 * 2 * 4 - kWideMaxSlots * 8;
+    l.slots = static_cast<int>(std::min<int64_t>(kWideMaxSlots, room > 0 ? room / l.tile_bytes : 0));
+    return l;
+}
+
+template <typename T, int kVecs, int kRowTiles>
+__global__ void __launch_bounds__(kThreads, 1)
+    decode_linear_stream_rows_kernel(const DecodeLinearArgs a, const int slots) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    using namespace attention_detail;
+    using Mma = MmaOp<T>;
+    constexpr int V = vec_size<T>();
+    constexpr int K = kVecs * kWarpSize * V;
+    constexpr int kSlice = K / kWarps;          // a warp's in_features
+    constexpr int kChunks = kSlice / 32;        // its 32-element chunks
+    constexpr uint32_t kTileBytes = kFeatures * K * 2;
+    constexpr int kPart = kWarps * kRowTiles * kWarpSize * 4;  // floats in a partial-sum buffer
+    static_assert(kSlice % 32 == 0, "a warp's slice is whole chunks");
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const uint32_t raw = smem_addr(smem_raw);
+    const uint32_t base = (raw + 127u) & ~127u;
+    unsigned char* smem = smem_raw + (base - raw);
+    float* part = reinterpret_cast<float*>(smem + static_cast<int64_t>(slots) * kTileBytes);
+    float2* stats = reinterpret_cast<float2*>(part + 2 * kPart);
+    const uint32_t bars_at = base + static_cast<uint32_t>(slots) * kTileBytes +
+                             static_cast<uint32_t>(2 * kPart * 4 + 64 * 8);
+    const int tid = threadIdx.x, warp = tid / kWarpSize, lane = tid % kWarpSize;
+    const int g = lane / 4, t = lane % 4;
+    const int M = a.rows;
+    const int tiles = a.out_features / kFeatures;
+    const unsigned char* weight = static_cast<const unsigned char*>(a.weight);
+
+    // before the wait: the block's first `slots` tiles
+    if (tid == 0) {
+        for (int s = 0; s < slots; ++s) {
+            const uint32_t bar = bars_at + static_cast<uint32_t>(s) * 8u;
+            mbarrier_init(bar, 1);
+            fence_mbarrier_init();
+            const int tile = blockIdx.x + s * gridDim.x;
+            if (tile < tiles) {
+                mbarrier_expect_bytes(bar, kTileBytes);
+                decode_linear_detail::bulk_load_evict_first(base + static_cast<uint32_t>(s) * kTileBytes,
+                                                            weight + static_cast<int64_t>(tile) * kTileBytes,
+                                                            kTileBytes, bar);
+            }
+        }
+    }
+    allow_consumers();
+    wait_on_producer();
+
+    // the rows' LayerNorm statistics (a warp a row, float32, two passes over the row in registers)
+    const T* x = static_cast<const T*>(a.x);
+    const bool ln = a.ln_gamma != nullptr;
+    if (ln)
+        for (int m = warp; m < M; m += kWarps) {
+            Vec<T> v[kVecs];
+#pragma unroll
+            for (int i = 0; i < kVecs; ++i) v[i] = load_vec(x + static_cast<int64_t>(m) * K + (lane + i * kWarpSize) * V);
+            float sum = 0.f;
+#pragma unroll
+            for (int i = 0; i < kVecs; ++i)
+#pragma unroll
+                for (int e = 0; e < V; ++e) sum += to_float(v[i].v[e]);
+            const float mean = warp_sum(sum) / K;
+            float sq = 0.f;
+#pragma unroll
+            for (int i = 0; i < kVecs; ++i)
+#pragma unroll
+                for (int e = 0; e < V; ++e) {
+                    const float d = to_float(v[i].v[e]) - mean;
+                    sq += d * d;
+                }
+            const float rstd = rsqrtf(warp_sum(sq) / K + a.eps);
+            if (lane == 0) stats[m] = make_float2(mean, rstd);
+        }
+    __syncthreads();
+
+    // the warp's slice of every row as B fragments: lane (g, t) holds elements [8t, 8t + 8) of each chunk
+    // of row 8j + g (normalized and rounded to T as a LayerNorm's output is; zeros past M)
+    const int k0 = warp * kSlice + 8 * t;
+    uint4 xb[kRowTiles][kChunks];
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+        Vec<T> gamma, beta;
+        if (ln) {
+            gamma = load_vec(static_cast<const T*>(a.ln_gamma) + k0 + 32 * c);
+            beta = load_vec(static_cast<const T*>(a.ln_beta) + k0 + 32 * c);
+        }
+#pragma unroll
+        for (int j = 0; j < kRowTiles; ++j) {
+            const int m = 8 * j + g;
+            Vec<T> v;
+            if (m < M) {
+                v = load_vec(x + static_cast<int64_t>(m) * K + k0 + 32 * c);
+                if (ln) {
+                    const float2 st = stats[m];
+                    v = decode_linear_detail::layernorm_vec(v, st.x, st.y, gamma, beta);
+                }
+            } else {
+                *reinterpret_cast<uint4*>(&v) = uint4{};
+            }
+            xb[j][c] = *reinterpret_cast<const uint4*>(&v);
+        }
+    }
+    if (blockIdx.x == 0 && a.x_norm_out != nullptr)  // LN(x) for a caller that keeps it (written once)
+        for (int i = tid; i < M * (K / V); i += kThreads) {
+            const int m = i / (K / V), at = (i % (K / V)) * V;
+            const float2 st = stats[m];
+            store_vec(static_cast<T*>(a.x_norm_out) + static_cast<int64_t>(m) * K + at,
+                      decode_linear_detail::layernorm_vec(load_vec(x + static_cast<int64_t>(m) * K + at), st.x,
+                                                          st.y, load_vec(static_cast<const T*>(a.ln_gamma) + at),
+                                                          load_vec(static_cast<const T*>(a.ln_beta) + at)));
+        }
+
+    const T* bias = static_cast<const T*>(a.bias);
+    T* out = static_cast<T*>(a.out);
+    int use = 0;
+    for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, ++use) {
+        const int slot = use % slots;
+        const uint32_t bar = bars_at + static_cast<uint32_t>(slot) * 8u;
+        const uint32_t w_at = base + static_cast<uint32_t>(slot) * kTileBytes;
+        const T* w = reinterpret_cast<const T*>(smem + (w_at - base)) + g * K + k0;
+        mbarrier_wait(bar, static_cast<uint32_t>((use / slots) & 1));
+        float c[kRowTiles][4] = {};
+#pragma unroll
+        for (int ch = 0; ch < kChunks; ++ch) {
+            const uint4 lo = *reinterpret_cast<const uint4*>(w + ch * 32);          // row g
+            const uint4 hi = *reinterpret_cast<const uint4*>(w + 8 * K + ch * 32);  // row g + 8
+            const uint32_t f0[4] = {lo.x, hi.x, lo.y, hi.y};
+            const uint32_t f1[4] = {lo.z, hi.z, lo.w, hi.w};
+#pragma unroll
+            for (int j = 0; j < kRowTiles; ++j) {
+                Mma::run(c[j], f0, xb[j][ch].x, xb[j][ch].y);
+                Mma::run(c[j], f1, xb[j][ch].z, xb[j][ch].w);
+            }
+        }
+        float* buf = part + (use % 2) * kPart;
+#pragma unroll
+        for (int j = 0; j < kRowTiles; ++j)
+            *reinterpret_cast<float4*>(buf + ((warp * kRowTiles + j) * kWarpSize + lane) * 4) =
+                make_float4(c[j][0], c[j][1], c[j][2], c[j][3]);
+        __syncthreads();  // every warp has read the slot and written its partial sums
+        const int next = tile + slots * gridDim.x;
+        if (tid == 0 && next < tiles) {
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            mbarrier_expect_bytes(bar, kTileBytes);
+            decode_linear_detail::bulk_load_evict_first(w_at, weight + static_cast<int64_t>(next) * kTileBytes,
+                                                        kTileBytes, bar);
+        }
+        // thread (j, lane') adds the warps' sums of lane' (features g', g' + 8; rows 8j + 2t', + 1) in warp order
+        if (tid < kRowTiles * kWarpSize) {
+            const int j = tid / kWarpSize, l = tid % kWarpSize, fg = l / 4, ft = l % 4;
+            float4 y = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+            for (int src = 0; src < kWarps; ++src) {
+                const float4 p = *reinterpret_cast<const float4*>(buf + ((src * kRowTiles + j) * kWarpSize + l) * 4);
+                y.x += p.x;
+                y.y += p.y;
+                y.z += p.z;
+                y.w += p.w;
+            }
+            const int f = tile * kFeatures + fg, m = 8 * j + 2 * ft;
+            const float b0 = bias != nullptr ? to_float(bias[f]) : 0.f;
+            const float b8 = bias != nullptr ? to_float(bias[f + 8]) : 0.f;
+            const float ys[4] = {y.x + b0, y.y + b0, y.z + b8, y.w + b8};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int row = m + (e & 1);
+                if (row < M) out[static_cast<int64_t>(row) * a.out_features + f + (e >= 2 ? 8 : 0)] = from_float<T>(ys[e]);
+            }
+        }
+    }
+#endif
+}
+
+template <typename T, int kVecs, int kRowTiles>
+cudaError_t launch_rows_width(const DecodeLinearArgs& a, cudaStream_t stream) {
+    constexpr auto kernel = decode_linear_stream_rows_kernel<T, kVecs, kRowTiles>;
+    static std::atomic<size_t> opted_in{48 * 1024};
+    const WideLayout l =
+        wide_layout(a.in_features, kRowTiles, static_cast<size_t>(current_device_value<query_smem_per_block_optin>()));
+    const size_t smem =
+        128 + static_cast<size_t>(l.slots * l.tile_bytes + 2 * l.part_bytes) + 64 * 8 + kWideMaxSlots * 8;
+    if (const cudaError_t err = decode_linear_detail::opt_in_shared_memory(kernel, smem, opted_in); err != cudaSuccess)
+        return err;
+    const int tiles = a.out_features / kFeatures;
+    const int sms = current_device_value<query_sm_count>();
+    const int grid = std::max(1, std::min(sms, tiles));
+    return launch_kernel(kernel, dim3(grid), dim3(kThreads), smem, stream, a, l.slots);
+}
+
+template <typename T, int kRowTiles>
+cudaError_t launch_rows_typed(const DecodeLinearArgs& a, cudaStream_t stream) {
+    switch (a.in_features) {
+        case 512: return launch_rows_width<T, 2, kRowTiles>(a, stream);
+        case 768: return launch_rows_width<T, 3, kRowTiles>(a, stream);
+        case 1024: return launch_rows_width<T, 4, kRowTiles>(a, stream);
+        default: return cudaErrorInvalidValue;
+    }
+}
+
+
 template <typename T, int kVecs>
 cudaError_t launch_width(const DecodeLinearArgs& a, const StreamLayout& l, cudaStream_t stream) {
     constexpr auto kernel = decode_linear_stream_kernel<T, kVecs>;
@@ -205,23 +433,34 @@ bool stream_allowed() {
 
 }  // namespace
 
-bool decode_linear_stream_takes(const DecodeLinearArgs& a, padfree_dtype dtype) {
+bool decode_linear_streams(int32_t rows, int32_t in_features, int32_t out_features, padfree_dtype dtype) {
     if (!stream_allowed() || (dtype != PADFREE_FLOAT16 && dtype != PADFREE_BFLOAT16)) return false;
-    if (a.rows < 1 || a.rows > kRows || a.out_features < kDecodeLinearStreamMinOut || a.out_features % kFeatures != 0)
+    if (rows < 1 || rows > kDecodeLinearStreamMaxRows || out_features < kDecodeLinearStreamMinOut ||
+        out_features % kFeatures != 0)
         return false;
-    if (a.residual != nullptr || a.activation != DecodeActivation::kNone) return false;
-    switch (a.in_features) {
+    switch (in_features) {
         case 512: case 768: case 1024: case 1536: case 2048: break;
         default: return false;
     }
+    if (rows > kRows && in_features > kWideMaxIn) return false;
     if (current_compute_capability() < 90) return false;
-    const StreamLayout l =
-        stream_layout(a.in_features, static_cast<size_t>(current_device_value<query_smem_per_block_optin>()));
+    const size_t optin = static_cast<size_t>(current_device_value<query_smem_per_block_optin>());
+    if (rows > kRows) return wide_layout(in_features, 2, optin).slots >= 2;
+    const StreamLayout l = stream_layout(in_features, optin);
     return l.consumers >= 2 && l.depth >= 1;
+}
+
+bool decode_linear_stream_takes(const DecodeLinearArgs& a, padfree_dtype dtype) {
+    return a.residual == nullptr && a.activation == DecodeActivation::kNone &&
+           decode_linear_streams(a.rows, a.in_features, a.out_features, dtype);
 }
 
 cudaError_t launch_decode_linear_stream(const DecodeLinearArgs& args, padfree_dtype dtype, cudaStream_t stream) {
     if (!decode_linear_stream_takes(args, dtype)) return cudaErrorInvalidValue;
+    static_assert(kDecodeLinearStreamMaxRows <= 2 * kRows, "past 8 rows: two row tiles");
+    if (args.rows > kRows)
+        return dtype == PADFREE_FLOAT16 ? launch_rows_typed<__half, 2>(args, stream)
+                                        : launch_rows_typed<__nv_bfloat16, 2>(args, stream);
     const StreamLayout l =
         stream_layout(args.in_features, static_cast<size_t>(current_device_value<query_smem_per_block_optin>()));
     if (dtype == PADFREE_FLOAT16) return launch_typed<__half>(args, l, stream);

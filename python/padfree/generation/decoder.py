@@ -115,6 +115,7 @@ class Decoder:
         # order (decode_linear's tensor-core kernel for few rows; ops.fragments), made once per weights
         self.fragments = ops.weight_fragments(weights, self.rows) if self.few_rows else {}
         self._kernel_weights: dict[tuple, object] = {}  # (id(weight), LayerNorm) -> what decode_linear reads
+        self._lm_head_streams: bool | None = None       # _lm_head: decode_linear's stream kernel takes it
         fold = weights.spec.pre_ln and ops.skip_layernorm is not None and self.gemm_layers is None
         self.bias_sums = folded_bias_sums(stack, dtype) if fold else None
 
@@ -241,9 +242,7 @@ class Decoder:
             o = self._cross_attention(i, gemm(x, g.q), biased=True)
             x = gemm(o, g.cross_out, residual=x, out=x)
             x = gemm(gemm(x, g.fc1, activation=w.activation), g.fc2, residual=x, out=x)
-        if stack.final_layer_norm is not None:
-            x = layer_norm(x, stack.final_layer_norm)
-        return F.linear(x, w.step_lm_head)
+        return self._lm_head(x, stack.final_layer_norm)
 
     def _logits_decode_gemm_post_ln(self, x: torch.Tensor) -> torch.Tensor:
         """logits_decode_gemm for a post-LN step (no final LayerNorm): the linear layers as decode_gemm's
@@ -259,6 +258,21 @@ class Decoder:
             x = skip_ln(gemm(o, g.cross_out), x, cross.ln.weight, cross.ln.bias, eps=cross.ln.eps)
             h = gemm(x, g.fc1, activation=w.activation)
             x = skip_ln(gemm(h, g.fc2), x, f.ln.weight, f.ln.bias, eps=f.ln.eps)
+        return self._lm_head(x, None)
+
+    def _lm_head(self, x: torch.Tensor, ln) -> torch.Tensor:
+        """The output projection of LN(x) (of x where ln is None): one decode_linear where its stream kernel
+        takes the vocabulary (ops.decoder.decode_linear_streams, decided once), else the LayerNorm and a
+        GEMM."""
+        w = self.weights
+        if self._lm_head_streams is None:
+            from ..ops.decoder import decode_linear_streams
+            self._lm_head_streams = self.ops.decode_linear is not None and decode_linear_streams(
+                self.rows, x.shape[1], w.step_lm_head.shape[0], x.dtype, x.device)
+        if self._lm_head_streams:
+            return self.ops.decode_linear(x, w.step_lm_head, ln=None if ln is None else (ln.weight, ln.bias, ln.eps))
+        if ln is not None:
+            x = layer_norm(x, ln)
         return F.linear(x, w.step_lm_head)
 
     def logits_few_rows(self, tokens: torch.Tensor) -> torch.Tensor:

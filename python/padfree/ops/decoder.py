@@ -14,6 +14,7 @@ import math
 import torch
 
 from ._tensors import (
+    DTYPE_CODES,
     InputError,
     call_kernel,
     check,
@@ -245,10 +246,36 @@ DECODE_LINEAR_MMA_PAYS_UP_TO = 16 * 3072
 def decode_linear_pays(rows: int, in_features: int, out_features: int, dtype: torch.dtype, ln: bool) -> bool:
     """Whether decode_linear is the faster kernel for this linear layer: it takes the shape
     (decode_linear_fits) and, past 8 rows (tensor cores), the rows x out_features are within
-    DECODE_LINEAR_MMA_PAYS_UP_TO."""
+    DECODE_LINEAR_MMA_PAYS_UP_TO, or the layer is a vocabulary projection its stream kernel takes
+    (decode_linear_streams; without activation or residual, as an output projection is)."""
     if not decode_linear_fits(rows, in_features, dtype, ln=ln):
         return False
-    return rows <= DECODE_LINEAR_MAX_ROWS or _mma_staged_rows(rows) * out_features <= DECODE_LINEAR_MMA_PAYS_UP_TO
+    return (rows <= DECODE_LINEAR_MAX_ROWS or _mma_staged_rows(rows) * out_features <= DECODE_LINEAR_MMA_PAYS_UP_TO
+            or decode_linear_streams(rows, in_features, out_features, dtype))
+
+
+def decode_linear_streams(rows: int, in_features: int, out_features: int, dtype: torch.dtype,
+                          device: torch.device | None = None) -> bool:
+    """Whether decode_linear streams this projection's weight by bulk copies onto tensor cores on `device`
+    (the current CUDA device when None): a vocabulary-sized output of 1-16 rows (padfree.h:
+    padfree_decode_linear_streams; the rules are the C ABI's alone), where decode_linear is the faster
+    kernel for it at any of those row counts."""
+    if dtype not in (torch.float16, torch.bfloat16) or not torch.cuda.is_available():
+        return False
+    index = device.index if device is not None and device.index is not None else torch.cuda.current_device()
+    return _streams(int(rows), int(in_features), int(out_features), DTYPE_CODES[dtype], index)
+
+
+@functools.cache
+def _streams(rows: int, in_features: int, out_features: int, dtype: int, device_index: int) -> bool:
+    """padfree_decode_linear_streams on one device (its answer fixed for the process: the device and
+    PADFREE_DECODE_LINEAR_STREAM, read once by the library)."""
+    from .. import _lib
+    streams = ctypes.c_int32(0)
+    with torch.cuda.device(device_index):
+        status = _lib.load().padfree_decode_linear_streams(rows, in_features, out_features, dtype,
+                                                           ctypes.byref(streams))
+    return status == 0 and streams.value == 1
 
 
 def _checked_ln(ln: tuple | None, like: torch.Tensor, width: int) -> tuple:
