@@ -53,7 +53,7 @@ _VARIABLES = (
     Variable("PADFREE_CROSS_ATTENTION_PATH", "choice", None, "diagnostic", "kernels",
              "beams|rows forces the decoder cross-attention's path where it can run (A/B runs, tests)"),
     Variable("PADFREE_DECODE_LINEAR_STREAM", "choice", None, "diagnostic", "kernels",
-             "0 keeps decode_linear's vocabulary-sized projections of 1-8 rows off the bulk-copy stream kernel "
+             "0 keeps decode_linear's vocabulary-sized projections of 1-16 rows off the bulk-copy stream kernels "
              "(A/B runs)"),
     Variable("PADFREE_ROW_ORDER", "choice", None, "diagnostic", "kernels",
              "forward|reverse forces the order in which the row-wise kernels walk their rows (A/B runs)"),

@@ -1,4 +1,4 @@
-// decode_linear for a vocabulary-sized projection of 1-8 rows (the step's LM head): the weight in
+// decode_linear for a vocabulary-sized projection of 1-16 rows (the step's LM head): the weight in
 // nn.Linear's layout streamed through shared memory by bulk copies, the products on tensor cores.
 //
 // Why a kernel of its own: the LM head is the largest single read of a few-row step (NLLB-600M's
@@ -422,7 +422,7 @@ cudaError_t launch_typed(const DecodeLinearArgs& a, const StreamLayout& l, cudaS
     }
 }
 
-// PADFREE_DECODE_LINEAR_STREAM=0 keeps these projections on decode_linear.cu's kernels (A/B runs, tests).
+// PADFREE_DECODE_LINEAR_STREAM=0 keeps these projections on decode_linear's other kernels (A/B runs, tests).
 bool stream_allowed() {
     static const bool allowed = [] {
         const char* env = std::getenv("PADFREE_DECODE_LINEAR_STREAM");
