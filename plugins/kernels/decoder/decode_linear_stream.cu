@@ -15,9 +15,9 @@
 // 2t + 9} and 8t + {4, ..., 7} as the second's. A and B see the same permutation, so the products are
 // exact dot products over the chunk.
 //
-// Up to 8 rows, a block per SM, 8 warps: all 8 stage the rows (normalized on the way where there is a LayerNorm, as
-// the fragment kernel does); `consumers` of them then each own a ring of `depth` tile slots in shared
-// memory and walk their tiles (warp w of block b: tiles b * consumers + w, then every
+// Up to 8 rows, a block per SM, 8 warps: all 8 stage the rows (normalized on the way where there is a
+// LayerNorm, as the fragment kernel does); `consumers` of them then each own a ring of `depth` tile slots
+// in shared memory and walk their tiles (warp w of block b: tiles b * consumers + w, then every
 // gridDim.x * consumers on), refilling a slot as soon as they have read it. The first tiles are
 // requested before the PDL wait (the weight is never a step kernel's output).
 //
