@@ -87,6 +87,29 @@ __device__ __forceinline__ void layernorm_staged_rows(T* xs, int64_t ld, int row
     }
 }
 
+// A row's LayerNorm statistics (mean, rstd) from its vectors in a warp's registers (lane l holding vectors
+// l, l + 32, ...; K = kVecs * 32 * V elements): float32, two passes, in a fixed order.
+template <typename T, int kVecs>
+__device__ __forceinline__ float2 row_statistics(const Vec<T> (&v)[kVecs], float eps) {
+    constexpr int V = vec_size<T>();
+    constexpr int K = kVecs * kWarpSize * V;
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i)
+#pragma unroll
+        for (int e = 0; e < V; ++e) s += to_float(v[i].v[e]);
+    const float mean = warp_sum(s) / K;
+    float q = 0.f;
+#pragma unroll
+    for (int i = 0; i < kVecs; ++i)
+#pragma unroll
+        for (int e = 0; e < V; ++e) {
+            const float d = to_float(v[i].v[e]) - mean;
+            q += d * d;
+        }
+    return make_float2(mean, rsqrtf(warp_sum(q) / K + eps));
+}
+
 // LayerNorm of rows [0, rows) of x ([rows, K] in global memory, K = kVecs * 32 * V) into the staged rows
 // of xs (row stride ld): a warp per row, at most kRowsPerWarp rows a warp, every row's vectors loaded into
 // registers before any is reduced (one L2 round trip, not a staging pass and three passes over shared
@@ -113,21 +136,8 @@ __device__ __forceinline__ void layernorm_rows_into(const T* x, T* xs, int64_t l
     for (int j = 0; j < kRowsPerWarp; ++j) {
         const int m = warp + j * warps;
         if (m >= rows) break;
-        float s = 0.f;
-#pragma unroll
-        for (int i = 0; i < kVecs; ++i)
-#pragma unroll
-            for (int e = 0; e < V; ++e) s += to_float(v[j][i].v[e]);
-        const float mean = warp_sum(s) / K;
-        float q = 0.f;
-#pragma unroll
-        for (int i = 0; i < kVecs; ++i)
-#pragma unroll
-            for (int e = 0; e < V; ++e) {
-                const float d = to_float(v[j][i].v[e]) - mean;
-                q += d * d;
-            }
-        const float rstd = rsqrtf(warp_sum(q) / K + eps);
+        const float2 st = row_statistics<T, kVecs>(v[j], eps);
+        const float mean = st.x, rstd = st.y;
 #pragma unroll
         for (int i = 0; i < kVecs; ++i) {
             const int at = (lane + i * kWarpSize) * V;

@@ -253,22 +253,8 @@ __global__ void __launch_bounds__(kThreads, 1)
             Vec<T> v[kVecs];
 #pragma unroll
             for (int i = 0; i < kVecs; ++i) v[i] = load_vec(x + static_cast<int64_t>(m) * K + (lane + i * kWarpSize) * V);
-            float sum = 0.f;
-#pragma unroll
-            for (int i = 0; i < kVecs; ++i)
-#pragma unroll
-                for (int e = 0; e < V; ++e) sum += to_float(v[i].v[e]);
-            const float mean = warp_sum(sum) / K;
-            float sq = 0.f;
-#pragma unroll
-            for (int i = 0; i < kVecs; ++i)
-#pragma unroll
-                for (int e = 0; e < V; ++e) {
-                    const float d = to_float(v[i].v[e]) - mean;
-                    sq += d * d;
-                }
-            const float rstd = rsqrtf(warp_sum(sq) / K + a.eps);
-            if (lane == 0) stats[m] = make_float2(mean, rstd);
+            const float2 st = decode_linear_detail::row_statistics<T, kVecs>(v, a.eps);
+            if (lane == 0) stats[m] = st;
         }
     __syncthreads();
 
