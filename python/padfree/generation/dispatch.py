@@ -35,9 +35,9 @@ DECODE_GEMM_ROWS = (FRAGMENT_STEP_ROWS + 1, 64)
 
 
 class GemmLayer:
-    """A pre-LN decoder layer's six linear layers folded for decode_gemm (ops.decode_gemm.fold_layernorm):
-    QKV, cross Q and fc1 with the LayerNorm before each folded in, and their biases (the attention kernels
-    then add none); the output projections and fc2 as they are."""
+    """A decoder layer's six linear layers for decode_gemm (ops.decode_gemm.fold_layernorm): pre-LN, QKV,
+    cross Q and fc1 with the LayerNorm before each folded in, and their biases (the attention kernels then
+    add none), the output projections and fc2 as they are; post-LN, all six as they are."""
 
     __slots__ = ("qkv", "out", "q", "cross_out", "fc1", "fc2")
 
