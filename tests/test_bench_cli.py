@@ -1,5 +1,6 @@
-"""padfree bench's report (CPU): the targets each row is judged by and the table's ratios.
-The timings themselves are the benchmark's (bench/bert.py on the device), never a test's."""
+"""padfree bench's report (CPU): the targets each row is judged by and the table's ratios, and the commit
+a result records. The timings themselves are the benchmark's (bench/bert.py on the device), never a
+test's."""
 from __future__ import annotations
 
 from padfree.bench import report, timing
@@ -101,3 +102,27 @@ def test_kernel_chain_takes_each_kernels_exposed_time_over_the_middle_steps():
     assert [r["us"] for r in chain["chain"]] == [2.0, 5.0, 4.0]
     assert chain["span_us"] == 9.0 and chain["chain"][1]["kernel"] == "decode_linear_kernel"
     assert timing.kernel_chain([(0.0, 1.0, "step_embedding")], "step_embedding") is None
+
+
+def test_commit_names_a_modified_tree(tmp_path):
+    """record.commit: the HEAD commit, "+modified" once a tracked file differs from it (untracked files do
+    not count), "unknown" outside a git checkout."""
+    import subprocess
+
+    from padfree.bench import record
+    assert record.commit(str(tmp_path)) == "unknown"
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True, text=True).stdout
+
+    git("init", "-q")
+    (tmp_path / "f.txt").write_text("a\n")
+    git("add", "f.txt")
+    git("-c", "user.email=t@example.com", "-c", "user.name=t", "commit", "-qm", "c")
+    head = git("rev-parse", "HEAD").strip()
+    assert record.commit(str(tmp_path)) == head
+    (tmp_path / "g.txt").write_text("untracked\n")
+    assert record.commit(str(tmp_path)) == head
+    (tmp_path / "f.txt").write_text("b\n")
+    assert record.commit(str(tmp_path)) == head + "+modified"
+

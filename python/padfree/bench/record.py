@@ -9,12 +9,18 @@ import sys
 
 
 def commit(root: str) -> str:
-    """The checked-out commit of the repository at `root` ("unknown" outside a git checkout)."""
+    """The checked-out commit of the repository at `root`, with "+modified" where tracked files differ
+    from it (uncommitted edits, or a working tree copied onto another machine beside an older .git): then
+    the figures are not that commit's alone, and the result should name the commit that was measured.
+    "unknown" outside a git checkout."""
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                               check=True).stdout.strip()
+        changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                                 capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+    return head + ("+modified" if changed else "")
 
 
 def provenance(root: str | None = None, program: str = "padfree") -> dict:
