@@ -29,7 +29,8 @@
 // 32 lanes a row tile add them in warp order and store the outputs. Built for up to 8 row tiles, it is
 // taken up to 2 (16 rows): at 64 rows (8 row tiles, 128 registers of rows a lane) it was slower than
 // cuBLAS's GEMM (H200, ms/step: NLLB 16x4 0.713 / 0.709 -> 0.719 / 0.724, Marian 16x4 0.263 / 0.268 ->
-// 0.275 / 0.281), its tile's 512 mma's and the barrier after them longer than the tile's copy.
+// 0.275 / 0.281); not profiled, the likely cause is a tile's 512 mma's and the barrier after them
+// outlasting the tile's copy.
 #include "decode_linear.h"
 #include "decode_linear.cuh"
 
