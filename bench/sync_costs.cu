@@ -21,12 +21,10 @@ namespace cg = cooperative_groups;
 
 namespace {
 
-
 constexpr int kThreads = 128;
 constexpr int kChain = 100;
 constexpr int kIters = 1000;
 constexpr int kReps = 20;
-
 
 __global__ void chain_kernel(const float* in, float* out, int n) {
     asm volatile("griddepcontrol.wait;" ::: "memory");  // a no-op when launched without PDL
@@ -60,7 +58,6 @@ __global__ void grid_kernel(float* slots, float* out, int iters) {
     }
     out[blockIdx.x * blockDim.x + threadIdx.x] = acc;
 }
-
 
 }  // namespace
 

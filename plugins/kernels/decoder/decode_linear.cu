@@ -277,7 +277,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
             attention_detail::fence_mbarrier_init();  // published to the block by the barrier after staging x
             attention_detail::mbarrier_expect_bytes(b, bytes);
             decode_linear_detail::bulk_load_evict_first(attention_detail::smem_addr(wtile),
-                                  weight + static_cast<int64_t>(blockIdx.x) * kTile * K, bytes, b);
+                                                        weight + static_cast<int64_t>(blockIdx.x) * kTile * K, bytes,
+                                                        b);
         }
     } else
 #endif

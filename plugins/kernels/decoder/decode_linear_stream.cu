@@ -72,6 +72,45 @@ StreamLayout stream_layout(int32_t in_features, size_t optin) {
     return l;
 }
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Tile `tile` (16 whole weight rows, `bytes` contiguous) into the slot at shared address `slot`, counted on
+// the slot's mbarrier `bar` (this thread's arrival: the barrier counts one).
+__device__ __forceinline__ void request_tile(uint32_t slot, uint32_t bar, const unsigned char* weight, int tile,
+                                             uint32_t bytes) {
+    attention_detail::mbarrier_expect_bytes(bar, bytes);
+    decode_linear_detail::bulk_load_evict_first(slot, weight + static_cast<int64_t>(tile) * bytes, bytes, bar);
+}
+
+// Chunk ch (32 elements of k) of a tile's rows g and g + 8 as two m16n8k16 A fragments, lane (g, t)
+// taking elements [8t, 8t + 8) of each row (`w` points at row g, element 8t; rows K apart): the first
+// fragment's k = 2t, 2t + 1, 2t + 8, 2t + 9 are elements 8t + 0..3, the second's 8t + 4..7. B (x) must
+// be read in the same order.
+template <typename T>
+__device__ __forceinline__ void chunk_fragments(const T* w, int K, int ch, uint32_t (&f0)[4], uint32_t (&f1)[4]) {
+    const uint4 lo = *reinterpret_cast<const uint4*>(w + ch * 32);          // row g
+    const uint4 hi = *reinterpret_cast<const uint4*>(w + 8 * K + ch * 32);  // row g + 8
+    f0[0] = lo.x, f0[1] = hi.x, f0[2] = lo.y, f0[3] = hi.y;
+    f1[0] = lo.z, f1[1] = hi.z, f1[2] = lo.w, f1[3] = hi.w;
+}
+
+// A lane's four products of a tile (an m16n8 accumulator: v[0], v[1] feature g at rows m, m + 1; v[2],
+// v[3] feature g + 8) plus the bias, stored where the row is below a.rows.
+template <typename T>
+__device__ __forceinline__ void store_outputs(const DecodeLinearArgs& a, int tile, int g, int m, const float (&v)[4]) {
+    const T* bias = static_cast<const T*>(a.bias);
+    const int f = tile * kFeatures + g;
+    const float b0 = bias != nullptr ? to_float(bias[f]) : 0.f;
+    const float b8 = bias != nullptr ? to_float(bias[f + 8]) : 0.f;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        const int row = m + (e & 1);
+        if (row < a.rows)
+            static_cast<T*>(a.out)[static_cast<int64_t>(row) * a.out_features + f + (e >= 2 ? 8 : 0)] =
+                from_float<T>(v[e] + (e >= 2 ? b8 : b0));
+    }
+}
+#endif
+
 template <typename T, int kVecs>
 __global__ void __launch_bounds__(kThreads, 1)
     decode_linear_stream_kernel(const DecodeLinearArgs a, const int consumers, const int depth) {
@@ -105,12 +144,9 @@ __global__ void __launch_bounds__(kThreads, 1)
             mbarrier_init(bar, 1);
             fence_mbarrier_init();
             const int tile = first + s * stride;
-            if (tile < tiles) {
-                mbarrier_expect_bytes(bar, kTileBytes);
-                decode_linear_detail::bulk_load_evict_first(tiles_at + static_cast<uint32_t>(warp * depth + s) * kTileBytes,
-                                                            weight + static_cast<int64_t>(tile) * kTileBytes,
-                                                            kTileBytes, bar);
-            }
+            if (tile < tiles)
+                request_tile(tiles_at + static_cast<uint32_t>(warp * depth + s) * kTileBytes, bar, weight, tile,
+                             kTileBytes);
         }
     }
     allow_consumers();
@@ -135,8 +171,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
     if (!consumer) return;
 
-    const T* bias = static_cast<const T*>(a.bias);
-    T* out = static_cast<T*>(a.out);
     const T* xrow = xs + g * ld + 8 * t;
     int use = 0;  // tiles this warp has taken: slot use % depth, mbarrier parity (use / depth) % 2
     for (int tile = first; tile < tiles; tile += stride, ++use) {
@@ -148,11 +182,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         float c0[4] = {}, c1[4] = {};
 #pragma unroll 8
         for (int ch = 0; ch < kChunks; ++ch) {
-            const uint4 lo = *reinterpret_cast<const uint4*>(w + ch * 32);          // row g
-            const uint4 hi = *reinterpret_cast<const uint4*>(w + 8 * K + ch * 32);  // row g + 8
+            uint32_t f0[4], f1[4];
+            chunk_fragments(w, K, ch, f0, f1);
             const uint4 xv = *reinterpret_cast<const uint4*>(xrow + ch * 32);
-            const uint32_t f0[4] = {lo.x, hi.x, lo.y, hi.y};
-            const uint32_t f1[4] = {lo.z, hi.z, lo.w, hi.w};
             Mma::run(c0, f0, xv.x, xv.y);
             Mma::run(c1, f1, xv.z, xv.w);
         }
@@ -160,22 +192,11 @@ __global__ void __launch_bounds__(kThreads, 1)
         __syncwarp();
         const int next = tile + depth * stride;
         if (lane == 0 && next < tiles) {
-            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-            mbarrier_expect_bytes(bar, kTileBytes);
-            decode_linear_detail::bulk_load_evict_first(w_at, weight + static_cast<int64_t>(next) * kTileBytes,
-                                                        kTileBytes, bar);
+            fence_shared_to_async_proxy();
+            request_tile(w_at, bar, weight, next, kTileBytes);
         }
-        // c[0], c[1]: feature g, rows 2t, 2t + 1; c[2], c[3]: feature g + 8
-        const int f = tile * kFeatures + g;
-        const float b0 = bias != nullptr ? to_float(bias[f]) : 0.f;
-        const float b8 = bias != nullptr ? to_float(bias[f + 8]) : 0.f;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int m = 2 * t + (e & 1), feature = f + (e >= 2 ? 8 : 0);
-            if (m < M)
-                out[static_cast<int64_t>(m) * a.out_features + feature] =
-                    from_float<T>(c0[e] + c1[e] + (e >= 2 ? b8 : b0));
-        }
+        const float v[4] = {c0[0] + c1[0], c0[1] + c1[1], c0[2] + c1[2], c0[3] + c1[3]};
+        store_outputs<T>(a, tile, g, 2 * t, v);
     }
 #endif
 }
@@ -235,12 +256,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             mbarrier_init(bar, 1);
             fence_mbarrier_init();
             const int tile = blockIdx.x + s * gridDim.x;
-            if (tile < tiles) {
-                mbarrier_expect_bytes(bar, kTileBytes);
-                decode_linear_detail::bulk_load_evict_first(base + static_cast<uint32_t>(s) * kTileBytes,
-                                                            weight + static_cast<int64_t>(tile) * kTileBytes,
-                                                            kTileBytes, bar);
-            }
+            if (tile < tiles) request_tile(base + static_cast<uint32_t>(s) * kTileBytes, bar, weight, tile, kTileBytes);
         }
     }
     allow_consumers();
@@ -296,8 +312,6 @@ __global__ void __launch_bounds__(kThreads, 1)
                                                           load_vec(static_cast<const T*>(a.ln_beta) + at)));
         }
 
-    const T* bias = static_cast<const T*>(a.bias);
-    T* out = static_cast<T*>(a.out);
     int use = 0;
     for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x, ++use) {
         const int slot = use % slots;
@@ -308,10 +322,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         float c[kRowTiles][4] = {};
 #pragma unroll
         for (int ch = 0; ch < kChunks; ++ch) {
-            const uint4 lo = *reinterpret_cast<const uint4*>(w + ch * 32);          // row g
-            const uint4 hi = *reinterpret_cast<const uint4*>(w + 8 * K + ch * 32);  // row g + 8
-            const uint32_t f0[4] = {lo.x, hi.x, lo.y, hi.y};
-            const uint32_t f1[4] = {lo.z, hi.z, lo.w, hi.w};
+            uint32_t f0[4], f1[4];
+            chunk_fragments(w, K, ch, f0, f1);
 #pragma unroll
             for (int j = 0; j < kRowTiles; ++j) {
                 Mma::run(c[j], f0, xb[j][ch].x, xb[j][ch].y);
@@ -326,10 +338,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         __syncthreads();  // every warp has read the slot and written its partial sums
         const int next = tile + slots * gridDim.x;
         if (tid == 0 && next < tiles) {
-            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-            mbarrier_expect_bytes(bar, kTileBytes);
-            decode_linear_detail::bulk_load_evict_first(w_at, weight + static_cast<int64_t>(next) * kTileBytes,
-                                                        kTileBytes, bar);
+            fence_shared_to_async_proxy();
+            request_tile(w_at, bar, weight, next, kTileBytes);
         }
         // thread (j, lane') adds the warps' sums of lane' (features g', g' + 8; rows 8j + 2t', + 1) in warp order
         if (tid < kRowTiles * kWarpSize) {
@@ -343,15 +353,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                 y.z += p.z;
                 y.w += p.w;
             }
-            const int f = tile * kFeatures + fg, m = 8 * j + 2 * ft;
-            const float b0 = bias != nullptr ? to_float(bias[f]) : 0.f;
-            const float b8 = bias != nullptr ? to_float(bias[f + 8]) : 0.f;
-            const float ys[4] = {y.x + b0, y.y + b0, y.z + b8, y.w + b8};
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int row = m + (e & 1);
-                if (row < M) out[static_cast<int64_t>(row) * a.out_features + f + (e >= 2 ? 8 : 0)] = from_float<T>(ys[e]);
-            }
+            const float v[4] = {y.x, y.y, y.z, y.w};
+            store_outputs<T>(a, tile, fg, 8 * j + 2 * ft, v);
         }
     }
 #endif

@@ -46,6 +46,14 @@ __device__ __forceinline__ void fence_mbarrier_init() {
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
 
+// Orders this thread's ordinary shared-memory accesses before the async proxy's that follow them: its
+// stores and cp.async copies become visible to the tensor cores' reads after the next barrier, and the
+// reads of a buffer (this thread's, and a warp's or block's after a barrier) are done before a bulk copy
+// it then issues refills that buffer.
+__device__ __forceinline__ void fence_shared_to_async_proxy() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
 // This thread's arrival, and the bytes the current phase waits for besides.
 __device__ __forceinline__ void mbarrier_expect_bytes(uint32_t bar, uint32_t bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");

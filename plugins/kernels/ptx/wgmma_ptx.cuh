@@ -29,12 +29,6 @@ __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 
-// Shared memory written by this thread's ordinary stores and cp.async copies becomes visible to the
-// tensor cores' (async proxy) reads that follow the next barrier.
-__device__ __forceinline__ void fence_shared_to_async_proxy() {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
 // wgmma reads its A registers and writes its accumulators asynchronously, which the compiler does
 // not know: after the wait that completes them, this redefines each register, so that no use of the
 // results is scheduled before the wait and no A register is reused while the tensor cores read it.
