@@ -10,13 +10,14 @@
 //   on its producer (PDL), so they stream while the previous kernel runs; the block lets its own
 //   consumers launch at once (allow_consumers), so the next layer's weights do the same.
 // - After the wait, x's slice arrives chunk by chunk (one 128-byte-swizzled box of 64 rows each, rows
-//   past `rows` zero-filled), each stage on its own barrier: a chunk's four m64n32k16 wgmmas (both
-//   operands from shared memory, K-major, as stored) start as soon as it lands, into four accumulator
-//   sets (consecutive wgmmas independent), and a stage is refilled once its chunk's products are done.
-// - The LayerNorm is folded (decode_gemm.h): while the tensor cores run, the threads sum the chunk's
-//   rows and their squares (a quarter-warp reads one whole 128-byte row: no bank conflicts, and a row's
-//   sum does not depend on its swizzle), so the statistics cost no pass of their own and the products
-//   need no normalized copy of x.
+//   past `rows` zero-filled), each stage on its own barrier. A landed chunk is read once, into register
+//   fragments (ldmatrix); its four m64n32k16 wgmmas take A from them and the weights from shared memory
+//   (K-major, as stored), into four accumulator sets (consecutive wgmmas independent). A stage is
+//   refilled once its chunk's products are done and every warp has read it.
+// - The LayerNorm is folded (decode_gemm.h), its row statistics taken from the same fragments on
+//   mma.sync: each warp its 16 rows, x times ones (the sums) and x times its own transpose (a Gram
+//   block, whose diagonal holds the sums of squares), exact products added in float32. No second read
+//   of x and no pass of its own; the products need no normalized copy of x.
 // - The blocks of a cluster exchange their partial products and statistics by pushing them into each
 //   other's shared memory (st.async, counted on the receiver's mbarrier): each block waits for the data
 //   it finishes, not for a cluster barrier and then remote loads. It adds them in rank order (the result
@@ -64,7 +65,7 @@ template <int kSplit>
 struct Smem {
     static constexpr uint32_t kPairs = kAcc / 2 / kSplit;  // column pairs a thread finishes
     static constexpr uint32_t kRecvBytes = (kSplit - 1) * kThreads * kPairs * 8;
-    static constexpr uint32_t kRecv = kXBytes + kWBytes, kStats = kRecv + kRecvBytes, kBars = kStats + kStatBytes;
+    static constexpr uint32_t kRecv = kXBytes + kWBytes, kBars = kRecv + kRecvBytes;
     static constexpr uint32_t kRecvStats = kBars + kBarBytes;
     static constexpr uint32_t bytes(bool ln) { return 1024 + kRecvStats + (ln ? (kSplit - 1) * kStatBytes : 0); }
 };
@@ -111,8 +112,9 @@ __device__ __forceinline__ float2 load_pair(const void* base, int64_t index) {
 __device__ __forceinline__ int value_row(int i, int warp, int lane) { return warp * 16 + lane / 4 + (i % 4 >= 2 ? 8 : 0); }
 __device__ __forceinline__ int value_col(int i, int lane) { return 8 * (i / 4) + 2 * (lane % 4); }
 
-// kSplit: the blocks of a cluster (in_features split over them; 1: no cluster).
-template <typename T, int kSplit>
+// kSplit: the blocks of a cluster (in_features split over them; 1: no cluster). kWhole: slices of
+// kMaxChunks chunks, the loop unrolled.
+template <typename T, int kSplit, bool kWhole>
 __global__ void __launch_bounds__(kThreads, kDecodeGemmBlocksPerSm)
     decode_gemm_kernel(const Params p, const __grid_constant__ CUtensorMap x_map,
                        const __grid_constant__ CUtensorMap w_map) {
@@ -125,7 +127,6 @@ __global__ void __launch_bounds__(kThreads, kDecodeGemmBlocksPerSm)
     unsigned char* base = smem_raw + (sx - raw);
     const uint32_t sw = sx + kXBytes;
     const float2* recv = reinterpret_cast<const float2*>(base + S::kRecv);
-    float2* stats = reinterpret_cast<float2*>(base + S::kStats);
     const float2* recv_stats = reinterpret_cast<const float2*>(base + S::kRecvStats);
     const uint32_t w_bar = sx + S::kBars;
     const uint32_t recv_bar = w_bar + 8u * (1 + kStages);
@@ -190,47 +191,75 @@ __global__ void __launch_bounds__(kThreads, kDecodeGemmBlocksPerSm)
     for (int s = 0; s < kSets; ++s)
 #pragma unroll
         for (int i = 0; i < kAcc; ++i) acc[s][i] = 0.f;
-    const uint64_t a_desc = swizzled_descriptor<128>(sx, 0);
     const uint64_t b_desc = swizzled_descriptor<128>(sw, 0);
-    // row statistics: lane l reads 16 bytes (l % 8) of rows 16 warp + 4 q + l / 8, q < 4, of each chunk (a
-    // quarter-warp reads one whole 128-byte row: no bank conflicts; a row's sum does not depend on its
-    // swizzle)
-    float sum[4] = {0.f, 0.f, 0.f, 0.f}, squares[4] = {0.f, 0.f, 0.f, 0.f};
-    mbarrier_wait(w_bar, 0);
-    for (int j = 0; j < p.chunks; ++j) {
+    // x's chunks reach the tensor cores as register fragments, read from shared memory once for two uses:
+    // the products and the row statistics. Why (H200, NLLB's 64-row steps, per-block timestamps): summing
+    // the chunks on the CUDA cores from a second read of shared memory held each pre-LN projection's
+    // chunk loop 1.1-1.8 us longer than without statistics; statistics on the tensor cores from a second
+    // read (mma.sync after ldmatrix, or wgmmas with x as both operands) were no faster, and one read with
+    // one fragment set (each chunk's products waited for before the next) gained ~1 %; one read with two
+    // fragment sets made the steps 3-4.5 % faster (docs/KERNELS.md).
+    // Lane l's ldmatrix row: 16 warp + l % 8 (+ 8 for matrices 1 and 3); its 16-byte unit, swizzled.
+    float sums[4] = {0.f, 0.f, 0.f, 0.f}, gram_lo[4] = {0.f, 0.f, 0.f, 0.f}, gram_hi[4] = {0.f, 0.f, 0.f, 0.f};
+    const uint32_t frag_base = sx + (16 * warp + lane % 8 + (lane / 8 % 2) * 8) * 128;
+    using Fragments = uint32_t[kChunk / 16][4];  // a chunk's, untouched until its wgmmas complete
+    // chunk j: its fragments, its products (committed as one group) and its rows' statistics
+    auto issue = [&](int j, Fragments& a) {
         const uint32_t stage = (j % kStages) * kXChunkBytes;
         mbarrier_wait(w_bar + 8u * (1 + j % kStages), (j / kStages) & 1);
+#pragma unroll
+        for (int kk = 0; kk < kChunk / 16; ++kk)
+            ldmatrix_x4_addr(a[kk], frag_base + stage + (((2 * kk + lane / 16) ^ (lane % 8)) * 16));
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kChunk / 16; ++kk)
-            wgmma_m64n32k16_ss<T>(acc[kk % kSets], descriptor_at(a_desc, stage + kk * 32),
-                                  descriptor_at(b_desc, j * kWChunkBytes + kk * 32), 1);
+            wgmma_m64n32k16<T, 0>(acc[kk % kSets], a[kk], descriptor_at(b_desc, j * kWChunkBytes + kk * 32), 1);
         wgmma_commit();
         if (ln) {
 #pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                const uint4 w = *reinterpret_cast<const uint4*>(base + stage +
-                                                                (16 * warp + 4 * q + lane / 8) * 128 + (lane % 8) * 16);
-                const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const float2 f = MmaOp<T>::unpack(words[e]);
-                    sum[q] += f.x + f.y;
-                    squares[q] = fmaf(f.x, f.x, fmaf(f.y, f.y, squares[q]));
-                }
+            for (int kk = 0; kk < kChunk / 16; ++kk) {
+                MmaOp<T>::run(sums, a[kk], MmaOp<T>::kOnePair, MmaOp<T>::kOnePair);
+                MmaOp<T>::run(gram_lo, a[kk], a[kk][0], a[kk][2]);
+                MmaOp<T>::run(gram_hi, a[kk], a[kk][1], a[kk][3]);
             }
         }
-        if (j >= 1 && j - 1 + kStages < p.chunks) {
-            // once chunk j - 1's products are done (chunk j's run on) and every thread has summed its
-            // rows, its stage takes chunk j - 1 + kStages
-            wgmma_wait<1>();
+    };
+    // chunk j's products are done: its fragments are free, and once every thread has read its stage, the
+    // stage takes chunk j + kStages
+    auto release = [&](int j, Fragments& a) {
+#pragma unroll
+        for (int kk = 0; kk < kChunk / 16; ++kk) keep_registers(a[kk]);
+        if (j + kStages < p.chunks) {
             __syncthreads();
-            if (tid == 0) load_x(j - 1 + kStages);
+            if (tid == 0) load_x(j + kStages);
+        }
+    };
+    mbarrier_wait(w_bar, 0);
+    if constexpr (kWhole) {
+        // a whole slice (every projection of Marian and NLLB), unrolled: two fragment sets, so that chunk
+        // j + 1 loads while chunk j's products run (register arrays need constant indices, and ptxas
+        // serializes the wgmmas of a loop with a data-dependent exit or of a kernel with both loops)
+        Fragments even, odd;
+#pragma unroll
+        for (int j = 0; j < kMaxChunks; ++j) {
+            issue(j, j % 2 ? odd : even);
+            if (j >= 1) {
+                wgmma_wait<1>();
+                release(j - 1, j % 2 ? even : odd);
+            }
+        }
+    } else {
+        Fragments a;
+        for (int j = 0; j < p.chunks; ++j) {
+            issue(j, a);
+            wgmma_wait<0>();
+            release(j, a);
         }
     }
     wgmma_wait<0>();
 #pragma unroll
     for (int s = 0; s < kSets; ++s) keep_registers(acc[s]);
+
 #pragma unroll
     for (int s = 1; s < kSets; ++s)
 #pragma unroll
@@ -260,29 +289,29 @@ __global__ void __launch_bounds__(kThreads, kDecodeGemmBlocksPerSm)
             }
         }
     }
+    // (sum, sum of squares) of this thread's two rows (value_row: +0, +8, that is 16 warp + lane / 4 and 8
+    // more): the sums are in every column of the ones product; row g's square sum is the Gram block's
+    // (g, g), which lane 4 g + g / 2 holds as its value g % 2 (of the upper pair for rows 8-15)
+    float2 own[2] = {make_float2(0.f, 0.f), make_float2(0.f, 0.f)};
     if (ln) {
+        const int g = lane / 4, holder = 4 * g + g / 2;
+        own[0] = make_float2(sums[0], __shfl_sync(0xffffffffu, g % 2 ? gram_lo[1] : gram_lo[0], holder));
+        own[1] = make_float2(sums[2], __shfl_sync(0xffffffffu, g % 2 ? gram_hi[3] : gram_hi[2], holder));
+        if (lane % 4 == 0) {
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
+            for (int r = 0; r < kSplit; ++r) {
+                if (r == rank) continue;
 #pragma unroll
-            for (int m = 1; m < 8; m *= 2) {
-                sum[q] += __shfl_xor_sync(0xffffffffu, sum[q], m);
-                squares[q] += __shfl_xor_sync(0xffffffffu, squares[q], m);
-            }
-            const int row = 16 * warp + 4 * q + lane / 8;
-            if (lane % 8 == 0) {
-                stats[row] = make_float2(sum[q], squares[q]);
-#pragma unroll
-                for (int r = 0; r < kSplit; ++r) {
-                    if (r == rank) continue;
-                    push_v2(peer_address(sx + S::kRecvStats + (slot_of(rank, r) * kRows + row) * 8u, r), sum[q],
-                            squares[q], peer_address(recv_bar, r));
+                for (int h = 0; h < 2; ++h) {
+                    const int row = value_row(2 * h, warp, lane);
+                    push_v2(peer_address(sx + S::kRecvStats + (slot_of(rank, r) * kRows + row) * 8u, r), own[h].x,
+                            own[h].y, peer_address(recv_bar, r));
                 }
             }
         }
     }
     float2 y[kPairs][kSplit];
-    float2 st[2][kSplit];  // the statistics of this thread's two rows (value_row: +0, +8)
-    __syncthreads();  // this block's statistics
+    float2 st[2][kSplit];  // the statistics of this thread's two rows, from each rank
     if constexpr (kSplit > 1) mbarrier_wait(recv_bar, 0);
 #pragma unroll
     for (int q = 0; q < kSplit; ++q) {
@@ -293,9 +322,8 @@ __global__ void __launch_bounds__(kThreads, kDecodeGemmBlocksPerSm)
             y[u][q] = q == rank ? make_float2(acc[0][i], acc[0][i + 1]) : recv[(slot * kThreads + tid) * kPairs + u];
         }
         if (ln) {
-            const float2* from = q == rank ? stats : recv_stats + slot * kRows;
-            st[0][q] = from[value_row(0, warp, lane)];
-            st[1][q] = from[value_row(2, warp, lane)];
+            st[0][q] = q == rank ? own[0] : recv_stats[slot * kRows + value_row(0, warp, lane)];
+            st[1][q] = q == rank ? own[1] : recv_stats[slot * kRows + value_row(2, warp, lane)];
         }
     }
 
@@ -334,7 +362,7 @@ __global__ void __launch_bounds__(kThreads, kDecodeGemmBlocksPerSm)
 #endif
 }
 
-template <typename T, int kSplit>
+template <typename T, int kSplit, bool kWhole>
 cudaError_t launch_split(const DecodeGemmArgs& a, padfree_dtype dtype, cudaStream_t stream) {
     CUtensorMap x_map{}, w_map{};
     // x and the weight as 64-column boxes with the 128-byte swizzle wgmma reads (x's rows past `rows` zeros)
@@ -342,7 +370,7 @@ cudaError_t launch_split(const DecodeGemmArgs& a, padfree_dtype dtype, cudaStrea
         !tensor_map_2d(&w_map, a.weight, a.out_features, a.in_features, kChunk, kTileN, CU_TENSOR_MAP_SWIZZLE_128B,
                        dtype))
         return cudaErrorNotSupported;
-    auto kernel = decode_gemm_kernel<T, kSplit>;
+    auto kernel = decode_gemm_kernel<T, kSplit, kWhole>;
     const uint32_t smem = Smem<kSplit>::bytes(a.ln_colsum != nullptr);
     static std::atomic<size_t> opted_in{48 * 1024};
     if (const cudaError_t err = decode_linear_detail::opt_in_shared_memory(kernel, smem, opted_in); err != cudaSuccess)
@@ -356,11 +384,12 @@ cudaError_t launch_split(const DecodeGemmArgs& a, padfree_dtype dtype, cudaStrea
 
 template <typename T>
 cudaError_t launch_typed(const DecodeGemmArgs& a, int32_t split, padfree_dtype dtype, cudaStream_t stream) {
+    const bool whole = a.in_features / split == kDecodeGemmMaxSlice;  // the slices of kMaxChunks chunks
     switch (split) {
-        case 1: return launch_split<T, 1>(a, dtype, stream);
-        case 2: return launch_split<T, 2>(a, dtype, stream);
-        case 4: return launch_split<T, 4>(a, dtype, stream);
-        default: return launch_split<T, 8>(a, dtype, stream);
+        case 1: return whole ? launch_split<T, 1, true>(a, dtype, stream) : launch_split<T, 1, false>(a, dtype, stream);
+        case 2: return whole ? launch_split<T, 2, true>(a, dtype, stream) : launch_split<T, 2, false>(a, dtype, stream);
+        case 4: return whole ? launch_split<T, 4, true>(a, dtype, stream) : launch_split<T, 4, false>(a, dtype, stream);
+        default: return whole ? launch_split<T, 8, true>(a, dtype, stream) : launch_split<T, 8, false>(a, dtype, stream);
     }
 }
 

@@ -104,7 +104,7 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], const uint32_t (
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate), "n"(TRANS_B))
 
 // d[64 x 32] (+)= a[64 x 16] . b[16 x 32]: wgmma_m64n64k16's contract at half the width (head_dim
-// 32's P.V); d: each warp's 16 x 32 block, 8-column block nb in d[4 nb .. 4 nb + 3].
+// 32's P.V, decode_gemm's x chunks); d: each warp's 16 x 32 block, 8-column block nb in d[4 nb .. 4 nb + 3].
 template <typename T, int TRANS_B>
 __device__ __forceinline__ void wgmma_m64n32k16(float (&d)[16], const uint32_t (&a)[4], uint64_t b_desc,
                                                 int accumulate) {
