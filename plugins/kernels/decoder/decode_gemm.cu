@@ -248,6 +248,8 @@ __global__ void __launch_bounds__(kThreads, kDecodeGemmBlocksPerSm)
                 release(j - 1, j % 2 ? even : odd);
             }
         }
+        wgmma_wait<0>();
+        release(kMaxChunks - 1, (kMaxChunks - 1) % 2 ? odd : even);
     } else {
         Fragments a;
         for (int j = 0; j < p.chunks; ++j) {
