@@ -75,6 +75,7 @@ def test_decode_gemm_folded_layernorm_activation_residual(seed, dtype, act, rows
     run(seed, dtype, rows, 1024, 3072, bias=True, residual=True, ln=True, act=act)
     run(seed + 1, dtype, rows, 512, 2048, bias=False, residual=False, ln=True, act=act)
     run(seed + 2, dtype, rows, 4096, 1024, bias=True, residual=True, ln=True, act=act)
+    run(seed + 3, dtype, rows, 768, 3072, bias=True, residual=True, ln=True, act=act)   # slices of 6 chunks
 
 
 def test_decode_gemm_residual_in_place(seed):
