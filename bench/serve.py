@@ -45,11 +45,6 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def commit() -> str:
-    from padfree.bench import record
-    return record.commit(ROOT)
-
-
 def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -225,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
               f"batches_of_{args.clients}": direct_ms(runtime, requests, args.clients)}
     print(json.dumps({"rows": rows, "direct_ms_per_request": direct}, indent=1))
     import transformers
+
+    from padfree.bench import record
     served = "ONNX Runtime, CPU" if args.path == "onnxruntime" else "the PyTorch path, GPU"
     report = {"benchmark": f"Triton Inference Server (Python backend, padfree.Runtime on {served}),"
                            " concurrent gRPC clients on loopback",
@@ -234,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
               "padfree": padfree.__version__, "tritonserver": versions[0], "distribution": distribution(),
               "tritonclient": metadata.version("tritonclient"), "onnxruntime": onnxruntime.__version__,
               "torch": torch.__version__, "transformers": transformers.__version__,
-              "python": platform.python_version(), "commit": commit(),
+              "python": platform.python_version(), "commit": record.commit(ROOT),
               "command": " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
               "lengths": f"lognormal, median longest/4, sigma 0.6, clipped to [1, longest], numpy seed {args.seed}",
               "timing": "perf_counter around each gRPC call (client side, loopback); closed loop, one request in"
