@@ -54,18 +54,20 @@ constexpr int kXPad = 32;                      // elements past each staged x ro
 constexpr int kMaxSlots = 16;                  // tile slots a block holds at most (their mbarriers)
 constexpr size_t kMaxSharedBytes = 220 * 1024;  // of the 227 KB an sm_90 block can opt into
 
+// The block's shared memory: x rows, then consumers x depth tiles of 16 x in_features, then their
+// mbarriers (after 128 bytes of alignment slack).
 struct StreamLayout {
     int64_t x_bytes, tile_bytes;
     int consumers, depth;
+    int64_t bytes() const { return 128 + x_bytes + int64_t{consumers} * depth * tile_bytes + kMaxSlots * 8; }
 };
 
-// The block's shared memory: x rows, then consumers x depth tiles of 16 x in_features, then their
-// mbarriers. As many slots as fit (at most kMaxSlots), over at most 8 consumer warps.
+// As many slots as fit (at most kMaxSlots), over at most 8 consumer warps.
 StreamLayout stream_layout(int32_t in_features, size_t optin) {
     StreamLayout l{};
     l.x_bytes = int64_t{kRows} * (in_features + kXPad) * 2;
     l.tile_bytes = int64_t{kFeatures} * in_features * 2;
-    const int64_t room = static_cast<int64_t>(std::min(kMaxSharedBytes, optin)) - 128 - l.x_bytes - kMaxSlots * 8;
+    const int64_t room = static_cast<int64_t>(std::min(kMaxSharedBytes, optin)) - l.bytes();  // before any slot
     const int slots = static_cast<int>(std::min<int64_t>(kMaxSlots, room > 0 ? room / l.tile_bytes : 0));
     l.consumers = std::min(kWarps, slots);
     l.depth = l.consumers > 0 ? slots / l.consumers : 0;
@@ -205,19 +207,22 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 constexpr int kWideMaxIn = 1024;     // in_features at most (row tiles x in / 256 x 4 B-fragment registers)
 constexpr int kWideMaxSlots = 8;
+constexpr uint32_t kStatsBytes = 64 * 8;  // the rows' (mean, rstd)
 
 // Shared memory past the 128-byte alignment: slots, two partial-sum buffers, row statistics, mbarriers.
 struct WideLayout {
     int64_t tile_bytes, part_bytes;
     int slots;
+    int64_t bytes() const {
+        return 128 + int64_t{slots} * tile_bytes + 2 * part_bytes + kStatsBytes + kWideMaxSlots * 8;
+    }
 };
 
 WideLayout wide_layout(int32_t in_features, int row_tiles, size_t optin) {
     WideLayout l{};
     l.tile_bytes = int64_t{kFeatures} * in_features * 2;
     l.part_bytes = int64_t{kWarps} * row_tiles * kWarpSize * 4 * 4;
-    const int64_t room = static_cast<int64_t>(std::min(kMaxSharedBytes, optin)) - 128 - 2 * l.part_bytes -
-                         64 * 2 * 4 - kWideMaxSlots * 8;
+    const int64_t room = static_cast<int64_t>(std::min(kMaxSharedBytes, optin)) - l.bytes();  // before any slot
     l.slots = static_cast<int>(std::min<int64_t>(kWideMaxSlots, room > 0 ? room / l.tile_bytes : 0));
     return l;
 }
@@ -242,7 +247,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     float* part = reinterpret_cast<float*>(smem + static_cast<int64_t>(slots) * kTileBytes);
     float2* stats = reinterpret_cast<float2*>(part + 2 * kPart);
     const uint32_t bars_at = base + static_cast<uint32_t>(slots) * kTileBytes +
-                             static_cast<uint32_t>(2 * kPart * 4 + 64 * 8);
+                             static_cast<uint32_t>(2 * kPart * 4 + kStatsBytes);
     const int tid = threadIdx.x, warp = tid / kWarpSize, lane = tid % kWarpSize;
     const int g = lane / 4, t = lane % 4;
     const int M = a.rows;
@@ -366,8 +371,7 @@ cudaError_t launch_rows_width(const DecodeLinearArgs& a, cudaStream_t stream) {
     static std::atomic<size_t> opted_in{48 * 1024};
     const WideLayout l =
         wide_layout(a.in_features, kRowTiles, static_cast<size_t>(current_device_value<query_smem_per_block_optin>()));
-    const size_t smem =
-        128 + static_cast<size_t>(l.slots * l.tile_bytes + 2 * l.part_bytes) + 64 * 8 + kWideMaxSlots * 8;
+    const size_t smem = static_cast<size_t>(l.bytes());
     if (const cudaError_t err = decode_linear_detail::opt_in_shared_memory(kernel, smem, opted_in); err != cudaSuccess)
         return err;
     const int tiles = a.out_features / kFeatures;
@@ -391,7 +395,7 @@ template <typename T, int kVecs>
 cudaError_t launch_width(const DecodeLinearArgs& a, const StreamLayout& l, cudaStream_t stream) {
     constexpr auto kernel = decode_linear_stream_kernel<T, kVecs>;
     static std::atomic<size_t> opted_in{48 * 1024};
-    const size_t smem = 128 + static_cast<size_t>(l.x_bytes + l.consumers * l.depth * l.tile_bytes) + kMaxSlots * 8;
+    const size_t smem = static_cast<size_t>(l.bytes());
     if (const cudaError_t err = decode_linear_detail::opt_in_shared_memory(kernel, smem, opted_in); err != cudaSuccess)
         return err;
     const int tiles = a.out_features / kFeatures;
