@@ -277,10 +277,10 @@ def test_decode_linear_fragments_fused_layernorm_activation_residual(seed, dtype
 
 # the LayerNorm's two paths in the fragment kernel: rows normalized on their way from registers into
 # shared memory (768, 1024, 1536 wide at up to 8 rows; 768 and 1024 at 9-16) or staged first and
-# normalized there (1536 at 9-16 rows, 2048)
+# normalized there (1536 at 9-16 rows, 2048, 4096); NLLB's own widths (1024, and its fc2's 4096) included
 @pytest.mark.parametrize("dtype", HALF, ids=str)
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 13, 16])
-@pytest.mark.parametrize("k", [768, 1536, 2048])
+@pytest.mark.parametrize("k", [768, 1024, 1536, 2048, 4096])
 def test_decode_linear_fragments_layernorm_widths(seed, dtype, rows, k):
     run(seed, dtype, rows, k, 1024, bias=True, residual=True, ln=True, act="relu", side=True, fragments=True)
 
