@@ -349,17 +349,42 @@ def test_cross_attention_vs_float64():
 def test_attention_varlen_vs_float64():
     gen = torch.Generator().manual_seed(3)
     H, D = 2, 8
-    cu = torch.tensor([0, 4, 5, 12], dtype=torch.int32)  # lengths 4, 1, 7
-    qkv = torch.randn(12, 3 * H * D, generator=gen)
+    cu = torch.tensor([0, 4, 5, 12], dtype=torch.int32)  # lengths 4, 1, 7; rows 12, 13 past the last
+    qkv = torch.randn(14, 3 * H * D, generator=gen)
     bias = torch.randn(3 * H * D, generator=gen)
-    out = _poison((12, H * D))
+    out = _poison((14, H * D))
     reference_ops.attention_varlen(qkv, cu, 7, H, qkv_bias=bias, softmax_scale=1.0, out=out)
-    x = (qkv.double() + bias.double()).view(12, 3, H, D)
+    x = (qkv.double() + bias.double()).view(14, 3, H, D)
     for s in range(3):
         a, b = int(cu[s]), int(cu[s + 1])
         for t in range(a, b):
             want = _attend64(x[t, 0], x[a:b, 1], x[a:b, 2])
             assert torch.allclose(out[t].double(), want, atol=1e-5)
+    assert out[12:].isnan().all()   # rows past cu_seqlens[-1]: untouched
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+def test_reference_attention_varlen_captures_in_a_cuda_graph():
+    """The encoder's reference attention is what the generator runs (and captures) on a GPU without the
+    kernel library: no host sync inside it, and the replay equals the eager call."""
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    H, D = 2, 8
+    cu = torch.tensor([0, 4, 5, 12], dtype=torch.int32, device="cuda")
+    qkv = torch.randn(12, 3 * H * D, generator=gen, device="cuda")
+    want = reference_ops.attention_varlen(qkv, cu, 7, H, softmax_scale=1.0)
+    out = torch.full((12, H * D), float("nan"), device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        reference_ops.attention_varlen(qkv, cu, 7, H, softmax_scale=1.0, out=out)   # warm-up
+    torch.cuda.current_stream().wait_stream(side)
+    out.fill_(float("nan"))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        reference_ops.attention_varlen(qkv, cu, 7, H, softmax_scale=1.0, out=out)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
 
 
 @pytest.mark.parametrize("normalize", [True, False])

@@ -74,9 +74,17 @@ def attention_varlen(qkv: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: in
     scores = scores.masked_fill(~mask, float("-inf"))
     probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)   # rows past a sequence's end: all masked
     o = torch.einsum("bhqk,bkhd->bqhd", probs, v).reshape(batch * max_seqlen, hidden)
-    flat = (starts[:, None] + pos[None, :])[valid]                            # packed row of each valid slot
+    # each packed row from its (sequence, position) slot: a gather of fixed shape (no boolean indexing,
+    # whose data-dependent size syncs with the host), so that the op can be captured in a CUDA graph;
+    # rows past cu_seqlens[-1] keep what `out` held
     result = torch.empty(total, hidden, dtype=qkv.dtype, device=qkv.device) if out is None else out
-    result.index_copy_(0, flat, o[valid.reshape(-1)].to(result.dtype))
+    if batch == 0 or max_seqlen == 0 or total == 0:
+        return result
+    rows = torch.arange(total, device=qkv.device)
+    seq = torch.searchsorted(cu_seqlens[1:].long(), rows, right=True).clamp(max=batch - 1)
+    slot = seq * max_seqlen + (rows - starts[seq]).clamp(0, max_seqlen - 1)
+    packed = o.index_select(0, slot).to(result.dtype)
+    result.copy_(torch.where((rows < cu_seqlens[-1].long())[:, None], packed, result))
     return result
 
 
