@@ -427,3 +427,32 @@ def test_memory_estimate_refuses_what_does_not_fit():
     with pytest.raises(InputError, match="GiB is free"):
         gen.generate([[5] * 60] * 400_000, num_beams=16, max_new_tokens=60)
     assert torch.cuda.memory_allocated() == before
+
+
+def test_a_failed_capture_leaves_the_generator_and_torch_usable(monkeypatch):
+    """An op that cannot be captured (here the encoder's attention made to read a value on the host, as the
+    reference's boolean indexing once did) fails the encoder's capture: the call and every later one run
+    eagerly and still generate as HF, no second capture is attempted, and torch's allocator and CUDA RNG
+    stay usable (torch leaves a failed capture's pool recording and its RNG in graph mode, where the next
+    capture or random op used to fail)."""
+    model = build("marian", **GPU_MODEL).to("cuda")
+    gen = pt.from_hf(model, dtype=torch.float32, device="cuda")
+    attention = gen.ops.attention_varlen
+
+    def syncing(*args, **kwargs):
+        out = attention(*args, **kwargs)
+        out.sum().item()     # a host sync: illegal while the stream is capturing
+        return out
+
+    monkeypatch.setattr(gen.ops, "attention_varlen", syncing)
+    sources = random_sources(model.config, 6, seed=11)
+    assert_generates_as_hf(model, gen, sources, "marian, capture failed")
+    assert not gen.use_graphs and gen.runner.captures == 0
+    assert_generates_as_hf(model, gen, random_sources(model.config, 5, seed=12), "marian, after")
+    assert torch.isfinite(torch.randn(8, device="cuda")).all()          # the CUDA RNG outside a capture
+    graph = torch.cuda.CUDAGraph()                                        # and a capture of one's own
+    x = torch.zeros(4, device="cuda")
+    with torch.cuda.graph(graph):
+        x.add_(1)
+    graph.replay()
+    assert torch.equal(x.cpu(), torch.ones(4))

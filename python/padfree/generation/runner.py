@@ -25,7 +25,8 @@ Rules, and why:
   and the output length comes from the device state, so it is HF's.
 - Sampling runs the same step eagerly (its torch.Generator is not registered with the graph), and
   so does everything with use_graphs=False and on the CPU: one step function, tested on the CPU.
-- A capture that fails (an op the graph cannot hold) is logged and that bucket runs eagerly.
+- A capture that fails (an op the graph cannot hold) is logged, what torch leaves of it is undone
+  (_undo_failed_capture), and the runner runs eagerly from then on.
 - The step's logits come from a *decoder backend*, made per state by `make_decoder`: decoder.Decoder
   (torch, the kernels or their reference) by default; padfree.runtime's ONNX Runtime backend passes
   its own (an object with Decoder's attributes batch, rows, rows_per_source, step, device, vocab_size,
@@ -50,6 +51,30 @@ from .sampling import SingleSearch
 __all__ = ["DecodeState", "Runner", "state_key"]
 
 log = logging.getLogger(__name__)
+
+
+def _undo_failed_capture(device: torch.device, pool, stream: torch.cuda.Stream) -> None:
+    """What torch leaves behind when a capture fails inside torch.cuda.graph: its capture_end raises at
+    cudaStreamEndCapture, before it ends the allocator's recording into `pool` and takes the device's
+    default CUDA generator out of graph mode, and the context's exit never restores the current stream.
+    Left so, the generator's next offset increment outside a capture raises ("Offset increment outside
+    graph capture encountered unexpectedly", in any later random op of the process) and a capture into
+    `pool` fails at its start. This ends the recording, gives the generator a copy of its state (the
+    same seed and offset, not in a capture) and makes `stream` current again."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    end_recording = getattr(torch._C, "_cuda_endAllocateToPool", None)
+    if end_recording is not None:
+        try:
+            end_recording(index, pool)
+        except Exception:  # noqa: BLE001 - the recording had ended (a capture that failed later than that)
+            pass
+    torch.cuda.set_stream(stream)
+    try:
+        generator = torch.cuda.default_generators[index]
+        generator.graphsafe_set_state(generator.clone_state())
+    except Exception as e:  # noqa: BLE001 - best effort: say what may follow instead of failing this call
+        log.warning("padfree.generation: the CUDA generator could not be taken out of the failed capture "
+                    "(%s: %s); random ops on cuda:%d may fail from now on", type(e).__name__, e, index)
 
 # options that do not change the step (read after the loop, or per call)
 _PER_CALL = ("seed", "return_dict_in_generate", "output_scores")
@@ -159,7 +184,10 @@ class Runner:
 
     def _graph(self, fn, what: str) -> torch.cuda.CUDAGraph | None:
         """fn() run eagerly on a side stream (the warm-up: cuBLAS handles, lazily built kernels), then
-        captured into the shared pool; None (logged) where the capture fails and this shape runs eagerly."""
+        captured into the shared pool; None (logged) where the capture fails: what torch leaves of it is
+        undone and this runner captures nothing more, the call going on eagerly (the warm-up has done
+        its work). Why no second attempt: an op that cannot be captured once fails every shape's
+        capture, and each failure is a round of torch state to undo."""
         current = torch.cuda.current_stream(self.device)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(current)
@@ -179,9 +207,11 @@ class Runner:
         try:
             with torch.cuda.graph(graph, pool=self._pool):
                 fn()
-        except Exception as e:  # noqa: BLE001 - the bucket runs eagerly instead; the reason is logged
-            log.warning("padfree.generation: capturing %s failed (%s: %s); this shape runs it eagerly",
-                        what, type(e).__name__, e)
+        except Exception as e:  # noqa: BLE001 - the call runs eagerly instead; the reason is logged
+            _undo_failed_capture(self.device, self._pool, current)
+            self.use_graphs = False
+            log.warning("padfree.generation: capturing %s failed (%s: %s); this generator runs eagerly from "
+                        "now on (CUDA graphs off)", what, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
             return None
         return graph
 
