@@ -124,6 +124,26 @@ def build(name: str, dtype: torch.dtype, device: torch.device):
     return model
 
 
+def reference_ops(sources: dict[str, str]) -> dict[str, str]:
+    """The generator's ops that run their torch reference instead of a kernel, with the reason."""
+    return {op: source for op, source in sources.items() if source != "kernel"}
+
+
+def refuse_reference_ops(name: str, sources: dict[str, str], device: torch.device, allowed: bool,
+                         flag: str | None = "--allow-reference") -> None:
+    """On CUDA, stop before timing where an op falls back to its torch reference without being asked to
+    (PADFREE_GENERATION_TORCH_OPS): a library that does not load, or lacks a kernel, would otherwise be
+    timed and reported as padfree's numbers. flag: the caller's option that allows it, if any."""
+    fallen = {op: source for op, source in reference_ops(sources).items() if "requested" not in source}
+    if device.type != "cuda" or not fallen or allowed:
+        return
+    op, source = next(iter(fallen.items()))
+    remedy = (f"or pass {flag} to time them anyway (recorded in each row's padfree_reference_ops)" if flag
+              else "or name them in PADFREE_GENERATION_TORCH_OPS to time the reference on purpose")
+    raise SystemExit(f"{os.path.basename(sys.argv[0])}: {name}: {len(fallen)} of padfree's ops would run their torch "
+                     f"reference on {device}, {op} first ({source}); fix the kernel library, {remedy}")
+
+
 def bench_model(name: str, shapes: list[tuple[int, int]], args, device: torch.device, dtype: torch.dtype,
                 bandwidth: float) -> list[dict]:
     import padfree.torch as pt
@@ -131,6 +151,7 @@ def bench_model(name: str, shapes: list[tuple[int, int]], args, device: torch.de
     model = build(name, dtype, device)
     generator = pt.from_hf(model, dtype=dtype, device=device)
     print(f"# {name}: {generator!r}", flush=True)
+    refuse_reference_ops(name, generator.ops.sources, device, args.allow_reference)
     rows, peer_shapes, hf_sequences = [], [], []
     for batch, beams in shapes:
         sources = sources_for(batch, model.config)
@@ -157,6 +178,9 @@ def bench_model(name: str, shapes: list[tuple[int, int]], args, device: torch.de
             with torch.inference_mode():
                 row["step_profile"], row["step_chain"] = step_profile(ours_call, args.new_tokens)
             print_profile(row)
+        reference = reference_ops(generator.ops.sources)
+        if reference:               # requested, allowed, or a kernel that refused a configuration mid-run
+            row["padfree_reference_ops"] = reference
         runner = getattr(generator, "runner", None)
         if runner is not None:      # CUDA graphs captured so far (0: the decode steps ran eagerly)
             row["padfree_graphs"] = runner.captures
@@ -315,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ctranslate2", action="store_true",
                         help="add CTranslate2's column (ct2_ms, padfree_vs_ct2, sequences_equal_ct2_hf); "
                              "skipped with a message where ctranslate2 is not importable")
+    parser.add_argument("--allow-reference", action="store_true",
+                        help="time the run even where an op falls back to its torch reference on CUDA (recorded)")
     parser.add_argument("--out", default=None, help="JSON report (default bench/results/generate-<gpu>.json)")
     args = parser.parse_args(argv)
     from padfree.bench import record, timing

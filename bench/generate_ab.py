@@ -91,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         for key, settings in configs.items():
             with environment(settings):
                 generators[key] = pt.from_hf(model, dtype=dtype, device=device)
+            bench_generate.refuse_reference_ops(f"{name}, configuration {key}", generators[key].ops.sources, device,
+                                                allowed=False, flag=None)
         for batch, beams in shapes:
             sources = bench_generate.sources_for(batch, model.config)
             ids, mask = padded_batch(sources, model.config.pad_token_id, device)

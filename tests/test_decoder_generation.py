@@ -448,6 +448,30 @@ def test_bench_generate_quick_runs_on_cpu(tmp_path):
     assert report["command"] and report["device"] == "cpu"
 
 
+def test_bench_generate_refuses_to_time_reference_ops_on_cuda():
+    """bench/generate.py stops before timing where an op fell back to its torch reference on CUDA without
+    being asked (a library that does not load would be reported as padfree's numbers); asked for
+    (PADFREE_GENERATION_TORCH_OPS), allowed (--allow-reference) or on the CPU, it times."""
+    import importlib.util
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("bench_generate", os.path.join(root, "bench", "generate.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    fallen = {"decode_linear": "kernel", "cross_attention": "reference: kernel library not loadable (x)"}
+    with pytest.raises(SystemExit) as stop:
+        bench.refuse_reference_ops("nllb", fallen, cuda, allowed=False)
+    message = str(stop.value)
+    assert "\n" not in message and "cross_attention" in message and "not loadable" in message
+    assert "--allow-reference" in message
+    with pytest.raises(SystemExit, match="PADFREE_GENERATION_TORCH_OPS"):   # generate_ab.py: no such flag
+        bench.refuse_reference_ops("nllb", fallen, cuda, allowed=False, flag=None)
+    bench.refuse_reference_ops("nllb", fallen, cuda, allowed=True)
+    bench.refuse_reference_ops("nllb", fallen, cpu, allowed=False)
+    bench.refuse_reference_ops("nllb", {"cross_attention": "reference: requested"}, cuda, allowed=False)
+    assert bench.reference_ops(fallen) == {"cross_attention": fallen["cross_attention"]}
+
+
 def test_bench_generate_ab_quick_runs_on_cpu(tmp_path):
     """bench/generate_ab.py: both configurations timed per shape, and a variable padfree.env does not define
     refused in one line."""
