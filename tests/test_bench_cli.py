@@ -125,4 +125,3 @@ def test_commit_names_a_modified_tree(tmp_path):
     assert record.commit(str(tmp_path)) == head
     (tmp_path / "f.txt").write_text("b\n")
     assert record.commit(str(tmp_path)) == head + "+modified"
-
