@@ -149,7 +149,7 @@ def bench_model(name: str, shapes: list[tuple[int, int]], args, device: torch.de
     import padfree.torch as pt
     from padfree.generation.inputs import padded_batch
     model = build(name, dtype, device)
-    generator = pt.from_hf(model, dtype=dtype, device=device)
+    generator = pt.from_hf(model, dtype=dtype, device=device, gemm_search=args.gemm_search)
     print(f"# {name}: {generator!r}", flush=True)
     refuse_reference_ops(name, generator.ops.sources, device, args.allow_reference)
     rows, peer_shapes, hf_sequences = [], [], []
@@ -184,6 +184,9 @@ def bench_model(name: str, shapes: list[tuple[int, int]], args, device: torch.de
         runner = getattr(generator, "runner", None)
         if runner is not None:      # CUDA graphs captured so far (0: the decode steps ran eagerly)
             row["padfree_graphs"] = runner.captures
+            gemms = getattr(next(reversed(runner.states.values())).decoder, "_output_gemms", {})
+            # the output projection: a tuned GEMM's choice, or "kernel" (decode_linear took it)
+            row["padfree_output_gemm"] = "; ".join(g.label for g in gemms.values()) or "kernel"
         row["step_bytes"] = step_bytes(generator.weights, sources, batch * beams, args.new_tokens)
         row["step_floor_ms"] = row["step_bytes"]["total"] / bandwidth * 1e3
         row["step_over_floor"] = row["padfree_ms_per_step"] / row["step_floor_ms"]
@@ -341,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
                              "skipped with a message where ctranslate2 is not importable")
     parser.add_argument("--allow-reference", action="store_true",
                         help="time the run even where an op falls back to its torch reference on CUDA (recorded)")
+    parser.add_argument("--gemm-search", default="heuristic", choices=("heuristic", "exhaustive", "none"),
+                        help="from_hf's gemm_search: how the output projection's GEMM is tuned (none: torch's call)")
     parser.add_argument("--out", default=None, help="JSON report (default bench/results/generate-<gpu>.json)")
     args = parser.parse_args(argv)
     from padfree.bench import record, timing

@@ -272,6 +272,21 @@ def test_unsupported_models_and_config_values():
         pt.from_hf(_model("marian"), dtype=torch.float32, device="cpu", programmatic_edges=True)
     with pytest.raises(InputError, match="dtype"):
         pt.from_hf(_model("marian"), dtype=torch.int8, device="cpu")
+    with pytest.raises(InputError, match="gemm_search"):
+        pt.from_hf(_model("marian"), dtype=torch.float32, device="cpu", gemm_search="fastest")
+
+
+@pytest.mark.parametrize("gemm_search", ["none", "exhaustive"])
+def test_gemm_search_reaches_the_decode_states(gemm_search):
+    """from_hf's gemm_search is the generator's: each bucket's decoder tunes its output projection's GEMM
+    by it (on the CPU nothing is tuned: torch's call, the same tokens as HF)."""
+    model = _model("marian")
+    gen = pt.from_hf(model, dtype=torch.float32, device="cpu", gemm_search=gemm_search)
+    src = random_sources(model.config, 2, seed=3)
+    from _seq2seq import hf_generate
+    assert torch.equal(gen.generate(src, max_new_tokens=4), hf_generate(model, src, max_new_tokens=4))
+    states = list(gen.runner.states.values())
+    assert states and all(state.decoder.gemm_search == gemm_search for state in states)
 
 
 def test_supported_config_variants_load():

@@ -312,3 +312,32 @@ def test_tuning_file_that_is_not_one_is_refused(tmp_path, text):
     path.write_text(text)
     with pytest.raises(ValueError, match="not a usable padfree GEMM tuning file"):
         load_tuning(path, torch.device("cuda", 0))
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_tuned_gemm_vs_float64(dtype, seed, monkeypatch):
+    """TunedGemm (the decode step's output projection) on a cuBLASLt pick (KEEP_MARGIN forces one) against
+    float64, its output's memory poisoned first, at a vocabulary-shaped problem; at another row count or a
+    strided x it falls back to torch's call, still right."""
+    monkeypatch.setattr(tuning_mod, "KEEP_MARGIN", 10.0)
+    monkeypatch.setattr(tuning_mod, "_chosen", {})
+    device = torch.device("cuda", torch.cuda.current_device())
+    rows, k, n = 48, 256, 8256
+    x, w = operands(rows, k, n, dtype, seed)[:2]
+    gemm = gemms_mod.TunedGemm(rows, k, n, dtype, device, cold_weights=True)
+    assert gemm.lt is not None and gemm.label.startswith("cublaslt")
+    torch.full((rows, n), float("nan"), dtype=dtype, device=device)   # freed: the next block of that size
+    close(gemm(x, w), reference(x, w), 2e-3)
+    close(gemm(x[:rows - 1], w), reference(x[:rows - 1], w), 2e-3)
+    wide = torch.randn(rows, 2 * k, device=device, dtype=dtype)[:, ::2]
+    close(gemm(wide, w), reference(wide, w), 2e-3)
+
+
+@gpu
+def test_tuned_gemm_keeps_torch_where_nothing_is_tuned(seed):
+    device = torch.device("cuda", torch.cuda.current_device())
+    assert gemms_mod.TunedGemm(16, 64, 256, torch.float16, device, search="none").lt is None
+    assert gemms_mod.TunedGemm(16, 64, 256, torch.float32, device).lt is None
+    with pytest.raises(ValueError, match="search"):
+        gemms_mod.TunedGemm(16, 64, 256, torch.float16, device, search="fastest")

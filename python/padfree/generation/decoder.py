@@ -80,8 +80,12 @@ class Decoder:
     """
 
     def __init__(self, weights: Seq2SeqWeights, ops: DecoderOps, batch: int, rows_per_source: int, capacity: int,
-                 tokens: int, max_seqlen: int):
+                 tokens: int, max_seqlen: int, *, gemm_search: str = "heuristic"):
+        """gemm_search: how the output projection's GEMM is chosen where a GEMM runs it (_output_gemm):
+        "heuristic" or "exhaustive" (padfree.torch.gemm_tuning), "none" (torch's call)."""
         self.weights, self.ops = weights, ops
+        self.gemm_search = gemm_search
+        self._output_gemms: dict[int, object] = {}   # rows -> padfree.torch.gemms.TunedGemm
         self.batch, self.rows_per_source = batch, rows_per_source
         self.rows = batch * rows_per_source
         self.capacity, self.tokens, self.max_seqlen = capacity, tokens, max_seqlen
@@ -222,7 +226,7 @@ class Decoder:
             x = norm(x, stack.final_layer_norm, last)
         elif sums is not None:
             x = x + sums[last]
-        return F.linear(x, w.step_lm_head)      # [rows, V'] (weights.pad_output_projection)
+        return self._output_gemm(x)      # [rows, V'] (weights.pad_output_projection)
 
     def logits_decode_gemm(self, tokens: torch.Tensor) -> torch.Tensor:
         """logits() for a pre-LN step as 8 kernels a layer: each linear layer one decode_gemm with the
@@ -273,7 +277,28 @@ class Decoder:
             return self.ops.decode_linear(x, w.step_lm_head, ln=None if ln is None else (ln.weight, ln.bias, ln.eps))
         if ln is not None:
             x = layer_norm(x, ln)
-        return F.linear(x, w.step_lm_head)
+        return self._output_gemm(x)
+
+    def _output_gemm(self, x: torch.Tensor) -> torch.Tensor:
+        """x @ step_lm_head^T as one GEMM: where the head is over twice the L2, the cuBLASLt configuration
+        measured fastest for the problem with its weights cold, if one beats torch's call (gemm_search;
+        chosen once per row count, in the step's eager warm-up before its capture); else torch's call.
+        Such a head streams from DRAM at every step as it does in the timing, and there torch's pick was
+        4-12 % slower than the best of cuBLASLt's heuristic list (NLLB's 256k vocabulary at 16-256 rows;
+        steps 1-3 % faster, H200, docs/KERNELS.md). A head near the L2's size is partly served from it in
+        the step, where the cold ranking did not hold (Marian's 59 MB head: picks 1-8 % faster alone, the
+        steps ~1 % slower)."""
+        w = self.weights.step_lm_head
+        gemm = self._output_gemms.get(x.shape[0])
+        if gemm is None:
+            if not x.is_cuda or torch.cuda.is_current_stream_capturing():
+                return F.linear(x, w)   # no timing inside a capture (the warm-up step chose already)
+            from ..torch.gemms import TunedGemm
+            streamed = w.numel() * w.element_size() > 2 * torch.cuda.get_device_properties(x.device).L2_cache_size
+            gemm = self._output_gemms[x.shape[0]] = TunedGemm(
+                x.shape[0], x.shape[1], w.shape[0], x.dtype, x.device,
+                search=self.gemm_search if streamed else "none", cold_weights=True)
+        return gemm(x, w)
 
     def logits_few_rows(self, tokens: torch.Tensor) -> torch.Tensor:
         """logits() as 8 kernels per layer: each linear layer one decode_linear with the LayerNorm before
@@ -350,7 +375,10 @@ class Decoder:
         assert x_norm_out is None, "x_norm_out is decode_linear's: normalize before a GEMM instead"
         if ln is not None:
             x = F.layer_norm(x, (x.shape[-1],), ln[0], ln[1], ln[2])
-        y = F.linear(x, weight, bias) if activation is None else linear_activation(x, weight, bias, activation)
+        if weight is self.weights.step_lm_head and bias is None and activation is None:
+            y = self._output_gemm(x)
+        else:
+            y = F.linear(x, weight, bias) if activation is None else linear_activation(x, weight, bias, activation)
         return y if residual is None else y.add_(residual)
 
     def reorder(self, parents: torch.Tensor) -> None:

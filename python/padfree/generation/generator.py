@@ -21,6 +21,7 @@ __all__ = ["Seq2SeqGenerator", "decode", "hf_output"]
 
 log = logging.getLogger(__name__)
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_GEMM_SEARCHES = ("heuristic", "exhaustive", "none")     # padfree.torch.encoder.GEMM_SEARCHES' values
 
 
 class Seq2SeqGenerator:
@@ -39,9 +40,11 @@ class Seq2SeqGenerator:
 
     def __init__(self, model: torch.nn.Module, dtype: torch.dtype = torch.float16,
                  device: str | torch.device | None = None, *, force_reference_ops: bool = False,
-                 use_graphs: bool = True, max_graphs: int = 4):
+                 use_graphs: bool = True, max_graphs: int = 4, gemm_search: str = "heuristic"):
         if dtype not in _DTYPES:
             raise InputError(f"dtype: expected one of {', '.join(map(str, _DTYPES))}, got {dtype}")
+        if gemm_search not in _GEMM_SEARCHES:
+            raise InputError(f"gemm_search: expected one of {', '.join(_GEMM_SEARCHES)}, got {gemm_search!r}")
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         device = torch.device(device)
@@ -58,7 +61,10 @@ class Seq2SeqGenerator:
         self.ops = DecoderOps(device, self.weights.encoder.head_dim, force_reference=force_reference_ops)
         # use_graphs: on CUDA each decode step is one CUDA-graph replay (runner.py); False runs the same
         # step eagerly. max_graphs: decode states (buffers + graph) kept per shape bucket, LRU.
-        self.runner = Runner(self.weights, self.ops, device, use_graphs=use_graphs, max_states=max_graphs)
+        # gemm_search: how a bucket's first step times cuBLASLt's configurations for the output
+        # projection's GEMM where one runs it (Decoder._output_gemm; "none": torch's call, untimed).
+        self.runner = Runner(self.weights, self.ops, device, use_graphs=use_graphs, max_states=max_graphs,
+                             gemm_search=gemm_search)
         self._resolved: OrderedDict[tuple, tuple[dict, GenerationOptions]] = OrderedDict()
         # the model's own generation_config is checked at load: an option it carries that padfree does not
         # implement fails here, naming it, rather than at the first generate()

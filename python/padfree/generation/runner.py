@@ -112,15 +112,16 @@ class Runner:
     """The states of one generator and the decode loop."""
 
     def __init__(self, weights, ops, device: torch.device, use_graphs: bool = True, max_states: int = 4,
-                 check_every: int = 4, *, make_decoder=None, logits_bias=None):
+                 check_every: int = 4, *, make_decoder=None, logits_bias=None, gemm_search: str = "heuristic"):
         """weights, ops: the torch decoder's (None with make_decoder). make_decoder(batch, rows_per_source,
-        capacity, tokens, max_seqlen) -> a decoder backend (default: decoder.Decoder over weights and ops);
+        capacity, tokens, max_seqlen) -> a decoder backend (default: decoder.Decoder over weights and ops,
+        its output projection's GEMM chosen by gemm_search);
         logits_bias: the bias log_softmax_topk adds to its logits (default: weights.step_logits_bias;
         a backend whose logits already include it passes None)."""
         self.weights, self.ops, self.device = weights, ops, device
         if make_decoder is None:
             def make_decoder(*sizes):
-                return Decoder(weights, ops, *sizes)
+                return Decoder(weights, ops, *sizes, gemm_search=gemm_search)
             logits_bias = weights.step_logits_bias
         self.make_decoder, self.logits_bias = make_decoder, logits_bias
         self.use_graphs = use_graphs

@@ -49,7 +49,8 @@ def from_hf(model: torch.nn.Module, dtype: torch.dtype = torch.float16, device: 
     """A PadfreeEncoder with a copy of `model`'s weights in `dtype` on `device` (a CUDA device; None:
     the current one), or for an encoder-decoder model (config.is_encoder_decoder) a
     padfree.generation.Seq2SeqGenerator on `device` (None: CUDA where available, else the CPU, which
-    runs the torch reference of the decoder kernels); the encoder options below apply to encoders only.
+    runs the torch reference of the decoder kernels); the encoder options below apply to encoders only,
+    but for gemm_search, which also chooses how the decode step's output projection is tuned.
 
     model: BertModel, RobertaModel, XLMRobertaModel, ElectraModel, AlbertModel, DistilBertModel or
       one of the same architecture, their ...ForSequenceClassification, ...ForTokenClassification or
@@ -82,8 +83,9 @@ def from_hf(model: torch.nn.Module, dtype: torch.dtype = torch.float16, device: 
     model, pooling, normalize = sentence.of_model(model, pooling, normalize)
     if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
         from ..generation import Seq2SeqGenerator  # imported here: encoder users never load it
-        # use_graphs and max_graphs mean the same there: CUDA-graph decode steps, states kept per bucket
-        encoder_only = {"gemm_search": (gemm_search, "heuristic"), "gemm_tuning": (gemm_tuning, None),
+        # use_graphs and max_graphs mean the same there: CUDA-graph decode steps, states kept per bucket;
+        # gemm_search tunes the decode step's output projection (Seq2SeqGenerator)
+        encoder_only = {"gemm_tuning": (gemm_tuning, None),
                         "programmatic_edges": (programmatic_edges, False), "pooling": (pooling, None),
                         "capture_after": (capture_after, 0)}
         for name, (value, default) in encoder_only.items():
@@ -91,7 +93,7 @@ def from_hf(model: torch.nn.Module, dtype: torch.dtype = torch.float16, device: 
                 raise UnsupportedModelError(f"from_hf: {name}={value!r} applies to encoders; padfree.generation "
                                             f"({type(model).__name__}) does not implement it")
         return Seq2SeqGenerator(model, dtype=dtype, device=device, use_graphs=use_graphs,
-                                max_graphs=max_graphs)
+                                max_graphs=max_graphs, gemm_search=gemm_search)
     if dtype not in _DTYPES:
         raise InputError(f"dtype: expected one of {', '.join(map(str, _DTYPES))}, got {dtype}")
     device = torch.device("cuda" if device is None else device)

@@ -1,14 +1,18 @@
-"""The encoder's four projection GEMMs at one row count: torch's call, or the cuBLASLt algorithm that
-measured fastest for that exact problem (padfree.torch.gemm_tuning says how it is chosen).
+"""The encoder's four projection GEMMs at one row count (EncoderGemms), and one GEMM of a fixed problem
+(TunedGemm: the decode step's output projection): torch's call, or the cuBLASLt algorithm that measured
+fastest for that exact problem (padfree.torch.gemm_tuning says how it is chosen).
 """
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 import torch
 
 from . import cublaslt, gemm_tuning as tuning
 from .workspaces import CounterSlots
+
+log = logging.getLogger(__name__)
 
 
 class EncoderGemms:
@@ -134,3 +138,44 @@ def _mm(x, w, _bias, out):
 
 def _addmm(x, w, _bias, acc):
     acc.addmm_(x, w.t())
+
+
+class TunedGemm:
+    """out[rows, N] = x[rows, K] @ W[N, K]^T for one problem: torch's call or the cuBLASLt configuration
+    measured faster (gemm_tuning.choose: once per problem, search and process).
+
+    Made where no graph is being captured (tuning synchronizes and allocates); a call only enqueues
+    and is capturable. It keeps cuBLASLt's own workspace memset (the graph it lands in is not a forward
+    of EncoderGemms' slots), which is how its candidates were timed. fp32, a CPU device, search="none",
+    a torch without a loadable cuBLASLt, or a tuning that runs out of memory: torch's call."""
+
+    def __init__(self, rows: int, in_features: int, out_features: int, dtype: torch.dtype, device: torch.device,
+                 *, search: str = "heuristic", cold_weights: bool = False):
+        if search not in (*tuning.SEARCHES, "none"):
+            raise ValueError(f"search: expected one of {(*tuning.SEARCHES, 'none')}, got {search!r}")
+        self.rows = rows
+        self.lt: tuning.Lt | None = None
+        self._workspace: torch.Tensor | None = None
+        if search == "none" or dtype == torch.float32 or device.type != "cuda":
+            return
+        try:
+            cublaslt.library()
+            problem = tuning.Problem(rows, in_features, out_features, dtype, cublaslt.EPILOGUE_DEFAULT, False,
+                                     cold_weights)
+            self.lt, _ = tuning.choose(problem, _mm, device, search)
+        except (cublaslt.CublasLtError, OSError, torch.cuda.OutOfMemoryError) as e:
+            log.info("padfree: %d x %d x %d GEMM left to torch's call (%s: %s)", rows, in_features, out_features,
+                     type(e).__name__, e)
+            return
+        if self.lt is not None and self.lt.workspace > 0:
+            self._workspace = torch.empty(self.lt.workspace, dtype=torch.uint8, device=device)
+
+    @property
+    def label(self) -> str:
+        return "torch" if self.lt is None else f"cublaslt {self.lt.label}"
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if self.lt is None or x.shape[0] != self.rows or not x.is_contiguous():
+            return torch.nn.functional.linear(x, weight)
+        out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
+        return self.lt.linear(x, weight, out, None, self._workspace, self.lt.algo)
