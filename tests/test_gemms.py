@@ -325,7 +325,7 @@ def test_tuned_gemm_vs_float64(dtype, seed, monkeypatch):
     device = torch.device("cuda", torch.cuda.current_device())
     rows, k, n = 48, 256, 8256
     x, w = operands(rows, k, n, dtype, seed)[:2]
-    gemm = gemms_mod.TunedGemm(rows, k, n, dtype, device, cold_weights=True)
+    gemm = gemms_mod.TunedGemm(rows, k, n, dtype, device, cold_weights=True, weight=w)
     assert gemm.lt is not None and gemm.label.startswith("cublaslt")
     torch.full((rows, n), float("nan"), dtype=dtype, device=device)   # freed: the next block of that size
     close(gemm(x, w), reference(x, w), 2e-3)

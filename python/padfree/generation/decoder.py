@@ -297,7 +297,7 @@ class Decoder:
             streamed = w.numel() * w.element_size() > 2 * torch.cuda.get_device_properties(x.device).L2_cache_size
             gemm = self._output_gemms[x.shape[0]] = TunedGemm(
                 x.shape[0], x.shape[1], w.shape[0], x.dtype, x.device,
-                search=self.gemm_search if streamed else "none", cold_weights=True)
+                search=self.gemm_search if streamed else "none", cold_weights=True, weight=w)
         return gemm(x, w)
 
     def logits_few_rows(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -157,8 +157,8 @@ def weight_copies(problem: Problem, device: torch.device) -> int:
     return max(1, math.ceil(2 * _l2_bytes(device) / weight_bytes))
 
 
-def _tune(problem: Problem, torch_call: Callable, device: torch.device, search: str
-          ) -> tuple[Lt | None, list[Lt | None]]:
+def _tune(problem: Problem, torch_call: Callable, device: torch.device, search: str,
+          weight: torch.Tensor | None = None) -> tuple[Lt | None, list[Lt | None]]:
     """torch's call against cuBLASLt's candidates on random operands of the problem's shape.
 
     Candidates: the heuristic's first CANDIDATES, and with search="exhaustive" also the FINALISTS
@@ -171,7 +171,8 @@ def _tune(problem: Problem, torch_call: Callable, device: torch.device, search: 
     gen = torch.Generator(device=device).manual_seed(0)
     new = dict(device=device, dtype=problem.dtype)
     x = torch.randn(problem.rows, problem.in_features, generator=gen, **new) * 0.1
-    w = torch.randn(problem.out_features, problem.in_features, generator=gen, **new) * 0.05
+    w = torch.randn(problem.out_features, problem.in_features, generator=gen, **new) * 0.05 if weight is None \
+        else weight
     copies = weight_copies(problem, device)
     weights = itertools.cycle([w] + [w.clone() for _ in range(copies - 1)])
     bias = torch.randn(problem.out_features, generator=gen, **new)
@@ -233,16 +234,18 @@ def _tune(problem: Problem, torch_call: Callable, device: torch.device, search: 
     return pick(first), runner_up
 
 
-def choose(problem: Problem, torch_call: Callable, device: torch.device, search: str
-           ) -> tuple[Lt | None, list[Lt | None]]:
+def choose(problem: Problem, torch_call: Callable, device: torch.device, search: str,
+           weight: torch.Tensor | None = None) -> tuple[Lt | None, list[Lt | None]]:
     """The pick for `problem` on `device` (None: torch's call) and its runner-up where one is offered
     (RUNNER_UP_MARGIN, RUNNER_UP_MAX_ROWS), tuned on first request and kept for the process (and in a
-    tuning file: save_tuning)."""
+    tuning file: save_tuning). weight: the problem's own [out_features, in_features] weight, timed
+    instead of a random one (a vocabulary-wide weight is not allocated a second time; the values do
+    not change a GEMM's time)."""
     # an exhaustive search's pick also serves a heuristic request (it timed a superset)
     key = next((k for k in ((device.index, problem, "exhaustive"), (device.index, problem, search))
                 if k in _chosen), (device.index, problem, search))
     if key not in _chosen:
-        _chosen[key], runner_up = _tune(problem, torch_call, device, search)
+        _chosen[key], runner_up = _tune(problem, torch_call, device, search, weight)
         _runner_up.pop(key, None)
         if runner_up:
             _runner_up[key] = runner_up[0]

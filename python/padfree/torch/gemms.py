@@ -150,7 +150,8 @@ class TunedGemm:
     a torch without a loadable cuBLASLt, or a tuning that runs out of memory: torch's call."""
 
     def __init__(self, rows: int, in_features: int, out_features: int, dtype: torch.dtype, device: torch.device,
-                 *, search: str = "heuristic", cold_weights: bool = False):
+                 *, search: str = "heuristic", cold_weights: bool = False, weight: torch.Tensor | None = None):
+        """weight: the GEMM's own weight, timed in place of a random one (gemm_tuning.choose)."""
         if search not in (*tuning.SEARCHES, "none"):
             raise ValueError(f"search: expected one of {(*tuning.SEARCHES, 'none')}, got {search!r}")
         self.rows = rows
@@ -162,7 +163,7 @@ class TunedGemm:
             cublaslt.library()
             problem = tuning.Problem(rows, in_features, out_features, dtype, cublaslt.EPILOGUE_DEFAULT, False,
                                      cold_weights)
-            self.lt, _ = tuning.choose(problem, _mm, device, search)
+            self.lt, _ = tuning.choose(problem, _mm, device, search, weight)
         except (cublaslt.CublasLtError, OSError, torch.cuda.OutOfMemoryError) as e:
             log.info("padfree: %d x %d x %d GEMM left to torch's call (%s: %s)", rows, in_features, out_features,
                      type(e).__name__, e)
