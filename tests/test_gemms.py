@@ -335,9 +335,19 @@ def test_tuned_gemm_vs_float64(dtype, seed, monkeypatch):
 
 
 @gpu
-def test_tuned_gemm_keeps_torch_where_nothing_is_tuned(seed):
+def test_tuned_gemm_keeps_torch_where_nothing_is_tuned(seed, monkeypatch, caplog):
+    """search="none", fp32 and a tuning that fails (here: out of memory) leave torch's call, which still
+    computes the GEMM; the failure is logged, not raised."""
     device = torch.device("cuda", torch.cuda.current_device())
     assert gemms_mod.TunedGemm(16, 64, 256, torch.float16, device, search="none").lt is None
     assert gemms_mod.TunedGemm(16, 64, 256, torch.float32, device).lt is None
+
+    def out_of_memory(*_args, **_kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 GiB")
+    monkeypatch.setattr(tuning_mod, "choose", out_of_memory)
+    gemm = gemms_mod.TunedGemm(16, 64, 256, torch.float16, device)
+    assert gemm.lt is None and "keeps torch's call" in caplog.text
+    x, w = operands(16, 64, 256, torch.float16, seed)[:2]
+    close(gemm(x, w), reference(x, w), 2e-3)
     with pytest.raises(ValueError, match="search"):
         gemms_mod.TunedGemm(16, 64, 256, torch.float16, device, search="fastest")

@@ -164,9 +164,10 @@ class TunedGemm:
             problem = tuning.Problem(rows, in_features, out_features, dtype, cublaslt.EPILOGUE_DEFAULT, False,
                                      cold_weights)
             self.lt, _ = tuning.choose(problem, _mm, device, search, weight)
-        except (cublaslt.CublasLtError, OSError, torch.cuda.OutOfMemoryError) as e:
-            log.info("padfree: %d x %d x %d GEMM left to torch's call (%s: %s)", rows, in_features, out_features,
-                     type(e).__name__, e)
+        except (cublaslt.CublasLtError, OSError, RuntimeError) as e:  # RuntimeError: torch's, OOM included
+            # the tuning is an optimization: a call it cannot make (memory, a refused capture) keeps torch's
+            log.warning("padfree: the %d x %d x %d GEMM keeps torch's call: tuning it failed (%s: %s)", rows,
+                        in_features, out_features, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
             return
         if self.lt is not None and self.lt.workspace > 0:
             self._workspace = torch.empty(self.lt.workspace, dtype=torch.uint8, device=device)
