@@ -8,6 +8,7 @@ from collections import OrderedDict
 import torch
 
 from ..ops._tensors import InputError
+from ..torch.gemm_tuning import GEMM_SEARCHES
 from . import inputs
 from .dispatch import DecoderOps
 from .encoder import PackedSources, encode
@@ -21,7 +22,6 @@ __all__ = ["Seq2SeqGenerator", "decode", "hf_output"]
 
 log = logging.getLogger(__name__)
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_GEMM_SEARCHES = ("heuristic", "exhaustive", "none")     # padfree.torch.encoder.GEMM_SEARCHES' values
 
 
 class Seq2SeqGenerator:
@@ -43,8 +43,8 @@ class Seq2SeqGenerator:
                  use_graphs: bool = True, max_graphs: int = 4, gemm_search: str = "heuristic"):
         if dtype not in _DTYPES:
             raise InputError(f"dtype: expected one of {', '.join(map(str, _DTYPES))}, got {dtype}")
-        if gemm_search not in _GEMM_SEARCHES:
-            raise InputError(f"gemm_search: expected one of {', '.join(_GEMM_SEARCHES)}, got {gemm_search!r}")
+        if gemm_search not in GEMM_SEARCHES:
+            raise InputError(f"gemm_search: expected one of {', '.join(GEMM_SEARCHES)}, got {gemm_search!r}")
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         device = torch.device(device)

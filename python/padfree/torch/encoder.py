@@ -35,7 +35,7 @@ from ..runtime.backends.base import Limits, check_packed
 from .buckets import LRU, Bucket, bucket_for
 from .capture import GraphCapture, _Graph
 from .ffn import FfnUp, epilogue_matches
-from .gemm_tuning import SEARCHES, load_tuning
+from .gemm_tuning import GEMM_SEARCHES, load_tuning
 from .gemms import EncoderGemms
 from .heads import HeadWeights, activate
 from .inputs import Batch, DeviceInputs, InputBuffer, from_host
@@ -50,8 +50,6 @@ INPUT_TOKENS, INPUT_BATCH = 65536, 1024  # the input buffer's first capacity
 # (2624 rows) -0.02 ms per call in five comparisons (GEMMs -0.04, LayerNorms +0.02), 1x128 -0.001
 # to -0.008, 4x128 level, 32x128 +0.019 / -0.025 / -0.028; 128x128 (9344 rows) level.
 PREFETCH_MAX_ROWS = 4096
-# gemm_search's values: gemm_tuning's searches, or "none" (torch's GEMM calls, no timing at capture)
-GEMM_SEARCHES = (*SEARCHES, "none")
 SIGHTINGS = 1024  # buckets whose eager calls are counted for capture_after (least recent forgotten)
 
 

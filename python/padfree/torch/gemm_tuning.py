@@ -49,6 +49,8 @@ KEEP_MARGIN = 1.0
 ROUNDS = 3              # interleaved timing rounds per candidate (best round kept)
 _CALLS, _REPLAYS = 10, 5
 SEARCHES = ("heuristic", "exhaustive")
+# what a caller may ask for: a search, or "none" (torch's GEMM calls, nothing timed)
+GEMM_SEARCHES = (*SEARCHES, "none")
 SCREEN_CALLS, SCREEN_REPLAYS, FINALISTS = 3, 1, 8   # search="exhaustive": one short timing each, then rounds
 # Problems of at most SMALL_ROWS rows run for a few microseconds: they are timed over SMALL_REPEAT
 # times the calls per graph and the replays. Timed as the larger ones, two exhaustive tunings of

@@ -152,8 +152,8 @@ class TunedGemm:
     def __init__(self, rows: int, in_features: int, out_features: int, dtype: torch.dtype, device: torch.device,
                  *, search: str = "heuristic", cold_weights: bool = False, weight: torch.Tensor | None = None):
         """weight: the GEMM's own weight, timed in place of a random one (gemm_tuning.choose)."""
-        if search not in (*tuning.SEARCHES, "none"):
-            raise ValueError(f"search: expected one of {(*tuning.SEARCHES, 'none')}, got {search!r}")
+        if search not in tuning.GEMM_SEARCHES:
+            raise ValueError(f"search: expected one of {tuning.GEMM_SEARCHES}, got {search!r}")
         self.rows = rows
         self.lt: tuning.Lt | None = None
         self._workspace: torch.Tensor | None = None
