@@ -119,7 +119,7 @@ class Decoder:
         # order (decode_linear's tensor-core kernel for few rows; ops.fragments), made once per weights
         self.fragments = ops.weight_fragments(weights, self.rows) if self.few_rows else {}
         self._kernel_weights: dict[tuple, object] = {}  # (id(weight), LayerNorm) -> what decode_linear reads
-        self._lm_head_streams: bool | None = None       # _lm_head: decode_linear's stream kernel takes it
+        self._lm_head_kernel: bool | None = None        # _lm_head: a decode_linear kernel takes the head
         fold = weights.spec.pre_ln and ops.skip_layernorm is not None and self.gemm_layers is None
         self.bias_sums = folded_bias_sums(stack, dtype) if fold else None
 
@@ -232,8 +232,8 @@ class Decoder:
         """logits() for a pre-LN step as 8 kernels a layer: each linear layer one decode_gemm with the
         LayerNorm before it folded in (its statistics taken beside the products: no LayerNorm kernel) and
         the bias, activation and residual in its epilogue, the residual accumulated in place (x is this
-        step's own activation); the two attentions between, their biases already added. The final
-        LayerNorm and the output projection as logits() runs them. Post-LN: _logits_decode_gemm_post_ln."""
+        step's own activation); the two attentions between, their biases already added; the final
+        LayerNorm and the output projection by _lm_head. Post-LN: _logits_decode_gemm_post_ln."""
         w = self.weights
         stack = w.decoder
         gemm = self.ops.decode_gemm
@@ -265,16 +265,22 @@ class Decoder:
         return self._lm_head(x, None)
 
     def _lm_head(self, x: torch.Tensor, ln) -> torch.Tensor:
-        """The output projection of LN(x) (of x where ln is None): one decode_linear where its stream kernel
-        takes the vocabulary (ops.decoder.decode_linear_streams, decided once), else the LayerNorm and a
-        GEMM."""
-        w = self.weights
-        if self._lm_head_streams is None:
-            from ..ops.decoder import decode_linear_streams
-            self._lm_head_streams = self.ops.decode_linear is not None and decode_linear_streams(
-                self.rows, x.shape[1], w.step_lm_head.shape[0], x.dtype, x.device)
-        if self._lm_head_streams:
-            return self.ops.decode_linear(x, w.step_lm_head, ln=None if ln is None else (ln.weight, ln.bias, ln.eps))
+        """The output projection of LN(x) (of x where ln is None), for every path of the step: one
+        decode_linear where a decode_linear kernel takes the head, else the LayerNorm and a GEMM
+        (_output_gemm). Which, decided once: on the few-row step the rule of its other layers
+        (_decode_linear_pays: the stream kernels for vocabulary-sized heads, the CUDA-core kernel for
+        small ones where it beats the GEMM); past it only the stream kernels
+        (ops.decoder.decode_linear_streams, up to 16 rows)."""
+        w = self.weights.step_lm_head
+        if self._lm_head_kernel is None:
+            if self.few_rows:
+                self._lm_head_kernel = self._decode_linear_pays(x, w, ln=ln is not None)
+            else:
+                from ..ops.decoder import decode_linear_streams
+                self._lm_head_kernel = self.ops.decode_linear is not None and decode_linear_streams(
+                    self.rows, x.shape[1], w.shape[0], x.dtype, x.device)
+        if self._lm_head_kernel:
+            return self.ops.decode_linear(x, w, ln=None if ln is None else (ln.weight, ln.bias, ln.eps))
         if ln is not None:
             x = layer_norm(x, ln)
         return self._output_gemm(x)
@@ -304,8 +310,8 @@ class Decoder:
         """logits() as 8 kernels per layer: each linear layer one decode_linear with the LayerNorm before
         it (the input's; post-LN: the previous sublayer's, whose output it also writes as the residual),
         its bias, activation and residual; the two attentions between. Past 8 rows the layers the
-        tensor-core decode_linear is not the faster kernel for, the output projection among them, are
-        GEMMs (_linear)."""
+        tensor-core decode_linear is not the faster kernel for are GEMMs (_linear); the output
+        projection is _lm_head's."""
         w, spec = self.weights, self.weights.spec
         stack = w.decoder
         linear = self._linear
@@ -338,10 +344,7 @@ class Decoder:
             h, res = enter(x, f.ln, f.fc1_weight, bias=f.fc1_bias, activation=w.activation)
             x = linear(h, f.fc2_weight, f.fc2_bias, residual=res)
             pending = f.ln
-        last = stack.final_layer_norm if spec.pre_ln else pending
-        if last is None:
-            return linear(x, w.step_lm_head)
-        return linear(x, w.step_lm_head, ln=(last.weight, last.bias, last.eps))
+        return self._lm_head(x, stack.final_layer_norm if spec.pre_ln else pending)
 
     def _decode_linear_pays(self, x: torch.Tensor, weight: torch.Tensor, ln: bool) -> bool:
         """Whether a decode_linear kernel is the faster one for this layer (_kernel_weight)."""
@@ -364,8 +367,8 @@ class Decoder:
                 x_norm_out: torch.Tensor | None = None) -> torch.Tensor:
         """act(LN(x) W^T + bias) + residual: one decode_linear where it is the faster kernel for this
         layer (on the weight's fragment-order copy where the fragment kernel takes the step's rows), else
-        the GEMM with torch's ops around it (the output projection past 8 rows; past the fragment rows the
-        layers the cluster kernel does not pay for).
+        the GEMM with torch's ops around it (past the fragment rows the layers the cluster kernel does not
+        pay for).
         x_norm_out (LN(x), written by the kernel) only where it pays: the caller normalizes first
         otherwise."""
         kernel_weight = self._kernel_weight(x, weight, ln=ln is not None)
@@ -375,10 +378,7 @@ class Decoder:
         assert x_norm_out is None, "x_norm_out is decode_linear's: normalize before a GEMM instead"
         if ln is not None:
             x = F.layer_norm(x, (x.shape[-1],), ln[0], ln[1], ln[2])
-        if weight is self.weights.step_lm_head and bias is None and activation is None:
-            y = self._output_gemm(x)
-        else:
-            y = F.linear(x, weight, bias) if activation is None else linear_activation(x, weight, bias, activation)
+        y = F.linear(x, weight, bias) if activation is None else linear_activation(x, weight, bias, activation)
         return y if residual is None else y.add_(residual)
 
     def reorder(self, parents: torch.Tensor) -> None:
