@@ -85,7 +85,7 @@ class Decoder:
         "heuristic" or "exhaustive" (padfree.torch.gemm_tuning), "none" (torch's call)."""
         self.weights, self.ops = weights, ops
         self.gemm_search = gemm_search
-        self._output_gemms: dict[int, object] = {}   # rows -> padfree.torch.gemms.TunedGemm
+        self.output_gemm = None     # padfree.torch.gemms.TunedGemm of the step's rows, made by _output_gemm
         self.batch, self.rows_per_source = batch, rows_per_source
         self.rows = batch * rows_per_source
         self.capacity, self.tokens, self.max_seqlen = capacity, tokens, max_seqlen
@@ -288,23 +288,22 @@ class Decoder:
     def _output_gemm(self, x: torch.Tensor) -> torch.Tensor:
         """x @ step_lm_head^T as one GEMM: where the head is over twice the L2, the cuBLASLt configuration
         measured fastest for the problem with its weights cold, if one beats torch's call (gemm_search;
-        chosen once per row count, in the step's eager warm-up before its capture); else torch's call.
+        chosen once, in the step's eager warm-up before its capture); else torch's call.
         Such a head streams from DRAM at every step as it does in the timing, and there torch's pick was
         4-12 % slower than the best of cuBLASLt's heuristic list (NLLB's 256k vocabulary at 16-256 rows;
         steps 1-3 % faster, H200, docs/KERNELS.md). A head near the L2's size is partly served from it in
         the step, where the cold ranking did not hold (Marian's 59 MB head: picks 1-8 % faster alone, the
         steps ~1 % slower)."""
         w = self.weights.step_lm_head
-        gemm = self._output_gemms.get(x.shape[0])
-        if gemm is None:
+        if self.output_gemm is None:
             if not x.is_cuda or torch.cuda.is_current_stream_capturing():
                 return F.linear(x, w)   # no timing inside a capture (the warm-up step chose already)
             from ..torch.gemms import TunedGemm
             streamed = w.numel() * w.element_size() > 2 * torch.cuda.get_device_properties(x.device).L2_cache_size
-            gemm = self._output_gemms[x.shape[0]] = TunedGemm(
-                x.shape[0], x.shape[1], w.shape[0], x.dtype, x.device,
-                search=self.gemm_search if streamed else "none", cold_weights=True, weight=w)
-        return gemm(x, w)
+            self.output_gemm = TunedGemm(self.rows, x.shape[1], w.shape[0], x.dtype, x.device,
+                                         search=self.gemm_search if streamed else "none", cold_weights=True,
+                                         weight=w)
+        return self.output_gemm(x, w)
 
     def logits_few_rows(self, tokens: torch.Tensor) -> torch.Tensor:
         """logits() as 8 kernels per layer: each linear layer one decode_linear with the LayerNorm before
