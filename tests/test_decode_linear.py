@@ -285,6 +285,19 @@ def test_decode_linear_fragments_layernorm_widths(seed, dtype, rows, k):
     run(seed, dtype, rows, k, 1024, bias=True, residual=True, ln=True, act="relu", side=True, fragments=True)
 
 
+# 4-warp blocks (layers of more tiles than three quarters of the GPU's 8-warp block slots, at up to 4 rows;
+# NLLB's fc1): every in_features they take (512-2048, 8-32 mma steps a warp), the LayerNorm's rows
+# normalized from registers (512, 1024) and staged first (1536, 2048), the side output, the activation and
+# residual
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("rows", [1, 2, 4])
+@pytest.mark.parametrize("k", [512, 1024, 1536, 2048])
+def test_decode_linear_fragments_four_warp_blocks(seed, dtype, rows, k):
+    n = 16 * 2 * torch.cuda.get_device_properties(0).multi_processor_count   # every 8-warp block slot
+    run(seed, dtype, rows, k, n, bias=True, residual=True, ln=True, act="relu", side=True, fragments=True)
+    run(seed + 1, dtype, rows, k, n + 16, bias=False, residual=False, ln=False, act=None, fragments=True)
+
+
 def test_decode_linear_fragments_refuse_bad_input():
     w = torch.zeros(64, 512, device="cuda").half()
     frag = fragment_layout(w)

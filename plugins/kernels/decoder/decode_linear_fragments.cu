@@ -85,10 +85,16 @@ __device__ __forceinline__ void x_fragment(const T* xrow, int ld, int tile, int 
 // whole: with a runtime count the compiler loaded each refill into a spare register and moved it into
 // its slot after the step's mma, and that move waited for the load, one DRAM round trip per step (NLLB's
 // fc2, 32 steps: 11 us against decode_linear's 4.6, H200).
-// kRowTiles: 1 (up to 8 rows) or 2 (9-16 rows).
-template <typename T, int kSteps, int kRowTiles>
-__global__ void __launch_bounds__(kThreads, 2) decode_linear_fragments_kernel(DecodeLinearArgs a) {
+// kRowTiles: 1 (up to 8 rows) or 2 (9-16 rows). kW: the block's warps, 8, or 4 for launches of up to 4 rows
+// (four_warp_blocks: half the registers a block, so that two blocks an SM leave room for the next call's).
+template <typename T, int kSteps, int kRowTiles, int kW = kWarps>
+__global__ void __launch_bounds__(kW * kWarpSize, 16 / kW) decode_linear_fragments_kernel(DecodeLinearArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    static_assert(kW == kWarps || (kW == 4 && kRowTiles == 1), "4-warp blocks take up to 4 rows");
+    constexpr int kThreads = kW * kWarpSize;
+    constexpr int kWarps = kW;
+    // rows a warp normalizes: the 4-warp launch takes at most 4 rows (launch_decode_linear_fragments)
+    constexpr int kRowsPerWarp = kW == 8 ? kRowTiles : 1;
     extern __shared__ __align__(16) unsigned char smem[];
     constexpr int V = vec_size<T>();
     constexpr int steps = kSteps;
@@ -132,15 +138,16 @@ __global__ void __launch_bounds__(kThreads, 2) decode_linear_fragments_kernel(De
     // beside the weight ring (16-byte vectors a lane together: at most 20 in float16, 14 in bfloat16, whose
     // conversions take more registers; ptxas spills past that); otherwise, and without a LayerNorm, the
     // rows are staged by cp.async first.
-    constexpr int kLnVecs = steps / 2;  // a row's 16-byte vectors a lane (K = steps x 128)
+    constexpr int kLnVecs = steps * kStep * kWarps / (kWarpSize * 8);  // a row's 16-byte vectors a lane
     constexpr int kLnBudget = std::is_same_v<T, __half> ? 20 : 14;
-    constexpr bool kLnInRegisters =
-        steps % 2 == 0 && (steps < kPre ? steps : kPre) + kLnVecs * kRowTiles <= kLnBudget && vec_size<T>() == 8;
+    constexpr bool kLnInRegisters = (steps * kStep * kWarps) % (kWarpSize * 8) == 0 &&
+                                    (steps < kPre ? steps : kPre) + kLnVecs * kRowsPerWarp <= kLnBudget &&
+                                    vec_size<T>() == 8;
     if (kLnInRegisters && a.ln_gamma != nullptr) {
         __syncthreads();  // gamma and beta, staged by every thread, are read by each row's warp
         if (outputs && a.residual != nullptr) residual = static_cast<const T*>(a.residual)[at];
         // block 0 also writes the normalized rows out for a post-LN residual
-        decode_linear_detail::layernorm_rows_into<T, kLnVecs, kRowTiles>(
+        decode_linear_detail::layernorm_rows_into<T, kLnVecs, kRowsPerWarp>(
             x, xs, ld, M, ln_params, ln_params + K, a.eps, tile == 0 ? static_cast<T*>(a.x_norm_out) : nullptr,
             warp, kWarps, lane);
         __syncthreads();
@@ -364,13 +371,24 @@ cudaError_t launch_cluster(const DecodeLinearArgs& a, cudaStream_t stream) {
     return launch_kernel_clustered(kernel, dim3(blocks), dim3(kThreads), kCluster, smem, stream, a);
 }
 
-// Up to 16 rows: a block per 16 output features.
-template <typename T, int kSteps, int kRowTiles>
+// Up to 16 rows: a block per 16 output features, of kW warps.
+template <typename T, int kSteps, int kRowTiles, int kW = kWarps>
 cudaError_t launch_tiles(const DecodeLinearArgs& a, cudaStream_t stream) {
-    constexpr auto kernel = decode_linear_fragments_kernel<T, kSteps, kRowTiles>;
+    constexpr auto kernel = decode_linear_fragments_kernel<T, kSteps, kRowTiles, kW>;
     size_t smem = 0;
     if (const cudaError_t err = opt_in<kernel>(a, smem); err != cudaSuccess) return err;
-    return launch_kernel(kernel, dim3(a.out_features / kFeatures), dim3(kThreads), smem, stream, a);
+    return launch_kernel(kernel, dim3(a.out_features / kFeatures), dim3(kW * kWarpSize), smem, stream, a);
+}
+
+// Whether a launch of up to 4 rows runs 4-warp blocks: where its 8-warp blocks (two an SM, 128 registers a
+// thread) would take over three quarters of the GPU's block slots, so that the next call's blocks (fc2's
+// after fc1's) find no register file free and start, and request their weights, only as these end. The
+// 4-warp blocks at the same registers leave half of each SM to them. NLLB's fc1 at 1x4 (256 tiles on 132
+// SMs, H200): 0.4393 -> 0.4347 ms a step, medians of three alternating rounds; its QKV (192 tiles, whose
+// 8-warp blocks leave room for the attention after it) measured slower as 4-warp blocks, 0.4400.
+bool four_warp_blocks(const DecodeLinearArgs& a) {
+    const int tiles = a.out_features / kFeatures;
+    return a.rows <= 4 && 4 * tiles > 3 * 2 * current_device_value<query_sm_count>();
 }
 
 template <typename T, int kSteps>
@@ -413,6 +431,15 @@ cudaError_t launch_decode_linear_fragments(const DecodeLinearArgs& args, padfree
     if (args.rows == 0 || args.out_features == 0) return cudaSuccess;
     auto typed = [&](auto tag) -> cudaError_t {
         using T = typename decltype(tag)::type;
+        if (four_warp_blocks(args)) {
+            switch (args.in_features / (kStep * 4)) {
+                case 8: return launch_tiles<T, 8, 1, 4>(args, stream);
+                case 16: return launch_tiles<T, 16, 1, 4>(args, stream);
+                case 24: return launch_tiles<T, 24, 1, 4>(args, stream);
+                case 32: return launch_tiles<T, 32, 1, 4>(args, stream);
+                default: break;  // the 8-warp blocks below
+            }
+        }
         switch (args.in_features / (kStep * kWarps)) {
             case 4: return launch_steps<T, 4>(args, stream);
             case 6: return launch_steps<T, 6>(args, stream);
