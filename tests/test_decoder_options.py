@@ -222,18 +222,22 @@ def test_memory_estimate_counts_the_folded_weights_of_pre_ln_steps():
 
 
 @pytest.mark.parametrize("fits_at_first", [True, False])
-def test_free_memory_is_queried_once_unless_kept_states_are_given_back(monkeypatch, fits_at_first):
-    """One free-memory query where the call fits; where it does not and states are kept, they are given
-    back (Runner.clear) and the memory queried again before the call is refused or run."""
+def test_free_memory_is_queried_for_a_new_bucket_only(monkeypatch, fits_at_first):
+    """A call on a kept bucket's state allocates no decode buffers: no free-memory query. A new bucket's call
+    queries once where it fits; where it does not and states are kept, they are given back (Runner.clear)
+    and the memory queried again before the call is refused or run."""
     model, gen = generator()
+    gen.runner.clear()                                  # (a shared generator: other tests' buckets)
     gen.generate(sources(model), max_new_tokens=3)      # keeps this bucket's state
-    assert gen.runner.states
+    assert len(gen.runner.states) == 1
     answers = [1 << 50] if fits_at_first else [10_000, 1 << 50]
     queries, cleared = [], []
     monkeypatch.setattr(inputs, "free_device_bytes", lambda device: queries.append(device) or answers[len(queries) - 1])
     clear = gen.runner.clear
     monkeypatch.setattr(gen.runner, "clear", lambda: cleared.append(1) or clear())
-    out = gen.generate(sources(model), max_new_tokens=3)
+    gen.generate(sources(model), max_new_tokens=3)      # the kept bucket
+    assert queries == [] and cleared == []
+    out = gen.generate(sources(model), max_new_tokens=4)    # another max_length: a new bucket
     assert out.shape[0] == len(sources(model))
     assert len(queries) == len(answers) and len(cleared) == (0 if fits_at_first else 1)
 

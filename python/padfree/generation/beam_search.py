@@ -203,9 +203,10 @@ class BeamSearch:
 
     def result(self) -> BeamSearchResult:
         """The pool's best num_return_sequences per source (reads the lengths: one host sync). Copies, since
-        the state's tensors serve the next call."""
+        the state's tensors serve the next call, enqueued before the host waits for the length (the GPU would
+        otherwise idle while the host launches them after the wait); after it only the columns are cut."""
         returned = self.options.num_return_sequences
-        length = 1 + int(self.pool_lengths[:, :returned].max())
-        sequences = self.pool[:, :returned, :length].reshape(self.batch * returned, length)
+        sequences = self.pool[:, :returned].reshape(self.batch * returned, -1).clone()
         scores = self.pool_scores[:, :returned].reshape(-1).clone()
-        return BeamSearchResult(sequences.clone(), scores)
+        length = 1 + int(self.pool_lengths[:, :returned].max())
+        return BeamSearchResult(sequences[:, :length].contiguous(), scores)

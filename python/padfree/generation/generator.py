@@ -118,14 +118,17 @@ class Seq2SeqGenerator:
         # on the host: the encoder graph stages from there; Runner.load moves them to the device where the
         # encoder runs eagerly
         packed = inputs.packed_sources(input_ids, attention_mask, self.weights, options.max_length)
-        rows = packed.batch * options.rows_per_source
-        needed = inputs.estimate_bytes(self.weights, packed.batch, packed.total_tokens, packed.max_seqlen, rows,
-                                       options.max_length - 1, self.ops.fragment_step_rows())
-        free = inputs.free_device_bytes(self.device)    # one query (tens of us of host time) where it fits
-        if self.runner.states and not inputs.fits(needed, free):
-            self.runner.clear()     # the kept states' buffers are the first memory to give back
+        if not self.runner.holds_state(packed, options):
+            # a new bucket's state allocates its buffers: checked first (a kept state's call allocates only its
+            # outputs, and the query costs tens of us of host time before the call's first GPU work)
+            rows = packed.batch * options.rows_per_source
+            needed = inputs.estimate_bytes(self.weights, packed.batch, packed.total_tokens, packed.max_seqlen, rows,
+                                           options.max_length - 1, self.ops.fragment_step_rows())
             free = inputs.free_device_bytes(self.device)
-        inputs.check_memory(needed, self.device, free)
+            if self.runner.states and not inputs.fits(needed, free):
+                self.runner.clear()     # the kept states' buffers are the first memory to give back
+                free = inputs.free_device_bytes(self.device)
+            inputs.check_memory(needed, self.device, free)
         with torch.inference_mode():
             return decode(self.runner, packed, lambda p: encode(self.weights, self.ops, p), options)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import bisect
 import itertools
 
+import numpy as np
 import torch
 
 from ..ops._tensors import InputError
@@ -49,23 +50,26 @@ def source_lists(input_ids, attention_mask=None) -> list[list[int]]:
     return sources
 
 
-def _padded_tensor(input_ids: torch.Tensor, attention_mask) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
+def _padded_tensor(input_ids: torch.Tensor, attention_mask) -> tuple[np.ndarray, np.ndarray | None, list[int]]:
     """A padded input_ids tensor checked: (its ids on the host, its mask as bools or None, each row's
-    length). The mask must be ones then zeros (right padding)."""
+    length). The mask must be ones then zeros (right padding). numpy on the host: a torch op costs several
+    times a numpy call's host time, and these run on every call before its first GPU work."""
     if input_ids.dim() != 2 or input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool:
         raise InputError(f"input_ids: expected an integer tensor [batch, seq_len], got {input_ids.dtype} "
                          f"{list(input_ids.shape)}")
-    ids = input_ids.detach().cpu()
-    if attention_mask is None:
-        return ids, None, [ids.shape[1]] * ids.shape[0]
-    if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != input_ids.shape:
+    if attention_mask is not None and (not isinstance(attention_mask, torch.Tensor)
+                                       or attention_mask.shape != input_ids.shape):
         raise InputError(f"attention_mask: expected a tensor of input_ids' shape {list(input_ids.shape)}, "
                          f"got {getattr(attention_mask, 'shape', type(attention_mask).__name__)}")
-    mask = attention_mask.detach().cpu() != 0
-    lengths = mask.sum(dim=1)
-    prefix = torch.arange(mask.shape[1])[None, :] < lengths[:, None]
-    if not torch.equal(mask, prefix):
-        row = int((mask != prefix).any(dim=1).nonzero()[0])
+    ids = input_ids.detach().cpu().numpy()
+    mask = None if attention_mask is None else attention_mask.detach().cpu().numpy()
+    if mask is None:
+        return ids, None, [ids.shape[1]] * ids.shape[0]
+    mask = mask != 0
+    lengths = mask.sum(axis=1)
+    prefix = np.arange(mask.shape[1])[None, :] < lengths[:, None]
+    if not np.array_equal(mask, prefix):
+        row = int(np.flatnonzero((mask != prefix).any(axis=1))[0])
         raise InputError(f"attention_mask: row {row} is not ones followed by zeros; padfree packs right-padded "
                          f"inputs (tokenizer padding_side='right'); left padding shifts HF's positions")
     return ids, mask, lengths.tolist()
@@ -91,16 +95,16 @@ def packed_sources(input_ids, attention_mask, weights: Seq2SeqWeights, max_lengt
         return PackedSources.from_lists(sources, "cpu")
     ids, mask, lengths = _padded_tensor(input_ids, attention_mask)
     _check_not_empty(lengths)
-    packed = (ids.reshape(-1) if mask is None else ids[mask]).to(torch.long)
+    packed = (ids.reshape(-1) if mask is None else ids[mask]).astype(np.int64)
     ends = list(itertools.accumulate(lengths))
-    low, high = (int(v) for v in torch.aminmax(packed))
+    low, high = int(packed.min()), int(packed.max())
     vocab = weights.source_vocab_size
     if low < 0 or high >= vocab:        # the first source holding an id outside, named as check_lengths names it
-        i = bisect.bisect_right(ends, int(((packed < 0) | (packed >= vocab)).nonzero()[0]))
+        i = bisect.bisect_right(ends, int(np.flatnonzero((packed < 0) | (packed >= vocab))[0]))
         source = packed[ends[i] - lengths[i]:ends[i]]
         _check_vocab(i, int(source.min()), int(source.max()), vocab)
     _check_positions(lengths, weights.encoder.max_positions, weights.decoder.max_positions, max_length)
-    return PackedSources(packed, torch.tensor([0, *ends], dtype=torch.int32), lengths)
+    return PackedSources(torch.from_numpy(packed), torch.tensor([0, *ends], dtype=torch.int32), lengths)
 
 
 def padded_batch(sources: list[list[int]], pad: int, device: str | torch.device = "cpu"

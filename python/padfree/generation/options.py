@@ -11,6 +11,8 @@ HF's greedy and beam search ignore them too.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import functools
 from dataclasses import dataclass
 
 from ..ops._tensors import InputError
@@ -20,6 +22,8 @@ from .reference_ops import MAX_TOPK
 __all__ = ["GenerationOptions", "UnsupportedOptionError", "resolve_options", "MAX_BEAMS"]
 
 MAX_BEAMS = 16
+# options that do not change the decode step (read after the loop, or per call): not in step_key
+PER_CALL = ("seed", "return_dict_in_generate", "output_scores")
 
 # implemented (read by resolve_options)
 SUPPORTED = {
@@ -84,6 +88,15 @@ class GenerationOptions:
     seed: int | None
     return_dict_in_generate: bool
     output_scores: bool
+
+    @functools.cached_property
+    def step_key(self) -> tuple:
+        """The options that shape the decode step (all but PER_CALL), hashable: part of a decode state's key.
+        Kept on the object: generate() resolves a repeated call's keywords to the same options."""
+        def hashable(value):
+            return tuple(hashable(v) for v in value) if isinstance(value, list) else value
+        return tuple((f.name, hashable(getattr(self, f.name))) for f in dataclasses.fields(self)
+                     if f.name not in PER_CALL)
 
     @property
     def rows_per_source(self) -> int:

@@ -35,7 +35,6 @@ Rules, and why:
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections import OrderedDict
 
@@ -76,20 +75,9 @@ def _undo_failed_capture(device: torch.device, pool, stream: torch.cuda.Stream) 
         log.warning("padfree.generation: the CUDA generator could not be taken out of the failed capture "
                     "(%s: %s); random ops on cuda:%d may fail from now on", type(e).__name__, e, index)
 
-# options that do not change the step (read after the loop, or per call)
-_PER_CALL = ("seed", "return_dict_in_generate", "output_scores")
-
-
-def _hashable(value):
-    if isinstance(value, list):
-        return tuple(_hashable(v) for v in value)
-    return value
-
 
 def state_key(sources: PackedSources, options: GenerationOptions) -> tuple:
-    fields = tuple((f.name, _hashable(getattr(options, f.name))) for f in dataclasses.fields(options)
-                   if f.name not in _PER_CALL)
-    return (sources.batch, token_bucket(sources.total_tokens), seqlen_bucket(sources.max_seqlen), fields)
+    return (sources.batch, token_bucket(sources.total_tokens), seqlen_bucket(sources.max_seqlen), options.step_key)
 
 
 class DecodeState:
@@ -130,6 +118,10 @@ class Runner:
         self.states: OrderedDict[tuple, DecodeState] = OrderedDict()
         self.captures = 0            # step graphs captured so far (a reused bucket adds none)
         self._pool = None
+
+    def holds_state(self, sources: PackedSources, options: GenerationOptions) -> bool:
+        """Whether a state of these sources' bucket is kept (a call on it allocates no decode buffers)."""
+        return state_key(sources, options) in self.states
 
     def state(self, sources: PackedSources, options: GenerationOptions) -> DecodeState:
         """The bucket's state (moved to the LRU's end), created where new."""

@@ -141,6 +141,8 @@ class SingleSearch:
             decoder.advance()
 
     def result(self) -> torch.Tensor:
-        """sequences int64 [rows, output_length] (reads the lengths: one host sync), copied out of the state."""
+        """sequences int64 [rows, output_length] (reads the lengths: one host sync), copied out of the state
+        before the host waits (BeamSearch.result says why)."""
+        sequences = self.sequences.clone()
         length = 1 + int(self.generated.max())
-        return self.sequences[:, :length].clone()
+        return sequences[:, :length].contiguous()
