@@ -204,9 +204,10 @@ class BeamSearch:
     def result(self) -> BeamSearchResult:
         """The pool's best num_return_sequences per source (reads the lengths: one host sync). Copies, since
         the state's tensors serve the next call, enqueued before the host waits for the length (the GPU would
-        otherwise idle while the host launches them after the wait); after it only the columns are cut."""
+        otherwise idle while the host launches them after the wait); after it the columns are cut (one copy:
+        a contiguous result, as HF's)."""
         returned = self.options.num_return_sequences
-        sequences = self.pool[:, :returned].reshape(self.batch * returned, -1).clone()
+        sequences = self.pool[:, :returned].clone(memory_format=torch.contiguous_format).view(self.batch * returned, -1)
         scores = self.pool_scores[:, :returned].reshape(-1).clone()
         length = 1 + int(self.pool_lengths[:, :returned].max())
         return BeamSearchResult(sequences[:, :length].contiguous(), scores)

@@ -142,7 +142,7 @@ class SingleSearch:
 
     def result(self) -> torch.Tensor:
         """sequences int64 [rows, output_length] (reads the lengths: one host sync), copied out of the state
-        before the host waits (BeamSearch.result says why)."""
+        before the host waits (BeamSearch.result says why), the columns cut after it."""
         sequences = self.sequences.clone()
         length = 1 + int(self.generated.max())
         return sequences[:, :length].contiguous()
