@@ -4,9 +4,11 @@ Models (random weights, from configs): Marian-base (vocab 58101, d_model 512, 6+
 FFN 2048) and an NLLB-600M-size M2M100 (vocab 256206, d_model 1024, 12+12 layers, 16 heads, FFN
 4096). Sources: lengths uniform in [8, 64] (torch.Generator seed 7), random non-special ids.
 Exactly 64 new tokens (min_new_tokens = max_new_tokens = 64), batch x beams 1x4, 16x4, 64x4, 64x1.
-Columns: HF generate ms, padfree ms, padfree ms per decode step, and the step floor: the bytes one
-step must read (decoder weights incl. the output projection, the self-attention K/V cache at the mean
-length, the packed cross-attention K/V) over the GPU's measured copy bandwidth.
+Columns: HF generate ms, padfree ms, padfree ms per decode step (the whole call over the new tokens;
+and on CUDA a decode step alone: the mean GPU time between the step graph's replays in one more call),
+and the step floor: the bytes one step must read (decoder weights incl. the output projection, the
+self-attention K/V cache at the mean length, the packed cross-attention K/V) over the GPU's measured
+copy bandwidth.
 --ctranslate2 adds CTranslate2 (the peer to beat): the same weights converted with float16 weights,
 Translator(compute_type=float16).translate_batch with HF's options, in a process of its own
 (bench/ctranslate2_peer.py says how the vocabulary, the start token and the lengths are matched);
@@ -174,6 +176,10 @@ def bench_model(name: str, shapes: list[tuple[int, int]], args, device: torch.de
                 hf_sequences.append(theirs.cpu())
         peer_shapes.append({"batch": batch, "beams": beams, "sources": sources})
         row["padfree_ms_per_step"] = row["padfree_ms"] / args.new_tokens
+        steps = decode_step_times(generator, ours_call) if device.type == "cuda" else []
+        if steps:   # the decode steps alone; the rest of a call is the host's work, the encoder, the result
+            row["padfree_step_ms"] = sum(steps) / len(steps)
+            row["padfree_outside_steps_ms"] = row["padfree_ms"] - sum(steps)
         if args.profile and device.type == "cuda":
             with torch.inference_mode():
                 row["step_profile"], row["step_chain"] = step_profile(ours_call, args.new_tokens)
@@ -190,6 +196,8 @@ def bench_model(name: str, shapes: list[tuple[int, int]], args, device: torch.de
         row["step_bytes"] = step_bytes(generator.weights, sources, batch * beams, args.new_tokens)
         row["step_floor_ms"] = row["step_bytes"]["total"] / bandwidth * 1e3
         row["step_over_floor"] = row["padfree_ms_per_step"] / row["step_floor_ms"]
+        if "padfree_step_ms" in row:
+            row["step_alone_over_floor"] = row["padfree_step_ms"] / row["step_floor_ms"]
         rows.append(row)
         print(json.dumps(row), flush=True)
     if args.ctranslate2:
@@ -262,6 +270,22 @@ def ctranslate2_version() -> str | None:
         return "unknown"
 
 
+def decode_step_times(generator, call) -> list[float]:
+    """ms of each decode step of one more warm call: CUDA events between the step graph's replays
+    (Runner.step_marks), the step's GPU time without the call's host work, encoder and result."""
+    from padfree.generation.runner import step_times
+    runner = getattr(generator, "runner", None)
+    if runner is None:
+        return []
+    runner.step_marks = []
+    try:
+        with torch.inference_mode():
+            call()
+        return step_times(runner.step_marks)
+    finally:
+        runner.step_marks = None
+
+
 def step_profile(call, new_tokens: int) -> tuple[list[dict], dict | None]:
     """Over one warm generate() call: device time and launches per decode step by kernel group (the
     encoder's kernels included, spread over the steps), and a decode step as a chain (each kernel's
@@ -316,12 +340,12 @@ def print_table(rows: list[dict]) -> None:
     def cell(r: dict, key: str, width: int, digits: int) -> str:
         return f"{r[key]:{width}.{digits}f}" if key in r else f"{'-':>{width}}"
 
-    print(f"{'model':8} {'shape':>6} {'HF ms':>10} {'padfree ms':>11} {'x':>6} {'ms/step':>8} {'floor':>7} "
+    print(f"{'model':8} {'shape':>6} {'HF ms':>10} {'padfree ms':>11} {'x':>6} {'ms/step':>8} {'step':>7} {'floor':>7} "
           f"{'/floor':>7} {'=HF':>5}" + (f" {'CT2 ms':>8} {'xCT2':>6} {'=CT2':>5}" if ct2 else ""))
     for r in rows:
         print(f"{r['model']:8} {r['batch']:>3}x{r['beams']:<2} {cell(r, 'hf_ms', 10, 1)} {r['padfree_ms']:11.1f} "
-              f"{cell(r, 'speedup', 6, 2)} {r['padfree_ms_per_step']:8.3f} {r['step_floor_ms']:7.3f} "
-              f"{r['step_over_floor']:7.2f} {cell(r, 'sequences_equal_hf', 5, 2)}"
+              f"{cell(r, 'speedup', 6, 2)} {r['padfree_ms_per_step']:8.3f} {cell(r, 'padfree_step_ms', 7, 3)} "
+              f"{r['step_floor_ms']:7.3f} {r['step_over_floor']:7.2f} {cell(r, 'sequences_equal_hf', 5, 2)}"
               + (f" {cell(r, 'ct2_ms', 8, 1)} {cell(r, 'padfree_vs_ct2', 6, 2)} "
                  f"{cell(r, 'sequences_equal_ct2_hf', 5, 2)}" if ct2 else ""))
 
@@ -378,7 +402,11 @@ def main(argv: list[str] | None = None) -> int:
               "sources": "lengths uniform in [8, 64], torch.Generator seed 7",
               "timing": ("CUDA events" if device.type == "cuda" else "perf_counter")
               + f", median of {args.reps} after {args.warmup} warm-up calls",
-              "hf": "generate, attn_implementation=sdpa, same weights and options"}
+              "hf": "generate, attn_implementation=sdpa, same weights and options",
+              "per_step": ("padfree_ms_per_step: the whole call over new_tokens (host work, encoder and result "
+                           "included; step_over_floor uses it); padfree_step_ms: a decode step alone, the mean GPU "
+                           "time between the step graph's replays over one more call (CUDA events; "
+                           "step_alone_over_floor)")}
     if args.ctranslate2_options or args.ctranslate2_skipped:
         report["ctranslate2"] = ct2_version or "not importable"
     if args.ctranslate2_options:

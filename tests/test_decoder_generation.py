@@ -436,6 +436,34 @@ def test_bfloat16_runs_on_cpu():
     assert out.sequences.shape[0] == 3 and torch.isfinite(out.sequences_scores).all()
 
 
+def test_step_times_are_the_time_between_consecutive_marks():
+    """runner.step_times (bench/generate.py's decode step alone): each step's time is its mark's elapsed time
+    from the mark before it, after waiting for the last; fewer than two marks time nothing."""
+    from padfree.generation.runner import step_times
+
+    class Mark:
+        def __init__(self, t):
+            self.t, self.waited = t, False
+
+        def elapsed_time(self, other):
+            return other.t - self.t
+
+        def synchronize(self):
+            self.waited = True
+
+    marks = [Mark(t) for t in (0.0, 0.5, 1.25, 1.5)]
+    assert step_times(marks) == [0.5, 0.75, 0.25] and marks[-1].waited
+    assert step_times(marks[:1]) == [] and step_times([]) == []
+
+
+def test_step_marks_record_nothing_on_the_cpu():
+    model = build("marian")
+    gen = pt.from_hf(model, dtype=torch.float32, device="cpu")
+    gen.runner.step_marks = []
+    gen.generate(random_sources(model.config, 2, seed=1), max_new_tokens=3)
+    assert gen.runner.step_marks == []
+
+
 def test_bench_generate_quick_runs_on_cpu(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = tmp_path / "gen.json"

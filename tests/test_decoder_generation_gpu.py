@@ -362,6 +362,25 @@ def test_graphs_equal_eager_and_reuse_the_bucket(family, dtype):
     assert torch.equal(a, gen.generate(first, do_sample=True, top_k=20, seed=3, max_new_tokens=8))
 
 
+def test_step_marks_time_each_decode_step_of_a_call():
+    """Runner.step_marks (bench/generate.py's decode step alone): a warm call records one event before its
+    loop and one after each step: max_new_tokens positive intervals, together within the call's time."""
+    from padfree.generation.runner import step_times
+    model = build("marian", **GPU_MODEL).to("cuda")
+    gen = pt.from_hf(model, dtype=torch.float16, device="cuda")
+    sources = random_sources(model.config, 4, seed=2)
+    gen.generate(sources, num_beams=4, min_new_tokens=12, max_new_tokens=12)    # captures the bucket's step
+    gen.runner.step_marks = []
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    gen.generate(sources, num_beams=4, min_new_tokens=12, max_new_tokens=12)
+    end.record()
+    times = step_times(gen.runner.step_marks)
+    assert len(times) == 12 and all(t > 0 for t in times), times
+    assert sum(times) < start.elapsed_time(end)
+    gen.runner.step_marks = None
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_encoder_graph_equals_the_eager_encoder(family):
     """The state's encoder on its bucket's rows (filler sequences past the sources), captured and

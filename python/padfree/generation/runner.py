@@ -47,7 +47,7 @@ from .encoder_graph import EncoderGraph
 from .options import GenerationOptions
 from .sampling import SingleSearch
 
-__all__ = ["DecodeState", "Runner", "state_key"]
+__all__ = ["DecodeState", "Runner", "state_key", "step_times"]
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,21 @@ def _undo_failed_capture(device: torch.device, pool, stream: torch.cuda.Stream) 
     except Exception as e:  # noqa: BLE001 - best effort: say what may follow instead of failing this call
         log.warning("padfree.generation: the CUDA generator could not be taken out of the failed capture "
                     "(%s: %s); random ops on cuda:%d may fail from now on", type(e).__name__, e, index)
+
+
+def _timing_event() -> torch.cuda.Event:
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
+def step_times(marks: list) -> list[float]:
+    """ms of each step timed by Runner.step_marks (waits for the last one): the GPU time between
+    consecutive marks, each step's end to the next's, with the first from the loop's start."""
+    if len(marks) < 2:
+        return []
+    marks[-1].synchronize()
+    return [a.elapsed_time(b) for a, b in zip(marks, marks[1:])]
 
 
 def state_key(sources: PackedSources, options: GenerationOptions) -> tuple:
@@ -118,6 +133,9 @@ class Runner:
         self.states: OrderedDict[tuple, DecodeState] = OrderedDict()
         self.captures = 0            # step graphs captured so far (a reused bucket adds none)
         self._pool = None
+        # a list to time the decode steps on CUDA (bench/generate.py): run() appends a timing event before
+        # its loop's first step and after each step (step_times reads them); None: no events
+        self.step_marks: list | None = None
 
     def holds_state(self, sources: PackedSources, options: GenerationOptions) -> bool:
         """Whether a state of these sources' bucket is kept (a call on it allocates no decode buffers)."""
@@ -220,9 +238,14 @@ class Runner:
         every = self.check_every
         pending = None
         checks = 0
+        marks = self.step_marks if state.cuda else None
+        if marks is not None:
+            marks.append(_timing_event())
         while taken < max_steps:
             step()
             taken += 1
+            if marks is not None:
+                marks.append(_timing_event())
             if taken % every or taken >= max_steps:
                 continue
             if not state.cuda:
