@@ -351,6 +351,7 @@ def print_table(rows: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from padfree.torch.gemm_tuning import GEMM_SEARCHES
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="marian,nllb", help="comma-separated: marian, nllb (tiny: --quick's)")
     parser.add_argument("--shapes", default="1x4,16x4,64x4,64x1", help="batch x beams, comma-separated")
@@ -368,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
                              "skipped with a message where ctranslate2 is not importable")
     parser.add_argument("--allow-reference", action="store_true",
                         help="time the run even where an op falls back to its torch reference on CUDA (recorded)")
-    parser.add_argument("--gemm-search", default="heuristic", choices=("heuristic", "exhaustive", "none"),
+    parser.add_argument("--gemm-search", default="heuristic", choices=GEMM_SEARCHES,
                         help="from_hf's gemm_search: how the output projection's GEMM is tuned (none: torch's call)")
     parser.add_argument("--out", default=None, help="JSON report (default bench/results/generate-<gpu>.json)")
     args = parser.parse_args(argv)
