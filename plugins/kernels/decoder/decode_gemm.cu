@@ -258,7 +258,6 @@ __global__ void __launch_bounds__(kThreads, kDecodeGemmBlocksPerSm)
             release(j, a);
         }
     }
-    wgmma_wait<0>();
 #pragma unroll
     for (int s = 0; s < kSets; ++s) keep_registers(acc[s]);
 
@@ -384,14 +383,20 @@ cudaError_t launch_split(const DecodeGemmArgs& a, padfree_dtype dtype, cudaStrea
                                    p, x_map, w_map);
 }
 
+// whole: slices of kMaxChunks chunks (the unrolled loop)
+template <typename T, int kSplit>
+cudaError_t launch_slices(const DecodeGemmArgs& a, bool whole, padfree_dtype dtype, cudaStream_t stream) {
+    return whole ? launch_split<T, kSplit, true>(a, dtype, stream) : launch_split<T, kSplit, false>(a, dtype, stream);
+}
+
 template <typename T>
 cudaError_t launch_typed(const DecodeGemmArgs& a, int32_t split, padfree_dtype dtype, cudaStream_t stream) {
-    const bool whole = a.in_features / split == kDecodeGemmMaxSlice;  // the slices of kMaxChunks chunks
+    const bool whole = a.in_features / split == kDecodeGemmMaxSlice;
     switch (split) {
-        case 1: return whole ? launch_split<T, 1, true>(a, dtype, stream) : launch_split<T, 1, false>(a, dtype, stream);
-        case 2: return whole ? launch_split<T, 2, true>(a, dtype, stream) : launch_split<T, 2, false>(a, dtype, stream);
-        case 4: return whole ? launch_split<T, 4, true>(a, dtype, stream) : launch_split<T, 4, false>(a, dtype, stream);
-        default: return whole ? launch_split<T, 8, true>(a, dtype, stream) : launch_split<T, 8, false>(a, dtype, stream);
+        case 1: return launch_slices<T, 1>(a, whole, dtype, stream);
+        case 2: return launch_slices<T, 2>(a, whole, dtype, stream);
+        case 4: return launch_slices<T, 4>(a, whole, dtype, stream);
+        default: return launch_slices<T, 8>(a, whole, dtype, stream);
     }
 }
 
