@@ -362,6 +362,54 @@ def test_graphs_equal_eager_and_reuse_the_bucket(family, dtype):
     assert torch.equal(a, gen.generate(first, do_sample=True, top_k=20, seed=3, max_new_tokens=8))
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_padded_batch_on_the_gpu_is_packed_there_as_on_the_host(family, monkeypatch):
+    """generate() on a padded batch of CUDA tensors takes the device route (inputs.DevicePacker: three ints
+    read back, none of the batch) and returns what the host route returns for the same sources as lists,
+    token for token and score for score, whatever the ids' and the mask's integer dtypes."""
+    from padfree.generation import inputs
+    from padfree.generation.inputs import padded_batch
+    model = build(family, **GPU_MODEL).to("cuda")
+    gen = pt.from_hf(model, dtype=torch.float32, device="cuda")
+    sources = random_sources(model.config, 5, seed=4, min_len=1, max_len=30)
+    ids, mask = padded_batch(sources, model.config.pad_token_id, "cuda")
+    host_route = []
+    packed_sources = inputs.packed_sources
+    monkeypatch.setattr(inputs, "packed_sources", lambda *a, **k: host_route.append(1) or packed_sources(*a, **k))
+    options = dict(num_beams=4, max_new_tokens=10, output_scores=True, return_dict_in_generate=True)
+    want = gen.generate(sources, **options)
+    for id_dtype, mask_dtype in ((torch.int64, torch.int64), (torch.int32, torch.bool), (torch.int64, torch.int32)):
+        got = gen.generate(ids.to(id_dtype), mask.to(mask_dtype), **options)
+        assert torch.equal(got.sequences, want.sequences), (family, id_dtype, mask_dtype)
+        assert torch.equal(got.sequences_scores, want.sequences_scores), (family, id_dtype, mask_dtype)
+    assert len(host_route) == 1, "a padded CUDA batch took the host route"
+
+
+def test_what_the_device_checks_flag_gets_the_host_routes_message():
+    """A padded CUDA batch the device's checks flag goes the host route, which names what is wrong, with
+    the message a CPU batch gets: an id outside the vocabulary, an empty source, left padding, a source
+    longer than the position table. A mask of nonzero values other than 1 is read as the host reads it."""
+    from padfree.generation.inputs import padded_batch
+    from padfree.ops import InputError
+    model = build("marian", **GPU_MODEL).to("cuda")
+    gen = pt.from_hf(model, dtype=torch.float32, device="cuda")
+    pad, vocab = model.config.pad_token_id, model.config.vocab_size
+    ids, mask = padded_batch([[5, 6, 7], [8, 9]], pad, "cuda")
+    long_ids, long_mask = padded_batch([[5] * (model.config.max_position_embeddings + 1)], pad, "cuda")
+    cases = {"vocabulary": (ids.clone().index_put_((torch.tensor([1]), torch.tensor([0])),
+                                                   torch.tensor(vocab + 3, device="cuda")), mask),
+             "empty": (ids, mask * torch.tensor([[1], [0]], device="cuda")),
+             "left padding": (ids, torch.tensor([[1, 1, 1], [0, 1, 1]], device="cuda")),
+             "too long": (long_ids, long_mask)}
+    for name, (i, m) in cases.items():
+        with pytest.raises(InputError) as on_gpu:
+            gen.generate(i, m, max_new_tokens=3)
+        with pytest.raises(InputError) as on_cpu:
+            gen.generate(i.cpu(), m.cpu(), max_new_tokens=3)
+        assert str(on_gpu.value) == str(on_cpu.value), name
+    assert torch.equal(gen.generate(ids, mask * 2, max_new_tokens=5), gen.generate(ids, mask, max_new_tokens=5))
+
+
 def test_step_marks_time_each_decode_step_of_a_call():
     """Runner.step_marks (bench/generate.py's decode step alone): a warm call records one event before its
     loop and one after each step: max_new_tokens positive intervals, together within the call's time."""

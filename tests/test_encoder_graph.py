@@ -4,9 +4,10 @@ runs), against the encoder on the sources' rows only, on the CPU in float32 (tor
 Each family (its own position scheme: Marian's, learned with an offset, fairseq's that skip pad
 tokens) at 12 encoder layers, sources of mixed lengths (some with pad ids inside), buckets from the
 fullest call to the emptiest one the bucket takes (the most filler rows). The sources' rows must match;
-every filler row must be finite (a NaN there could reach a source through a masked tile). The position
-rows, computed from the staged ids and cu_seqlens alone as the graph computes them on the device, must be
-the sources' own (encoder.source_position_rows) and a pad token's at position 0 on the fillers.
+every filler row must be finite (a NaN there could reach a source through a masked tile). The bucket's ids
+and cu_seqlens, computed from a packer's output as the graph computes them on the device, must be
+bucket_inputs'; the position rows, computed from those alone as the graph does, must be the sources' own
+(encoder.source_position_rows) and a pad token's at position 0 on the fillers.
 """
 from __future__ import annotations
 
@@ -19,7 +20,13 @@ import torch
 import padfree.torch as pt
 from padfree.generation.decoder import seqlen_bucket, token_bucket
 from padfree.generation.encoder import PackedSources, encode, encode_rows, source_position_rows
-from padfree.generation.encoder_graph import bucket_floor, bucket_inputs, bucket_position_rows, filler_count
+from padfree.generation.encoder_graph import (
+    bucket_floor,
+    bucket_from_packed,
+    bucket_inputs,
+    bucket_position_rows,
+    filler_count,
+)
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _seq2seq import FAMILIES, build, random_sources  # noqa: E402
@@ -58,6 +65,13 @@ def test_bucket_rows_match_the_sources_rows(family):
         ids, cu = bucket_inputs(gen.weights, packed, tokens, max_seqlen, fillers)
         assert int(cu[-1]) == tokens and bool((cu[1:] - cu[:-1]).le(max_seqlen).all())
         total = packed.total_tokens
+        # what the graph computes from a packer's output (int32 ids, anything past the total): the same
+        ids_in = torch.full((tokens,), -7, dtype=torch.int32)
+        ids_in[:total] = packed.ids.int()
+        got_ids, got_cu = torch.full((tokens,), -1, dtype=torch.long), torch.full_like(cu, -1)
+        bucket_from_packed(ids_in, packed.cu_seqlens, torch.arange(tokens, dtype=torch.int32),
+                           torch.arange(1, fillers + 1, dtype=torch.int32) * max_seqlen, pad, got_ids, got_cu)
+        assert torch.equal(got_ids, ids) and torch.equal(got_cu, cu), f"{family} {packed.lengths}"
         rows = bucket_position_rows(gen.weights, ids, cu, packed.batch)
         # the sources' rows where the eager encoder reads them, every filler's pad at position 0
         assert torch.equal(ids[:total], packed.ids) and bool((ids[total:] == pad).all())

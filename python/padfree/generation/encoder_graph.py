@@ -18,10 +18,13 @@ Rules, and why:
 - On CUDA with padfree's torch decoder this body runs whether or not graphs are on (use_graphs=False
   runs it eagerly), so a graphed call and an eager one compute the same numbers; the CPU encodes the
   sources' rows only (encoder.encode).
-- Its inputs are staged on the host, where the lengths are: the ids and cu_seqlens with the fillers'
-  bounds, two copies from pinned buffers (written only after the previous call's copies have read
-  them). The position-table rows are the body's first work, on the device (bucket_position_rows): a
-  few small kernels in the graph instead of ~35 torch ops on the host, where the GPU waits for them.
+- Its inputs are the sources' packed ids (int32) and cu_seqlens, as a device packer writes them: where
+  generate() got its batch as CUDA tensors, copied from the packer's buffers (inputs.DeviceSources:
+  nothing of the batch but its three sizes reaches the host); else staged from the host, two copies
+  from pinned buffers (written only after the previous call's copies have read them). The bucket's ids
+  (pad past the sources), the fillers' bounds and the position-table rows are the body's first work,
+  on the device (bucket_from_packed, bucket_position_rows): a few small kernels in the graph instead of tens of
+  torch or numpy ops on the host, where the GPU waits for them.
 - The position table the body reads is the one it was made with (a fairseq table grows by
   replacement; a captured graph keeps reading the old tensor, which this object holds).
 """
@@ -36,7 +39,8 @@ from .decoder import Decoder, token_bucket
 from .encoder import PackedSources, encode_rows
 from .layers import ensure_position_rows, position_rows
 
-__all__ = ["EncoderGraph", "bucket_floor", "bucket_inputs", "bucket_position_rows", "filler_count"]
+__all__ = ["EncoderGraph", "bucket_floor", "bucket_from_packed", "bucket_inputs", "bucket_position_rows",
+           "filler_count"]
 
 
 def bucket_floor(tokens: int) -> int:
@@ -71,6 +75,20 @@ def bucket_inputs(weights, sources: PackedSources, tokens: int, max_seqlen: int,
     bounds = [min(total + k * max_seqlen, tokens) for k in range(1, fillers + 1)]
     cu = np.array(sources.cu_seqlens.tolist() + bounds, dtype=np.int32)
     return torch.from_numpy(ids), torch.from_numpy(cu)
+
+
+def bucket_from_packed(ids_in: torch.Tensor, cu_in: torch.Tensor, index: torch.Tensor, filler_offsets: torch.Tensor,
+                       pad: int, ids: torch.Tensor, cu_seqlens: torch.Tensor) -> None:
+    """bucket_inputs' values from a packer's output, on the tensors' device with no host read (the graph's
+    first work): ids [tokens] = ids_in (int32 [tokens], the sources' tokens first) up to the total, pad
+    past it; cu_seqlens = cu_in (int32 [batch + 1]) then the fillers' bounds, min(total + k * max_seqlen,
+    tokens) for k = 1.. (filler_offsets: k * max_seqlen; index: arange(tokens), int32)."""
+    batch = cu_in.shape[0] - 1
+    total = cu_in[batch]
+    ids.copy_(torch.where(index < total, ids_in, pad))
+    cu_seqlens[:batch + 1].copy_(cu_in)
+    if filler_offsets.numel():
+        cu_seqlens[batch + 1:].copy_(torch.clamp_max(total + filler_offsets, ids.shape[0]))
 
 
 def bucket_position_rows(weights, ids: torch.Tensor, cu_seqlens: torch.Tensor, batch: int) -> torch.Tensor:
@@ -111,32 +129,47 @@ class EncoderGraph:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.capture_failed = False
         device = decoder.device
+        # the body's inputs, as a device packer writes them (int32 ids [>= total], the sources' cu_seqlens),
+        # and what it makes of them for the encoder: the bucket's ids (pad past the sources) and cu_seqlens
+        # with the fillers' bounds (bucket_inputs' values, computed on the device)
+        self.ids_in = torch.zeros(tokens, dtype=torch.int32, device=device)
+        self.cu_in = torch.zeros(batch + 1, dtype=torch.int32, device=device)
         self.ids = torch.zeros(tokens, dtype=torch.long, device=device)
         self.cu_seqlens = torch.zeros(batch + 1 + self.fillers, dtype=torch.int32, device=device)
-        self._staged_ids = torch.zeros(tokens, dtype=torch.long, pin_memory=True)
-        self._staged_cu = torch.zeros(batch + 1 + self.fillers, dtype=torch.int32, pin_memory=True)
+        self._index = torch.arange(tokens, dtype=torch.int32, device=device)
+        self._filler_offsets = torch.arange(1, self.fillers + 1, dtype=torch.int32, device=device) * max_seqlen
+        self._staged_ids = torch.zeros(tokens, dtype=torch.int32, pin_memory=True)
+        self._staged_cu = torch.zeros(batch + 1, dtype=torch.int32, pin_memory=True)
         self._copied = torch.cuda.Event()
         self._copied.record()
         ensure_position_rows(weights.encoder, spec, pad, pad + 2 + max_seqlen)
         self.positions = weights.encoder.positions
 
-    def stage(self, sources: PackedSources) -> None:
-        """This call's ids and cu_seqlens into the body's inputs (enqueued copies)."""
-        host = sources.host or sources
+    def stage(self, sources) -> None:
+        """This call's ids and cu_seqlens into the body's inputs (enqueued copies): from the host
+        (PackedSources: pinned buffers, written once the previous call's copies have read them) or from a
+        device packer's buffers (inputs.DeviceSources)."""
         d = self.decoder
-        if host.batch != d.batch:
+        if sources.batch != d.batch or sources.total_tokens > d.tokens or sources.max_seqlen > d.max_seqlen:
             raise ValueError("EncoderGraph.stage: the sources do not fit this state's bucket")
-        ids, cu = bucket_inputs(self.weights, host, d.tokens, d.max_seqlen, self.fillers)
+        total = sources.total_tokens
+        if sources.ids.is_cuda:
+            self.ids_in[:total].copy_(sources.ids[:total])
+            self.cu_in.copy_(sources.cu_seqlens[:d.batch + 1])
+            return
+        host = sources.host or sources
         self._copied.synchronize()
-        self._staged_ids.copy_(ids)
-        self._staged_cu.copy_(cu)
-        self.ids.copy_(self._staged_ids, non_blocking=True)
-        self.cu_seqlens.copy_(self._staged_cu, non_blocking=True)
+        self._staged_ids.numpy()[:total] = host.ids.numpy()
+        self._staged_cu.numpy()[:] = host.cu_seqlens.numpy()
+        self.ids_in.copy_(self._staged_ids, non_blocking=True)
+        self.cu_in.copy_(self._staged_cu, non_blocking=True)
         self._copied.record()
 
     def body(self) -> None:
         """The encoder over the bucket's rows and the decoder's cross-attention K/V, cu_seqlens and step."""
         d = self.decoder
+        bucket_from_packed(self.ids_in, self.cu_in, self._index, self._filler_offsets, self.weights.pad_token_id,
+                           self.ids, self.cu_seqlens)
         rows = bucket_position_rows(self.weights, self.ids, self.cu_seqlens, d.batch)
         encoder_out = encode_rows(self.weights, self.ops, self.ids, rows, self.cu_seqlens, d.max_seqlen,
                                   self.positions)

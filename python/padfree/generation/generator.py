@@ -66,6 +66,8 @@ class Seq2SeqGenerator:
         self.runner = Runner(self.weights, self.ops, device, use_graphs=use_graphs, max_states=max_graphs,
                              gemm_search=gemm_search)
         self._resolved: OrderedDict[tuple, tuple[dict, GenerationOptions]] = OrderedDict()
+        self._device_packer = inputs.DevicePacker(self.weights, device) \
+            if device.type == "cuda" and not force_reference_ops else None
         # the model's own generation_config is checked at load: an option it carries that padfree does not
         # implement fails here, naming it, rather than at the first generate()
         self.resolve()
@@ -115,9 +117,12 @@ class Seq2SeqGenerator:
         if input_ids is None:
             input_ids = kwargs.pop("inputs", None)
         options = self.resolve(generation_config, **kwargs)
-        # on the host: the encoder graph stages from there; Runner.load moves them to the device where the
-        # encoder runs eagerly
-        packed = inputs.packed_sources(input_ids, attention_mask, self.weights, options.max_length)
+        # a padded batch on this CUDA device is checked and packed there (three ints read back); anything
+        # else, or anything the device's checks flag, on the host (which says what is wrong)
+        packed = None if self._device_packer is None else self._device_packer(input_ids, attention_mask,
+                                                                                options.max_length)
+        if packed is None:
+            packed = inputs.packed_sources(input_ids, attention_mask, self.weights, options.max_length)
         if not self.runner.holds_state(packed, options):
             # a new bucket's state allocates its buffers: checked first (a kept state's call allocates only its
             # outputs, and the query costs tens of us of host time before the call's first GPU work)

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import bisect
 import itertools
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from .._lib import PadfreeError
 from ..ops._tensors import InputError
 from .decoder import cache_bytes, token_bucket
 from .dispatch import DECODE_GEMM_ROWS, FRAGMENT_STEP_ROWS
@@ -18,7 +20,7 @@ from .encoder import PackedSources
 from .weights import Seq2SeqWeights
 
 __all__ = ["source_lists", "packed_sources", "check_lengths", "check_source_lengths", "estimate_bytes",
-           "free_device_bytes", "fits", "check_memory"]
+           "free_device_bytes", "fits", "check_memory", "DeviceSources", "DevicePacker"]
 
 
 def source_lists(input_ids, attention_mask=None) -> list[list[int]]:
@@ -105,6 +107,61 @@ def packed_sources(input_ids, attention_mask, weights: Seq2SeqWeights, max_lengt
         _check_vocab(i, int(source.min()), int(source.max()), vocab)
     _check_positions(lengths, weights.encoder.max_positions, weights.decoder.max_positions, max_length)
     return PackedSources(torch.from_numpy(packed), torch.tensor([0, *ends], dtype=torch.int32), lengths)
+
+
+@dataclass
+class DeviceSources:
+    """A padded batch packed on its device (DevicePacker): ids int32 [>= total_tokens] and cu_seqlens int32
+    [>= batch + 1] there (a packer's buffers, valid until its next call), the sizes on the host."""
+    ids: torch.Tensor
+    cu_seqlens: torch.Tensor
+    batch: int
+    total_tokens: int
+    max_seqlen: int
+
+
+class DevicePacker:
+    """A generator's route for a padded batch already on its CUDA device: padfree.ops.PaddedInputPacker checks
+    every row there (mask values and right padding, empty rows, ids within the source vocabulary) and packs
+    into buffers of its own; the host reads back flags, total and longest, not the batch. Where the
+    routine host checks would have something to say (a flag, a source longer than the position table), or
+    the packer does not take the tensors (their dtype or layout), it returns None and generate() takes the
+    host route (packed_sources), which raises with the exact message or packs what the packer refused.
+    Why: the host route reads both tensors back and checks and packs them in Python, ~0.5-1 ms of a call
+    on the device machines' hosts before the GPU's first work (docs/KERNELS.md)."""
+
+    def __init__(self, weights: Seq2SeqWeights, device: torch.device):
+        self.weights, self.device = weights, device
+        self._packer = None
+        self._ids = torch.empty(0, dtype=torch.int32, device=device)
+        self._cu = torch.empty(1, dtype=torch.int32, device=device)
+
+    def __call__(self, input_ids, attention_mask, max_length: int) -> DeviceSources | None:
+        if not (isinstance(input_ids, torch.Tensor) and input_ids.is_cuda and input_ids.dim() == 2
+                and input_ids.device == self.device and input_ids.numel() > 0):
+            return None
+        if attention_mask is not None and not (isinstance(attention_mask, torch.Tensor)
+                                               and attention_mask.device == input_ids.device
+                                               and attention_mask.shape == input_ids.shape):
+            return None
+        batch, width = input_ids.shape
+        if self._ids.numel() < batch * width or self._cu.numel() < batch + 1:
+            # room for every position of the largest batch yet, so a pack is never cut (a new buffer also
+            # drops the packer's plans, made for the old one)
+            self._ids = torch.empty(max(batch * width, 2 * self._ids.numel()), dtype=torch.int32, device=self.device)
+            self._cu = torch.empty(max(batch + 1, 2 * self._cu.numel()), dtype=torch.int32, device=self.device)
+        try:
+            if self._packer is None:
+                from ..ops.inputs import PaddedInputPacker
+                self._packer = PaddedInputPacker(self.device, self.weights.source_vocab_size, 0)
+            flags, total, longest = self._packer(input_ids, attention_mask, None, self._ids, None, self._cu)
+        except (InputError, PadfreeError):    # a dtype, layout or size the kernels do not take
+            return None
+        limit = self.weights.encoder.max_positions
+        if flags or (limit is not None and longest > limit):
+            return None
+        _check_positions([longest], limit, self.weights.decoder.max_positions, max_length)
+        return DeviceSources(self._ids, self._cu, batch, total, longest)
 
 
 def padded_batch(sources: list[list[int]], pad: int, device: str | torch.device = "cpu"

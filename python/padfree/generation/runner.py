@@ -169,9 +169,11 @@ class Runner:
     def load(self, state: DecodeState, sources: PackedSources, encoder) -> None:
         """The state's decoder loaded with this call's sources (on the host or the device). encoder: the
         encoder's output [T, hidden], or a callable(sources on the device) returning it; a state with an
-        EncoderGraph runs that instead, staged from the host (captured on its first call where graphs are
-        on, replayed after)."""
+        EncoderGraph runs that instead, staged from the host or a device packer's buffers
+        (inputs.DeviceSources; captured on its first call where graphs are on, replayed after)."""
         if state.encoder is None:
+            if not isinstance(sources, PackedSources):
+                raise ValueError("Runner.load: device-packed sources need the state's EncoderGraph")
             sources = sources.to(self.device)
             state.decoder.load(sources, encoder(sources) if callable(encoder) else encoder)
             return
