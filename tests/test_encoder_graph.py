@@ -6,8 +6,9 @@ tokens) at 12 encoder layers, sources of mixed lengths (some with pad ids inside
 fullest call to the emptiest one the bucket takes (the most filler rows). The sources' rows must match;
 every filler row must be finite (a NaN there could reach a source through a masked tile). The bucket's ids
 and cu_seqlens, computed from a packer's output as the graph computes them on the device, must be
-bucket_inputs'; the position rows, computed from those alone as the graph does, must be the sources' own
-(encoder.source_position_rows) and a pad token's at position 0 on the fillers.
+bucket_inputs' (below: the same values built on the host from the packed sources); the position rows,
+computed from those alone as the graph does, must be the sources' own (encoder.source_position_rows) and
+a pad token's at position 0 on the fillers.
 """
 from __future__ import annotations
 
@@ -23,7 +24,6 @@ from padfree.generation.encoder import PackedSources, encode, encode_rows, sourc
 from padfree.generation.encoder_graph import (
     bucket_floor,
     bucket_from_packed,
-    bucket_inputs,
     bucket_position_rows,
     filler_count,
 )
@@ -34,6 +34,19 @@ from _seq2seq import FAMILIES, build, random_sources  # noqa: E402
 # a pad token at position 0, per position scheme (HF: Marian's sinusoid row 0, BART's learned table 2 rows
 # past the position, M2M100's padding_idx row for any pad)
 FILLER_ROW = {"marian": lambda pad: 0, "learned": lambda pad: 2, "fairseq": lambda pad: pad}
+
+
+def bucket_inputs(weights, sources: PackedSources, tokens: int, max_seqlen: int,
+                  fillers: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The encoder's inputs on a bucket's rows built on the host, the reference for bucket_from_packed:
+    ids int64 [tokens] (the fillers' rows pad), and cu_seqlens int32 [batch + 1 + fillers] (the sources',
+    then the fillers' bounds)."""
+    total = sources.total_tokens
+    assert total <= tokens and sources.max_seqlen <= max_seqlen and total + fillers * max_seqlen >= tokens
+    ids = torch.full((tokens,), weights.pad_token_id, dtype=torch.long)
+    ids[:total] = sources.ids
+    bounds = [min(total + k * max_seqlen, tokens) for k in range(1, fillers + 1)]
+    return ids, torch.tensor(sources.cu_seqlens.tolist() + bounds, dtype=torch.int32)
 
 
 def test_bucket_floor_is_the_fewest_tokens_of_the_bucket():

@@ -32,15 +32,13 @@ from __future__ import annotations
 
 import functools
 
-import numpy as np
 import torch
 
 from .decoder import Decoder, token_bucket
-from .encoder import PackedSources, encode_rows
+from .encoder import encode_rows
 from .layers import ensure_position_rows, position_rows
 
-__all__ = ["EncoderGraph", "bucket_floor", "bucket_from_packed", "bucket_inputs", "bucket_position_rows",
-           "filler_count"]
+__all__ = ["EncoderGraph", "bucket_floor", "bucket_from_packed", "bucket_position_rows", "filler_count"]
 
 
 def bucket_floor(tokens: int) -> int:
@@ -61,28 +59,13 @@ def filler_count(tokens: int, batch: int, max_seqlen: int) -> int:
     return -(-(tokens - max(bucket_floor(tokens), batch)) // max_seqlen)
 
 
-def bucket_inputs(weights, sources: PackedSources, tokens: int, max_seqlen: int,
-                  fillers: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The encoder's inputs on a bucket's rows, on the host: ids int64 [tokens] (the fillers' rows pad), and
-    cu_seqlens int32 [batch + 1 + fillers] (the sources', then the fillers' bounds). A handful of host ops:
-    the position rows are bucket_position_rows' work, on the device."""
-    total = sources.total_tokens
-    if total > tokens or sources.max_seqlen > max_seqlen or total + fillers * max_seqlen < tokens:
-        raise ValueError("bucket_inputs: the sources do not fit the bucket")
-    # numpy: a few host microseconds where torch's ops took tens, before the call's first GPU work
-    ids = np.full(tokens, weights.pad_token_id, dtype=np.int64)
-    ids[:total] = sources.ids.numpy()
-    bounds = [min(total + k * max_seqlen, tokens) for k in range(1, fillers + 1)]
-    cu = np.array(sources.cu_seqlens.tolist() + bounds, dtype=np.int32)
-    return torch.from_numpy(ids), torch.from_numpy(cu)
-
-
 def bucket_from_packed(ids_in: torch.Tensor, cu_in: torch.Tensor, index: torch.Tensor, filler_offsets: torch.Tensor,
                        pad: int, ids: torch.Tensor, cu_seqlens: torch.Tensor) -> None:
-    """bucket_inputs' values from a packer's output, on the tensors' device with no host read (the graph's
-    first work): ids [tokens] = ids_in (int32 [tokens], the sources' tokens first) up to the total, pad
-    past it; cu_seqlens = cu_in (int32 [batch + 1]) then the fillers' bounds, min(total + k * max_seqlen,
-    tokens) for k = 1.. (filler_offsets: k * max_seqlen; index: arange(tokens), int32)."""
+    """The encoder's inputs on a bucket's rows from a packer's output, on the tensors' device with no host
+    read (the graph's first work): ids [tokens] = ids_in (int32 [tokens], the sources' tokens first) up
+    to the total, pad past it; cu_seqlens = cu_in (int32 [batch + 1]) then the fillers' bounds,
+    min(total + k * max_seqlen, tokens) for k = 1.. (filler_offsets: k * max_seqlen; index:
+    arange(tokens), int32)."""
     batch = cu_in.shape[0] - 1
     total = cu_in[batch]
     ids.copy_(torch.where(index < total, ids_in, pad))
@@ -131,7 +114,7 @@ class EncoderGraph:
         device = decoder.device
         # the body's inputs, as a device packer writes them (int32 ids [>= total], the sources' cu_seqlens),
         # and what it makes of them for the encoder: the bucket's ids (pad past the sources) and cu_seqlens
-        # with the fillers' bounds (bucket_inputs' values, computed on the device)
+        # with the fillers' bounds (bucket_from_packed)
         self.ids_in = torch.zeros(tokens, dtype=torch.int32, device=device)
         self.cu_in = torch.zeros(batch + 1, dtype=torch.int32, device=device)
         self.ids = torch.zeros(tokens, dtype=torch.long, device=device)
