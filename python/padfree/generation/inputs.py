@@ -64,10 +64,9 @@ def _padded_tensor(input_ids: torch.Tensor, attention_mask) -> tuple[np.ndarray,
         raise InputError(f"attention_mask: expected a tensor of input_ids' shape {list(input_ids.shape)}, "
                          f"got {getattr(attention_mask, 'shape', type(attention_mask).__name__)}")
     ids = input_ids.detach().cpu().numpy()
-    mask = None if attention_mask is None else attention_mask.detach().cpu().numpy()
-    if mask is None:
+    if attention_mask is None:
         return ids, None, [ids.shape[1]] * ids.shape[0]
-    mask = mask != 0
+    mask = attention_mask.detach().cpu().numpy() != 0
     lengths = mask.sum(axis=1)
     prefix = np.arange(mask.shape[1])[None, :] < lengths[:, None]
     if not np.array_equal(mask, prefix):
