@@ -366,6 +366,66 @@ def test_log_softmax_topk_many_processed_ids(seed, vocab):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("banned", [1, 3, 31, 33, 200])
+@pytest.mark.parametrize("k", [8, 64])
+def test_log_softmax_topk_processed_ids_crowding_one_chunk(seed, banned, k):
+    # the row's best logits all in one chunk and all banned or penalised: stage 1's candidate bound must
+    # count them (each can be the maximum of a thread) and still keep k candidates of that chunk
+    gen = _gen(seed)
+    rows, vocab = 4, 58112
+    logits = torch.randn(rows, vocab, device="cuda", generator=gen)
+    logits[:, 4096:4096 + 4096] += 20.0                       # chunk 1 holds every top-k candidate
+    order = logits[:, 4096:8192].argsort(dim=-1, descending=True).int() + 4096
+    banned_ids = order[:, :banned].contiguous()               # its best `banned` ids
+    penalty_ids = order[:, banned:banned + 5].contiguous()    # and the next few, penalised
+    logits = logits.half()
+    scores, ids = log_softmax_topk(logits, k, banned_ids=banned_ids, penalty_ids=penalty_ids, repetition_penalty=3.0)
+    ref = topk_reference(logits, None, None, penalty_ids, 3.0, banned_ids, None, True)
+    check_topk(scores, ids, ref, k)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("at", [0, 3, 6, 9, -2], ids=lambda a: f"step{a}")
+def test_log_softmax_topk_reads_per_step_tables_at_the_step(seed, at):
+    # banned [steps, rows, Q] and forced [steps, rows] tables read at the device step (clamped to the
+    # tables): the same scores and ids as this step's lists passed directly, and the float64 reference's
+    gen = _gen(seed)
+    steps, rows, vocab, k = 7, 6, 58101, 8
+    logits = (3 * torch.randn(rows, vocab, device="cuda", generator=gen)).half()
+    banned = torch.randint(0, vocab, (steps, rows, 3), device="cuda", generator=gen, dtype=torch.int32)
+    banned[:, :, 0] = logits.float().argmax(-1).int()          # every step bans the best id
+    banned[::2, :, 1] = -1
+    forced = torch.full((steps, rows), -1, dtype=torch.int32, device="cuda")
+    forced[1::3, ::2] = torch.randint(0, vocab, (len(range(1, steps, 3)), rows // 2), device="cuda",
+                                      generator=gen, dtype=torch.int32)
+    step = torch.tensor([at], dtype=torch.int32, device="cuda")
+    row = min(max(at, 0), steps - 1)
+    got = log_softmax_topk(logits, k, banned_ids=banned, forced_ids=forced, step=step,
+                           out_scores=torch.full((rows, k), math.nan, device="cuda"))
+    want = log_softmax_topk(logits, k, banned_ids=banned[row].contiguous(), forced_ids=forced[row].contiguous())
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    check_topk(*got, topk_reference(logits, None, None, None, 1.0, banned[row], forced[row], True), k)
+
+
+@pytest.mark.gpu
+def test_log_softmax_topk_step_tables_refused():
+    logits = torch.zeros(4, 1000, device="cuda")
+    step = torch.zeros(1, dtype=torch.int32, device="cuda")
+    with pytest.raises(InputError, match="without a banned_ids or forced_ids table"):
+        log_softmax_topk(logits, 4, step=step)
+    with pytest.raises(InputError, match="table of 3 dimensions"):
+        log_softmax_topk(logits, 4, banned_ids=torch.zeros(4, 2, dtype=torch.int32, device="cuda"), step=step)
+    with pytest.raises(InputError, match="same number of steps"):
+        log_softmax_topk(logits, 4, banned_ids=torch.zeros(5, 4, 2, dtype=torch.int32, device="cuda"),
+                         forced_ids=torch.zeros(6, 4, dtype=torch.int32, device="cuda"), step=step)
+    with pytest.raises(InputError, match="forced_ids"):
+        log_softmax_topk(logits, 4, forced_ids=torch.zeros(5, 3, dtype=torch.int32, device="cuda"), step=step)
+    with pytest.raises(InputError, match="step"):
+        log_softmax_topk(logits, 4, forced_ids=torch.zeros(5, 4, dtype=torch.int32, device="cuda"),
+                         step=step.long())
+
+
+@pytest.mark.gpu
 def test_greedy(seed):
     gen = _gen(seed)
     logits = torch.randn(8, 256206, device="cuda", generator=gen, dtype=torch.float16)
@@ -558,10 +618,11 @@ def test_capi_self_attention_refuses(over, fragment, status):
     ({"rows": 70000}, "rows"), ({"num_penalty": 2000, "num_banned": 49}, "num_penalty + num_banned"),
     ({"penalty": 0.0}, "repetition_penalty"), ({"logits": M}, "logits must be 16-byte aligned"),
     ({"ws_bytes": 16}, "workspace too small"), ({"normalize": 2}, "normalize"),
+    ({"step": A, "num_steps": 0}, "num_steps"),
 ])
 def test_capi_logits_topk_refuses(over, fragment):
     a = dict(logits=A, bias=None, bs=None, pen=None, num_penalty=0, penalty=1.0, ban=None, num_banned=0,
-             forced=None, rows=4, vocab=1000, k=4, normalize=1, ws=A, ws_bytes=1 << 30, dtype=1, scores=A, ids=A,
+             forced=None, step=None, num_steps=0, rows=4, vocab=1000, k=4, normalize=1, ws=A, ws_bytes=1 << 30, dtype=1, scores=A, ids=A,
              stream=None)
     if over.get("num_penalty"):
         a.update(pen=A, ban=A)

@@ -55,7 +55,7 @@ padfree_status padfree_logits_topk_workspace_size(int32_t rows, int32_t vocab, i
 padfree_status padfree_logits_topk(const void* logits, const void* bias, const float* beam_scores,
                                    const int32_t* penalty_ids, int32_t num_penalty, float repetition_penalty,
                                    const int32_t* banned_ids, int32_t num_banned, const int32_t* forced_ids,
-                                   int32_t rows, int32_t vocab, int32_t k, int32_t normalize, void* workspace,
+                                   const int32_t* step, int32_t num_steps, int32_t rows, int32_t vocab, int32_t k, int32_t normalize, void* workspace,
                                    int64_t workspace_bytes, padfree_dtype dtype, float* out_scores,
                                    int32_t* out_ids, padfree_stream stream) {
     PADFREE_CAPI_GUARD_BEGIN
@@ -74,6 +74,9 @@ padfree_status padfree_logits_topk(const void* logits, const void* bias, const f
     PADFREE_REQUIRE(std::isfinite(repetition_penalty) && repetition_penalty > 0.f,
                     "logits_topk: repetition_penalty must be finite and positive, got ", repetition_penalty);
     PADFREE_REQUIRE(normalize == 0 || normalize == 1, "logits_topk: normalize must be 0 or 1, got ", normalize);
+    PADFREE_REQUIRE(step == nullptr || num_steps >= 1,
+                    "logits_topk: num_steps (the tables' first dimension) must be >= 1 where step is given, got ",
+                    num_steps);
     if (rows == 0) return PADFREE_OK;
     PADFREE_CHECK(check_tensor(logits, "logits"));
     PADFREE_CHECK(check_optional_tensor(bias, "bias"));
@@ -83,10 +86,12 @@ padfree_status padfree_logits_topk(const void* logits, const void* bias, const f
     PADFREE_REQUIRE(out_scores != nullptr && out_ids != nullptr && aligned4(out_scores) && aligned4(out_ids),
                     "logits_topk: out_scores and out_ids must be 4-byte aligned pointers");
     PADFREE_REQUIRE((beam_scores == nullptr || aligned4(beam_scores)) && (penalty_ids == nullptr || aligned4(penalty_ids)) &&
-                        (banned_ids == nullptr || aligned4(banned_ids)) && (forced_ids == nullptr || aligned4(forced_ids)),
-                    "logits_topk: beam_scores and the id tensors must be 4-byte aligned");
-    LogitsTopkArgs args{logits, bias, beam_scores, penalty_ids, banned_ids, forced_ids, out_scores, out_ids,
-                        rows, vocab, k, num_penalty, num_banned, repetition_penalty, normalize != 0};
+                        (banned_ids == nullptr || aligned4(banned_ids)) && (forced_ids == nullptr || aligned4(forced_ids)) &&
+                        (step == nullptr || aligned4(step)),
+                    "logits_topk: beam_scores, step and the id tensors must be 4-byte aligned");
+    LogitsTopkArgs args{logits,     bias,     beam_scores, penalty_ids, banned_ids, forced_ids, step,
+                        num_steps,  out_scores, out_ids,   rows,        vocab,      k,          num_penalty,
+                        num_banned, repetition_penalty, normalize != 0};
     const cudaError_t err = launch_logits_topk(args, workspace, dtype, as_cuda_stream(stream));
     if (err != cudaSuccess) return cuda_failure("logits_topk: configuring the merge kernel", err);
     return check_launch("logits_topk");

@@ -37,7 +37,7 @@ extern "C" {
  * 11: sentence pooling (padfree_sequence_pool). 12: beam_search_step's and greedy_step's flag_bytes
  * (int32 flags for TensorRT's PadfreeBeamSearchStep and PadfreeGreedyStep).
  * (New functions, such as the decoder's, add to a version without bumping it.) */
-#define PADFREE_ABI_VERSION 13
+#define PADFREE_ABI_VERSION 14
 
 typedef enum padfree_status {
     PADFREE_OK = 0,
@@ -466,6 +466,9 @@ PADFREE_API padfree_status padfree_logits_topk_workspace_size(int32_t rows, int3
  * beam_scores: [rows] fp32 or NULL, added last
  * penalty_ids: [rows, num_penalty] int32, banned_ids: [rows, num_banned] int32 (-1 and ids outside
  *              [0, vocab) unused; num_penalty + num_banned <= 2048); forced_ids: [rows] int32 or NULL
+ * step:        NULL, or a device int32 [1]: then banned_ids and forced_ids are tables over steps,
+ *              [num_steps, rows, num_banned] and [num_steps, rows], read at row *step (clamped to
+ *              [0, num_steps - 1]), so a captured decode step needs no gather of its step's lists
  * out_scores:  [rows, k] fp32, out_ids: [rows, k] int32: the k largest (1 <= k <= min(64, vocab))
  *              descending, ties to the smaller id, of
  *   s = log_softmax(logits + bias) (normalize = 1; s = logits + bias with 0), then HF's processors:
@@ -475,7 +478,8 @@ PADFREE_API padfree_status padfree_logits_topk_workspace_size(int32_t rows, int3
 PADFREE_API padfree_status padfree_logits_topk(const void* logits, const void* bias, const float* beam_scores,
                                                const int32_t* penalty_ids, int32_t num_penalty,
                                                float repetition_penalty, const int32_t* banned_ids,
-                                               int32_t num_banned, const int32_t* forced_ids, int32_t rows,
+                                               int32_t num_banned, const int32_t* forced_ids,
+                                               const int32_t* step, int32_t num_steps, int32_t rows,
                                                int32_t vocab, int32_t k, int32_t normalize, void* workspace,
                                                int64_t workspace_bytes, padfree_dtype dtype, float* out_scores,
                                                int32_t* out_ids, padfree_stream stream);

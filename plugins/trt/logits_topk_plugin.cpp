@@ -151,7 +151,8 @@ padfree_status LogitsTopKPlugin::run(const PluginTensorDesc* in, const PluginTen
     return padfree_logits_topk(inputs[input_index(kLogits)], optional(kBias), static_cast<const float*>(optional(kBeamScores)),
                                static_cast<const int32_t*>(optional(kPenaltyIds)), num_penalty,
                                field_f32(kRepetitionPenalty), static_cast<const int32_t*>(optional(kBannedIds)),
-                               num_banned, static_cast<const int32_t*>(optional(kForcedIds)), rows, vocab, k,
+                               num_banned, static_cast<const int32_t*>(optional(kForcedIds)), nullptr, 0, rows,
+                               vocab, k,
                                field_i32(kNormalize), workspace, workspace_bytes, to_padfree_dtype(logits.type),
                                static_cast<float*>(outputs[kScores]), static_cast<int32_t*>(outputs[kIds]), stream);
 }

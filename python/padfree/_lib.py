@@ -12,7 +12,7 @@ from pathlib import Path
 
 from . import env
 
-ABI_VERSION = 13  # must match PADFREE_ABI_VERSION in plugins/capi/padfree.h
+ABI_VERSION = 14  # must match PADFREE_ABI_VERSION in plugins/capi/padfree.h
 
 _p = c_void_p
 _i32p = c_void_p  # device int32 pointers travel as plain addresses
@@ -80,8 +80,8 @@ _SIGNATURES: dict[str, list] = {
                                  _p, c_int64, _p],
     "padfree_greedy_step": [_i32p, _i32p, c_int32, _p, _p, _p, _p, c_int32, _p, _i32p, c_int32, c_int32, c_int64,
                             c_int32, _p],
-    "padfree_logits_topk": [_p, _p, _p, _i32p, c_int32, c_float, _i32p, c_int32, _i32p, c_int32, c_int32, c_int32,
-                            c_int32, _p, c_int64, c_int, _p, _i32p, _p],
+    "padfree_logits_topk": [_p, _p, _p, _i32p, c_int32, c_float, _i32p, c_int32, _i32p, _i32p, c_int32, c_int32,
+                            c_int32, c_int32, c_int32, _p, c_int64, c_int, _p, _i32p, _p],
 }
 _RESTYPES = {
     "padfree_abi_version": c_int,

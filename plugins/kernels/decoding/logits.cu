@@ -153,16 +153,39 @@ __device__ __forceinline__ float pick(const float (&x)[N], int j) {
 
 // ---- stage 1: one CTA per (chunk of kChunk logits, row) --------------------------------------------
 
+// The step's offset into the banned / forced tables (0 where they are this step's lists): read after
+// the producer's wait, as the step counter is a step kernel's output.
+__device__ __forceinline__ int64_t step_row(const LogitsTopkArgs& a) {
+    return a.step == nullptr ? 0 : min(max(*a.step, 0), a.num_steps - 1);
+}
+
+__device__ __forceinline__ const int32_t* banned_of(const LogitsTopkArgs& a, int64_t s, int r) {
+    return a.banned_ids + (s * a.rows + r) * a.num_banned;
+}
+
+__device__ __forceinline__ int forced_of(const LogitsTopkArgs& a, int64_t s, int r) {
+    return a.forced_ids != nullptr ? a.forced_ids[s * a.rows + r] : -1;
+}
+
 // Ids the processors change are no candidates in stage 1 (stage 2 adds them processed): a bit per
-// logit of the chunk [e0, e1) (bits zeroed and a barrier passed before).
-__device__ __forceinline__ void mark_specials(const LogitsTopkArgs& a, int r, int e0, int e1, uint32_t* bits) {
+// logit of the chunk [e0, e1), and how many list entries fall in it (an id listed twice counts twice:
+// an overcount only lowers the candidate bound). Bits and count zeroed and a barrier passed before.
+__device__ __forceinline__ void mark_specials(const LogitsTopkArgs& a, const int32_t* banned, int r, int e0, int e1,
+                                              uint32_t* bits, int* count) {
     const int specials = a.num_penalty + a.num_banned;
+    int mine = 0;
     for (int i = threadIdx.x; i < specials; i += blockDim.x) {
         const int id = i < a.num_penalty ? a.penalty_ids[static_cast<int64_t>(r) * a.num_penalty + i]
-                                         : a.banned_ids[static_cast<int64_t>(r) * a.num_banned + i - a.num_penalty];
-        if (id >= e0 && id < e1) atomicOr(&bits[(id - e0) / 32], 1u << ((id - e0) % 32));
+                                         : banned[i - a.num_penalty];
+        if (id >= e0 && id < e1) {
+            atomicOr(&bits[(id - e0) / 32], 1u << ((id - e0) % 32));
+            ++mine;
+        }
     }
+    if (mine != 0) atomicAdd(count, mine);
 }
+
+__device__ __forceinline__ bool is_special(const uint32_t* bits, int p) { return (bits[p / 32] >> (p % 32)) & 1u; }
 
 // kAligned (vocab a multiple of the 16-byte vector, so every row starts aligned: the decode step's
 // padded vocabularies): each thread loads its vectors of logits and bias straight into registers.
@@ -190,28 +213,33 @@ __global__ void __launch_bounds__(kThreads) topk_chunks_kernel(LogitsTopkArgs a,
     __shared__ uint32_t warp_bound[kWarps], warp_max_key[kWarps];
     __shared__ float warp_total[kWarps];
     __shared__ float chunk_max;
-    __shared__ int candidates;
+    __shared__ int candidates, special_count;
 
     const int tid = threadIdx.x;
     const int chunk = blockIdx.x, r = blockIdx.y;
     const int nchunks = gridDim.x;
     wait_on_producer();
+    const int64_t srow = step_row(a);
     if (a.forced_ids != nullptr) {
-        const int forced = a.forced_ids[r];
+        const int forced = forced_of(a, srow, r);
         if (forced >= 0 && forced < a.vocab) return;  // stage 2 writes a forced row without candidates
     }
+    const int32_t* banned = a.num_banned > 0 ? banned_of(a, srow, r) : nullptr;
     const int64_t vocab = a.vocab;
     const int e0 = chunk * kChunk;
     const int e1 = static_cast<int>(min(static_cast<int64_t>(e0) + kChunk, vocab));
     const T* logits = static_cast<const T*>(a.logits);
     const T* bias = static_cast<const T*>(a.bias);
     const int specials = a.num_penalty + a.num_banned;
-    // Per thread: its logits x, which of them are candidates (a bit each), their max, and the max of
-    // the candidates (cand_max, NaN ignored: a lower bound of the candidates' largest key, which is
-    // all the warp bound below needs). Keys are formed only for the few logits past that bound.
+    // Per thread: its logits x, which of them are valid (a bit each) and their max (NaN ignored: a lower
+    // bound of the largest key, which is all the warp bound below needs). Keys are formed only for the
+    // few logits past that bound. The processed ids stay off this per-logit path (it is the kernel's
+    // cost: a flag test and a second max per logit were ~40 % of its instructions with the min-length
+    // eos ban, which every step of a min_new_tokens call carries): they raise the bound's rank by their
+    // count in the chunk and are dropped from the few logits past it.
     float x[kElems];
     uint32_t cand = 0;
-    float thread_max = -CUDART_INF_F, cand_max = -CUDART_INF_F;
+    float thread_max = -CUDART_INF_F;
     if constexpr (kAligned) {
         constexpr int kVecs = kElems / VEC;
         const int n = e1 - e0;  // a multiple of VEC
@@ -227,14 +255,14 @@ __global__ void __launch_bounds__(kThreads) topk_chunks_kernel(LogitsTopkArgs a,
         }
         if (specials > 0) {  // the same for the whole block
             if (tid < kChunk / 32) special_bits[tid] = 0;
+            if (tid == 0) special_count = 0;
             __syncthreads();
-            mark_specials(a, r, e0, e1, special_bits);
+            mark_specials(a, banned, r, e0, e1, special_bits, &special_count);
             __syncthreads();
         }
-        // With no processed ids (the usual step) every valid logit is a candidate: no flags, and the
-        // candidates' max is the thread's max. Every chunk but a row's last is full: no validity test.
-        auto consume = [&](auto with_specials, auto full_chunk) {
-            constexpr bool kSpecials = decltype(with_specials)::value, kFull = decltype(full_chunk)::value;
+        // Every chunk but a row's last is full: no validity test.
+        auto consume = [&](auto full_chunk) {
+            constexpr bool kFull = decltype(full_chunk)::value;
 #pragma unroll
             for (int j = 0; j < kVecs; ++j) {
                 const int at = (j * kThreads + tid) * VEC;
@@ -242,29 +270,19 @@ __global__ void __launch_bounds__(kThreads) topk_chunks_kernel(LogitsTopkArgs a,
                 float f[VEC];
                 vec_to_float(lv[j], f);
                 if (bias != nullptr) add_vec<T>(f, bv[j]);
-                // VEC divides 32: a vector's flags are VEC bits of one word
-                const uint32_t flags = kSpecials && valid ? special_bits[at / 32] >> (at % 32) : 0u;
 #pragma unroll
                 for (int i = 0; i < VEC; ++i) {
                     const int e = j * VEC + i;
                     x[e] = kFull || valid ? f[i] : -CUDART_INF_F;
                     thread_max = fmaxf(thread_max, x[e]);
-                    if constexpr (kSpecials) {
-                        const bool candidate = valid && !((flags >> i) & 1u);
-                        cand |= static_cast<uint32_t>(candidate) << e;
-                        cand_max = fmaxf(cand_max, candidate ? x[e] : -CUDART_INF_F);
-                    }
                 }
-                if constexpr (!kSpecials) cand |= (valid ? (1u << VEC) - 1u : 0u) << (j * VEC);
+                cand |= (valid ? (1u << VEC) - 1u : 0u) << (j * VEC);
             }
-            if constexpr (!kSpecials) cand_max = thread_max;
         };
-        if (specials > 0) {
-            consume(std::true_type{}, std::false_type{});
-        } else if (n == kChunk) {
-            consume(std::false_type{}, std::true_type{});
+        if (n == kChunk) {
+            consume(std::true_type{});
         } else {
-            consume(std::false_type{}, std::false_type{});
+            consume(std::false_type{});
         }
     } else {
         // Rows start anywhere when vocab % VEC != 0 (NLLB's 256206): the chunk is read as the aligned
@@ -274,6 +292,7 @@ __global__ void __launch_bounds__(kThreads) topk_chunks_kernel(LogitsTopkArgs a,
         const int64_t total = static_cast<int64_t>(a.rows) * vocab, full_vecs = total / VEC;
         const int shift = static_cast<int>(g0 - va * VEC);
         if (tid < kChunk / 32) special_bits[tid] = 0;
+        if (tid == 0) special_count = 0;
         {
             Vec<T> raw[kStageVecs / kThreads + 1];
 #pragma unroll
@@ -311,7 +330,7 @@ __global__ void __launch_bounds__(kThreads) topk_chunks_kernel(LogitsTopkArgs a,
         }
         __syncthreads();
         if (specials > 0) {  // the same for the whole block
-            mark_specials(a, r, e0, e1, special_bits);
+            mark_specials(a, banned, r, e0, e1, special_bits, &special_count);
             __syncthreads();
         }
 #pragma unroll
@@ -320,24 +339,26 @@ __global__ void __launch_bounds__(kThreads) topk_chunks_kernel(LogitsTopkArgs a,
             const bool valid = p < e1 - e0;
             x[j] = valid ? sm.stage.x[shift + p] + (bias != nullptr ? sm.stage.bias[p] : 0.f) : -CUDART_INF_F;
             if (valid) thread_max = fmaxf(thread_max, x[j]);
-            const bool candidate = valid && !((special_bits[p / 32] >> (p % 32)) & 1u);
-            cand |= static_cast<uint32_t>(candidate) << j;
-            cand_max = fmaxf(cand_max, candidate ? x[j] : -CUDART_INF_F);
+            cand |= static_cast<uint32_t>(valid) << j;
         }
     }
 
     // One barrier for the block's max (the log-softmax's shift) and the candidate bound: each warp's
-    // max as an integer max of order keys (one instruction), and each warp's ceil(k / warps)-th
-    // largest thread maximum of the candidates. A lower bound of the k-th largest candidate key is the
-    // smallest of those (they are distinct elements, at least k of them at or above it).
+    // max as an integer max of order keys (one instruction), and each warp's q-th largest thread
+    // maximum, q = ceil(k / warps) + the chunk's processed ids. A lower bound of the k-th largest
+    // candidate key is the smallest of those: of a warp's q threads at or above its bound, at most
+    // one per processed id has a processed id as its maximum, so at least ceil(k / warps) hold a
+    // candidate there (distinct elements, at least k in all).
     const int lane = tid % kWarpSize, warp = tid / kWarpSize;
     {
         if (a.normalize) {
             const uint32_t warp_max = __reduce_max_sync(0xffffffffu, order_key(thread_max));
             if (lane == 0) warp_max_key[warp] = warp_max;
         }
-        const uint32_t work = cand != 0 ? max(order_key(cand_max), 1u) : 0u;  // 0: no candidate
-        const uint32_t bound = warp_qth_largest(work, ceil_div(a.k, kWarps), lane);
+        const uint32_t work = cand != 0 ? max(order_key(thread_max), 1u) : 0u;  // 0: no valid logit
+        // past a warp's 32 holders the q-th largest is "none" (0): every valid logit passes
+        const int q = ceil_div(a.k, kWarps) + (specials > 0 ? min(special_count, kWarpSize) : 0);
+        const uint32_t bound = warp_qth_largest(work, q, lane);
         if (lane == 0) warp_bound[warp] = bound;
         if (tid == 0) candidates = 0;
     }
@@ -370,6 +391,13 @@ __global__ void __launch_bounds__(kThreads) topk_chunks_kernel(LogitsTopkArgs a,
 #pragma unroll
     for (int j = 0; j < kElems; ++j) pass |= static_cast<uint32_t>(!(x[j] < bound_value)) << j;
     pass &= cand;
+    if (specials > 0) {  // the processed ids among the few past the bound are dropped (stage 2 adds them)
+        for (uint32_t rest = pass; rest != 0; rest &= rest - 1) {
+            const int j = __ffs(rest) - 1;
+            const int p = kAligned ? ((j / VEC) * kThreads + tid) * VEC + j % VEC : j * kThreads + tid;
+            if (is_special(special_bits, p)) pass &= ~(1u << j);
+        }
+    }
     if (pass != 0) {
         int slot = atomicAdd(&candidates, __popc(pass));
         do {
@@ -414,7 +442,9 @@ __global__ void __launch_bounds__(kMergeThreads) topk_merge_kernel(LogitsTopkArg
     const int k = a.k;
     wait_on_producer();
     const float beam_score = a.beam_scores != nullptr ? a.beam_scores[r] : 0.f;
-    const int forced = a.forced_ids != nullptr ? a.forced_ids[r] : -1;
+    const int64_t srow = step_row(a);
+    const int forced = forced_of(a, srow, r);
+    const int32_t* banned = a.num_banned > 0 ? banned_of(a, srow, r) : nullptr;
     if (forced >= 0 && forced < a.vocab) {  // HF's forced token: 0 there, -inf elsewhere
         for (int j = tid; j < k; j += kMergeThreads) {
             a.out_ids[static_cast<int64_t>(r) * k + j] = j == 0 ? forced : (j - 1 < forced ? j - 1 : j);
@@ -449,7 +479,7 @@ __global__ void __launch_bounds__(kMergeThreads) topk_merge_kernel(LogitsTopkArg
     for (int i = tid; i < specials; i += kMergeThreads) {
         const bool penalised = i < a.num_penalty;
         const int id = penalised ? a.penalty_ids[static_cast<int64_t>(r) * a.num_penalty + i]
-                                 : a.banned_ids[static_cast<int64_t>(r) * a.num_banned + i - a.num_penalty];
+                                 : banned[i - a.num_penalty];
         if (id < 0 || id >= a.vocab) continue;
         uint32_t h = (static_cast<uint32_t>(id) * 2654435761u) & (table_size - 1);
         while (true) {

@@ -12,7 +12,10 @@ namespace padfree {
 
 // logits [rows, vocab] (any float dtype); bias [vocab] or null (same dtype); beam_scores [rows] fp32
 // or null; penalty_ids [rows, num_penalty], banned_ids [rows, num_banned] int32 (-1 and ids outside
-// [0, vocab) unused); forced_ids [rows] int32 or null (< 0 or >= vocab: not forced).
+// [0, vocab) unused); forced_ids [rows] int32 or null (< 0 or >= vocab: not forced). Where step is
+// non-null (a device int32), banned_ids and forced_ids are tables over steps, [num_steps, rows,
+// num_banned] and [num_steps, rows], and a row's lists are at *step (clamped to [0, num_steps - 1]):
+// a decode step captured once reads its step's lists itself, with no gather kernel before it.
 // out_scores [rows, k] fp32, out_ids [rows, k] int32, descending, ties to the smaller id.
 struct LogitsTopkArgs {
     const void* logits;
@@ -21,6 +24,8 @@ struct LogitsTopkArgs {
     const int32_t* penalty_ids;
     const int32_t* banned_ids;
     const int32_t* forced_ids;
+    const int32_t* step;
+    int32_t num_steps;
     float* out_scores;
     int32_t* out_ids;
     int32_t rows;

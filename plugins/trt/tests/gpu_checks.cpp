@@ -493,8 +493,8 @@ Register own_workspace_gpu("gpu_decoder_own_workspace_vs_c_abi", [] {
         expect_abi(padfree_logits_topk_workspace_size(rows, vocab, 1, &bytes));
         void* ws = nullptr;
         CUDA_OK(cudaMalloc(&ws, static_cast<size_t>(bytes)));
-        expect_abi(padfree_logits_topk(logits.ptr, nullptr, nullptr, nullptr, 0, 1.0f, nullptr, 0, nullptr, rows, vocab,
-                                       1, 0, ws, bytes, dt, static_cast<float*>(scores_ref.ptr),
+        expect_abi(padfree_logits_topk(logits.ptr, nullptr, nullptr, nullptr, 0, 1.0f, nullptr, 0, nullptr, nullptr, 0,
+                                       rows, vocab, 1, 0, ws, bytes, dt, static_cast<float*>(scores_ref.ptr),
                                        static_cast<int32_t*>(ids_ref.ptr), nullptr));
         cudaFree(ws);
         same_bytes(scores, scores_ref, "PadfreeLogitsTopK own_workspace scores");
@@ -526,8 +526,9 @@ Register logits_topk_gpu("gpu_logits_topk_vs_c_abi", [] {
             expect_abi(padfree_logits_topk(logits.ptr, bias.ptr, static_cast<const float*>(beam.ptr),
                                            static_cast<const int32_t*>(penalty_ids.ptr), penalty, 1.2f,
                                            static_cast<const int32_t*>(banned_ids.ptr), banned,
-                                           static_cast<const int32_t*>(forced.ptr), rows, vocab, 4, 1, ws.ptr,
-                                           static_cast<int64_t>(ws.bytes), dt, static_cast<float*>(scores_ref.ptr),
+                                           static_cast<const int32_t*>(forced.ptr), nullptr, 0, rows, vocab, 4, 1,
+                                           ws.ptr, static_cast<int64_t>(ws.bytes), dt,
+                                           static_cast<float*>(scores_ref.ptr),
                                            static_cast<int32_t*>(ids_ref.ptr), nullptr));
             same_bytes(scores, scores_ref, "PadfreeLogitsTopK scores");
             same_bytes(ids, ids_ref, "PadfreeLogitsTopK ids");
@@ -539,8 +540,8 @@ Register logits_topk_gpu("gpu_logits_topk_vs_c_abi", [] {
             Tensor scores_ref({rows, 1}, DataType::kFLOAT), ids_ref({rows, 1}, DataType::kINT32);
             Workspace ws(plugin.get(), {&logits, &scores, &ids}, 1);
             enqueue(plugin.get(), {&logits}, {&scores, &ids}, ws.ptr);
-            expect_abi(padfree_logits_topk(logits.ptr, nullptr, nullptr, nullptr, 0, 1.0f, nullptr, 0, nullptr, rows,
-                                           vocab, 1, 0, ws.ptr, static_cast<int64_t>(ws.bytes), dt,
+            expect_abi(padfree_logits_topk(logits.ptr, nullptr, nullptr, nullptr, 0, 1.0f, nullptr, 0, nullptr, nullptr,
+                                           0, rows, vocab, 1, 0, ws.ptr, static_cast<int64_t>(ws.bytes), dt,
                                            static_cast<float*>(scores_ref.ptr), static_cast<int32_t*>(ids_ref.ptr),
                                            nullptr));
             same_bytes(scores, scores_ref, "PadfreeLogitsTopK greedy scores");

@@ -24,10 +24,16 @@ class StepProcessors:
     penalty_ids: torch.Tensor | None    # int32 [rows, P], -1 = unused, each id at most once per row
     repetition_penalty: float
     forced_ids: torch.Tensor | None     # int32 [rows], -1 = none
+    # the device step where banned_ids / forced_ids are tables over steps ([steps, rows, Q], [steps, rows])
+    # that the op reads at the step itself, else None
+    step: torch.Tensor | None = None
 
     def kwargs(self) -> dict:
-        return {"banned_ids": self.banned_ids, "penalty_ids": self.penalty_ids,
-                "repetition_penalty": self.repetition_penalty, "forced_ids": self.forced_ids}
+        kwargs = {"banned_ids": self.banned_ids, "penalty_ids": self.penalty_ids,
+                  "repetition_penalty": self.repetition_penalty, "forced_ids": self.forced_ids}
+        if self.step is not None:
+            kwargs["step"] = self.step
+        return kwargs
 
 
 def _columns(history: torch.Tensor, first: torch.Tensor, count: int) -> torch.Tensor:
@@ -139,10 +145,16 @@ class Processors:
             banned.append(self.bad_single_i32)
         if self.bad_multi:
             banned.append(self._bad_words(history, cur_len).to(torch.int32))
+        penalty_ids = unique_ids(history, cur_len) if options.repetition_penalty != 1.0 else None
+        # The per-step tables (min-length eos ban, forced BOS / EOS) go to the op whole with the step, which
+        # reads the step's row itself: no gather kernel on a captured step's path. A ban joined with this
+        # step's other lists is gathered here instead.
+        if not banned and step.dtype == torch.int32:
+            return StepProcessors(self.min_length_ban, penalty_ids, options.repetition_penalty, self.forced_by_step,
+                                  step if self.min_length_ban is not None or self.forced_by_step is not None else None)
         if self.min_length_ban is not None:
             banned.append(self.min_length_ban.index_select(0, step)[0])
         banned_ids = (banned[0] if len(banned) == 1 else torch.cat(banned, dim=1)).contiguous() if banned else None
-        penalty_ids = unique_ids(history, cur_len) if options.repetition_penalty != 1.0 else None
         forced_ids = None if self.forced_by_step is None else self.forced_by_step.index_select(0, step)[0]
         return StepProcessors(banned_ids, penalty_ids, options.repetition_penalty, forced_ids)
 

@@ -196,16 +196,31 @@ def _id_mask(ids: torch.Tensor, vocab: int) -> torch.Tensor:
     return mask[:, :vocab]
 
 
+def step_lists(banned_ids: torch.Tensor | None, forced_ids: torch.Tensor | None,
+               step: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """This step's banned / forced lists: the tables' row at step (clamped to the tables) where step is given
+    (banned_ids [steps, rows, Q], forced_ids [steps, rows]), else the lists as given."""
+    if step is None:
+        return banned_ids, forced_ids
+
+    def row(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t.index_select(0, step.long().clamp(0, t.shape[0] - 1))[0]
+    return row(banned_ids), row(forced_ids)
+
+
 def process_scores(logits: torch.Tensor, bias: torch.Tensor | None = None,
                    beam_scores: torch.Tensor | None = None, banned_ids: torch.Tensor | None = None,
                    penalty_ids: torch.Tensor | None = None, repetition_penalty: float = 1.0,
-                   forced_ids: torch.Tensor | None = None, normalize: bool = True) -> torch.Tensor:
+                   forced_ids: torch.Tensor | None = None, normalize: bool = True, *,
+                   step: torch.Tensor | None = None) -> torch.Tensor:
     """The contract's per-row scores before the top-k: float32 [rows, V].
 
     x = logits + bias; s = log_softmax(x) (normalize=False: s = x); then in HF's processor order:
     repetition penalty on penalty_ids (each id once, as HF's gather/scatter does), -inf on banned_ids,
     forcing (all -inf but forced_ids[r], which gets 0) where forced_ids[r] >= 0; s += beam_scores.
+    With step, banned_ids and forced_ids are tables over steps (step_lists).
     """
+    banned_ids, forced_ids = step_lists(banned_ids, forced_ids, step)
     s = logits.float()
     if bias is not None:
         s = s + bias.float()
@@ -252,17 +267,18 @@ def log_softmax_topk(logits: torch.Tensor, k: int, bias: torch.Tensor | None = N
                      penalty_ids: torch.Tensor | None = None, repetition_penalty: float = 1.0,
                      forced_ids: torch.Tensor | None = None, out_scores: torch.Tensor | None = None,
                      out_ids: torch.Tensor | None = None, normalize: bool = True, *,
-                     workspace: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     workspace: torch.Tensor | None = None,
+                     step: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row: the k best continuations after log_softmax and the logits processors.
 
     logits [rows, V] (any of the dtypes); bias [V] or None (Marian/BART's final_logits_bias);
     beam_scores fp32 [rows] or None; banned_ids / penalty_ids int32 [rows, Q] (-1 = unused);
-    forced_ids int32 [rows] (-1 = none). 1 <= k <= 64.
+    forced_ids int32 [rows] (-1 = none); with step, both are tables over steps (step_lists). 1 <= k <= 64.
     Returns (scores fp32 [rows, k] descending, ids int32 [rows, k]); ties -> smaller id first.
     """
     if not 1 <= k <= MAX_TOPK:
         raise ValueError(f"log_softmax_topk: k must be in [1, {MAX_TOPK}], got {k}")
     s = process_scores(logits, bias, beam_scores, banned_ids, penalty_ids, repetition_penalty, forced_ids,
-                       normalize)
+                       normalize, step=step)
     scores, ids = topk_smaller_id_first(s, k)
     return _write(out_scores, scores), _write(out_ids, ids)

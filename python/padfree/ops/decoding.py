@@ -74,12 +74,22 @@ def _ids(t: torch.Tensor | None, name: str, rows: int, device: torch.device) -> 
     return t.shape[1]
 
 
+def _flat_table(t: torch.Tensor, name: str, dims: int) -> torch.Tensor:
+    """A per-step table [steps, rows(, Q)] as the rows of all its steps (checked as such by the caller)."""
+    if t.dim() != dims:
+        raise InputError(f"{name}: with step, expected a table of {dims} dimensions, got shape {tuple(t.shape)}")
+    if not t.is_contiguous():
+        raise InputError(f"{name}: with step, the table must be contiguous")
+    return t.view(-1, t.shape[2]) if dims == 3 else t.view(-1)
+
+
 def log_softmax_topk(logits: torch.Tensor, k: int, bias: torch.Tensor | None = None,
                      beam_scores: torch.Tensor | None = None, banned_ids: torch.Tensor | None = None,
                      penalty_ids: torch.Tensor | None = None, repetition_penalty: float = 1.0,
                      forced_ids: torch.Tensor | None = None, out_scores: torch.Tensor | None = None,
                      out_ids: torch.Tensor | None = None, normalize: bool = True, *,
-                     workspace: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     workspace: torch.Tensor | None = None,
+                     step: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The k best scores of each row, with HF's processors, reading the logits once.
 
     Per row r: x = float(logits[r]) + float(bias); s = log_softmax(x) (s = x where normalize=False:
@@ -92,6 +102,9 @@ def log_softmax_topk(logits: torch.Tensor, k: int, bias: torch.Tensor | None = N
     beam_scores: fp32 [rows] or None
     penalty_ids, banned_ids: int32 [rows, P], [rows, Q] (-1 = unused; P + Q <= 2048), or None
     forced_ids:  int32 [rows] (-1 = not forced), or None
+    step:        int32 [1] on the device, or None; given, banned_ids and forced_ids are tables over steps,
+                 [steps, rows, Q] and [steps, rows], read at row step (clamped to [0, steps - 1]) by the
+                 kernel itself: a captured decode step needs no gather of its step's lists
     k:           1 <= k <= min(64, V)
     Returns (scores fp32 [rows, k], ids int32 [rows, k]): descending, ties to the smaller id.
     """
@@ -109,11 +122,25 @@ def log_softmax_topk(logits: torch.Tensor, k: int, bias: torch.Tensor | None = N
     check_float(bias, "bias", like=logits, shape=(vocab,), optional=True)
     check(beam_scores, "beam_scores", dtype=torch.float32, shape=(rows,), device=device, optional=True)
     num_penalty = _ids(penalty_ids, "penalty_ids", rows, device)
-    num_banned = _ids(banned_ids, "banned_ids", rows, device)
+    num_steps = 0
+    if step is not None:
+        check(step, "step", dtype=torch.int32, shape=(1,), device=device)
+        tables = [t for t in (banned_ids, forced_ids) if t is not None]
+        if not tables:
+            raise InputError("step: given without a banned_ids or forced_ids table to index")
+        num_steps = tables[0].shape[0] if tables[0].dim() >= 1 else 0
+        if num_steps < 1 or any(t.dim() < 1 or t.shape[0] != num_steps for t in tables):
+            raise InputError("step: banned_ids [steps, rows, Q] and forced_ids [steps, rows] need the same "
+                             f"number of steps >= 1, got shapes {[tuple(t.shape) for t in tables]}")
+        # each table is checked as one step's lists of num_steps * rows rows
+        banned_ids = None if banned_ids is None else _flat_table(banned_ids, "banned_ids", 3)
+        forced_ids = None if forced_ids is None else _flat_table(forced_ids, "forced_ids", 2)
+    table_rows = rows * max(num_steps, 1)
+    num_banned = _ids(banned_ids, "banned_ids", table_rows, device)
     if num_penalty + num_banned > MAX_SPECIAL_IDS:
         raise InputError(f"penalty_ids and banned_ids: at most {MAX_SPECIAL_IDS} columns together, got "
                          f"{num_penalty} + {num_banned}")
-    check(forced_ids, "forced_ids", dtype=torch.int32, shape=(rows,), device=device, optional=True)
+    check(forced_ids, "forced_ids", dtype=torch.int32, shape=(table_rows,), device=device, optional=True)
     if isinstance(repetition_penalty, bool) or not isinstance(repetition_penalty, (int, float)) \
             or not math.isfinite(repetition_penalty) or repetition_penalty <= 0:
         raise InputError(f"repetition_penalty: expected a finite positive number, got {repetition_penalty!r}")
@@ -137,7 +164,8 @@ def log_softmax_topk(logits: torch.Tensor, k: int, bias: torch.Tensor | None = N
     if workspace.numel() < need:
         raise InputError(f"workspace: expected at least {need} bytes, got {workspace.numel()}")
     call_kernel("padfree_logits_topk", device, ptr(logits), ptr(bias), ptr(beam_scores), ptr(penalty_ids),
-                num_penalty, float(repetition_penalty), ptr(banned_ids), num_banned, ptr(forced_ids), rows, vocab,
+                num_penalty, float(repetition_penalty), ptr(banned_ids), num_banned, ptr(forced_ids), ptr(step),
+                num_steps, rows, vocab,
                 k, int(normalize), ptr(workspace), workspace.numel(), dtype, ptr(out_scores), ptr(out_ids),
                 stream_handle(device))
     return out_scores, out_ids
