@@ -622,8 +622,8 @@ def test_capi_self_attention_refuses(over, fragment, status):
 ])
 def test_capi_logits_topk_refuses(over, fragment):
     a = dict(logits=A, bias=None, bs=None, pen=None, num_penalty=0, penalty=1.0, ban=None, num_banned=0,
-             forced=None, step=None, num_steps=0, rows=4, vocab=1000, k=4, normalize=1, ws=A, ws_bytes=1 << 30, dtype=1, scores=A, ids=A,
-             stream=None)
+             forced=None, step=None, num_steps=0, rows=4, vocab=1000, k=4, normalize=1, ws=A, ws_bytes=1 << 30,
+             dtype=1, scores=A, ids=A, stream=None)
     if over.get("num_penalty"):
         a.update(pen=A, ban=A)
     a.update(over)
