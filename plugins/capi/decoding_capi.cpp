@@ -55,9 +55,9 @@ padfree_status padfree_logits_topk_workspace_size(int32_t rows, int32_t vocab, i
 padfree_status padfree_logits_topk(const void* logits, const void* bias, const float* beam_scores,
                                    const int32_t* penalty_ids, int32_t num_penalty, float repetition_penalty,
                                    const int32_t* banned_ids, int32_t num_banned, const int32_t* forced_ids,
-                                   const int32_t* step, int32_t num_steps, int32_t rows, int32_t vocab, int32_t k, int32_t normalize, void* workspace,
-                                   int64_t workspace_bytes, padfree_dtype dtype, float* out_scores,
-                                   int32_t* out_ids, padfree_stream stream) {
+                                   const int32_t* step, int32_t num_steps, int32_t rows, int32_t vocab, int32_t k,
+                                   int32_t normalize, void* workspace, int64_t workspace_bytes, padfree_dtype dtype,
+                                   float* out_scores, int32_t* out_ids, padfree_stream stream) {
     PADFREE_CAPI_GUARD_BEGIN
     using namespace padfree;
     PADFREE_CHECK(check_dtype(dtype));

@@ -233,10 +233,10 @@ __global__ void __launch_bounds__(kThreads) topk_chunks_kernel(LogitsTopkArgs a,
     const int specials = a.num_penalty + a.num_banned;
     // Per thread: its logits x, which of them are valid (a bit each) and their max (NaN ignored: a lower
     // bound of the largest key, which is all the warp bound below needs). Keys are formed only for the
-    // few logits past that bound. The processed ids stay off this per-logit path (it is the kernel's
-    // cost: a flag test and a second max per logit were ~40 % of its instructions with the min-length
-    // eos ban, which every step of a min_new_tokens call carries): they raise the bound's rank by their
-    // count in the chunk and are dropped from the few logits past it.
+    // few logits past that bound. The processed ids stay off this per-logit path (the kernel's cost;
+    // with them on it every step of a min_new_tokens call, whose eos ban is one, paid a flag test and a
+    // second maximum per logit): they raise the bound's rank by their count in the chunk and are
+    // dropped from the few logits past it.
     float x[kElems];
     uint32_t cand = 0;
     float thread_max = -CUDART_INF_F;
