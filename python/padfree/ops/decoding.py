@@ -74,8 +74,10 @@ def _ids(t: torch.Tensor | None, name: str, rows: int, device: torch.device) -> 
     return t.shape[1]
 
 
-def _flat_table(t: torch.Tensor, name: str, dims: int) -> torch.Tensor:
+def _flat_table(t: torch.Tensor | None, name: str, dims: int) -> torch.Tensor | None:
     """A per-step table [steps, rows(, Q)] as the rows of all its steps (checked as such by the caller)."""
+    if t is None:
+        return None
     if t.dim() != dims:
         raise InputError(f"{name}: with step, expected a table of {dims} dimensions, got shape {tuple(t.shape)}")
     if not t.is_contiguous():
@@ -128,13 +130,13 @@ def log_softmax_topk(logits: torch.Tensor, k: int, bias: torch.Tensor | None = N
         tables = [t for t in (banned_ids, forced_ids) if t is not None]
         if not tables:
             raise InputError("step: given without a banned_ids or forced_ids table to index")
-        num_steps = tables[0].shape[0] if tables[0].dim() >= 1 else 0
-        if num_steps < 1 or any(t.dim() < 1 or t.shape[0] != num_steps for t in tables):
+        # each table is checked below as one step's lists of num_steps * rows rows
+        banned_flat, forced_flat = _flat_table(banned_ids, "banned_ids", 3), _flat_table(forced_ids, "forced_ids", 2)
+        num_steps = tables[0].shape[0]
+        if num_steps < 1 or any(t.shape[0] != num_steps for t in tables):
             raise InputError("step: banned_ids [steps, rows, Q] and forced_ids [steps, rows] need the same "
                              f"number of steps >= 1, got shapes {[tuple(t.shape) for t in tables]}")
-        # each table is checked as one step's lists of num_steps * rows rows
-        banned_ids = None if banned_ids is None else _flat_table(banned_ids, "banned_ids", 3)
-        forced_ids = None if forced_ids is None else _flat_table(forced_ids, "forced_ids", 2)
+        banned_ids, forced_ids = banned_flat, forced_flat
     table_rows = rows * max(num_steps, 1)
     num_banned = _ids(banned_ids, "banned_ids", table_rows, device)
     if num_penalty + num_banned > MAX_SPECIAL_IDS:
