@@ -58,9 +58,11 @@ def random_parents(gen, batch, num_beams):
 
 
 def run_self_attention(seed, dtype, *, batch, num_beams, num_heads, head_dim, max_len, start, steps, bias=True,
-                       scale=None):
+                       scale=None, state_ready=False):
     """Steps start .. start + steps - 1 with random parents after each; the history before `start` is
-    random cache contents under a random indirection (as if earlier steps had run)."""
+    random cache contents under a random indirection (as if earlier steps had run). state_ready: the
+    kernel reads the step, the indirection and the cache before its PDL wait, the stream synchronized
+    before each call so that the promise holds."""
     gen = _gen(seed)
     rows, hidden = batch * num_beams, num_heads * head_dim
     k_cache = torch.randn(rows, num_heads, max_len, head_dim, device="cuda", generator=gen).to(dtype)
@@ -82,8 +84,10 @@ def run_self_attention(seed, dtype, *, batch, num_beams, num_heads, head_dim, ma
         qkv = torch.randn(rows, 3 * hidden, device="cuda", generator=gen).to(dtype)
         step_t.fill_(step)
         out = torch.full((rows, hidden), math.nan, dtype=dtype, device="cuda")
+        if state_ready:
+            torch.cuda.current_stream().synchronize()
         result = decoder_self_attention(qkv, k_cache, v_cache, indir, step_t, num_heads, qkv_bias,
-                                        softmax_scale=scale, out=out)
+                                        softmax_scale=scale, out=out, state_ready=state_ready)
         assert result is out
         expected = ref.step(qkv, qkv_bias, step, num_heads, use_scale, dtype)
         assert not torch.isnan(out).any(), f"step {step}: some outputs were not written"
@@ -116,10 +120,11 @@ SELF_CASES = [
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", SELF_CASES, ids=lambda c: "b{}x{}_h{}x{}_L{}_s{}".format(*c[:6]))
-def test_self_attention_over_reordered_steps(seed, dtype, case):
+@pytest.mark.parametrize("state_ready", [False, True], ids=["after_wait", "state_ready"])
+def test_self_attention_over_reordered_steps(seed, dtype, case, state_ready):
     batch, num_beams, heads, head_dim, max_len, start, steps = case
     run_self_attention(seed, dtype, batch=batch, num_beams=num_beams, num_heads=heads, head_dim=head_dim,
-                       max_len=max_len, start=start, steps=steps)
+                       max_len=max_len, start=start, steps=steps, state_ready=state_ready)
 
 
 @pytest.mark.gpu
@@ -130,7 +135,9 @@ def test_self_attention_without_bias_and_folded_scale(seed):
 
 @pytest.mark.gpu
 def test_self_attention_is_deterministic_and_graph_capturable(seed):
-    """One captured graph replays every step (step is a device scalar): bitwise as eager calls."""
+    """One captured graph replays every step (step is a device scalar): bitwise as eager calls. The
+    graph's call reads its state before the PDL wait (state_ready: a replay starts after the previous
+    one ended), the eager calls after it."""
     gen = _gen(seed)
     rows, heads, head_dim, max_len = 4, 8, 64, 128
     hidden = heads * head_dim
@@ -157,7 +164,8 @@ def test_self_attention_is_deterministic_and_graph_capturable(seed):
     one = torch.ones(1, dtype=torch.int32, device="cuda")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        decoder_self_attention(static_qkv, caches[2], caches[3], indir, step, heads, out=out, workspace=workspace)
+        decoder_self_attention(static_qkv, caches[2], caches[3], indir, step, heads, out=out, workspace=workspace,
+                               state_ready=True)
         step.add_(one)
     step.zero_()
     for qkv, expected in zip(qkvs, eager):
@@ -603,10 +611,11 @@ def _capi(name, *args):
     ({"scale": -1.0}, "softmax_scale", _lib.STATUS_INVALID_ARGUMENT),
     ({"qkv": M}, "qkv must be 16-byte aligned", _lib.STATUS_INVALID_ARGUMENT),
     ({"step": 0}, "step", _lib.STATUS_INVALID_ARGUMENT),
+    ({"state_ready": 2}, "state_ready", _lib.STATUS_INVALID_ARGUMENT),
     ({"dtype": 7}, "dtype", _lib.STATUS_INVALID_ARGUMENT),
 ])
 def test_capi_self_attention_refuses(over, fragment, status):
-    a = dict(qkv=A, bias=None, k=A, v=A, indir=A, step=A, rows=4, num_heads=8, head_dim=64, max_len=16,
+    a = dict(qkv=A, bias=None, k=A, v=A, indir=A, step=A, state_ready=0, rows=4, num_heads=8, head_dim=64, max_len=16,
              scale=0.125, ws=None, ws_bytes=0, dtype=1, out=A, stream=None)
     a.update(over)
     got, message = _capi("padfree_decoder_self_attention", *a.values())

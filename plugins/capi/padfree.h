@@ -37,7 +37,7 @@ extern "C" {
  * 11: sentence pooling (padfree_sequence_pool). 12: beam_search_step's and greedy_step's flag_bytes
  * (int32 flags for TensorRT's PadfreeBeamSearchStep and PadfreeGreedyStep).
  * (New functions, such as the decoder's, add to a version without bumping it.) */
-#define PADFREE_ABI_VERSION 14
+#define PADFREE_ABI_VERSION 15
 
 typedef enum padfree_status {
     PADFREE_OK = 0,
@@ -331,11 +331,17 @@ PADFREE_API padfree_status padfree_decoder_self_attention_workspace_size(int32_t
  * k_cache, v_cache: [rows, H, L, D]; this step's K and V (bias added) are written to [r, :, step, :]
  * cache_indir: [rows, L] int32: for t < step, the row whose cache holds position t of row r's history
  * step:        device int32 scalar, 0 <= step < L: attends over positions 0..step (a graph replays)
+ * state_ready: 0, or 1 where the caller promises that no kernel still running in the stream writes step,
+ *              cache_indir or the caches' positions before step (a CUDA graph of one decode step, the
+ *              previous replay having written them): the kernel then reads them before its
+ *              programmatic-dependent-launch wait, overlapping their round trips with the kernel before
+ *              it. A broken promise gives unspecified results (never an access outside a tensor).
  * out:         [rows, H, D]
  * softmax_scale: finite and positive (1/sqrt(D) usually; 1 where the scale is folded into Q). */
 PADFREE_API padfree_status padfree_decoder_self_attention(const void* qkv, const void* qkv_bias, void* k_cache,
                                                           void* v_cache, const int32_t* cache_indir,
-                                                          const int32_t* step, int32_t rows, int32_t num_heads,
+                                                          const int32_t* step, int32_t state_ready,
+                                                          int32_t rows, int32_t num_heads,
                                                           int32_t head_dim, int32_t max_len, float softmax_scale,
                                                           void* workspace, int64_t workspace_bytes,
                                                           padfree_dtype dtype, void* out, padfree_stream stream);

@@ -114,7 +114,7 @@ padfree_status DecoderSelfAttentionPlugin::run(const PluginTensorDesc* in, const
     }
     return padfree_decoder_self_attention(inputs[kQkv], inputs[kQkvBias], outputs[kKCacheOut], outputs[kVCacheOut],
                                           static_cast<const int32_t*>(inputs[kCacheIndir]),
-                                          static_cast<const int32_t*>(inputs[kStep]), rows, heads, head_dim, max_len,
+                                          static_cast<const int32_t*>(inputs[kStep]), 0, rows, heads, head_dim, max_len,
                                           field_f32(kSoftmaxScale), workspace, workspace_bytes,
                                           to_padfree_dtype(qkv.type), outputs[kContext], stream);
 }

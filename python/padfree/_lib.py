@@ -12,7 +12,7 @@ from pathlib import Path
 
 from . import env
 
-ABI_VERSION = 14  # must match PADFREE_ABI_VERSION in plugins/capi/padfree.h
+ABI_VERSION = 15  # must match PADFREE_ABI_VERSION in plugins/capi/padfree.h
 
 _p = c_void_p
 _i32p = c_void_p  # device int32 pointers travel as plain addresses
@@ -57,8 +57,8 @@ _SIGNATURES: dict[str, list] = {
     "padfree_graph_exec_launch": [_p, _p],
     "padfree_graph_exec_destroy": [_p],
     "padfree_decoder_self_attention_workspace_size": [c_int32, c_int32, c_int32, c_int32, ctypes.POINTER(c_int64)],
-    "padfree_decoder_self_attention": [_p, _p, _p, _p, _i32p, _i32p, c_int32, c_int32, c_int32, c_int32, c_float,
-                                       _p, c_int64, c_int, _p, _p],
+    "padfree_decoder_self_attention": [_p, _p, _p, _p, _i32p, _i32p, c_int32, c_int32, c_int32, c_int32, c_int32,
+                                       c_float, _p, c_int64, c_int, _p, _p],
     "padfree_decoder_cross_attention_workspace_size": [c_int32, c_int32, c_int32, c_int32, ctypes.POINTER(c_int64)],
     "padfree_decoder_cross_attention": [_p, _p, _p, _i32p, c_int32, c_int32, c_int64, c_int32, c_int32, c_int32,
                                         c_float, _p, c_int64, c_int, _p, _p],

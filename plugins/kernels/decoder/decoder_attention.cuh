@@ -59,8 +59,19 @@ struct DecoderAttentionArgs {
     int32_t num_heads;
     int32_t splits;
     int32_t warps_per_item;  // 1, 2 or 4: the warps of a CTA that share one item's positions
+    // self-attention: the caller promises that no kernel still running writes the step, the indirection
+    // or the cache's positions before the step (a decode step's graph, where the previous replay wrote
+    // them), so that they are read before the PDL wait
+    bool state_ready;
     float scale_log2;        // softmax_scale * log2(e): scores in base 2 (exp2)
 };
+
+// x where kFirst, else y: a reference chosen at compile time.
+template <bool kFirst, typename A>
+__device__ __forceinline__ A& pick(A& x, A& y) {
+    if constexpr (kFirst) return x;
+    else return y;
+}
 
 // An item's (max, sum, unnormalized output) into the output (unsplit) or its split's partial.
 template <typename T, int D>
@@ -84,8 +95,13 @@ __device__ __forceinline__ void store_item(const DecoderAttentionArgs& a, int64_
     }
 }
 
-template <typename T, int D, bool kSelf, int kMinBlocks>
+// kEarly (self-attention with a.state_ready): the item's step, its warp's first pass of indirection and
+// cached K / V are requested before the PDL wait, so that only this step's Q, K and V, the producer's
+// output, are a round trip after it. Without it the code is as it was (its register allocation and
+// schedule unchanged).
+template <typename T, int D, bool kSelf, int kMinBlocks, bool kEarly = false>
 __global__ void __launch_bounds__(kAttnThreads, kMinBlocks) decoder_attention_kernel(DecoderAttentionArgs a) {
+    static_assert(kSelf || !kEarly, "only the self-attention's state is read before the wait");
     constexpr int kUnroll = attention_unroll<kMinBlocks>();
     constexpr int VEC = Vec<T>::size;
     constexpr int G = D / VEC;        // lanes per key: one 16-byte vector each
@@ -109,7 +125,7 @@ __global__ void __launch_bounds__(kAttnThreads, kMinBlocks) decoder_attention_ke
     const int split = static_cast<int>(item / (static_cast<int64_t>(a.rows) * a.num_heads));
     const int64_t rh = static_cast<int64_t>(row) * a.num_heads + head;
     const int hidden = a.num_heads * D;
-    wait_on_producer();
+    if constexpr (!kEarly) wait_on_producer();
 
     float m = -CUDART_INF_F, l = 0.f, o[VEC];
 #pragma unroll
@@ -126,6 +142,44 @@ __global__ void __launch_bounds__(kAttnThreads, kMinBlocks) decoder_attention_ke
             const int end = min(max(a.cu_seqlens[s + 1], start), a.total_tokens);
             n = min(end - start, a.max_seqlen);
             src_start = start;
+        }
+        // this warp's positions [w0, w1): its share of the item's split
+        auto warp_range = [&]() {
+            const int per = ceil_div(n, a.splits);
+            const int chunk = max(per, kMinSplitPositions);
+            const int t0 = min(split * chunk, n), t1 = min(t0 + chunk, n);
+            const int share = ceil_div(t1 - t0, wpi);
+            const int w0 = min(t0 + sub * share, t1);
+            return make_int2(w0, min(w0 + share, t1));
+        };
+        // Offset of position t's K vector of this lane (V: + v_offset).
+        const T* kv_mem = static_cast<const T*>(a.kv_mem);
+        auto key_offset = [&](int t) -> int64_t {
+            if constexpr (kSelf) {
+                const int src = min(max(a.cache_indir[static_cast<int64_t>(row) * a.max_len + t], 0), a.rows - 1);
+                return ((static_cast<int64_t>(src) * a.num_heads + head) * a.max_len + t) * D + lane_vec * VEC;
+            } else {
+                return (src_start + t) * (2 * hidden) + head * D + lane_vec * VEC;
+            }
+        };
+        const T* k_base = kSelf ? static_cast<const T*>(a.k_cache) : kv_mem;
+        const T* v_base = kSelf ? static_cast<const T*>(a.v_cache) : kv_mem + hidden;
+        int2 range{0, 0};
+        // kEarly: the passes' keys live across the loop, the first pass's requested here (one set of
+        // registers: the first pass's held apart from the others' spilled); else each pass declares its own
+        Vec<T> early_k[kUnroll], early_v[kUnroll];
+        if constexpr (kEarly) {
+            range = warp_range();
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) {
+                const int t = range.x + g + u * KPW;
+                if (t < range.y && t != step) {
+                    const int64_t at = key_offset(t);
+                    early_k[u] = load_vec(k_base + at);
+                    early_v[u] = load_vec(v_base + at);
+                }
+            }
+            wait_on_producer();
         }
         // Q (pre-scaled), and for self-attention this step's K and V, which one warp of split 0 stores
         // in the cache
@@ -157,35 +211,22 @@ __global__ void __launch_bounds__(kAttnThreads, kMinBlocks) decoder_attention_ke
             __syncwarp();
         }
 
-        // this warp's positions: its share of the item's split
-        const int per = ceil_div(n, a.splits);
-        const int chunk = max(per, kMinSplitPositions);
-        const int t0 = min(split * chunk, n), t1 = min(t0 + chunk, n);
-        const int share = ceil_div(t1 - t0, wpi);
-        const int w0 = min(t0 + sub * share, t1), w1 = min(w0 + share, t1);
-
-        // Offset of position t's K vector of this lane (V: + v_offset).
-        const T* kv_mem = static_cast<const T*>(a.kv_mem);
-        auto key_offset = [&](int t) -> int64_t {
-            if constexpr (kSelf) {
-                const int src = min(max(a.cache_indir[static_cast<int64_t>(row) * a.max_len + t], 0), a.rows - 1);
-                return ((static_cast<int64_t>(src) * a.num_heads + head) * a.max_len + t) * D + lane_vec * VEC;
-            } else {
-                return (src_start + t) * (2 * hidden) + head * D + lane_vec * VEC;
-            }
-        };
-        const T* k_base = kSelf ? static_cast<const T*>(a.k_cache) : kv_mem;
-        const T* v_base = kSelf ? static_cast<const T*>(a.v_cache) : kv_mem + hidden;
+        if constexpr (!kEarly) range = warp_range();
+        const int w0 = range.x, w1 = range.y;
 
         for (int pass = w0; pass < w1; pass += KPW * kUnroll) {  // the same trip count for the whole warp
             const int base = pass + g;
-            Vec<T> kv[kUnroll], vv[kUnroll];
+            Vec<T> local_k[kUnroll], local_v[kUnroll];
+            auto& kv = pick<kEarly>(early_k, local_k);
+            auto& vv = pick<kEarly>(early_v, local_v);
 #pragma unroll
             for (int u = 0; u < kUnroll; ++u) {
                 const int t = base + u * KPW;
                 if (kSelf && t == step) {
                     kv[u] = step_kv[warp][0][lane_vec];
                     vv[u] = step_kv[warp][1][lane_vec];
+                } else if (kEarly && pass == w0) {
+                    // requested before the wait
                 } else if (t < w1) {
                     const int64_t at = key_offset(t);
                     kv[u] = load_vec(k_base + at);
@@ -233,6 +274,8 @@ __global__ void __launch_bounds__(kAttnThreads, kMinBlocks) decoder_attention_ke
 #pragma unroll
             for (int i = 0; i < VEC; ++i) o[i] += __shfl_xor_sync(0xffffffffu, o[i], offset);
         }
+    } else if constexpr (kEarly) {
+        wait_on_producer();
     }
     allow_consumers();
     if (wpi == 1) {
@@ -361,8 +404,10 @@ cudaError_t launch_decoder_attention(DecoderAttentionArgs a, int32_t head_dim, p
             const int per_sm = use_wide ? wide_per_sm : narrow_per_sm;
             a.warps_per_item = choose_warps_per_item(items, static_cast<int64_t>(sms) * per_sm);
             const int64_t blocks = ceil_div<int64_t>(items, kAttnWarps / a.warps_per_item);
-            err = launch_kernel(use_wide ? wide : narrow, dim3(static_cast<unsigned>(blocks)), dim3(kAttnThreads), 0,
-                                stream, a);
+            auto kernel = use_wide ? wide : narrow;
+            if constexpr (kSelf)  // the early variant where one wave holds the items (registers as narrow's)
+                if (a.state_ready && !use_wide) kernel = decoder_attention_kernel<T, D, true, kAttnMinBlocks, true>;
+            err = launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kAttnThreads), 0, stream, a);
             if (err == cudaSuccess && a.splits > 1)
                 err = launch_kernel(decoder_attention_combine_kernel<T, D>, dim3(a.rows * a.num_heads), dim3(D), 0,
                                     stream, static_cast<const float*>(a.partial), a.rows * a.num_heads, a.splits,

@@ -27,6 +27,7 @@ cudaError_t launch_self_attention(const SelfAttentionArgs& args, void* workspace
     a.rows = args.rows;
     a.num_heads = args.num_heads;
     a.scale_log2 = args.softmax_scale * kLog2e;
+    a.state_ready = args.state_ready;
     return decoder::launch_decoder_attention<true>(a, args.head_dim, dtype, stream);
 }
 

@@ -25,6 +25,9 @@ struct SelfAttentionArgs {
     int32_t head_dim;
     int32_t max_len;
     float softmax_scale;
+    // step, cache_indir and the caches' earlier positions are no running kernel's output (the C ABI's
+    // state_ready): read before the PDL wait
+    bool state_ready;
 };
 
 // Bytes of scratch the launch wants for its split-K partials (0: it runs unsplit).

@@ -395,7 +395,7 @@ Register decoder_self_attention_gpu("gpu_decoder_self_attention_vs_c_abi", [] {
                     EXPECT(static_cast<size_t>(bytes) == ws.bytes, "workspace ", ws.bytes, " vs ", bytes);
                     expect_abi(padfree_decoder_self_attention(
                         qkv.ptr, bias.ptr, k_ref.ptr, v_ref.ptr, static_cast<const int32_t*>(indir.ptr),
-                        static_cast<const int32_t*>(step_t.ptr), rows, heads, head_dim, L, scale,
+                        static_cast<const int32_t*>(step_t.ptr), 0, rows, heads, head_dim, L, scale,
                         with_workspace ? ws.ptr : nullptr, with_workspace ? bytes : 0, dt, ref.ptr, nullptr));
                     const std::string what = str("PadfreeDecoderSelfAttention head_dim=", head_dim, " dtype ",
                                                  static_cast<int>(t), aliased ? " aliased" : " copied",
@@ -473,7 +473,7 @@ Register own_workspace_gpu("gpu_decoder_own_workspace_vs_c_abi", [] {
         CUDA_OK(cudaMalloc(&ws, static_cast<size_t>(bytes)));
         expect_abi(padfree_decoder_self_attention(qkv.ptr, bias.ptr, k_ref.ptr, v_ref.ptr,
                                                   static_cast<const int32_t*>(indir.ptr),
-                                                  static_cast<const int32_t*>(step_t.ptr), rows, heads, head_dim, L,
+                                                  static_cast<const int32_t*>(step_t.ptr), 0, rows, heads, head_dim, L,
                                                   0.125f, ws, bytes, dt, ref.ptr, nullptr));
         cudaFree(ws);
         same_bytes(out, ref, "PadfreeDecoderSelfAttention own_workspace context");

@@ -163,12 +163,17 @@ class Decoder:
 
     def _self_attention(self, i: int, qkv: torch.Tensor, biased: bool = False) -> torch.Tensor:
         """Layer i's masked self-attention over its cache for this step's fused QKV (its bias added here,
-        unless `biased`: the projection added it)."""
+        unless `biased`: the projection added it).
+
+        Captured into a step's graph, it reads the step, the indirection and the cache before its PDL wait
+        (state_ready): a graph holds one decode step, and the previous replay, which wrote them, has
+        ended before a replay starts. Run eagerly, the previous step's search kernel may still be running."""
         attn = self.weights.decoder.layers[i].self_attn
         return self.ops.decoder_self_attention(qkv, self.k_cache[i], self.v_cache[i], self.indir, self.step,
                                                self.weights.decoder.num_heads,
                                                qkv_bias=None if biased else attn.qkv_bias,
-                                               softmax_scale=1.0, workspace=self.ws_self)
+                                               softmax_scale=1.0, workspace=self.ws_self,
+                                               state_ready=qkv.is_cuda and torch.cuda.is_current_stream_capturing())
 
     def _cross_attention(self, i: int, q: torch.Tensor, biased: bool = False) -> torch.Tensor:
         """Layer i's cross-attention over the packed sources' K/V for this step's Q (its bias added here,

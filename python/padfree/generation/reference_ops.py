@@ -91,13 +91,15 @@ def attention_varlen(qkv: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: in
 def decoder_self_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            cache_indir: torch.Tensor, step: int | torch.Tensor, num_heads: int,
                            qkv_bias: torch.Tensor | None = None, softmax_scale: float | None = None,
-                           out: torch.Tensor | None = None, *, workspace: torch.Tensor | None = None) -> torch.Tensor:
+                           out: torch.Tensor | None = None, *, workspace: torch.Tensor | None = None,
+                           state_ready: bool = False) -> torch.Tensor:
     """One decode step of causal self-attention over the K/V cache, through the cache indirection.
 
     qkv [rows, 3*hidden]: this step's fused projection (bias not added; qkv_bias [3*hidden] or None).
     k_cache, v_cache [rows, H, L, D]: this call writes the step's K, V (bias added) into [r, :, step, :].
     cache_indir int32 [rows, L]: for t < step, the row whose cache slot holds position t of row r's
     history; position `step` is r's own slot. step: int32 tensor [1] (or int), 0 <= step < L.
+    state_ready: the kernel's scheduling promise (ops.decoder_self_attention); no effect here.
     Returns [rows, hidden]: softmax(q . K[0..step] * softmax_scale) V per head.
     """
     rows, width = qkv.shape

@@ -86,7 +86,8 @@ def _workspace(workspace, name, device, rows, num_heads, head_dim, positions):
 def decoder_self_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            cache_indir: torch.Tensor, step: torch.Tensor, num_heads: int,
                            qkv_bias: torch.Tensor | None = None, softmax_scale: float | None = None,
-                           out: torch.Tensor | None = None, *, workspace: torch.Tensor | None = None) -> torch.Tensor:
+                           out: torch.Tensor | None = None, *, workspace: torch.Tensor | None = None,
+                           state_ready: bool = False) -> torch.Tensor:
     """One decoding step of masked self-attention over the K/V cache.
 
     qkv:         [rows, 3 * hidden] this step's fused Q | K | V projection (bias not yet added)
@@ -100,6 +101,10 @@ def decoder_self_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     workspace:   uint8 CUDA scratch for the split-K partials, or None (allocated per call where the
                  sizes call for splits). Any size: a smaller one means fewer splits. Pass one to keep
                  allocations out of a CUDA-graph capture.
+    state_ready: True promises that no kernel still running on the stream writes step, cache_indir or
+                 the caches' positions before step (a CUDA graph of one decode step, replayed once per
+                 step): the kernel reads them before its programmatic-dependent-launch wait. A broken
+                 promise gives wrong results, never an access outside a tensor.
     Returns out [rows, hidden]: softmax over positions 0..step of q . k, times v.
     """
     check(qkv, "qkv", shape=(None, None))
@@ -131,7 +136,7 @@ def decoder_self_attention(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     ws, ws_bytes = _workspace(workspace, "padfree_decoder_self_attention_workspace_size", qkv.device, rows,
                               num_heads, head_dim, max_len)
     call_kernel("padfree_decoder_self_attention", qkv.device, ptr(qkv), ptr(qkv_bias), ptr(k_cache), ptr(v_cache),
-                ptr(cache_indir), ptr(step), rows, num_heads, head_dim, max_len, scale,
+                ptr(cache_indir), ptr(step), int(bool(state_ready)), rows, num_heads, head_dim, max_len, scale,
                 ptr(ws), ws_bytes, dtype, ptr(out),
                 stream_handle(qkv.device))
     return out
