@@ -95,13 +95,13 @@ __device__ __forceinline__ void store_item(const DecoderAttentionArgs& a, int64_
     }
 }
 
-// kEarly (self-attention with a.state_ready): the item's step, its warp's first pass of indirection and
-// cached K / V are requested before the PDL wait, so that only this step's Q, K and V, the producer's
-// output, are a round trip after it. Without it the code is as it was (its register allocation and
-// schedule unchanged).
+// kEarly: the item's state and its warp's first pass of keys are requested before the PDL wait, so that
+// only Q (and for self-attention this step's K and V), the producer's output, is a round trip after it:
+// self-attention's step, indirection and cached K / V where the caller promises them (a.state_ready);
+// cross-attention's cu_seqlens and encoder K / V always (the C ABI's rule: no kernel still running writes
+// them). Without it the code is as it was (its register allocation and schedule unchanged).
 template <typename T, int D, bool kSelf, int kMinBlocks, bool kEarly = false>
 __global__ void __launch_bounds__(kAttnThreads, kMinBlocks) decoder_attention_kernel(DecoderAttentionArgs a) {
-    static_assert(kSelf || !kEarly, "only the self-attention's state is read before the wait");
     constexpr int kUnroll = attention_unroll<kMinBlocks>();
     constexpr int VEC = Vec<T>::size;
     constexpr int G = D / VEC;        // lanes per key: one 16-byte vector each
@@ -133,13 +133,16 @@ __global__ void __launch_bounds__(kAttnThreads, kMinBlocks) decoder_attention_ke
     if (active) {
         int n, step = 0;
         int64_t src_start = 0;
+        // kEarly: what is read before the wait is read from L2 (ld.global.cg): an SM's L1 is not coherent,
+        // and lines a kernel still resident there read before the producer's writes are stale
+        auto state = [](const int32_t* p) { return kEarly ? __ldcg(p) : *p; };
         if constexpr (kSelf) {
-            step = min(max(*a.step, 0), a.max_len - 1);  // clamped: a bad step stays inside the cache
+            step = min(max(state(a.step), 0), a.max_len - 1);  // clamped: a bad step stays inside the cache
             n = step + 1;
         } else {
             const int s = min(row / a.num_beams, a.batch - 1);
-            const int start = min(max(a.cu_seqlens[s], 0), a.total_tokens);
-            const int end = min(max(a.cu_seqlens[s + 1], start), a.total_tokens);
+            const int start = min(max(state(a.cu_seqlens + s), 0), a.total_tokens);
+            const int end = min(max(state(a.cu_seqlens + s + 1), start), a.total_tokens);
             n = min(end - start, a.max_seqlen);
             src_start = start;
         }
@@ -156,7 +159,7 @@ __global__ void __launch_bounds__(kAttnThreads, kMinBlocks) decoder_attention_ke
         const T* kv_mem = static_cast<const T*>(a.kv_mem);
         auto key_offset = [&](int t) -> int64_t {
             if constexpr (kSelf) {
-                const int src = min(max(a.cache_indir[static_cast<int64_t>(row) * a.max_len + t], 0), a.rows - 1);
+                const int src = min(max(state(a.cache_indir + static_cast<int64_t>(row) * a.max_len + t), 0), a.rows - 1);
                 return ((static_cast<int64_t>(src) * a.num_heads + head) * a.max_len + t) * D + lane_vec * VEC;
             } else {
                 return (src_start + t) * (2 * hidden) + head * D + lane_vec * VEC;
@@ -173,10 +176,10 @@ __global__ void __launch_bounds__(kAttnThreads, kMinBlocks) decoder_attention_ke
 #pragma unroll
             for (int u = 0; u < kUnroll; ++u) {
                 const int t = range.x + g + u * KPW;
-                if (t < range.y && t != step) {
+                if (t < range.y && !(kSelf && t == step)) {
                     const int64_t at = key_offset(t);
-                    early_k[u] = load_vec(k_base + at);
-                    early_v[u] = load_vec(v_base + at);
+                    *reinterpret_cast<uint4*>(&early_k[u]) = __ldcg(reinterpret_cast<const uint4*>(k_base + at));
+                    *reinterpret_cast<uint4*>(&early_v[u]) = __ldcg(reinterpret_cast<const uint4*>(v_base + at));
                 }
             }
             wait_on_producer();
@@ -395,19 +398,24 @@ cudaError_t launch_decoder_attention(DecoderAttentionArgs a, int32_t head_dim, p
                 return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kAttnThreads, 0) == cudaSuccess && n > 0
                            ? n : fallback;
             };
-            auto narrow = decoder_attention_kernel<T, D, kSelf, kAttnMinBlocks>;
+            // the narrow kernel's early variant wherever its state may be read before the wait (its
+            // registers a little above the plain one's: its own occupancy)
+            auto plain = decoder_attention_kernel<T, D, kSelf, kAttnMinBlocks>;
+            auto early = decoder_attention_kernel<T, D, kSelf, kAttnMinBlocks, true>;
             auto wide = decoder_attention_kernel<T, D, kSelf, kAttnWideBlocks>;
-            static const int narrow_per_sm = resident(narrow, kAttnMinBlocks);
+            static const int plain_per_sm = resident(plain, kAttnMinBlocks);
+            static const int early_per_sm = resident(early, kAttnMinBlocks);
             static const int wide_per_sm = resident(wide, kAttnWideBlocks);
+            const bool state_early = !kSelf || a.state_ready;
+            auto narrow = state_early ? early : plain;
+            const int narrow_per_sm = state_early ? early_per_sm : plain_per_sm;
             const bool use_wide =
                 items > static_cast<int64_t>(sms) * narrow_per_sm * kAttnWarps && wide_per_sm > narrow_per_sm;
             const int per_sm = use_wide ? wide_per_sm : narrow_per_sm;
             a.warps_per_item = choose_warps_per_item(items, static_cast<int64_t>(sms) * per_sm);
             const int64_t blocks = ceil_div<int64_t>(items, kAttnWarps / a.warps_per_item);
-            auto kernel = use_wide ? wide : narrow;
-            if constexpr (kSelf)  // the early variant where one wave holds the items (registers as narrow's)
-                if (a.state_ready && !use_wide) kernel = decoder_attention_kernel<T, D, true, kAttnMinBlocks, true>;
-            err = launch_kernel(kernel, dim3(static_cast<unsigned>(blocks)), dim3(kAttnThreads), 0, stream, a);
+            err = launch_kernel(use_wide ? wide : narrow, dim3(static_cast<unsigned>(blocks)), dim3(kAttnThreads), 0,
+                                stream, a);
             if (err == cudaSuccess && a.splits > 1)
                 err = launch_kernel(decoder_attention_combine_kernel<T, D>, dim3(a.rows * a.num_heads), dim3(D), 0,
                                     stream, static_cast<const float*>(a.partial), a.rows * a.num_heads, a.splits,
