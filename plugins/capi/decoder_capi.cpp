@@ -111,8 +111,7 @@ padfree_status padfree_decoder_self_attention_workspace_size(int32_t rows, int32
 
 padfree_status padfree_decoder_self_attention(const void* qkv, const void* qkv_bias, void* k_cache, void* v_cache,
                                               const int32_t* cache_indir, const int32_t* step, int32_t state_ready,
-                                              int32_t rows,
-                                              int32_t num_heads, int32_t head_dim, int32_t max_len,
+                                              int32_t rows, int32_t num_heads, int32_t head_dim, int32_t max_len,
                                               float softmax_scale, void* workspace, int64_t workspace_bytes,
                                               padfree_dtype dtype, void* out, padfree_stream stream) {
     PADFREE_CAPI_GUARD_BEGIN
@@ -136,8 +135,8 @@ padfree_status padfree_decoder_self_attention(const void* qkv, const void* qkv_b
     PADFREE_CHECK(check_optional_tensor(workspace, "workspace"));
     PADFREE_REQUIRE(cache_indir != nullptr && aligned4(cache_indir), "cache_indir must be a 4-byte aligned pointer");
     PADFREE_REQUIRE(step != nullptr && aligned4(step), "step must be a 4-byte aligned device pointer");
-    SelfAttentionArgs args{qkv,  qkv_bias,  k_cache,  v_cache, cache_indir,   step,         out,
-                           rows, num_heads, head_dim, max_len, softmax_scale, state_ready == 1};
+    SelfAttentionArgs args{qkv, qkv_bias, k_cache, v_cache, cache_indir, step, out, rows, num_heads,
+                           head_dim, max_len, softmax_scale, state_ready == 1};
     return launched("decoder_self_attention",
                     launch_self_attention(args, workspace, workspace_bytes, dtype, as_cuda_stream(stream)));
     PADFREE_CAPI_GUARD_END

@@ -35,7 +35,8 @@ extern "C" {
  * 5: input plans. 6: programmatic edges into other libraries' kernels. 7: their probe.
  * 8: removal of memsets made redundant. 9: L2 prefetch ranges for the LayerNorms before a GEMM.
  * 11: sentence pooling (padfree_sequence_pool). 12: beam_search_step's and greedy_step's flag_bytes
- * (int32 flags for TensorRT's PadfreeBeamSearchStep and PadfreeGreedyStep).
+ * (int32 flags for TensorRT's PadfreeBeamSearchStep and PadfreeGreedyStep). 14: logits_topk's step tables
+ * (step, num_steps). 15: decoder_self_attention's state_ready.
  * (New functions, such as the decoder's, add to a version without bumping it.) */
 #define PADFREE_ABI_VERSION 15
 

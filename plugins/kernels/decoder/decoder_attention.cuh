@@ -133,8 +133,9 @@ __global__ void __launch_bounds__(kAttnThreads, kMinBlocks) decoder_attention_ke
     if (active) {
         int n, step = 0;
         int64_t src_start = 0;
-        // kEarly: what is read before the wait is read from L2 (ld.global.cg): an SM's L1 is not coherent,
-        // and lines a kernel still resident there read before the producer's writes are stale
+        // kEarly: what is read before the wait is read from L2 (ld.global.cg). An SM's L1 is not coherent:
+        // it may still hold a line an earlier kernel read there before the producer wrote it, and only
+        // the wait makes this kernel's plain loads see the producer's writes
         auto state = [](const int32_t* p) { return kEarly ? __ldcg(p) : *p; };
         if constexpr (kSelf) {
             step = min(max(state(a.step), 0), a.max_len - 1);  // clamped: a bad step stays inside the cache
@@ -168,8 +169,8 @@ __global__ void __launch_bounds__(kAttnThreads, kMinBlocks) decoder_attention_ke
         const T* k_base = kSelf ? static_cast<const T*>(a.k_cache) : kv_mem;
         const T* v_base = kSelf ? static_cast<const T*>(a.v_cache) : kv_mem + hidden;
         int2 range{0, 0};
-        // kEarly: the passes' keys live across the loop, the first pass's requested here (one set of
-        // registers: the first pass's held apart from the others' spilled); else each pass declares its own
+        // kEarly: one set of key registers for every pass, the first pass's filled here (a set of its own
+        // beside the loop's spilled); else each pass declares its own
         Vec<T> early_k[kUnroll], early_v[kUnroll];
         if constexpr (kEarly) {
             range = warp_range();
