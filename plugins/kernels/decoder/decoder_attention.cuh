@@ -399,17 +399,21 @@ cudaError_t launch_decoder_attention(DecoderAttentionArgs a, int32_t head_dim, p
                 return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kAttnThreads, 0) == cudaSuccess && n > 0
                            ? n : fallback;
             };
-            // the narrow kernel's early variant wherever its state may be read before the wait (its
-            // registers a little above the plain one's: its own occupancy)
-            auto plain = decoder_attention_kernel<T, D, kSelf, kAttnMinBlocks>;
-            auto early = decoder_attention_kernel<T, D, kSelf, kAttnMinBlocks, true>;
+            // the narrow kernel's early variant wherever its state may be read before the wait: always for
+            // cross-attention, for self-attention where the caller promises it (its registers a little
+            // above the plain kernel's: each its own occupancy)
+            auto narrow = decoder_attention_kernel<T, D, kSelf, kAttnMinBlocks, true>;
+            static const int early_per_sm = resident(narrow, kAttnMinBlocks);
+            int narrow_per_sm = early_per_sm;
+            if constexpr (kSelf) {
+                if (!a.state_ready) {
+                    narrow = decoder_attention_kernel<T, D, true, kAttnMinBlocks>;
+                    static const int plain_per_sm = resident(narrow, kAttnMinBlocks);
+                    narrow_per_sm = plain_per_sm;
+                }
+            }
             auto wide = decoder_attention_kernel<T, D, kSelf, kAttnWideBlocks>;
-            static const int plain_per_sm = resident(plain, kAttnMinBlocks);
-            static const int early_per_sm = resident(early, kAttnMinBlocks);
             static const int wide_per_sm = resident(wide, kAttnWideBlocks);
-            const bool state_early = !kSelf || a.state_ready;
-            auto narrow = state_early ? early : plain;
-            const int narrow_per_sm = state_early ? early_per_sm : plain_per_sm;
             const bool use_wide =
                 items > static_cast<int64_t>(sms) * narrow_per_sm * kAttnWarps && wide_per_sm > narrow_per_sm;
             const int per_sm = use_wide ? wide_per_sm : narrow_per_sm;
