@@ -89,9 +89,8 @@ padfree_status padfree_logits_topk(const void* logits, const void* bias, const f
                         (banned_ids == nullptr || aligned4(banned_ids)) && (forced_ids == nullptr || aligned4(forced_ids)) &&
                         (step == nullptr || aligned4(step)),
                     "logits_topk: beam_scores, step and the id tensors must be 4-byte aligned");
-    LogitsTopkArgs args{logits,     bias,     beam_scores, penalty_ids, banned_ids, forced_ids, step,
-                        num_steps,  out_scores, out_ids,   rows,        vocab,      k,          num_penalty,
-                        num_banned, repetition_penalty, normalize != 0};
+    LogitsTopkArgs args{logits, bias, beam_scores, penalty_ids, banned_ids, forced_ids, step, num_steps, out_scores,
+                        out_ids, rows, vocab, k, num_penalty, num_banned, repetition_penalty, normalize != 0};
     const cudaError_t err = launch_logits_topk(args, workspace, dtype, as_cuda_stream(stream));
     if (err != cudaSuccess) return cuda_failure("logits_topk: configuring the merge kernel", err);
     return check_launch("logits_topk");

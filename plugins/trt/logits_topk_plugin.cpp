@@ -152,9 +152,9 @@ padfree_status LogitsTopKPlugin::run(const PluginTensorDesc* in, const PluginTen
                                static_cast<const int32_t*>(optional(kPenaltyIds)), num_penalty,
                                field_f32(kRepetitionPenalty), static_cast<const int32_t*>(optional(kBannedIds)),
                                num_banned, static_cast<const int32_t*>(optional(kForcedIds)), nullptr, 0, rows,
-                               vocab, k,
-                               field_i32(kNormalize), workspace, workspace_bytes, to_padfree_dtype(logits.type),
-                               static_cast<float*>(outputs[kScores]), static_cast<int32_t*>(outputs[kIds]), stream);
+                               vocab, k, field_i32(kNormalize), workspace, workspace_bytes,
+                               to_padfree_dtype(logits.type), static_cast<float*>(outputs[kScores]),
+                               static_cast<int32_t*>(outputs[kIds]), stream);
 }
 
 }  // namespace trt

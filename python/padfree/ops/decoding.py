@@ -167,7 +167,6 @@ def log_softmax_topk(logits: torch.Tensor, k: int, bias: torch.Tensor | None = N
         raise InputError(f"workspace: expected at least {need} bytes, got {workspace.numel()}")
     call_kernel("padfree_logits_topk", device, ptr(logits), ptr(bias), ptr(beam_scores), ptr(penalty_ids),
                 num_penalty, float(repetition_penalty), ptr(banned_ids), num_banned, ptr(forced_ids), ptr(step),
-                num_steps, rows, vocab,
-                k, int(normalize), ptr(workspace), workspace.numel(), dtype, ptr(out_scores), ptr(out_ids),
-                stream_handle(device))
+                num_steps, rows, vocab, k, int(normalize), ptr(workspace), workspace.numel(), dtype, ptr(out_scores),
+                ptr(out_ids), stream_handle(device))
     return out_scores, out_ids
