@@ -286,8 +286,9 @@ class Decoder:
                     self.rows, x.shape[1], w.shape[0], x.dtype, x.device)
         if self._lm_head_kernel:
             return self.ops.decode_linear(x, w, ln=None if ln is None else (ln.weight, ln.bias, ln.eps))
-        if ln is not None:
-            x = layer_norm(x, ln)
+        if ln is not None:  # padfree's LayerNorm waits under PDL, launched while the last layer runs; torch's does not
+            skip_ln = self.ops.skip_layernorm
+            x = layer_norm(x, ln) if skip_ln is None else skip_ln(x, None, ln.weight, ln.bias, eps=ln.eps)
         return self._output_gemm(x)
 
     def _output_gemm(self, x: torch.Tensor) -> torch.Tensor:
