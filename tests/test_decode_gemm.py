@@ -2,7 +2,8 @@
 LayerNorm folded into the weight, against a float64 torch reference of the unfolded layer (LayerNorm,
 linear, bias, activation, residual) on fresh random data. Outputs are poisoned first, and the rows past
 `rows` of the buffer `out` is a view of must stay as they were. Shapes: every cluster split (in_features
-512, 1024, 2048, 4096; 768 and 1536 as slices of six chunks), Marian's and NLLB's widths, 1 to 64 rows."""
+512, 1024, 2048, 4096; 768 and 1536 as slices of six chunks), Marian's and NLLB's widths, 1 to 256 rows
+(a 64-row tile a grid row: whole, partial and single-row last tiles)."""
 from __future__ import annotations
 
 import math
@@ -61,7 +62,7 @@ def run(seed, dtype, rows, k, n, *, bias, residual, ln, act):
 
 
 @pytest.mark.parametrize("dtype", HALF, ids=str)
-@pytest.mark.parametrize("rows", [1, 9, 16, 17, 40, 64])
+@pytest.mark.parametrize("rows", [1, 9, 16, 17, 40, 64, 65, 129, 200, 256])
 @pytest.mark.parametrize("k,n", [(512, 1536), (1024, 3072), (1024, 4096), (4096, 1024), (2048, 512), (768, 3072),
                                  (1536, 64)])
 def test_decode_gemm_matches_float64(seed, dtype, rows, k, n):
@@ -70,7 +71,7 @@ def test_decode_gemm_matches_float64(seed, dtype, rows, k, n):
 
 @pytest.mark.parametrize("dtype", HALF, ids=str)
 @pytest.mark.parametrize("act", list(ACTS), ids=str)
-@pytest.mark.parametrize("rows", [12, 64])
+@pytest.mark.parametrize("rows", [12, 64, 161, 256])
 def test_decode_gemm_folded_layernorm_activation_residual(seed, dtype, act, rows):
     run(seed, dtype, rows, 1024, 3072, bias=True, residual=True, ln=True, act=act)
     run(seed + 1, dtype, rows, 512, 2048, bias=False, residual=False, ln=True, act=act)
@@ -80,10 +81,10 @@ def test_decode_gemm_folded_layernorm_activation_residual(seed, dtype, act, rows
 
 def test_decode_gemm_residual_in_place(seed):
     g = torch.Generator(device="cuda").manual_seed(seed)
-    x = torch.randn(64, 1024, generator=g, device="cuda").half()
+    x = torch.randn(192, 1024, generator=g, device="cuda").half()
     w = (torch.randn(1024, 1024, generator=g, device="cuda") / 32).half()
     b = torch.randn(1024, generator=g, device="cuda").half()
-    acc = torch.randn(64, 1024, generator=g, device="cuda").half()
+    acc = torch.randn(192, 1024, generator=g, device="cuda").half()
     expected = acc.double() + x.double() @ w.double().t() + b.double()
     decode_gemm(x, fold_layernorm(w, b, None), residual=acc, out=acc)
     torch.testing.assert_close(acc.double(), expected, rtol=4e-3, atol=4e-3)
@@ -92,7 +93,8 @@ def test_decode_gemm_residual_in_place(seed):
 def test_decode_gemm_refuses_bad_input():
     def zeros(*shape, dtype=torch.float16):
         return torch.zeros(*shape, dtype=dtype, device="cuda")
-    for rows, k, n, dtype, what in [(65, 1024, 64, torch.float16, "65 x 1024"), (4, 1024, 64, torch.float32, "float32"),
+    for rows, k, n, dtype, what in [(257, 1024, 64, torch.float16, "257 x 1024"),
+                                    (4, 1024, 64, torch.float32, "float32"),
                                     (4, 1000, 64, torch.float16, "4 x 1000"), (4, 1024, 40, torch.float16, "-> 40")]:
         with pytest.raises(InputError, match=what):
             decode_gemm(zeros(rows, k, dtype=dtype), fold_layernorm(zeros(n, k, dtype=dtype), None, None))

@@ -269,10 +269,11 @@ def test_fragment_steps_share_equal_to_hf_fp32(family, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_decode_gemm_steps_share_equal_to_hf_fp32(family, dtype, monkeypatch):
     """Steps on decode_gemm (pre-LN: the LayerNorms folded into the weights; post-LN: a skip_layernorm
-    kernel closing each sublayer): 16x4 and 32x1 by default, 1x4 and 4x4 with PADFREE_DECODE_GEMM=1, in
-    the half types against HF float32 as the tests above."""
+    kernel closing each sublayer): 16x4, 32x1, 24x4 and 43x3 (past 64 rows: two 64-row tiles, and three
+    with a last tile of one row) by default, 1x4 and 4x4 with PADFREE_DECODE_GEMM=1, in the half types
+    against HF float32 as the tests above."""
     model = build(family, **GPU_MODEL).to("cuda")
-    for forced, shapes in ((None, ((16, 4), (32, 1))), ("1", ((1, 4), (4, 4)))):
+    for forced, shapes in ((None, ((16, 4), (32, 1), (24, 4), (43, 3))), ("1", ((1, 4), (4, 4)))):
         if forced is not None:
             monkeypatch.setenv("PADFREE_DECODE_GEMM", forced)
         gen = pt.from_hf(model, dtype=dtype, device="cuda")

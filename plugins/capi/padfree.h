@@ -421,7 +421,7 @@ PADFREE_API padfree_status padfree_decode_linear_fragment_layout(const void* wei
                                                                 int32_t in_features, padfree_dtype dtype, void* out,
                                                                 padfree_stream stream);
 
-/* A decode step's linear layer for 1 to 64 rows on Hopper's wgmma with the LayerNorm folded into the
+/* A decode step's linear layer for 1 to 256 rows on Hopper's wgmma with the LayerNorm folded into the
  * weight (kernels/decoder/decode_gemm.cu):
  *   out = act(y) + residual,  y = x W^T + bias                              (ln_colsum NULL)
  *                             y = rstd * (x W^T - mean * ln_colsum) + bias  (ln_colsum given)

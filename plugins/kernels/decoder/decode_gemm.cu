@@ -1,11 +1,11 @@
-// decode_gemm (decode_gemm.h): a decode step's linear layer for up to 64 rows on wgmma, for the steps of
-// 17-64 rows (16x4, 64x1), whose layers cuBLASLt runs as full dependencies (its kernels start nothing
-// before the previous kernel ends), each pre-LN layer behind a LayerNorm kernel.
+// decode_gemm (decode_gemm.h): a decode step's linear layer for up to 256 rows on wgmma, for the steps of
+// 17-256 rows (16x4, 64x1, 64x4), whose layers cuBLASLt runs as full dependencies (its kernels start
+// nothing before the previous kernel ends), each pre-LN layer behind a LayerNorm kernel.
 //
-// A block owns 32 output features and one slice of in_features (at most 512: a cluster of 1-8 blocks
-// splits wider inputs). Shared memory holds the block's weights whole (32 KB) and x's 64 rows as a ring
-// of four 64-wide chunks (32 KB): ~74 KB, three blocks an SM, so that the next kernel's blocks become
-// resident while this one runs.
+// A block owns 32 output features of 64 rows (a grid row per 64 rows, each reading the weights) and one
+// slice of in_features (at most 512: a cluster of 1-8 blocks splits wider inputs). Shared memory holds the
+// block's weights whole (32 KB) and x's 64 rows as a ring of four 64-wide chunks (32 KB): ~74 KB, three
+// blocks an SM, so that the next kernel's blocks become resident while this one runs.
 // - The weights are no kernel's output: thread 0 requests them by tensor copies before the block waits
 //   on its producer (PDL), so they stream while the previous kernel runs; the block lets its own
 //   consumers launch at once (allow_consumers), so the next layer's weights do the same.
@@ -42,7 +42,7 @@ namespace {
 namespace cg = cooperative_groups;
 using namespace attention_detail;
 
-constexpr int kRows = kDecodeGemmMaxRows;
+constexpr int kRows = kDecodeGemmTileM;
 constexpr int kTileN = kDecodeGemmTileN;
 constexpr int kChunk = 64;                                // in_features per box: one 128-byte swizzle row
 constexpr int kMaxChunks = kDecodeGemmMaxSlice / kChunk;  // 8
@@ -113,8 +113,11 @@ __device__ __forceinline__ int value_row(int i, int warp, int lane) { return war
 __device__ __forceinline__ int value_col(int i, int lane) { return 8 * (i / 4) + 2 * (lane % 4); }
 
 // kSplit: the blocks of a cluster (in_features split over them; 1: no cluster). kWhole: slices of
-// kMaxChunks chunks, the loop unrolled.
-template <typename T, int kSplit, bool kWhole>
+// kMaxChunks chunks, the loop unrolled. kTiled: more than 64 rows, a grid row per 64. Its own
+// instantiation, so that the one-tile kernel keeps its registers: two more a thread (136 -> 138 at a
+// split of 2, allocated as 144) left the attention after NLLB's QKV no room to become resident early, and
+// NLLB's 64-row steps took 5.5 % longer (H200).
+template <typename T, int kSplit, bool kWhole, bool kTiled>
 __global__ void __launch_bounds__(kThreads, kDecodeGemmBlocksPerSm)
     decode_gemm_kernel(const Params p, const __grid_constant__ CUtensorMap x_map,
                        const __grid_constant__ CUtensorMap w_map) {
@@ -133,6 +136,7 @@ __global__ void __launch_bounds__(kThreads, kDecodeGemmBlocksPerSm)
 
     const int rank = kSplit == 1 ? 0 : static_cast<int>(cg::this_cluster().block_rank());
     const int n0 = static_cast<int>(blockIdx.x) / kSplit * kTileN;
+    const int m0 = kTiled ? static_cast<int>(blockIdx.y) * kRows : 0;  // this block's rows: [m0, m0 + 64)
     const int k0 = rank * p.chunks * kChunk;
     const int tid = threadIdx.x, warp = tid / kWarpSize, lane = tid % kWarpSize;
     const bool ln = p.ln_colsum != nullptr;
@@ -166,7 +170,7 @@ __global__ void __launch_bounds__(kThreads, kDecodeGemmBlocksPerSm)
     auto load_x = [&](int j) {
         const uint32_t bar = w_bar + 8u * (1 + j % kStages);
         mbarrier_expect_bytes(bar, kXChunkBytes);
-        tma_load_2d(sx + (j % kStages) * kXChunkBytes, &x_map, k0 + j * kChunk, 0, bar);
+        tma_load_2d(sx + (j % kStages) * kXChunkBytes, &x_map, k0 + j * kChunk, m0, bar);
     };
     allow_consumers();
     wait_on_producer();
@@ -179,7 +183,7 @@ __global__ void __launch_bounds__(kThreads, kDecodeGemmBlocksPerSm)
 #pragma unroll
     for (int u = 0; u < kPairs; ++u) {
         residual[u] = make_float2(0.f, 0.f);
-        const int i = v0 + 2 * u, row = value_row(i, warp, lane);
+        const int i = v0 + 2 * u, row = m0 + value_row(i, warp, lane);
         if (p.residual != nullptr && row < p.rows)
             residual[u] = load_pair<T>(p.residual, static_cast<int64_t>(row) * p.out_features + n0 + value_col(i, lane));
     }
@@ -343,7 +347,7 @@ __global__ void __launch_bounds__(kThreads, kDecodeGemmBlocksPerSm)
     }
 #pragma unroll
     for (int u = 0; u < kPairs; ++u) {
-        const int i = v0 + 2 * u, row = value_row(i, warp, lane), h = i % 4 >= 2;
+        const int i = v0 + 2 * u, row = m0 + value_row(i, warp, lane), h = i % 4 >= 2;
         float2 v = y[u][0];
 #pragma unroll
         for (int q = 1; q < kSplit; ++q) v = make_float2(v.x + y[u][q].x, v.y + y[u][q].y);  // rank order
@@ -363,7 +367,7 @@ __global__ void __launch_bounds__(kThreads, kDecodeGemmBlocksPerSm)
 #endif
 }
 
-template <typename T, int kSplit, bool kWhole>
+template <typename T, int kSplit, bool kWhole, bool kTiled>
 cudaError_t launch_split(const DecodeGemmArgs& a, padfree_dtype dtype, cudaStream_t stream) {
     CUtensorMap x_map{}, w_map{};
     // x and the weight as 64-column boxes with the 128-byte swizzle wgmma reads (x's rows past `rows` zeros)
@@ -371,14 +375,14 @@ cudaError_t launch_split(const DecodeGemmArgs& a, padfree_dtype dtype, cudaStrea
         !tensor_map_2d(&w_map, a.weight, a.out_features, a.in_features, kChunk, kTileN, CU_TENSOR_MAP_SWIZZLE_128B,
                        dtype))
         return cudaErrorNotSupported;
-    auto kernel = decode_gemm_kernel<T, kSplit, kWhole>;
+    auto kernel = decode_gemm_kernel<T, kSplit, kWhole, kTiled>;
     const uint32_t smem = Smem<kSplit>::bytes(a.ln_colsum != nullptr);
     static std::atomic<size_t> opted_in{48 * 1024};
     if (const cudaError_t err = decode_linear_detail::opt_in_shared_memory(kernel, smem, opted_in); err != cudaSuccess)
         return err;
     const Params p{a.bias, a.residual, a.ln_colsum, a.out, a.rows, a.in_features, a.out_features,
                    a.in_features / kSplit / kChunk, a.eps, a.activation};
-    const dim3 grid(static_cast<unsigned>(a.out_features / kTileN * kSplit));
+    const dim3 grid(static_cast<unsigned>(a.out_features / kTileN * kSplit), static_cast<unsigned>(ceil_div(a.rows, kRows)));  // y: 64-row tiles
     return launch_kernel_clustered(kernel, grid, dim3(kThreads), static_cast<unsigned>(kSplit), smem, stream,
                                    p, x_map, w_map);
 }
@@ -386,7 +390,11 @@ cudaError_t launch_split(const DecodeGemmArgs& a, padfree_dtype dtype, cudaStrea
 // whole: slices of kMaxChunks chunks (the unrolled loop)
 template <typename T, int kSplit>
 cudaError_t launch_slices(const DecodeGemmArgs& a, bool whole, padfree_dtype dtype, cudaStream_t stream) {
-    return whole ? launch_split<T, kSplit, true>(a, dtype, stream) : launch_split<T, kSplit, false>(a, dtype, stream);
+    if (a.rows > kRows)
+        return whole ? launch_split<T, kSplit, true, true>(a, dtype, stream)
+                     : launch_split<T, kSplit, false, true>(a, dtype, stream);
+    return whole ? launch_split<T, kSplit, true, false>(a, dtype, stream)
+                 : launch_split<T, kSplit, false, false>(a, dtype, stream);
 }
 
 template <typename T>
@@ -407,7 +415,7 @@ bool decode_gemm_supported() { return wgmma_available(); }
 cudaError_t launch_decode_gemm(const DecodeGemmArgs& args, padfree_dtype dtype, cudaStream_t stream) {
     if (args.rows == 0 || args.out_features == 0) return cudaSuccess;
     const int32_t split = decode_gemm_split(args.in_features);
-    if (args.rows < 0 || args.rows > kRows || split == 0 || args.out_features % kTileN != 0 || !decode_gemm_supported())
+    if (args.rows < 0 || args.rows > kDecodeGemmMaxRows || split == 0 || args.out_features % kTileN != 0 || !decode_gemm_supported())
         return cudaErrorInvalidValue;
     switch (dtype) {
         case PADFREE_FLOAT16: return launch_typed<__half>(args, split, dtype, stream);

@@ -1,4 +1,4 @@
-// A decode step's linear layer for 1 to 64 rows on Hopper's wgmma with the input's LayerNorm folded
+// A decode step's linear layer for 1 to 256 rows on Hopper's wgmma with the input's LayerNorm folded
 // into the weight (arguments validated by capi/decoder_capi.cpp):
 //   out = act(y) + residual,  y = x W^T + bias                          (ln_colsum null)
 //                             y = rstd * (x W^T - mean * ln_colsum) + bias   (ln_colsum given)
@@ -31,7 +31,8 @@ struct DecodeGemmArgs {
     DecodeActivation activation;
 };
 
-constexpr int32_t kDecodeGemmMaxRows = 64;     // wgmma's M; fewer rows arrive as zeros
+constexpr int32_t kDecodeGemmTileM = 64;       // rows a block: wgmma's M; fewer rows arrive as zeros
+constexpr int32_t kDecodeGemmMaxRows = 256;    // rows a call: a block row (grid y) per 64
 constexpr int32_t kDecodeGemmTileN = 32;       // output features per block
 constexpr int32_t kDecodeGemmMaxSlice = 512;   // in_features per block: split over a cluster beyond
 constexpr int32_t kDecodeGemmMaxSplit = 8;

@@ -27,11 +27,12 @@ log = logging.getLogger(__name__)
 FRAGMENT_STEP_ROWS = 16
 
 # The rows a step runs its linear layers as decode_gemm for (DecoderOps.decode_gemm_layers): from past the
-# few-row kernels' range to the kernel's 64 (post-LN Marian-base against cuBLAS with its LayerNorm and
-# activation kernels, H200, ms/step: 8x4 0.305 -> 0.278, 16x4 0.358 -> 0.278, 64x1 0.355 -> 0.275).
+# few-row kernels' range to the kernel's 256, past 64 rows only where its grids stay within two waves
+# (post-LN Marian-base against cuBLAS with its LayerNorm and activation kernels, H200, ms/step: 8x4 0.305
+# -> 0.278, 16x4 0.358 -> 0.278, 64x1 0.355 -> 0.275).
 # Below 17 rows its 64-row tiles are no faster than the fragment kernel (H200, NLLB steps, one process:
 # 1x4 1.21x, 2x4 1.14x, 4x4 1.03x, 12x1 0.96x, within the spread from 12 rows on).
-DECODE_GEMM_ROWS = (FRAGMENT_STEP_ROWS + 1, 64)
+DECODE_GEMM_ROWS = (FRAGMENT_STEP_ROWS + 1, 256)
 
 
 class GemmLayer:
@@ -264,11 +265,12 @@ class DecoderOps:
 
     def decode_gemm_layers(self, weights, rows: int) -> list | None:
         """Per decoder layer, its linear layers folded for decode_gemm (GemmLayer), where a step of `rows`
-        runs them that way: float16 / bfloat16 on 17-64 rows (DECODE_GEMM_ROWS; fewer run the fragment
-        kernel; PADFREE_DECODE_GEMM=0 turns it off, =1 takes it from 1 row), pre-LN models and post-LN ones
+        runs them that way: float16 / bfloat16 on 17-256 rows (DECODE_GEMM_ROWS; fewer run the fragment
+        kernel; past 64 where every layer's grid is within two waves of resident blocks; PADFREE_DECODE_GEMM=0
+        turns it off, =1 takes it from 1 row and past the waves' bound), pre-LN models and post-LN ones
         without a final LayerNorm (the layers unfolded: Decoder._logits_decode_gemm_post_ln), whose every
         layer decode_gemm takes; else None (GEMMs). Made once per weights and kept there (weights.folded)."""
-        from ..ops.decode_gemm import decode_gemm_fits
+        from ..ops.decode_gemm import BLOCKS_PER_SM, TILE_ROWS, decode_gemm_fits, grid_blocks
         choice = env.get("PADFREE_DECODE_GEMM")
         if choice not in (None, "0", "1"):
             raise ValueError(f"PADFREE_DECODE_GEMM: expected 0 or 1, got {choice!r}")
@@ -282,6 +284,16 @@ class DecoderOps:
         shapes = {(w.shape[1], w.shape[0]) for w in weights.step_linear_weights()}
         if not all(decode_gemm_fits(rows, k, n, weights.dtype, self.device) for k, n in shapes):
             return None
+        if rows > TILE_ROWS and choice != "1":
+            # Past 64 rows every 64-row tile is a grid row of its own that reads the layer's weights again.
+            # Where a layer's grid passes two waves of resident blocks, those reads and waves cost more than
+            # the LayerNorm kernels and cuBLAS boundaries decode_gemm saves (H200, ms/step, cuBLAS ->
+            # decode_gemm: Marian-base 32x4 0.356 -> 0.256 and 64x4 0.409 -> 0.332, grids of at most 256
+            # blocks; NLLB-600M-size 32x4 0.941 -> 0.913, 512 blocks, and 64x4 1.146 -> 1.400, 1024).
+            index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+            waves = 2 * BLOCKS_PER_SM * torch.cuda.get_device_properties(index).multi_processor_count
+            if max(grid_blocks(rows, k, n) for k, n in shapes) > waves:
+                return None
         if weights.folded is None:
             with torch.cuda.device(self.device):
                 weights.folded = [GemmLayer.fold(layer, weights.spec.pre_ln) for layer in stack.layers]

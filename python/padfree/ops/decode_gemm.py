@@ -1,4 +1,4 @@
-"""A decode step's linear layer for up to 64 rows on Hopper's wgmma, with the input's LayerNorm folded into
+"""A decode step's linear layer for up to 256 rows on Hopper's wgmma, with the input's LayerNorm folded into
 the weight (padfree.h: padfree_decode_gemm; kernels/decoder/decode_gemm.cu says why).
 
     out = act(LN(x) W^T + b) + residual  =  act(rstd * (x W'^T - mean * colsum) + b') + residual
@@ -26,8 +26,17 @@ from ._tensors import (
 )
 from .decoder import ACTIVATIONS
 
-MAX_ROWS = 64            # kernels/decoder/decode_gemm.h: kDecodeGemmMaxRows
+MAX_ROWS = 256           # kernels/decoder/decode_gemm.h: kDecodeGemmMaxRows
+TILE_ROWS, TILE_FEATURES, MAX_SLICE = 64, 32, 512   # kDecodeGemmTileM, kDecodeGemmTileN, kDecodeGemmMaxSlice
+BLOCKS_PER_SM = 3        # kDecodeGemmBlocksPerSm
 _DTYPES = (torch.float16, torch.bfloat16)
+
+
+def grid_blocks(rows: int, in_features: int, out_features: int) -> int:
+    """The blocks a call launches: a block per 32 features, 64 rows and slice of in_features (decode_gemm.h:
+    the fewest of 1, 2, 4 or 8 slices of whole 64-wide chunks, at most 512 each)."""
+    split = next((s for s in (1, 2, 4, 8) if in_features % (64 * s) == 0 and in_features // s <= MAX_SLICE), 8)
+    return out_features // TILE_FEATURES * split * -(-rows // TILE_ROWS)
 
 
 @functools.cache
