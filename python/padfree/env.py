@@ -44,8 +44,8 @@ _VARIABLES = (
              "the most rows (1-64) a generation step runs its linear layers in fragment order for (default: "
              "padfree.generation.dispatch.FRAGMENT_STEP_ROWS; A/B runs)"),
     Variable("PADFREE_DECODE_GEMM", "choice", None, "diagnostic", "python",
-             "0|1: 0 keeps generation steps of 17-64 rows off decode_gemm (cuBLAS GEMMs and LayerNorm "
-             "kernels), 1 takes it from 1 row (A/B runs, tests)"),
+             "0|1: 0 keeps generation steps of 17-256 rows off decode_gemm (cuBLAS GEMMs and LayerNorm "
+             "kernels), 1 takes it from 1 row and past 64 whatever its grids (A/B runs, tests)"),
     Variable("PADFREE_ATTENTION_PATH", "choice", None, "diagnostic", "kernels",
              "resident|tiled|wgmma|tma|held forces the attention kernel's path where it can run (bench/attention.py)"),
     Variable("PADFREE_ATTENTION_ORDER", "choice", None, "diagnostic", "kernels",

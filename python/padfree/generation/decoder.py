@@ -111,8 +111,8 @@ class Decoder:
         # few rows (1x4, 4x4; DecoderOps.decode_linear_fits): each linear layer with its LayerNorm, bias,
         # activation and residual as one decode_linear kernel (logits_few_rows) where that is the faster
         # kernel
-        # steps of 17-64 rows (16x4, 64x1): each linear layer one decode_gemm, pre-LN with the LayerNorm
-        # before it folded in (DecoderOps.decode_gemm_layers), else None
+        # steps of 17-256 rows (16x4, 64x1; past 64 where its grids fit, DecoderOps.decode_gemm_layers): each
+        # linear layer one decode_gemm, pre-LN with the LayerNorm before it folded in, else None
         self.gemm_layers = ops.decode_gemm_layers(weights, self.rows)
         self.few_rows = self.gemm_layers is None and ops.decode_linear_fits(self.rows, stack, weights.spec)
         # up to DecoderOps.fragment_step_rows rows in float16 / bfloat16: the layers' weights in fragment

@@ -110,7 +110,7 @@ class Seq2SeqWeights:
     # nn.Linear's layout; None: not made yet
     fragments: dict | None = None
     # per decoder layer, its linear layers folded for decode_gemm (DecoderOps.decode_gemm_layers: pre-LN
-    # steps of 17-64 rows), made by the first step that uses them and kept; None: not made yet
+    # steps of 17-256 rows), made by the first step that uses them and kept; None: not made yet
     folded: list | None = None
 
     @property
