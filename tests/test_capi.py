@@ -531,7 +531,7 @@ def _decode_gemm_args(**over):
 
 @pytest.mark.parametrize("over, fragments", [
     (dict(dtype=F32), ["decode_gemm: float16 or bfloat16 (tensor cores), got float32; use a GEMM"]),
-    (dict(rows=65), ["decode_gemm: rows must be in [0, 64], got 65"]),
+    (dict(rows=257), ["decode_gemm: rows must be in [0, 256], got 257"]),
     (dict(in_features=1000), ["in_features must be a multiple of 64 that 1, 2, 4 or 8 blocks split", "got 1000"]),
     (dict(in_features=8192), ["slices of at most 512 (up to 4096), got 8192"]),
     (dict(out_features=40), ["out_features must be a multiple of 32, got 40"]),
