@@ -113,10 +113,9 @@ __device__ __forceinline__ int value_row(int i, int warp, int lane) { return war
 __device__ __forceinline__ int value_col(int i, int lane) { return 8 * (i / 4) + 2 * (lane % 4); }
 
 // kSplit: the blocks of a cluster (in_features split over them; 1: no cluster). kWhole: slices of
-// kMaxChunks chunks, the loop unrolled. kTiled: more than 64 rows, a grid row per 64. Its own
-// instantiation, so that the one-tile kernel keeps its registers: two more a thread (136 -> 138 at a
-// split of 2, allocated as 144) left the attention after NLLB's QKV no room to become resident early, and
-// NLLB's 64-row steps took 5.5 % longer (H200).
+// kMaxChunks chunks, the loop unrolled. kTiled: more than 64 rows, a grid row per 64. An instantiation
+// of its own, so that the one-tile kernel compiles as it did: with the tile offset in the one kernel
+// (a register or two more a thread) NLLB's 64-row steps took 5.5 % longer (H200; docs/KERNELS.md).
 template <typename T, int kSplit, bool kWhole, bool kTiled>
 __global__ void __launch_bounds__(kThreads, kDecodeGemmBlocksPerSm)
     decode_gemm_kernel(const Params p, const __grid_constant__ CUtensorMap x_map,
@@ -382,7 +381,8 @@ cudaError_t launch_split(const DecodeGemmArgs& a, padfree_dtype dtype, cudaStrea
         return err;
     const Params p{a.bias, a.residual, a.ln_colsum, a.out, a.rows, a.in_features, a.out_features,
                    a.in_features / kSplit / kChunk, a.eps, a.activation};
-    const dim3 grid(static_cast<unsigned>(a.out_features / kTileN * kSplit), static_cast<unsigned>(ceil_div(a.rows, kRows)));  // y: 64-row tiles
+    const dim3 grid(static_cast<unsigned>(a.out_features / kTileN * kSplit),
+                    static_cast<unsigned>(ceil_div(a.rows, kRows)));  // y: the 64-row tiles
     return launch_kernel_clustered(kernel, grid, dim3(kThreads), static_cast<unsigned>(kSplit), smem, stream,
                                    p, x_map, w_map);
 }
@@ -415,7 +415,8 @@ bool decode_gemm_supported() { return wgmma_available(); }
 cudaError_t launch_decode_gemm(const DecodeGemmArgs& args, padfree_dtype dtype, cudaStream_t stream) {
     if (args.rows == 0 || args.out_features == 0) return cudaSuccess;
     const int32_t split = decode_gemm_split(args.in_features);
-    if (args.rows < 0 || args.rows > kDecodeGemmMaxRows || split == 0 || args.out_features % kTileN != 0 || !decode_gemm_supported())
+    if (args.rows < 0 || args.rows > kDecodeGemmMaxRows || split == 0 || args.out_features % kTileN != 0 ||
+        !decode_gemm_supported())
         return cudaErrorInvalidValue;
     switch (dtype) {
         case PADFREE_FLOAT16: return launch_typed<__half>(args, split, dtype, stream);

@@ -288,8 +288,8 @@ class DecoderOps:
             # Past 64 rows every 64-row tile is a grid row of its own that reads the layer's weights again.
             # Where a layer's grid passes two waves of resident blocks, those reads and waves cost more than
             # the LayerNorm kernels and cuBLAS boundaries decode_gemm saves (H200, ms/step, cuBLAS ->
-            # decode_gemm: Marian-base 32x4 0.356 -> 0.256 and 64x4 0.409 -> 0.332, grids of at most 256
-            # blocks; NLLB-600M-size 32x4 0.941 -> 0.913, 512 blocks, and 64x4 1.146 -> 1.400, 1024).
+            # decode_gemm: Marian-base 32x4 0.356 -> 0.256 and 64x4 0.407 -> 0.331, grids of at most 256
+            # blocks; NLLB-600M-size 32x4 0.939 -> 0.911, 512 blocks, and 64x4 1.146 -> 1.400, 1024).
             index = self.device.index if self.device.index is not None else torch.cuda.current_device()
             waves = 2 * BLOCKS_PER_SM * torch.cuda.get_device_properties(index).multi_processor_count
             if max(grid_blocks(rows, k, n) for k, n in shapes) > waves:
