@@ -236,7 +236,8 @@ def estimate_bytes(weights: Seq2SeqWeights, batch: int, total_tokens: int, max_s
     if rows <= fragment_rows and weights.fragments is None and element == 2:
         fragments = sum(w.numel() * element for w in weights.step_linear_weights())
     # a pre-LN step of DECODE_GEMM_ROWS folds the LayerNorms into copies of the weights after them
-    # (weights.folded: QKV, cross Q, fc1, and their column sums in float32), once
+    # (weights.folded: QKV, cross Q, fc1, and their column sums in float32), once; counted wherever it may
+    # (past 64 rows the device's grid rule decides: DecoderOps.decode_gemm_layers)
     folded = 0
     if (DECODE_GEMM_ROWS[0] <= rows <= DECODE_GEMM_ROWS[1] and weights.spec.pre_ln and weights.folded is None
             and element == 2):
