@@ -270,6 +270,7 @@ class DecoderOps:
         turns it off, =1 takes it from 1 row and past the waves' bound), pre-LN models and post-LN ones
         without a final LayerNorm (the layers unfolded: Decoder._logits_decode_gemm_post_ln), whose every
         layer decode_gemm takes; else None (GEMMs). Made once per weights and kept there (weights.folded)."""
+        from ..ops._tensors import device_properties
         from ..ops.decode_gemm import BLOCKS_PER_SM, TILE_ROWS, decode_gemm_fits, grid_blocks
         choice = env.get("PADFREE_DECODE_GEMM")
         if choice not in (None, "0", "1"):
@@ -291,7 +292,7 @@ class DecoderOps:
             # decode_gemm: Marian-base 32x4 0.356 -> 0.256 and 64x4 0.407 -> 0.331, grids of at most 256
             # blocks; NLLB-600M-size 32x4 0.939 -> 0.911, 512 blocks, and 64x4 1.146 -> 1.400, 1024).
             index = self.device.index if self.device.index is not None else torch.cuda.current_device()
-            waves = 2 * BLOCKS_PER_SM * torch.cuda.get_device_properties(index).multi_processor_count
+            waves = 2 * BLOCKS_PER_SM * device_properties(index).multi_processor_count
             if max(grid_blocks(rows, k, n) for k, n in shapes) > waves:
                 return None
         if weights.folded is None:
